@@ -1,0 +1,404 @@
+"""The transformer, written out by hand: XLM-R (RoBERTa) and the pieces the methods reuse.
+
+XLM-R is a post-LayerNorm encoder with GELU, learned absolute positions numbered the
+fairseq way and LayerNorm eps 1e-5. `load_pretrained` reads the public XLM-R weights
+(Hugging Face or fairseq layout) and this project's own converted checkpoint;
+`python layers.py convert SRC OUT` writes the latter.
+"""
+import argparse
+import json
+import math
+import mmap
+import os
+import re
+import struct
+import sys
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class Config:
+    vocab_size: int = 250002
+    n_layer: int = 12
+    n_head: int = 12
+    dim: int = 768
+    ffn_dim: int = 3072
+    max_positions: int = 514  # 512 tokens: positions start at pad_id + 1
+    pad_id: int = 1
+    dropout: float = 0.1
+    attn_dropout: float = 0.1
+    ln_eps: float = 1e-5
+
+
+CONFIGS = {
+    'tiny': Config(vocab_size=1000, n_layer=2, n_head=2, dim=32, ffn_dim=64),
+    'small': Config(n_layer=4, n_head=4, dim=256, ffn_dim=1024),
+    'base': Config(),  # XLM-R base
+    'large': Config(n_layer=24, n_head=16, dim=1024, ffn_dim=4096),  # XLM-R large
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message is one line that says why."""
+
+
+def attention_mask(mask, causal, T, S, device):
+    """Boolean mask for scaled_dot_product_attention (True = may attend), or None.
+    mask: (B, S) key padding mask, True on real tokens; causal: forbid keys after the query."""
+    allowed = None if mask is None else mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+    if causal:
+        tril = torch.ones(T, S, dtype=torch.bool, device=device).tril()
+        allowed = tril if allowed is None else allowed & tril
+    return allowed
+
+
+class Attention(nn.Module):
+    """Multi-head attention. Queries come from x, keys and values from `memory` (x itself
+    when None), so the same weights serve self-attention and cross-attention."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.n_head, self.dim, self.p = cfg.n_head, cfg.dim, cfg.attn_dropout
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)  # one matmul for q, k and v
+        self.out = nn.Linear(cfg.dim, cfg.dim)
+
+    def forward(self, x, mask=None, memory=None, causal=False, return_probs=False):
+        B, T, D = x.shape
+        if memory is None:
+            q, k, v = self.qkv(x).split(D, dim=2)
+        else:
+            w, b = self.qkv.weight, self.qkv.bias
+            q = F.linear(x, w[:D], b[:D])
+            k, v = F.linear(memory, w[D:], b[D:]).split(D, dim=2)
+        q, k, v = (t.view(B, -1, self.n_head, D // self.n_head).transpose(1, 2) for t in (q, k, v))
+        allowed = attention_mask(mask, causal, T, k.size(2), x.device)
+        p = self.p if self.training else 0.0
+        if return_probs:  # slow path: the probabilities themselves are wanted (X-Mixup's entropy)
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+            if allowed is not None:
+                scores = scores.masked_fill(~allowed, float('-inf'))
+            probs = scores.softmax(dim=-1)
+            y = F.dropout(probs, p, self.training) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p)
+        y = self.out(y.transpose(1, 2).reshape(B, T, D))
+        return (y, probs) if return_probs else y
+
+
+class FFN(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.dim, cfg.ffn_dim)
+        self.fc2 = nn.Linear(cfg.ffn_dim, cfg.dim)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))  # exact (erf) GELU, as XLM-R
+
+
+class Block(nn.Module):
+    """Post-LN transformer block: self-attention -> AddNorm -> [cross-attention on
+    `memory` -> AddNorm] -> FFN -> AddNorm. Cross-attention exists only when built with
+    cross=True (VECO's decoder)."""
+
+    def __init__(self, cfg, cross=False):
+        super().__init__()
+        self.attn, self.ln1 = Attention(cfg), nn.LayerNorm(cfg.dim, eps=cfg.ln_eps)
+        if cross:
+            self.cross, self.ln_cross = Attention(cfg), nn.LayerNorm(cfg.dim, eps=cfg.ln_eps)
+        self.ffn, self.ln2 = FFN(cfg), nn.LayerNorm(cfg.dim, eps=cfg.ln_eps)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, mask=None, memory=None, memory_mask=None, causal=False):
+        x = self.ln1(x + self.drop(self.attn(x, mask, causal=causal)))
+        if memory is not None:
+            x = self.ln_cross(x + self.drop(self.cross(x, memory_mask, memory=memory)))
+        return self.ln2(x + self.drop(self.ffn(x)))
+
+
+def position_ids(ids, pad_id):
+    """fairseq/RoBERTa numbering: real tokens count from pad_id + 1, padding sits at pad_id."""
+    real = ids.ne(pad_id).int()
+    return (torch.cumsum(real, dim=1) * real).long() + pad_id
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.dim, padding_idx=cfg.pad_id)
+        self.pos = nn.Embedding(cfg.max_positions, cfg.dim, padding_idx=cfg.pad_id)
+        self.ln = nn.LayerNorm(cfg.dim, eps=cfg.ln_eps)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
+        self.apply(init_weights)
+
+    def embed(self, ids):
+        """Token + position embeddings of one sequence batch, positions from each row's start."""
+        longest = self.cfg.max_positions - self.cfg.pad_id - 1
+        if ids.size(1) > longest:
+            raise ValueError(f'sequence of {ids.size(1)} tokens is longer than the model\'s {longest}: lower --max_len')
+        return self.drop(self.ln(self.tok(ids) + self.pos(position_ids(ids, self.cfg.pad_id))))
+
+    def run(self, x, mask=None, start=0, end=None):
+        """Run blocks [start, end) on hidden states x (B, T, H)."""
+        for block in self.blocks[start:end]:
+            x = block(x, mask)
+        return x
+
+    def forward(self, ids, mask=None):
+        """Last hidden states (B, T, H); mask defaults to the non-padding tokens."""
+        if mask is None:
+            mask = ids.ne(self.cfg.pad_id)
+        return self.run(self.embed(ids), mask)
+
+
+class MLMHead(nn.Module):
+    """dense -> GELU -> LayerNorm -> decoder tied to the word embeddings, plus a bias."""
+
+    def __init__(self, cfg, word_embeddings):
+        super().__init__()
+        self.dense = nn.Linear(cfg.dim, cfg.dim)
+        self.ln = nn.LayerNorm(cfg.dim, eps=cfg.ln_eps)
+        self.weight = word_embeddings  # the same Parameter as Encoder.tok.weight
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        init_weights(self.dense)
+
+    def forward(self, h):
+        return F.linear(self.ln(F.gelu(self.dense(h))), self.weight, self.bias)
+
+
+def init_weights(module):
+    """BERT/XLM-R initialisation: N(0, 0.02) weights, zero biases, padding rows zero."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+    if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+        with torch.no_grad():
+            module.weight[module.padding_idx].zero_()
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints. Every source is renamed into one flat dict with our names
+# ('enc.…', 'mlm.…'), then checked key by key against the model.
+
+HF_NAMES = {  # Hugging Face module -> ours ({} is the layer index)
+    'embeddings.word_embeddings': 'enc.tok', 'embeddings.position_embeddings': 'enc.pos',
+    'embeddings.LayerNorm': 'enc.ln',
+    'encoder.layer.{}.attention.self.query': 'enc.blocks.{}.attn.q',
+    'encoder.layer.{}.attention.self.key': 'enc.blocks.{}.attn.k',
+    'encoder.layer.{}.attention.self.value': 'enc.blocks.{}.attn.v',
+    'encoder.layer.{}.attention.output.dense': 'enc.blocks.{}.attn.out',
+    'encoder.layer.{}.attention.output.LayerNorm': 'enc.blocks.{}.ln1',
+    'encoder.layer.{}.intermediate.dense': 'enc.blocks.{}.ffn.fc1',
+    'encoder.layer.{}.output.dense': 'enc.blocks.{}.ffn.fc2',
+    'encoder.layer.{}.output.LayerNorm': 'enc.blocks.{}.ln2',
+    'lm_head.dense': 'mlm.dense', 'lm_head.layer_norm': 'mlm.ln', 'lm_head': 'mlm',
+    'lm_head.decoder': 'tied',  # copies of the word embeddings and lm_head.bias, when present
+    'embeddings.token_type_embeddings': 'type',  # one row added to every token: folded into positions
+}
+FAIRSEQ_NAMES = {  # fairseq module (after 'decoder.' or 'encoder.') -> ours
+    'sentence_encoder.embed_tokens': 'enc.tok', 'sentence_encoder.embed_positions': 'enc.pos',
+    'sentence_encoder.emb_layer_norm': 'enc.ln', 'sentence_encoder.layernorm_embedding': 'enc.ln',
+    'sentence_encoder.layers.{}.self_attn.q_proj': 'enc.blocks.{}.attn.q',
+    'sentence_encoder.layers.{}.self_attn.k_proj': 'enc.blocks.{}.attn.k',
+    'sentence_encoder.layers.{}.self_attn.v_proj': 'enc.blocks.{}.attn.v',
+    'sentence_encoder.layers.{}.self_attn.out_proj': 'enc.blocks.{}.attn.out',
+    'sentence_encoder.layers.{}.self_attn_layer_norm': 'enc.blocks.{}.ln1',
+    'sentence_encoder.layers.{}.fc1': 'enc.blocks.{}.ffn.fc1',
+    'sentence_encoder.layers.{}.fc2': 'enc.blocks.{}.ffn.fc2',
+    'sentence_encoder.layers.{}.final_layer_norm': 'enc.blocks.{}.ln2',
+    'lm_head.dense': 'mlm.dense', 'lm_head.layer_norm': 'mlm.ln', 'lm_head': 'mlm',
+}
+# Tensors real files carry that no part of this model uses: HF's position_ids buffer and
+# pooler (no task here uses it), fairseq's format 'version' marker.
+UNUSED = {'embeddings.position_ids', 'pooler.dense.weight', 'pooler.dense.bias', 'sentence_encoder.version'}
+
+
+def rename(sd, names, prefixes):
+    """Map checkpoint keys to ours with a {module: our module} table; fuse q, k, v into qkv.
+    -> (renamed dict, checkpoint keys nothing maps)."""
+    out, unknown = {}, []
+    for key, t in sd.items():
+        stem = next((key[len(p):] for p in prefixes if key.startswith(p)), key)
+        module, _, param = stem.rpartition('.')
+        layer = re.search(r'\.(\d+)\.', module)
+        ours = names.get(re.sub(r'\.\d+\.', '.{}.', module, count=1))
+        if ours is not None:
+            out[ours.format(layer.group(1) if layer else '') + '.' + param] = t.float()
+        elif stem not in UNUSED:
+            unknown.append(key)
+    fold_tied(out)
+    for key in [k for k in out if '.attn.q.' in k]:
+        stem, param = key.split('.attn.q.')
+        parts = [out.pop(f'{stem}.attn.{x}.{param}', None) for x in 'qkv']
+        if all(p is not None for p in parts):
+            out[f'{stem}.attn.qkv.{param}'] = torch.cat(parts)
+    return out, unknown
+
+
+def fold_tied(sd):
+    """Check and drop the tied copies; fold HF's single token-type row into the positions."""
+    if 'type.weight' in sd and 'enc.pos.weight' in sd:
+        t = sd.pop('type.weight')
+        if t.size(0) != 1:
+            raise CheckpointError(f'token_type_embeddings has {t.size(0)} rows; XLM-R has 1 and this model adds no segment ids')
+        sd['enc.pos.weight'] = sd['enc.pos.weight'] + t[0]
+    for copy, original in {'tied.weight': 'enc.tok.weight', 'tied.bias': 'mlm.bias'}.items():
+        if copy in sd:
+            t = sd.pop(copy)
+            if original not in sd:
+                sd[original] = t
+            elif not torch.equal(t, sd[original]):
+                raise CheckpointError(f'the MLM decoder {copy[5:]} differs from {original}; this model ties them')
+    if any(k.startswith('mlm.') for k in sd) and 'enc.tok.weight' in sd:
+        sd['mlm.weight'] = sd['enc.tok.weight']
+
+
+def read_safetensors(path):
+    """A .safetensors file read by hand: 8-byte header size, JSON header, raw little-endian data."""
+    dtypes = {'F64': torch.float64, 'F32': torch.float32, 'F16': torch.float16, 'BF16': torch.bfloat16,
+              'I64': torch.int64, 'I32': torch.int32, 'I16': torch.int16, 'I8': torch.int8,
+              'U8': torch.uint8, 'BOOL': torch.bool}
+    with open(path, 'rb') as f:
+        (n,) = struct.unpack('<Q', f.read(8))
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f'{path} is not a safetensors file (bad header: {e})')
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    sd = {}
+    for name, info in header.items():
+        if name == '__metadata__':
+            continue
+        (begin, end), dtype = info['data_offsets'], dtypes[info['dtype']]
+        count = (end - begin) // torch.empty(0, dtype=dtype).element_size()
+        t = torch.frombuffer(buf, dtype=dtype, count=count, offset=8 + n + begin) if count else torch.empty(0, dtype=dtype)
+        sd[name] = t.reshape(info['shape']).clone()
+    return sd
+
+
+def torch_load(path):
+    """torch.load that never runs arbitrary pickled code: tensors, containers and argparse.Namespace
+    (fairseq's saved arguments) only."""
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:  # torch reports refused globals as UnpicklingError, with a long explanation
+        found = re.search(r'(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)', str(e))
+        what = f'a pickled {found.group(1)} object, which is not allowed' if found else str(e).splitlines()[0]
+        raise CheckpointError(f'cannot load {path}: it holds {what}; '
+                              'convert it on a trusted machine to plain tensors (python layers.py convert)')
+
+
+def config_from(sd, meta):
+    """Shapes give every size but the head count, which comes from the checkpoint's metadata."""
+    heads = meta.get('num_attention_heads') or meta.get('encoder_attention_heads')
+    if not heads:
+        raise CheckpointError('the checkpoint does not say its number of attention heads (config.json or args)')
+    if meta.get('hidden_act', 'gelu') != 'gelu' or meta.get('activation_fn', 'gelu') != 'gelu':
+        raise CheckpointError('this model uses exact GELU; the checkpoint asks for another activation')
+    n_layer = 1 + max(int(k.split('.')[2]) for k in sd if k.startswith('enc.blocks.'))
+    vocab, dim = sd['enc.tok.weight'].shape
+    return Config(vocab_size=vocab, n_layer=n_layer, n_head=heads, dim=dim,
+                  ffn_dim=sd['enc.blocks.0.ffn.fc1.weight'].size(0), max_positions=sd['enc.pos.weight'].size(0),
+                  pad_id=meta.get('pad_token_id', 1), ln_eps=meta.get('layer_norm_eps', 1e-5))
+
+
+def read_checkpoint(path):
+    """-> (config, flat state dict with our names) from any supported layout."""
+    if os.path.isdir(path):
+        files = [f for f in ('model.safetensors', 'pytorch_model.bin', 'model.pt', 'checkpoint.pt') if os.path.exists(os.path.join(path, f))]
+        if not files:
+            raise CheckpointError(f'{path} holds no model.safetensors, pytorch_model.bin or model.pt')
+        path = os.path.join(path, files[0])
+    if not os.path.isfile(path):
+        raise CheckpointError(f'checkpoint {path} not found: give an XLM-R directory, model.pt or a converted file')
+    obj = read_safetensors(path) if path.endswith('.safetensors') else torch_load(path)
+    if not isinstance(obj, dict):
+        raise CheckpointError(f'{path} holds a {type(obj).__name__}, not a state dict')
+    if 'encoder' in obj and 'config' in obj:  # ours
+        sd = {f'enc.{k}': v for k, v in obj['encoder'].items()}
+        sd.update({f'mlm.{k}': v for k, v in (obj.get('mlm') or {}).items()})
+        fold_tied(sd)
+        return Config(**obj['config']), sd, []
+    if 'model' in obj:  # fairseq: {'model': state dict, 'args': Namespace or 'cfg': {'model': ...}}
+        args = obj.get('args') or (obj.get('cfg') or {}).get('model') or {}
+        meta = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
+        sd, unknown = rename(obj['model'], FAIRSEQ_NAMES, ('decoder.', 'encoder.'))
+    else:  # Hugging Face: a flat state dict, its config.json beside it
+        cfg_file = os.path.join(os.path.dirname(path), 'config.json')
+        if not os.path.exists(cfg_file):
+            raise CheckpointError(f'{cfg_file} not found: a Hugging Face checkpoint needs its config.json beside it')
+        with open(cfg_file) as f:
+            meta = json.load(f)
+        sd, unknown = rename(obj, HF_NAMES, ('roberta.',))
+    if 'enc.tok.weight' not in sd:
+        raise CheckpointError(f'{path} has no word embeddings: not an XLM-R checkpoint')
+    return config_from(sd, meta), sd, unknown
+
+
+def load_pretrained(path):
+    """-> (Encoder, MLMHead or None when the checkpoint has no MLM head), every tensor checked."""
+    cfg, sd, unknown = read_checkpoint(path)
+    enc = Encoder(cfg)
+    mlm = MLMHead(cfg, enc.tok.weight) if any(k.startswith('mlm.') for k in sd) else None
+    expected = {f'enc.{k}': v for k, v in enc.state_dict().items()}
+    if mlm is not None:
+        expected.update({f'mlm.{k}': v for k, v in mlm.state_dict().items()})
+    missing = sorted(set(expected) - set(sd))
+    unknown = unknown + sorted(set(sd) - set(expected))
+    shapes = [f'{k} {list(sd[k].shape)} (model {list(v.shape)})' for k, v in expected.items() if k in sd and sd[k].shape != v.shape]
+    problems = [f'{what}: {", ".join(keys[:5])}{" ..." if len(keys) > 5 else ""}'
+                for what, keys in (('missing', missing), ('unexpected', unknown), ('wrong shape', shapes)) if keys]
+    if problems:
+        raise CheckpointError(f'{path} does not match the model: ' + '; '.join(problems))
+    enc.load_state_dict({k[4:]: v for k, v in sd.items() if k.startswith('enc.')})
+    if mlm is not None:
+        mlm.load_state_dict({k[4:]: v for k, v in sd.items() if k.startswith('mlm.')})
+    return enc, mlm
+
+
+def atomic_save(obj, path):
+    """torch.save to a temporary file in the same folder, then rename: never a half-written file."""
+    tmp = f'{path}.tmp{os.getpid()}'
+    try:
+        with open(tmp, 'wb') as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def save_converted(enc, mlm, path):
+    """The project's own checkpoint: config + plain tensors, readable with weights_only=True."""
+    atomic_save({'config': asdict(enc.cfg), 'encoder': enc.state_dict(),
+                 'mlm': None if mlm is None else {k: v for k, v in mlm.state_dict().items() if k != 'weight'}}, path)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description='Convert XLM-R weights (Hugging Face or fairseq) to this project\'s format.')
+    sub = parser.add_subparsers(dest='cmd', required=True)
+    conv = sub.add_parser('convert', help='SRC (HF directory or file, fairseq model.pt) -> OUT')
+    conv.add_argument('src')
+    conv.add_argument('out')
+    args = parser.parse_args(argv)
+    try:
+        enc, mlm = load_pretrained(args.src)
+        save_converted(enc, mlm, args.out)
+    except CheckpointError as e:
+        sys.exit(f'error: {e}')
+    n = sum(p.numel() for p in enc.parameters())
+    print(f'wrote {args.out}: {enc.cfg.n_layer} layers x {enc.cfg.dim}, {n / 1e6:.1f}M parameters'
+          f'{", with MLM head" if mlm is not None else ""}')
+
+
+if __name__ == '__main__':
+    main()

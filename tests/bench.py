@@ -1,0 +1,142 @@
+"""Speed of the transformer: training-step and inference tokens/s, and model FLOPs utilisation
+against the dense matmul rate measured on the same device.
+
+    python tests/bench.py                       # base preset, batch 8 x 128, current device
+    python tests/bench.py --compare             # side by side with Hugging Face's XLM-R (same weights)
+    python tests/bench.py --model tiny --steps 3
+"""
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import layers  # noqa: E402
+
+
+def matmul_flops(device, n=2048, reps=10):
+    """Measured dense fp32 (bf16 on CUDA) matmul rate, FLOP/s: the ceiling MFU is measured against."""
+    dtype = torch.bfloat16 if device.type == 'cuda' else torch.float32
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    sync(device)
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync(device)
+    return 2 * n ** 3 * reps / (time.perf_counter() - t)
+
+
+def flops_per_token(cfg, T):
+    """Forward FLOPs per token: q, k, v, out projections (8 D^2), FFN (4 D F), scores and values (4 T D)."""
+    return cfg.n_layer * (8 * cfg.dim ** 2 + 4 * cfg.dim * cfg.ffn_dim + 4 * T * cfg.dim)
+
+
+def sync(device):
+    if device.type == 'cuda':
+        torch.cuda.synchronize()
+
+
+class Ours(torch.nn.Module):
+    def __init__(self, enc):
+        super().__init__()
+        self.enc = enc
+
+    def forward(self, ids, mask):
+        return self.enc(ids, mask)
+
+
+class Reference(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask):
+        return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+def reference_model(path, device):
+    """Hugging Face's XLMRobertaModel on the same weights (the directory was written by it)."""
+    from transformers import XLMRobertaModel
+    return Reference(XLMRobertaModel.from_pretrained(path, add_pooling_layer=False, attn_implementation='sdpa')).to(device)
+
+
+def timed_steps(model, ids, mask, steps, train, device, amp):
+    """Seconds per step over `steps` steps after two warm-up steps."""
+    head = torch.nn.Linear(model_dim(model), 3).to(device)
+    opt = torch.optim.AdamW(list(model.parameters()) + list(head.parameters()), lr=1e-5) if train else None
+    labels = torch.randint(0, 3, (ids.size(0),), device=device)
+    model.train(train)
+    times = []
+    for i in range(steps + 2):
+        sync(device)
+        t = time.perf_counter()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp), torch.set_grad_enabled(train):
+            h = model(ids, mask)
+            if train:
+                loss = F.cross_entropy(head(h[:, 0]).float(), labels)
+        if train:
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sync(device)
+        times.append(time.perf_counter() - t)
+    return sum(times[2:]) / steps
+
+
+def model_dim(model):
+    return next(p for n, p in model.named_parameters() if 'word_embeddings' in n or n.endswith('tok.weight')).size(1)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--model', default='base', choices=list(layers.CONFIGS))
+    parser.add_argument('--batch', type=int, default=8)
+    parser.add_argument('--seq', type=int, default=128)
+    parser.add_argument('--steps', type=int, default=5)
+    parser.add_argument('--rounds', type=int, default=2, help='alternate the models this many times')
+    parser.add_argument('--compare', action='store_true', help='also time Hugging Face XLM-R on the same weights')
+    args = parser.parse_args()
+    device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    amp = device.type == 'cuda'
+    torch.manual_seed(0)
+    cfg = layers.CONFIGS[args.model]
+    ids = torch.randint(4, cfg.vocab_size, (args.batch, args.seq), device=device)
+    ids[:, 0], ids[:, -1] = 0, 2
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    models = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.compare:  # HF writes random weights; ours loads that very file
+            from transformers import XLMRobertaConfig, XLMRobertaForMaskedLM
+            XLMRobertaForMaskedLM(XLMRobertaConfig(
+                vocab_size=cfg.vocab_size, hidden_size=cfg.dim, num_hidden_layers=cfg.n_layer,
+                num_attention_heads=cfg.n_head, intermediate_size=cfg.ffn_dim, max_position_embeddings=cfg.max_positions,
+                type_vocab_size=1, pad_token_id=cfg.pad_id)).save_pretrained(tmp)
+            models['ours'] = Ours(layers.load_pretrained(tmp)[0]).to(device)
+            models['reference (HF)'] = reference_model(tmp, device)
+        else:
+            models['ours'] = Ours(layers.Encoder(cfg)).to(device)
+    peak = matmul_flops(device)
+    fpt = flops_per_token(cfg, args.seq)
+    tokens = args.batch * args.seq
+    results = {name: {'train': [], 'infer': []} for name in models}
+    for _ in range(args.rounds):  # interleaved, so that both see the same machine
+        for name, model in models.items():
+            results[name]['train'].append(timed_steps(model, ids, mask, args.steps, True, device, amp))
+            results[name]['infer'].append(timed_steps(model, ids, mask, args.steps, False, device, amp))
+    print(f'{args.model} preset, batch {args.batch} x {args.seq} on {device}, {torch.get_num_threads()} threads; '
+          f'measured matmul rate {peak / 1e9:.1f} GFLOP/s')
+    print(f'{"model":<16} {"train tok/s":>12} {"train MFU":>10} {"infer tok/s":>12} {"infer MFU":>10}')
+    for name, r in results.items():
+        train, infer = min(r['train']), min(r['infer'])
+        print(f'{name:<16} {tokens / train:>12.0f} {3 * fpt * tokens / train / peak:>10.1%} '
+              f'{tokens / infer:>12.0f} {fpt * tokens / infer / peak:>10.1%}')
+
+
+if __name__ == '__main__':
+    main()

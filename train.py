@@ -1,0 +1,1 @@
+"""The command line and the one training loop every method plugs into. Built in a later issue."""
