@@ -1,7 +1,38 @@
 """Text to tensors: XLM-R's tokenizer, the XTREME tasks, their files and batches."""
 import os
+from dataclasses import dataclass
 
 import sentencepiece as spm
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    family: str  # classification | tagging | qa | retrieval (also the leaderboard's group)
+    metric: str  # accuracy | f1 | em_f1 (QA: the mean of exact match and F1)
+    langs: tuple  # XTREME's languages, in the leaderboard's order (its averages sum in this order)
+    labels: tuple = ()
+
+
+UPOS = tuple('ADJ ADP ADV AUX CCONJ DET INTJ NOUN NUM PART PRON PROPN PUNCT SCONJ SYM VERB X'.split())
+TASKS = {t.name: t for t in [  # the leaderboard's task order
+    Task('pawsx', 'classification', 'accuracy', tuple('de en es fr ja ko zh'.split()), ('0', '1')),
+    Task('xnli', 'classification', 'accuracy', tuple('ar bg de el en es fr hi ru sw th tr ur vi zh'.split()),
+         ('contradiction', 'entailment', 'neutral')),
+    Task('panx', 'tagging', 'f1', tuple('ar he vi id jv ms tl eu ml ta te af nl en de el bn hi mr ur fa fr it pt es '
+                                        'bg ru ja ka ko th sw yo my zh kk tr et fi hu'.split()),
+         ('O', 'B-PER', 'I-PER', 'B-ORG', 'I-ORG', 'B-LOC', 'I-LOC')),
+    Task('udpos', 'tagging', 'f1', tuple('af ar bg de el en es et eu fa fi fr he hi hu id it ja kk ko mr nl pt ru ta '
+                                         'te th tl tr ur vi yo zh'.split()), UPOS),
+    Task('bucc2018', 'retrieval', 'f1', tuple('de fr ru zh'.split())),
+    Task('tatoeba', 'retrieval', 'accuracy', tuple('ar he vi id jv tl eu ml ta te af nl de el bn hi mr ur fa fr it '
+                                                   'pt es bg ru ja ka ko th sw zh kk tr et fi hu'.split())),
+    Task('xquad', 'qa', 'em_f1', tuple('en es de el ru tr ar vi th zh hi'.split())),
+    Task('mlqa', 'qa', 'em_f1', tuple('en es de ar hi vi zh'.split())),
+    Task('tydiqa', 'qa', 'em_f1', tuple('en ar bn fi id ko ru sw te'.split())),
+]}
+GROUPS = {'classification': ('pawsx', 'xnli'), 'tagging': ('udpos', 'panx'),
+          'qa': ('xquad', 'mlqa', 'tydiqa'), 'retrieval': ('bucc2018', 'tatoeba')}
 
 
 class Tokenizer:

@@ -1,1 +1,339 @@
-"""XTREME's metrics, exactly as its leaderboard computes them. Built in a later issue."""
+"""XTREME's scores, exactly as its leaderboard computes them, and what produces predictions.
+
+The leaderboard is google-research/xtreme's evaluate.py: accuracy; seqeval 1.2.2 chunk F1 in
+its default mode for both tagging tasks (POS too); the SQuAD v1.1 script for XQuAD and TyDiQA
+and the MLQA script (language-aware) for MLQA; set-based F1 for BUCC. Their quirks are kept
+on purpose, so that the same predictions get the same numbers to the last digit.
+
+    python eval.py --predictions DIR --labels DIR --out scores.json
+"""
+import argparse
+import json
+import os
+import re
+import string
+import sys
+import unicodedata
+from collections import Counter
+
+import torch
+
+from data import GROUPS, TASKS
+from layers import atomic_write
+
+
+class EvalError(ValueError):
+    """Predictions that cannot be scored; the message is one line that says why."""
+
+
+# ----------------------------------------------------------------------------------------
+# Metrics. Each takes gold labels first, returns {metric: value in 0-100}.
+
+def accuracy(labels, preds):
+    correct = sum(int(p == g) for p, g in zip(preds, labels))
+    return {'accuracy': float(correct) / len(preds) * 100}
+
+
+def chunks(sentences):
+    """seqeval 1.2.2 get_entities (default mode): sentences are joined with an 'O' after each,
+    a tag's first character is its B/I/E/S/O prefix and the rest (after a '-') its type, so
+    POS tags chunk too ('NOUN' = prefix 'N', type 'OUN': a run of NOUNs is one chunk)."""
+    seq = [tag for sentence in sentences for tag in sentence + ['O']] + ['O']
+    found, prev_tag, prev_type, begin = set(), 'O', '', 0
+    for i, chunk in enumerate(seq):
+        tag, type_ = chunk[0], chunk[1:].split('-', 1)[-1] or '_'
+        ends = (prev_tag in 'ES' or (prev_tag in 'BI' and tag in 'BSO')
+                or (prev_tag not in 'O.' and prev_type != type_))
+        starts = (tag in 'BS' or (prev_tag in 'ESO' and tag in 'EI') or (tag not in 'O.' and prev_type != type_))
+        if ends:
+            found.add((prev_type, begin, i - 1))
+        if starts:
+            begin = i
+        prev_tag, prev_type = tag, type_
+    return found
+
+
+def chunk_f1(labels, preds):
+    """Micro precision, recall and F1 over all chunks of a file, as seqeval's defaults (0 when undefined)."""
+    gold, pred = chunks(labels), chunks(preds)
+    tp = len(gold & pred)
+    p = tp / len(pred) if pred else 0.0
+    r = tp / len(gold) if gold else 0.0
+    f = 2 * p * r / (p + r) if p + r else 0.0
+    return {'f1': f * 100, 'precision': p * 100, 'recall': r * 100}
+
+
+def bucc_f1(labels, preds):
+    gold, pred = {tuple(x.split('\t')) for x in labels}, {tuple(x.split('\t')) for x in preds}
+    n = len(gold & pred)
+    p, r = (n / len(pred), n / len(gold)) if n else (0.0, 0.0)
+    f = 2 * p * r / (p + r) if n else 0.0
+    return {'f1': f * 100, 'precision': p * 100, 'recall': r * 100}
+
+
+SQUAD_PUNCT = set(string.punctuation)
+# MLQA: every Unicode punctuation character plus ASCII's, articles per language.
+MLQA_PUNCT = {chr(i) for i in range(sys.maxunicode) if unicodedata.category(chr(i)).startswith('P')} | set(string.punctuation)
+MLQA_ARTICLES = {'en': r'\b(a|an|the)\b', 'es': r'\b(un|una|unos|unas|el|la|los|las)\b',
+                 'de': r'\b(ein|eine|einen|einem|eines|einer|der|die|das|den|dem|des)\b',
+                 'vi': r'\b(của|là|cái|chiếc|những)\b', 'hi': None, 'zh': None, 'ar': None}
+
+
+def normalize_answer(s, lang=None):
+    """SQuAD v1.1's normalisation (lang=None: XQuAD, TyDiQA) or MLQA's for `lang`: lower case,
+    drop punctuation, drop articles, split into tokens (Chinese: one token per CJK character)."""
+    s = s.lower()
+    if lang is None:
+        s = ''.join(c for c in s if c not in SQUAD_PUNCT)
+        return ' '.join(re.sub(r'\b(a|an|the)\b', ' ', s).split())
+    if lang not in MLQA_ARTICLES:
+        raise EvalError(f'MLQA has no normalisation for language {lang!r}')
+    s = ''.join(c for c in s if c not in MLQA_PUNCT)
+    if lang == 'ar':
+        s = s.replace('ال', ' ')  # MLQA's regex '\sال^|ال' drops every 'ال', inside words too
+    elif MLQA_ARTICLES[lang]:
+        s = re.sub(MLQA_ARTICLES[lang], ' ', s)
+    if lang != 'zh':
+        return ' '.join(s.split())
+    tokens, word = [], ''
+    for c in s:  # MLQA's mixed segmentation: CJK characters (U+4E00-U+9FA5) alone, the rest by spaces
+        if '\u4e00' <= c <= '\u9fa5' or c in MLQA_PUNCT:
+            tokens += word.split() + [c]
+            word = ''
+        else:
+            word += c
+    return ' '.join(t for t in tokens + word.split() if t.strip())
+
+
+def qa_f1(pred, gold, lang=None):
+    p, g = normalize_answer(pred, lang).split(), normalize_answer(gold, lang).split()
+    same = sum((Counter(p) & Counter(g)).values())
+    if same == 0:
+        return 0
+    precision, recall = same / len(p), same / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def qa_scores(dataset, predictions, lang=None):
+    """Exact match and F1 over every question of a SQuAD-format dataset (the 'data' list); an
+    unanswered question scores 0. EM and F1 each take their best gold answer."""
+    em = f1 = total = 0
+    for article in dataset:
+        for paragraph in article['paragraphs']:
+            for qa in paragraph['qas']:
+                total += 1
+                if qa['id'] not in predictions:
+                    continue
+                golds, pred = [a['text'] for a in qa['answers']], predictions[qa['id']]
+                em += max(normalize_answer(pred, lang) == normalize_answer(g, lang) for g in golds)
+                f1 += max(qa_f1(pred, g, lang) for g in golds)
+    return {'exact_match': 100.0 * em / total, 'f1': 100.0 * f1 / total}
+
+
+# ----------------------------------------------------------------------------------------
+# The leaderboard layout: <folder>/<task>/test-<lang>.<tsv|json>.
+
+def suffix(task):
+    return 'json' if TASKS[task].family == 'qa' else 'tsv'
+
+
+def read_lines(path):
+    with open(path, encoding='utf-8') as f:
+        return [line.strip() for line in f]
+
+
+def read_tag_file(path):
+    """One tag per line, a blank line between sentences (as the leaderboard: blank lines in a row give empty sentences)."""
+    sentences, current = [], []
+    for line in read_lines(path):
+        if line:
+            current.append(line)
+        else:
+            sentences.append(current)
+            current = []
+    return sentences + [current] if current else sentences
+
+
+def read_qa_file(path):
+    with open(path, encoding='utf-8') as f:
+        obj = json.load(f)
+    return obj['data'] if 'data' in obj else obj
+
+
+def score_file(task, pred_path, label_path, lang):
+    """Scores of one language file against its labels."""
+    family = TASKS[task].family
+    for path in (pred_path, label_path):
+        if not os.path.isfile(path):
+            raise EvalError(f'{path} is not there: every language of {task} needs a file ({", ".join(TASKS[task].langs)})')
+    if family == 'qa':
+        return qa_scores(read_qa_file(label_path), read_qa_file(pred_path), lang if task == 'mlqa' else None)
+    read = read_tag_file if family == 'tagging' else read_lines
+    labels, preds = read(label_path), read(pred_path)
+    if task == 'bucc2018':
+        return bucc_f1(labels, preds)
+    if len(labels) != len(preds):
+        unit = 'sentences' if family == 'tagging' else 'lines'
+        raise EvalError(f'{pred_path} has {len(preds)} {unit}, {label_path} has {len(labels)}: write one per test example')
+    if family == 'tagging':
+        bad = next((i for i, (g, p) in enumerate(zip(labels, preds)) if len(g) != len(p)), None)
+        if bad is not None:
+            raise EvalError(f'{pred_path}: sentence {bad + 1} has {len(preds[bad])} tags for {len(labels[bad])} words: '
+                            'write one tag per word')
+        return chunk_f1(labels, preds)
+    return accuracy(labels, preds)
+
+
+def task_scores(task, per_lang):
+    """{metric: {lang: v}} -> the leaderboard's task entry with avg_<metric> and avg_metric."""
+    out = {}
+    for lang, scores in per_lang.items():
+        for metric, value in scores.items():
+            out.setdefault(metric, {})[lang] = value
+    out.update({f'avg_{m}': sum(v.values()) / len(v) for m, v in list(out.items())})
+    out['avg_metric'] = ((out['avg_exact_match'] + out['avg_f1']) / 2 if 'avg_exact_match' in out
+                         else out.get('avg_f1', out.get('avg_accuracy')))
+    return out
+
+
+def score_folder(pred_dir, label_dir):
+    """The leaderboard's JSON for a submission folder: tasks present in both folders, then the
+    group scores and all_task where every task they need is there."""
+    detailed = {}
+    for task, info in TASKS.items():
+        if os.path.isdir(os.path.join(pred_dir, task)) and os.path.isdir(os.path.join(label_dir, task)):
+            name = lambda d, lang: os.path.join(d, task, f'test-{lang}.{suffix(task)}')
+            detailed[task] = task_scores(task, {lang: score_file(task, name(pred_dir, lang), name(label_dir, lang), lang)
+                                                for lang in info.langs})
+    overall = {}
+    if len(detailed) == len(TASKS):
+        overall['all_task'] = sum(d['avg_metric'] for d in detailed.values()) / len(TASKS)
+    for group, tasks in GROUPS.items():
+        if all(t in detailed for t in tasks):
+            overall[group] = sum(detailed[t]['avg_metric'] for t in tasks) / len(tasks)
+    return {**overall, **detailed}
+
+
+def write_predictions(folder, task, lang, preds):
+    """Predictions of one language in the submission layout, written atomically.
+    preds: labels (classification), tag lists (tagging), {question id: answer} (QA),
+    (source id, English id) pairs (bucc2018), English-side indices (tatoeba)."""
+    family = TASKS[task].family
+    if family == 'qa':
+        text = json.dumps(preds, ensure_ascii=False, indent=1)
+    elif family == 'tagging':
+        text = '\n\n'.join('\n'.join(tags) for tags in preds) + '\n'
+    elif task == 'bucc2018':
+        text = ''.join(f'{s}\t{t}\n' for s, t in preds)
+    else:
+        text = ''.join(f'{p}\n' for p in preds)
+    path = os.path.join(folder, task, f'test-{lang}.{suffix(task)}')
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_write(path, text)
+    return path
+
+
+# ----------------------------------------------------------------------------------------
+# From model outputs to predictions.
+
+def decode_qa(windows, start_logits, end_logits, n_best=20, max_answer_len=30):
+    """Best answer per question over all its windows -> {question id: answer text}.
+    A span (i, j) is valid when both ends are context tokens, i <= j < i + max_answer_len and
+    token i has its fullest context in this window; the n_best highest start + end scores of
+    each window compete across windows, and the winner is cut from the original context by
+    character offsets. windows: features from data.qa_features; logits: one (T,) tensor each."""
+    best = {}
+    for w, s, e in zip(windows, start_logits, end_logits):
+        T = len(w.ids)
+        s, e = s[:T].float(), e[:T].float()
+        context = torch.tensor([span is not None for span in w.spans])
+        valid = (context & torch.tensor(w.max_context))[:, None] & context[None, :]
+        valid &= torch.ones(T, T, dtype=torch.bool).triu().tril(max_answer_len - 1)
+        scores = (s[:, None] + e[None, :]).masked_fill(~valid, float('-inf')).flatten()
+        top, where = scores.topk(min(n_best, scores.numel()))
+        for score, k in zip(top.tolist(), where.tolist()):
+            if score == float('-inf'):
+                break
+            i, j = divmod(k, T)
+            if score > best.get(w.qid, (float('-inf'), ''))[0]:
+                best[w.qid] = (score, w.context[w.spans[i][0]:w.spans[j][1]])
+    return {qid: text for qid, (score, text) in best.items()}
+
+
+def mean_pool(encoder, ids, mask, layer):
+    """Mean over real tokens of the hidden states after `layer` blocks (0 = embeddings)."""
+    h = encoder.run(encoder.embed(ids), mask, 0, layer)
+    m = mask.unsqueeze(-1).to(h.dtype)
+    return (h * m).sum(1) / m.sum(1)
+
+
+def nearest(queries, keys):
+    """Cosine nearest neighbour of each query among keys -> (indices, similarities)."""
+    sim = torch.nn.functional.normalize(queries.float(), dim=-1) @ torch.nn.functional.normalize(keys.float(), dim=-1).T
+    score, index = sim.max(dim=1)
+    return index, score
+
+
+def best_threshold(scores, pairs, gold):
+    """The similarity threshold that maximises BUCC F1 of `pairs` (sorted by falling score) against
+    the gold pairs: chosen on the dev split's own gold, then applied to test."""
+    order = sorted(range(len(pairs)), key=lambda k: -scores[k])
+    hits, best_f1, threshold = 0, -1.0, float('inf')
+    for rank, k in enumerate(order, 1):
+        hits += pairs[k] in gold
+        f1 = 2 * hits / (rank + len(gold))
+        if f1 > best_f1:
+            nxt = scores[order[rank]] if rank < len(order) else scores[k] - 1
+            best_f1, threshold = f1, (scores[k] + nxt) / 2
+    return threshold
+
+
+def linear_cka(x, y):
+    """Linear CKA between representations x (n, d1) and y (n, d2) of the same n inputs (X-Mixup Eq. 1):
+    ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F) on centred features."""
+    x, y = x.double() - x.double().mean(0), y.double() - y.double().mean(0)
+    return float((y.T @ x).norm() ** 2 / ((x.T @ x).norm() * (y.T @ y).norm()))
+
+
+# ----------------------------------------------------------------------------------------
+# Per-language tables.
+
+def summarize(per_lang, source='en'):
+    """{lang: score} -> {lang: score, 'avg': mean, 'gap': source minus the mean of the others}."""
+    others = [v for k, v in per_lang.items() if k != source]
+    out = dict(per_lang, avg=sum(per_lang.values()) / len(per_lang))
+    if source in per_lang and others:
+        out['gap'] = per_lang[source] - sum(others) / len(others)
+    return out
+
+
+def format_table(rows):
+    """rows: {row name: {column: value}} -> a plain text table (values to 1 decimal)."""
+    cols = list(dict.fromkeys(c for r in rows.values() for c in r))
+    width = max(len(n) for n in rows) + 2
+    lines = [' ' * width + ''.join(f'{c:>7}' for c in cols)]
+    for name, r in rows.items():
+        lines.append(f'{name:<{width}}' + ''.join(f'{r[c]:7.1f}' if c in r else ' ' * 7 for c in cols))
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description='Score a prediction folder in the XTREME submission layout.')
+    parser.add_argument('--predictions', required=True, help='folder with <task>/test-<lang>.<tsv|json>')
+    parser.add_argument('--labels', required=True, help='gold labels in the same layout')
+    parser.add_argument('--out', required=True, help='scores.json, with the leaderboard\'s keys')
+    args = parser.parse_args(argv)
+    try:
+        scores = score_folder(args.predictions, args.labels)
+    except (EvalError, json.JSONDecodeError) as e:
+        sys.exit(f'error: {e}')
+    if not scores:
+        sys.exit(f'error: no task folder is in both {args.predictions} and {args.labels}: expected e.g. xnli/test-en.tsv')
+    atomic_write(args.out, json.dumps(scores, indent=2, ensure_ascii=False))
+    rows = {t: {'avg': s['avg_metric']} for t, s in scores.items() if isinstance(s, dict)}
+    rows.update({g: {'avg': scores[g]} for g in (*GROUPS, 'all_task') if g in scores})
+    print(format_table(rows))
+
+
+if __name__ == '__main__':
+    main()

@@ -363,12 +363,16 @@ def load_pretrained(path):
     return enc, mlm
 
 
-def atomic_save(obj, path):
-    """torch.save to a temporary file in the same folder, then rename: never a half-written file."""
+def atomic_write(path, obj):
+    """Write text, bytes or (with torch.save) anything else to a temporary file in the same
+    folder, then rename it into place: an interrupted write never leaves a half-written file."""
     tmp = f'{path}.tmp{os.getpid()}'
     try:
         with open(tmp, 'wb') as f:
-            torch.save(obj, f)
+            if isinstance(obj, (str, bytes)):
+                f.write(obj.encode() if isinstance(obj, str) else obj)
+            else:
+                torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -379,8 +383,8 @@ def atomic_save(obj, path):
 
 def save_converted(enc, mlm, path):
     """The project's own checkpoint: config + plain tensors, readable with weights_only=True."""
-    atomic_save({'config': asdict(enc.cfg), 'encoder': enc.state_dict(),
-                 'mlm': None if mlm is None else {k: v for k, v in mlm.state_dict().items() if k != 'weight'}}, path)
+    atomic_write(path, {'config': asdict(enc.cfg), 'encoder': enc.state_dict(),
+                        'mlm': None if mlm is None else {k: v for k, v in mlm.state_dict().items() if k != 'weight'}})
 
 
 def main(argv=None):
