@@ -1,8 +1,14 @@
 """Text to tensors: XLM-R's tokenizer, the XTREME tasks, their files and batches."""
+import csv
+import json
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import sentencepiece as spm
+import torch
+
+from layers import atomic_write
 
 
 @dataclass(frozen=True)
@@ -55,11 +61,36 @@ class Tokenizer:
         """Ids of `text`, no special tokens."""
         return self._ids(self.sp.encode(text))
 
-    def encode_with_spans(self, text):
-        """(ids, spans): spans[i] = (start, end) character offsets of token i in `text`.
-        A token that sentencepiece inserted (the leading '▁') has an empty span."""
+    def encode_words(self, words):
+        """Ids of each word on its own (tagging); a word with no piece becomes <unk>."""
+        return [self._ids(ids) or [self.unk] for ids in self.sp.encode(list(words))]
+
+    def encode_with_spans(self, text, cuts=()):
+        """(ids, spans): spans[i] = (start, end), the characters of `text` token i stands for,
+        leading whitespace excluded (so a lone '▁' has an empty span). Every position in `cuts`
+        (QA answer boundaries) becomes a token boundary: a token straddling one is split in two."""
         out = self.sp.encode_as_offset_mapping(text)
-        return self._ids(out['ids']), [tuple(s) for s in out['offsets']]
+        ids, spans = out['ids'], [(s + len(text[s:e]) - len(text[s:e].lstrip()), e) for s, e in out['offsets']]
+        for cut in cuts:
+            k = next((k for k, (s, e) in enumerate(spans) if s < cut < e), None)
+            if k is not None:
+                s, e = spans[k]
+                left = self._piece_ids(text, s, cut, self.sp.id_to_piece(ids[k]).startswith('▁'))
+                right = self._piece_ids(text, cut, e, False)
+                ids[k:k + 1], spans[k:k + 1] = left[0] + right[0], left[1] + right[1]
+        return self._ids(ids), spans
+
+    def _piece_ids(self, text, start, end, word_start):
+        """sentencepiece ids and spans of text[start:end] alone; unless it starts a word, the
+        word-start marker '▁' that sentencepiece puts in front is taken off again."""
+        out = self.sp.encode_as_offset_mapping(text[start:end])
+        ids, spans = out['ids'], [(start + s, start + e) for s, e in out['offsets']]
+        piece = self.sp.id_to_piece(ids[0]) if ids else ''
+        if not word_start and piece == '▁':
+            ids, spans = ids[1:], spans[1:]
+        elif not word_start and piece.startswith('▁'):
+            ids[0] = self.sp.piece_to_id(piece[1:])  # 0 (<unk>) when the bare piece does not exist
+        return ids, spans
 
     def encode_pair(self, a, b=None):
         """<s> a </s> or <s> a </s></s> b </s>, from texts or from lists of ids."""
@@ -72,3 +103,552 @@ class Tokenizer:
     def decode(self, ids):
         """Text of ids; special tokens are dropped."""
         return self.sp.decode([0 if i == self.unk else i - 1 for i in ids if self.unk <= i < self.mask])
+
+
+class DataError(ValueError):
+    """Data that cannot be read; the message is one line: the file, the line and the fix."""
+
+
+# ----------------------------------------------------------------------------------------
+# Where each split lives (the layout of XTREME's own preprocessing; see the README).
+
+QA_FILES = {
+    'xquad': {'train': 'squad/train-v1.1.json', 'dev': 'squad/dev-v1.1.json', 'test': 'xquad/xquad.{lang}.json',
+              'translate-train': 'squad/translate-train/squad.translate.train.en-{lang}.json'},
+    'mlqa': {'train': 'squad/train-v1.1.json', 'dev': 'mlqa/MLQA_V1/dev/dev-context-{lang}-question-{lang}.json',
+             'test': 'mlqa/MLQA_V1/test/test-context-{lang}-question-{lang}.json',
+             'translate-train': 'squad/translate-train/squad.translate.train.en-{lang}.json'},
+    'tydiqa': {'train': 'tydiqa/tydiqa-goldp-v1.1-train/tydiqa.goldp.en.train.json',
+               'test': 'tydiqa/tydiqa-goldp-v1.1-dev/tydiqa.goldp.{lang}.dev.json',  # XTREME tests on GoldP dev
+               'translate-train': 'tydiqa/translate-train/tydiqa.translate.train.en-{lang}.json'},
+}
+
+
+def is_demo(data_dir):
+    return os.path.exists(os.path.join(data_dir, 'demo.json'))
+
+
+def languages(task, demo=False):
+    """A task's test languages: XTREME's, or the demo's (retrieval pairs each with English)."""
+    langs = DEMO_LANGS if demo else TASKS[task].langs
+    return tuple(lang for lang in langs if lang != 'en') if TASKS[task].family == 'retrieval' else langs
+
+
+def split_path(data_dir, task, split, lang='en'):
+    """File of a split: 'train' (English), 'dev', 'test', 'translate-train' (English -> lang) or
+    'translate-dev' / 'translate-test' (lang -> English); None where the benchmark has none."""
+    family = TASKS[task].family
+    if split.startswith('translate-') and split != 'translate-train':
+        s = split[len('translate-'):]
+        name = {'classification': f'{s}-{lang}-en-translated.tsv', 'tagging': f'{s}-{lang}-en.tsv',
+                'qa': f'{task}.translate.{s}.{lang}-en.json'}.get(family)
+    elif family == 'qa':
+        name = QA_FILES[task].get(split)
+        if name is None or ('{lang}' not in name and lang != 'en'):  # SQuAD's dev set is English only
+            return None
+        return os.path.join(data_dir, name.format(lang=lang))
+    elif family == 'retrieval':
+        name = f'{lang}-en.{split}' if task == 'bucc2018' else f'{lang}-en'  # + .{lang} / .en / .gold
+    elif split == 'translate-train':
+        name = f'en-{lang}-translated.tsv' if family == 'classification' else f'train-en-{lang}.tsv'
+    else:
+        name = f'{split}-{lang}.tsv'
+    return name and os.path.join(data_dir, task, split if split.startswith('translate-') else '', name)
+
+
+def need(path, what):
+    if path is None or not os.path.isfile(path):
+        raise DataError(f'{path} not found: {what}')
+    return path
+
+
+def lines_of(path):
+    with open(path, encoding='utf-8-sig') as f:
+        return [line.rstrip('\r\n') for line in f]
+
+
+# ----------------------------------------------------------------------------------------
+# Readers. Examples are plain dicts:
+#   classification {'a', 'b', 'label'}   tagging {'words', 'tags'}
+#   qa {'id', 'question', 'context', 'answers': [{'text', 'answer_start'}]}
+# Labels are None where a file has none (XTREME strips test labels).
+
+def check_label(task, label, path, line):
+    label = 'contradiction' if label == 'contradictory' else label  # XNLI-MT's spelling
+    if label not in TASKS[task].labels:
+        raise DataError(f'{path}, line {line}: label {label!r} is not one of {", ".join(TASKS[task].labels)}; '
+                        'fix or remove the line')
+    return label
+
+
+def read_pairs(path, task, translated=False):
+    """Sentence pairs, tab-separated, no header: 'a b [label]'. XTREME writes these files with
+    csv quoting (quotes around fields that hold a '"'), undone here. Translation files hold
+    'a b a' b' [label]' (original pair, then its translation): -> (original, translation) pairs."""
+    width = (4, 5) if translated else (2, 3)
+    out = []
+    with open(need(path, f'get the {task} data (python data.py download --task {task})'), encoding='utf-8-sig', newline='') as f:
+        reader = csv.reader(f, delimiter='\t', quoting=csv.QUOTE_NONE if translated else csv.QUOTE_MINIMAL)
+        for row in reader:
+            if len(row) not in width:
+                raise DataError(f'{path}, line {reader.line_num}: {len(row)} tab-separated columns, expected '
+                                f'{" or ".join(map(str, width))}; fix or remove the line')
+            label = check_label(task, row[-1], path, reader.line_num) if len(row) == width[1] else None
+            ex = [{'a': row[i], 'b': row[i + 1], 'label': label} for i in range(0, len(row) - 1, 2)]
+            out.append(tuple(ex) if translated else ex[0])
+    return out
+
+
+def read_tagged(path, task):
+    """One word per line ('word<TAB>tag', or just 'word' in test files), a blank line between sentences."""
+    out, words, tags, tagged = [], [], [], None
+    lines = lines_of(need(path, f'get the {task} data (python data.py download --task {task})')) + ['']
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            if words:
+                out.append({'words': words, 'tags': tags if tagged else None})
+            words, tags = [], []
+            continue
+        cols = line.split('\t')
+        tagged = len(cols) == 2 if tagged is None else tagged
+        if len(cols) != 1 + tagged or not cols[0]:
+            raise DataError(f'{path}, line {n}: expected {"word<TAB>tag" if tagged else "a word alone"} as in the '
+                            'rest of the file; fix the line')
+        words.append(cols[0])
+        if tagged:
+            tags.append(check_label(task, cols[1], path, n))
+    return out
+
+
+def read_squad(path, task='squad'):
+    """SQuAD v1.1 json -> one example per question. Blanked test answers (text '') count as none."""
+    try:
+        with open(need(path, f'get the {task} data (python data.py download --task {task})'), encoding='utf-8') as f:
+            data = json.load(f)['data']
+        return [{'id': qa['id'], 'question': qa['question'], 'context': p['context'],
+                 'answers': [a for a in qa.get('answers', []) if a['text']]}
+                for article in data for p in article['paragraphs'] for qa in p['qas']]
+    except json.JSONDecodeError as e:
+        raise DataError(f'{path}, line {e.lineno}: not valid JSON ({e.msg}); fix the file')
+    except (KeyError, TypeError) as e:
+        raise DataError(f'{path}: not in SQuAD format (no {e} field); expected data/paragraphs/qas')
+
+
+def check_language(data_dir, task, lang):
+    langs = languages(task, is_demo(data_dir))
+    if lang not in langs and lang != 'en':
+        raise DataError(f'{task} has no language {lang!r}; choose from {", ".join(langs)}')
+
+
+def read_split(data_dir, task, split, lang='en'):
+    """Examples of a split (train, dev, test) in one language."""
+    check_language(data_dir, task, lang)
+    path = split_path(data_dir, task, split, lang)
+    family = TASKS[task].family
+    if family == 'classification':
+        return read_pairs(path, task)
+    if family == 'tagging':
+        return read_tagged(path, task)
+    if family == 'qa':
+        return read_squad(path, task)
+    raise DataError(f'{task} is a retrieval task: read it with read_retrieval')
+
+
+def read_translations(data_dir, task, split, lang):
+    """(original, translation) example pairs: split 'train' pairs the English training set with
+    its translation into lang; 'dev'/'test' pair lang's examples with their English translation.
+    Tagging and QA translations are aligned with the originals by sentence and by question id."""
+    kind = f'translate-{split}'
+    path = need(split_path(data_dir, task, kind, lang), f'{task} needs {kind} files for {lang} (see the README\'s data layout)')
+    family = TASKS[task].family
+    if family == 'classification':
+        return read_pairs(path, task, translated=True)
+    originals = read_split(data_dir, task, split, 'en' if split == 'train' else lang)
+    if family == 'tagging':
+        translated = read_tagged(path, task)
+        if len(translated) != len(originals):
+            raise DataError(f'{path} has {len(translated)} sentences for {len(originals)} in the original: '
+                            'translations must be aligned sentence by sentence')
+        return list(zip(originals, translated))
+    by_id = {ex['id']: ex for ex in read_squad(path, task)}
+    return [(ex, by_id[ex['id']]) for ex in originals if ex['id'] in by_id]
+
+
+def read_retrieval(data_dir, task, split, lang):
+    """bucc2018: ({id: sentence} of lang, {id: sentence} of English, gold pairs or None);
+    tatoeba: ([sentences of lang], [English sentences], None)."""
+    check_language(data_dir, task, lang)
+    stem = split_path(data_dir, task, split, lang)
+    for side in (lang, 'en'):
+        need(f'{stem}.{side}', f'get the {task} data (python data.py download --task {task})')
+    if task == 'tatoeba':
+        return lines_of(stem + f'.{lang}'), lines_of(stem + '.en'), None
+    gold = [tuple(line.split('\t')) for line in lines_of(stem + '.gold')] if os.path.exists(stem + '.gold') else None
+    return id_sentences(stem + f'.{lang}'), id_sentences(stem + '.en'), gold
+
+
+def id_sentences(path):
+    rows = {}
+    for n, line in enumerate(lines_of(path), 1):
+        if '\t' not in line:
+            raise DataError(f'{path}, line {n}: expected "id<TAB>sentence"; fix the line')
+        key, text = line.split('\t', 1)
+        rows[key] = text
+    return rows
+
+
+# ----------------------------------------------------------------------------------------
+# Features: token ids and what the head needs; one type for every family.
+
+IGNORE = -100  # label of tokens the loss skips (cross_entropy's ignore_index)
+
+
+@dataclass
+class Feature:
+    ids: list
+    label: object = None  # class index | tag id per token (IGNORE but on first sub-words) | (start, end) token
+    example: int = 0  # index of the example it came from
+    words: list = None  # tagging: position of each word's first sub-word
+    first_word: int = 0  # tagging: index of this feature's first word in its sentence
+    qid: str = None  # QA windows: question id, the context, each token's character span in it
+    context: str = None  # (None off the context), and whether this window is the token's fullest
+    spans: list = None
+    max_context: list = None
+
+
+def truncate_pair(a, b, budget):
+    """Longest-first truncation of two id lists to at most `budget` ids together."""
+    la, lb = len(a), len(b)
+    while la + lb > budget:
+        la, lb = (la - 1, lb) if la > lb else (la, lb - 1)
+    return a[:la], b[:lb]
+
+
+def classification_features(tok, task, examples, max_len=128):
+    labels = TASKS[task].labels
+    feats = []
+    for n, ex in enumerate(examples):
+        a, b = truncate_pair(tok.encode(ex['a']), tok.encode(ex['b']), max_len - 4)
+        feats.append(Feature(tok.encode_pair(a, b), None if ex['label'] is None else labels.index(ex['label']), n))
+    return feats
+
+
+def tagging_features(tok, task, examples, max_len=128):
+    """<s> words </s>, each word's label on its first sub-word; a sentence longer than max_len is
+    cut, between words, into several features."""
+    labels, feats = TASKS[task].labels, []
+    for n, ex in enumerate(examples):
+        pieces = [p[:max_len - 2] for p in tok.encode_words(ex['words'])]
+        start = 0
+        while start == 0 or start < len(pieces):
+            ids, words, tags, end = [tok.bos], [], [IGNORE], start
+            while end < len(pieces) and len(ids) + len(pieces[end]) < max_len:
+                words.append(len(ids))
+                tags += [labels.index(ex['tags'][end]) if ex['tags'] else IGNORE] + [IGNORE] * (len(pieces[end]) - 1)
+                ids += pieces[end]
+                end += 1
+            feats.append(Feature(ids + [tok.eos], tags + [IGNORE], n, words, start))
+            start = end
+    return feats
+
+
+def word_predictions(features, token_preds, n_examples):
+    """Per-token predictions of tagging features -> one prediction per word of each example
+    (the prediction at the word's first sub-word), chunks joined back in order."""
+    out = [[] for _ in range(n_examples)]
+    for f, pred in zip(features, token_preds):
+        out[f.example] += [pred[i] for i in f.words]
+    return out
+
+
+def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=False):
+    """Sliding windows <s> question </s></s> context part </s> over each context, window starts
+    `stride` tokens apart. Training labels are the answer's first and last tokens (0, 0 when the
+    answer is not inside the window); answer boundaries are made token boundaries, so that
+    the tokens give back exactly the answer's characters, in scripts without spaces too."""
+    feats = []
+    for n, ex in enumerate(examples):
+        answer = ex['answers'][0] if ex['answers'] else None
+        a0 = answer and answer['answer_start']
+        a1 = answer and a0 + len(answer['text'])
+        if train and (answer is None or ex['context'][a0:a1] != answer['text']):
+            continue  # no answer, or one that is not where the file says: nothing to learn from
+        query = tok.encode(ex['question'])[:max_query]
+        ctx, spans = tok.encode_with_spans(ex['context'], (a0, a1) if answer else ())
+        if answer:  # first and last token holding answer characters
+            inside = [p for p, (s, e) in enumerate(spans) if s < e and s < a1 and e > a0]
+            first, last = (inside[0], inside[-1]) if inside else (-1, -1)
+        budget, offset, windows = max_len - len(query) - 4, 0, []
+        while True:
+            windows.append((offset, min(len(ctx) - offset, budget)))
+            if offset + budget >= len(ctx):
+                break
+            offset += min(stride, budget)
+        # the window where each token has the most context on both sides (SQuAD's max-context rule)
+        best, owner = np.full(len(ctx), -1.0), np.zeros(len(ctx), dtype=int)
+        for w, (start, length) in enumerate(windows):
+            p = np.arange(start, start + length)
+            score = np.minimum(p - start, start + length - 1 - p) + 0.01 * length
+            better = score > best[p]
+            best[p[better]], owner[p[better]] = score[better], w
+        head = [tok.bos] + query + [tok.eos, tok.eos]
+        for w, (start, length) in enumerate(windows):
+            label = None
+            if answer:
+                within = start <= first and last < start + length
+                label = (first - start + len(head), last - start + len(head)) if within else (0, 0)
+            feats.append(Feature(head + ctx[start:start + length] + [tok.eos], label, n, qid=ex['id'],
+                                 context=ex['context'], spans=[None] * len(head) + spans[start:start + length] + [None],
+                                 max_context=[False] * len(head) + (owner[start:start + length] == w).tolist() + [False]))
+    return feats
+
+
+def make_features(tok, task, examples, max_len=None, train=False):
+    family = TASKS[task].family
+    if family == 'classification':
+        return classification_features(tok, task, examples, max_len or 128)
+    if family == 'tagging':
+        return tagging_features(tok, task, examples, max_len or 128)
+    return qa_features(tok, examples, max_len or 384, train=train)
+
+
+# ----------------------------------------------------------------------------------------
+# Batches: padded to their own longest sequence.
+
+@dataclass
+class Batch:
+    ids: torch.Tensor  # (B, T)
+    mask: torch.Tensor  # (B, T), True on real tokens
+    labels: torch.Tensor = None  # (B,) classes | (B, T) tags | (B, 2) answer start, end
+    index: list = None  # the features' positions in their list
+
+    def to(self, device):
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)
+        return Batch(move(self.ids), move(self.mask), move(self.labels), self.index)
+
+
+@dataclass
+class Pair:
+    """A source example and its translation: the one input shape of FILTER, X-Mixup and the
+    consistency-style methods."""
+    src: Batch
+    tgt: Batch
+
+    def to(self, device):
+        return Pair(self.src.to(device), self.tgt.to(device))
+
+
+def collate(features, index=None, pad_id=1):
+    pad = lambda rows, value: torch.nn.utils.rnn.pad_sequence([torch.tensor(r) for r in rows], True, value)
+    ids = pad([f.ids for f in features], pad_id)
+    first = features[0].label
+    if first is None:
+        labels = None
+    elif isinstance(first, list):
+        labels = pad([f.label for f in features], IGNORE)
+    else:
+        labels = torch.tensor([f.label for f in features])
+    return Batch(ids, ids.ne(pad_id), labels, index)
+
+
+def collate_pairs(src, tgt, index=None, pad_id=1):
+    return Pair(collate(src, index, pad_id), collate(tgt, index, pad_id))
+
+
+def length_batches(features, batch_size):
+    """Evaluation batches: feature positions sorted by length, so each batch pads little."""
+    order = sorted(range(len(features)), key=lambda i: len(features[i].ids))
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def padding_share(features, batches):
+    """Fraction of padding among all tokens of the given batches."""
+    real = sum(len(features[i].ids) for b in batches for i in b)
+    total = sum(len(b) * max(len(features[i].ids) for i in b) for b in batches)
+    return 1 - real / total
+
+
+# ----------------------------------------------------------------------------------------
+# The demo: every task generated in the layout above, in English and two toy languages that
+# use German and Chinese words with their own word order (verb last; no spaces, place before
+# verb), so that the tiny model learns in a minute and transfer has a gap to close.
+
+DEMO_LANGS = ('en', 'de', 'zh')
+DEMO_WORDS = {  # slot: [(English, toy German, toy Chinese)]
+    'first': [('Anna', 'Anna', '安娜'), ('Ben', 'Ben', '本'), ('Clara', 'Klara', '克拉'), ('David', 'David', '大卫'),
+              ('Emma', 'Emma', '艾玛'), ('Felix', 'Felix', '菲力'), ('Greta', 'Greta', '格蕾'), ('Hugo', 'Hugo', '雨果')],
+    'last': [('Smith', 'Schmidt', '史密'), ('Jones', 'Jonas', '琼斯'), ('Brown', 'Braun', '布朗'), ('Miller', 'Müller', '米勒')],
+    'C': [('Paris', 'Paris', '巴黎'), ('Berlin', 'Berlin', '柏林'), ('Tokyo', 'Tokio', '东京'), ('Cairo', 'Kairo', '开罗'),
+          ('Lima', 'Lima', '利马'), ('Oslo', 'Oslo', '奥斯陆')],
+    'O': [('Blue Bank', 'Blau Bank', '蓝 银行'), ('Acme Corp', 'Acme Werk', '顶峰 公司'), ('Star News', 'Stern Blatt', '星 报社')],
+    'V': [('buys', 'kauft', '买'), ('reads', 'liest', '读'), ('writes', 'schreibt', '写'), ('sees', 'sieht', '看'),
+          ('finds', 'findet', '找到'), ('sells', 'verkauft', '卖'), ('paints', 'malt', '画'), ('likes', 'mag', '喜欢')],
+    'A': [('red', 'rot', '红'), ('big', 'groß', '大'), ('old', 'alt', '旧'), ('new', 'neu', '新'), ('small', 'klein', '小')],
+    'N': [('book', 'Buch', '书'), ('apple', 'Apfel', '苹果'), ('car', 'Wagen', '车'), ('letter', 'Brief', '信'),
+          ('song', 'Lied', '歌'), ('house', 'Haus', '房子'), ('ball', 'Ball', '球'), ('cake', 'Kuchen', '蛋糕')],
+    'D': [('the', 'der', '那')],
+}
+DEMO_ORDER = {  # sentence kind: word order per language ('S' person, 'O' organisation: two words each)
+    'fact': ('S V D A N in C .', 'S in C D N A V .', 'S 在 C V D A N 。'),
+    'short': ('S V D N .', 'S D N V .', 'S V D N 。'),
+    'never': ('S never V D N .', 'S D N nie V .', 'S 从不 V D N 。'),
+    'moved': ('in C , S V D A N .', 'in C S D N A V .', '在 C ， S V D A N 。'),
+    'work': ('S works for O in C .', 'S in C für O arbeitet .', 'S 在 C 为 O 工作 。'),
+    'who': ('who V D A N ?', 'wer D N A V ?', '谁 V 了 D A N ？'),
+    'where': ('where V S D N ?', 'wo S D N V ?', 'S 在 哪里 V D N ？'),
+}
+DEMO_POS = {'S': 'PROPN', 'O': 'PROPN', 'C': 'PROPN', 'V': 'VERB', 'D': 'DET', 'A': 'ADJ', 'N': 'NOUN',
+            'in': 'ADP', 'for': 'ADP', 'für': 'ADP', '在': 'ADP', '为': 'ADP', 'never': 'ADV', 'nie': 'ADV', '从不': 'ADV',
+            'works': 'VERB', 'arbeitet': 'VERB', '工作': 'VERB', 'who': 'PRON', 'wer': 'PRON', '谁': 'PRON',
+            'where': 'ADV', 'wo': 'ADV', '哪里': 'ADV', '了': 'PART'}
+DEMO_NER = {'S': 'PER', 'O': 'ORG', 'C': 'LOC'}
+
+
+def demo_fact(rng):
+    pick = lambda slot: rng.randrange(len(DEMO_WORDS[slot]))
+    return {'first': pick('first'), 'last': pick('last'), 'C': pick('C'), 'O': pick('O'), 'V': pick('V'),
+            'A': pick('A'), 'N': pick('N'), 'D': 0}
+
+
+def demo_say(kind, fact, lang):
+    """-> (text, words, UPOS tags, NER tags, {slot: (first char, end char)}) of one sentence."""
+    k = DEMO_LANGS.index(lang)
+    words, pos, ner, where = [], [], [], {}
+    for slot in DEMO_ORDER[kind][k].split():
+        if slot == 'S':
+            parts = [DEMO_WORDS['first'][fact['first']][k], DEMO_WORDS['last'][fact['last']][k]]
+        elif slot in DEMO_WORDS:
+            parts = DEMO_WORDS[slot][fact[slot]][k].split()
+        else:
+            parts = [slot]
+        where[slot] = (len(words), len(words) + len(parts))
+        words += parts
+        pos += [DEMO_POS.get(slot, 'PUNCT')] * len(parts)
+        ner += [f'{"BI"[i > 0]}-{DEMO_NER[slot]}' if slot in DEMO_NER else 'O' for i in range(len(parts))]
+    sep = '' if lang == 'zh' else ' '
+    starts = [len(sep.join(words[:i])) + (len(sep) if i else 0) for i in range(len(words))]
+    chars = {s: (starts[a], starts[b - 1] + len(words[b - 1])) for s, (a, b) in where.items()}
+    return sep.join(words), words, pos, ner, chars
+
+
+def demo_examples(task, n, rng):
+    """n examples of a task, each {lang: example} in the three languages (translations of each other)."""
+    out = []
+    for _ in range(n):
+        f = demo_fact(rng)
+        other = dict(f, N=(f['N'] + 1 + rng.randrange(len(DEMO_WORDS['N']) - 1)) % len(DEMO_WORDS['N']),
+                     C=(f['C'] + 1) % len(DEMO_WORDS['C']))
+        if task == 'xnli':
+            label = rng.choice(TASKS['xnli'].labels)
+            second = {'entailment': ('short', f), 'contradiction': ('never', f), 'neutral': ('short', other)}[label]
+            out.append({l: {'a': demo_say('fact', f, l)[0], 'b': demo_say(*second, l)[0], 'label': label} for l in DEMO_LANGS})
+        elif task == 'pawsx':
+            label = rng.choice('01')
+            out.append({l: {'a': demo_say('fact', f, l)[0], 'b': demo_say('moved', f if label == '1' else other, l)[0],
+                            'label': label} for l in DEMO_LANGS})
+        elif task in ('udpos', 'panx'):
+            kind = rng.choice(['fact', 'work', 'moved'] + (['short', 'never'] if task == 'udpos' else []))
+            said = {l: demo_say(kind, f, l) for l in DEMO_LANGS}
+            out.append({l: {'words': s[1], 'tags': s[2] if task == 'udpos' else s[3]} for l, s in said.items()})
+        else:  # QA: three facts about different people; ask who did one thing, or where
+            facts = [f] + [dict(demo_fact(rng), first=(f['first'] + i) % 8, N=(f['N'] + i) % 8) for i in (1, 3)]
+            rng.shuffle(facts)
+            asked, kind = rng.randrange(3), rng.choice(['who', 'where'])
+            ex = {}
+            for l in DEMO_LANGS:
+                said = [demo_say('fact', x, l) for x in facts]
+                sep = '' if l == 'zh' else ' '
+                offset = sum(len(s[0]) + len(sep) for s in said[:asked])
+                a0, a1 = said[asked][4]['S' if kind == 'who' else 'C']
+                context = sep.join(s[0] for s in said)
+                ex[l] = {'id': f'demo-{len(out)}', 'question': demo_say(kind, facts[asked], l)[0], 'context': context,
+                         'answers': [{'text': context[offset + a0:offset + a1], 'answer_start': offset + a0}]}
+            out.append(ex)
+    return out
+
+
+def demo_files(task, split, rows):
+    """{path: text} of one task and split, rows: [{lang: example}], in the layout the readers read.
+    Test files carry no labels (as XTREME's); their gold goes to labels/<task>/test-<lang>.<ext>."""
+    family, files = TASKS[task].family, {}
+    src_langs = ['en'] if split == 'train' else list(DEMO_LANGS)
+    tsv = lambda cols: ''.join('\t'.join(c) + '\n' for c in cols)
+    tagged = lambda exs, tags=True: '\n'.join(''.join(f'{w}\t{t}\n' if tags else f'{w}\n' for w, t in zip(e['words'], e['tags']))
+                                              for e in exs)
+    squad = lambda exs, blank=False: json.dumps({'version': 'demo', 'data': [{'paragraphs': [{'context': e['context'], 'qas': [
+        {'id': e['id'], 'question': e['question'],
+         'answers': [{'text': '', 'answer_start': 0}] if blank else e['answers']}]}]} for e in exs]}, ensure_ascii=False)
+    for lang in src_langs:
+        exs = [r[lang] for r in rows]
+        path = split_path('', task, split, lang)
+        if family == 'classification':
+            files[path] = tsv((e['a'], e['b']) + ((e['label'],) if split != 'test' else ()) for e in exs)
+            if split == 'test':
+                files[f'labels/{task}/test-{lang}.tsv'] = tsv((e['label'],) for e in exs)
+        elif family == 'tagging':
+            files[path] = tagged(exs, split != 'test')
+            if split == 'test':
+                files[f'labels/{task}/test-{lang}.tsv'] = '\n'.join(''.join(t + '\n' for t in e['tags']) for e in exs)
+        elif path:
+            files[path] = squad(exs, blank=split == 'test')
+            if split == 'test':
+                files[f'labels/{task}/test-{lang}.json'] = squad(exs)
+        for other in DEMO_LANGS:  # translations: English -> other for train, lang -> English otherwise
+            if (split == 'train') == (other == 'en') or (split != 'train' and lang == 'en'):
+                continue
+            orig, trans = (exs, [r[other] for r in rows]) if split == 'train' else (exs, [r['en'] for r in rows])
+            path = split_path('', task, f'translate-{split}', other if split == 'train' else lang)
+            if family == 'classification':
+                files[path] = tsv((o['a'], o['b'], t['a'], t['b']) + ((o['label'],) if split != 'test' else ())
+                                  for o, t in zip(orig, trans))
+            elif family == 'tagging':
+                files[path] = tagged(trans, split != 'test')
+            elif path and (split != 'dev' or task == 'mlqa'):
+                files[path] = squad(trans, blank=split == 'test')
+    return files
+
+
+def demo_retrieval(task, split, rng, n=100):
+    """bucc2018: id<TAB>sentence files, most sentences with a translation on the other side (gold
+    pairs), some without; tatoeba: aligned sentences, the English side sorted."""
+    files = {}
+    for lang in DEMO_LANGS[1:]:
+        facts = [demo_fact(rng) for _ in range(n)]
+        src = [demo_say(rng.choice(['fact', 'work']), f, lang)[0] for f in facts]
+        eng = [demo_say('fact', f, 'en')[0] for f in facts]
+        stem = split_path('', task, split, lang)
+        if task == 'tatoeba':
+            order = sorted(range(n), key=lambda i: eng[i])
+            files[f'{stem}.{lang}'] = ''.join(s + '\n' for s in src)
+            files[f'{stem}.en'] = ''.join(eng[i] + '\n' for i in order)
+            files[f'labels/{task}/test-{lang}.tsv'] = ''.join(f'{i}\n' for i in order)
+            continue
+        kept = [i for i in range(n) if i % 5]  # every fifth English sentence is missing: no pair
+        files[f'{stem}.{lang}'] = ''.join(f'{lang}-{i:06d}\t{s}\n' for i, s in enumerate(src))
+        files[f'{stem}.en'] = ''.join(f'en-{i:06d}\t{eng[i]}\n' for i in kept)
+        gold = ''.join(f'{lang}-{i:06d}\ten-{i:06d}\n' for i in kept)
+        files[f'{stem}.gold' if split == 'dev' else f'labels/{task}/test-{lang}.tsv'] = gold
+    return files
+
+
+def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
+    """Write the demo data of every task and a sentencepiece model trained on it; the marker
+    demo.json, written last, lists the languages."""
+    import random
+    rng, files = random.Random(seed), {}
+    for task in TASKS:
+        if task in ('bucc2018', 'tatoeba'):
+            for split in ('dev', 'test') if task == 'bucc2018' else ('test',):
+                files.update(demo_retrieval(task, split, rng))
+            continue
+        for split, n in (('train', n_train), ('dev', n_eval), ('test', n_eval)):
+            files.update(demo_files(task, split, demo_examples(task, n, rng)))
+    for path, text in files.items():
+        os.makedirs(os.path.join(out_dir, os.path.dirname(path)), exist_ok=True)
+        atomic_write(os.path.join(out_dir, path), text)
+    sentences = [demo_say(kind, demo_fact(rng), lang)[0] for kind in DEMO_ORDER for lang in DEMO_LANGS for _ in range(100)]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences),
+                                   model_prefix=os.path.join(out_dir, 'sentencepiece.bpe'), vocab_size=600,
+                                   hard_vocab_limit=False, character_coverage=1.0, minloglevel=2, num_threads=1)
+    atomic_write(os.path.join(out_dir, 'demo.json'), json.dumps({'languages': DEMO_LANGS, 'seed': seed}))
+    return out_dir

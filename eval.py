@@ -18,7 +18,7 @@ from collections import Counter
 
 import torch
 
-from data import GROUPS, TASKS
+from data import GROUPS, TASKS, languages
 from layers import atomic_write
 
 
@@ -196,15 +196,15 @@ def task_scores(task, per_lang):
     return out
 
 
-def score_folder(pred_dir, label_dir):
+def score_folder(pred_dir, label_dir, demo=False):
     """The leaderboard's JSON for a submission folder: tasks present in both folders, then the
-    group scores and all_task where every task they need is there."""
+    group scores and all_task where every task they need is there. demo: the demo's languages."""
     detailed = {}
-    for task, info in TASKS.items():
+    for task in TASKS:
         if os.path.isdir(os.path.join(pred_dir, task)) and os.path.isdir(os.path.join(label_dir, task)):
             name = lambda d, lang: os.path.join(d, task, f'test-{lang}.{suffix(task)}')
             detailed[task] = task_scores(task, {lang: score_file(task, name(pred_dir, lang), name(label_dir, lang), lang)
-                                                for lang in info.langs})
+                                                for lang in languages(task, demo)})
     overall = {}
     if len(detailed) == len(TASKS):
         overall['all_task'] = sum(d['avg_metric'] for d in detailed.values()) / len(TASKS)
@@ -322,9 +322,10 @@ def main(argv=None):
     parser.add_argument('--predictions', required=True, help='folder with <task>/test-<lang>.<tsv|json>')
     parser.add_argument('--labels', required=True, help='gold labels in the same layout')
     parser.add_argument('--out', required=True, help='scores.json, with the leaderboard\'s keys')
+    parser.add_argument('--demo', action='store_true', help='score the demo\'s languages instead of XTREME\'s')
     args = parser.parse_args(argv)
     try:
-        scores = score_folder(args.predictions, args.labels)
+        scores = score_folder(args.predictions, args.labels, args.demo)
     except (EvalError, json.JSONDecodeError) as e:
         sys.exit(f'error: {e}')
     if not scores:
