@@ -1,0 +1,247 @@
+"""Readers on files in the real XTREME formats, features and their round trips, batches, the demo."""
+import csv
+import glob
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+import torch
+
+import data
+import eval as ev
+from conftest import SCRIPTS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MOCK = os.path.join(ROOT, '..', 'shared', 'xtreme-mock')
+MOCK_QA = sorted(glob.glob(os.path.join(MOCK, 'labels', '*', 'test-*.json')))
+
+
+@pytest.fixture(scope='module')
+def demo_dir(tmp_path_factory):
+    return data.make_demo(str(tmp_path_factory.mktemp('demo')), n_train=60, n_eval=20)
+
+
+@pytest.fixture(scope='module')
+def mock_tok(tmp_path_factory):
+    """A sentencepiece model trained on the mock QA texts; coverage below 1 leaves rare characters <unk>."""
+    texts = [t for f in MOCK_QA for ex in data.read_squad(f) for t in (ex['context'], ex['question'])]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, vocab_size=1500,
+                                   hard_vocab_limit=False, character_coverage=0.995, minloglevel=2, num_threads=1)
+    path = tmp_path_factory.mktemp('spm') / 'mock.model'
+    path.write_bytes(model.getvalue())
+    return data.Tokenizer(str(path))
+
+
+# ----------------------------------------------------------------------------------------
+# Readers, on files written the way XTREME writes them.
+
+def write_xtreme_tsv(path, rows):
+    """As utils_preprocess.py: csv.writer with a tab delimiter (CRLF, quotes around fields with a '"')."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'w', encoding='utf-8', newline='') as f:
+        csv.writer(f, delimiter='\t').writerows(rows)
+
+
+def test_classification_reader(tmp_path):
+    rows = [('He said "hi" .', 'Er sagte "hallo" .', 'entailment'), ('A man sleeps .', 'Nobody sleeps .', 'contradiction')]
+    write_xtreme_tsv(tmp_path / 'xnli' / 'dev-de.tsv', rows)
+    assert b'"He said ""hi"" ."' in (tmp_path / 'xnli' / 'dev-de.tsv').read_bytes()  # the real files' quoting
+    assert data.read_split(str(tmp_path), 'xnli', 'dev', 'de') == [{'a': a, 'b': b, 'label': l} for a, b, l in rows]
+    write_xtreme_tsv(tmp_path / 'xnli' / 'test-de.tsv', [r[:2] for r in rows])
+    assert [ex['label'] for ex in data.read_split(str(tmp_path), 'xnli', 'test', 'de')] == [None, None]
+    tt = tmp_path / 'xnli' / 'translate-train' / 'en-de-translated.tsv'
+    tt.parent.mkdir()
+    tt.write_text('A b .\tC d .\tE f .\tG h .\tcontradictory\n', encoding='utf-8')  # XNLI-MT's label spelling
+    (src, tgt), = data.read_translations(str(tmp_path), 'xnli', 'train', 'de')
+    assert src == {'a': 'A b .', 'b': 'C d .', 'label': 'contradiction'} and tgt['a'] == 'E f .'
+
+
+def test_tagging_reader_and_translations(tmp_path):
+    (tmp_path / 'panx').mkdir()
+    (tmp_path / 'panx' / 'train-en.tsv').write_text('Anna\tB-PER\nlives\tO\n\nParis\tB-LOC\n', encoding='utf-8')
+    (tmp_path / 'panx' / 'test-de.tsv').write_text('Anna\nwohnt\n\n\nParis\n', encoding='utf-8')
+    assert data.read_split(str(tmp_path), 'panx', 'train') == [
+        {'words': ['Anna', 'lives'], 'tags': ['B-PER', 'O']}, {'words': ['Paris'], 'tags': ['B-LOC']}]
+    assert data.read_split(str(tmp_path), 'panx', 'test', 'de') == [
+        {'words': ['Anna', 'wohnt'], 'tags': None}, {'words': ['Paris'], 'tags': None}]
+    (tmp_path / 'panx' / 'translate-train').mkdir()
+    (tmp_path / 'panx' / 'translate-train' / 'train-en-de.tsv').write_text('Anna\nwohnt\n', encoding='utf-8')
+    with pytest.raises(data.DataError, match='1 sentences for 2 in the original'):
+        data.read_translations(str(tmp_path), 'panx', 'train', 'de')
+
+
+def test_qa_reader_on_the_mock_files():
+    for path in MOCK_QA:
+        examples = data.read_squad(path)
+        assert examples and all(ex['context'][a['answer_start']:a['answer_start'] + len(a['text'])] == a['text']
+                                for ex in examples for a in ex['answers'])
+
+
+def test_retrieval_readers(tmp_path):
+    (tmp_path / 'bucc2018').mkdir()
+    (tmp_path / 'bucc2018' / 'de-en.dev.de').write_text('de-000001\tHallo Welt\n', encoding='utf-8')
+    (tmp_path / 'bucc2018' / 'de-en.dev.en').write_text('en-000007\tHello world\n', encoding='utf-8')
+    (tmp_path / 'bucc2018' / 'de-en.dev.gold').write_text('de-000001\ten-000007\n', encoding='utf-8')
+    assert data.read_retrieval(str(tmp_path), 'bucc2018', 'dev', 'de') == (
+        {'de-000001': 'Hallo Welt'}, {'en-000007': 'Hello world'}, [('de-000001', 'en-000007')])
+
+
+@pytest.mark.parametrize('task,name,text,message', [
+    ('xnli', 'dev-de.tsv', 'only one column\n', r'dev-de.tsv, line 1: 1 tab-separated columns, expected 2 or 3'),
+    ('xnli', 'dev-de.tsv', 'a\tb\tneutral\na\tb\tmaybe\n', r'dev-de.tsv, line 2: label .maybe. is not one of'),
+    ('panx', 'dev-de.tsv', 'Anna\tB-PER\nlives\n', r'dev-de.tsv, line 2: expected word<TAB>tag'),
+    ('panx', 'dev-de.tsv', 'Anna\tB-XYZ\n', r'dev-de.tsv, line 1: label .B-XYZ. is not one of'),
+    ('xquad', 'xquad/xquad.de.json', '{"data": [{"paragraphs": [{"context": "", "qas": [{"id": "1"}]}]}]}',
+     "not in SQuAD format \\(no 'question' field\\)"),
+    ('xquad', 'xquad/xquad.de.json', '{"data": [\n oops', r'xquad.de.json, line 2: not valid JSON'),
+])
+def test_malformed_files_fail_in_one_line(tmp_path, task, name, text, message):
+    path = tmp_path / (name if '/' in name else os.path.join(task, name))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding='utf-8')
+    split = 'test' if task == 'xquad' else 'dev'
+    with pytest.raises(data.DataError, match=message) as err:
+        data.read_split(str(tmp_path), task, split, 'de')
+    assert '\n' not in str(err.value)
+
+
+def test_missing_file_and_unknown_language(tmp_path):
+    with pytest.raises(data.DataError, match=r'xnli/dev-fr.tsv not found: get the xnli data'):
+        data.read_split(str(tmp_path), 'xnli', 'dev', 'fr')
+    with pytest.raises(data.DataError, match=r"xnli has no language 'xx'; choose from ar, bg"):
+        data.read_split(str(tmp_path), 'xnli', 'dev', 'xx')
+    with pytest.raises(data.DataError, match='translate-train files for de'):
+        data.read_translations(str(tmp_path), 'pawsx', 'train', 'de')
+
+
+# ----------------------------------------------------------------------------------------
+# Features and their round trips.
+
+def test_qa_round_trip_on_the_mock_files(mock_tok):
+    """Every gold answer inside a window comes back, character for character, from its tokens."""
+    answered = 0
+    for path in MOCK_QA:
+        examples = data.read_squad(path)
+        feats = data.qa_features(mock_tok, examples, max_len=96, stride=32, train=True)
+        starts, ends = [], []
+        for f in feats:
+            s, e = torch.zeros(len(f.ids)), torch.zeros(len(f.ids))
+            if f.label != (0, 0):
+                s[f.label[0]], e[f.label[1]] = 10, 10
+            starts.append(s)
+            ends.append(e)
+        decoded = ev.decode_qa(feats, starts, ends, max_answer_len=1000)
+        for ex in examples:
+            inside = any(f.label != (0, 0) for f in feats if f.qid == ex['id'])
+            if inside:
+                assert decoded[ex['id']] == ex['answers'][0]['text'], path
+                answered += 1
+    langs = {os.path.basename(p)[5:7] for p in MOCK_QA}
+    assert answered >= 38 and len(langs) == 17  # of 40 questions in 17 languages; the rest are longer than a 96-token window allows
+
+
+def test_qa_windows(mock_tok):
+    ex = data.read_squad(os.path.join(MOCK, 'labels', 'xquad', 'test-de.json'))[:1]
+    feats = data.qa_features(mock_tok, ex, max_len=64, stride=16, train=True)
+    assert len(feats) > 2 and all(len(f.ids) <= 64 for f in feats)
+    n_ctx = len(mock_tok.encode_with_spans(ex[0]['context'], ())[0])
+    owners = sum(np.array(f.max_context, dtype=int)[[i for i, s in enumerate(f.spans) if s is not None]].sum() for f in feats)
+    assert owners >= n_ctx  # every context token is "max context" in one window (answer cuts may add tokens)
+    assert sum(f.label != (0, 0) for f in feats) >= 1
+
+
+def test_cuts_make_token_boundaries(spm_path):
+    tok = data.Tokenizer(spm_path)
+    text = SCRIPTS['japanese']
+    for cut in range(1, len(text)):
+        ids, spans = tok.encode_with_spans(text, (cut,))
+        assert any(s == cut for s, e in spans) and any(e == cut for s, e in spans)
+        assert 2 not in ids and all(i >= 3 for i in ids)
+
+
+def tagging_round_trip(tok, task, examples, max_len):
+    feats = data.tagging_features(tok, task, examples, max_len=max_len)
+    labels = data.TASKS[task].labels
+    token_preds = [[lab if lab != data.IGNORE else -1 for lab in f.label] for f in feats]
+    words = data.word_predictions(feats, token_preds, len(examples))
+    return [[labels[i] for i in w] for w in words], feats
+
+
+def test_tagging_round_trip_in_every_script(spm_path, demo_dir):
+    tok = data.Tokenizer(spm_path)
+    examples = [{'words': text.split() if ' ' in text else list(text), 'tags': None} for text in SCRIPTS.values()]
+    for ex in examples:
+        ex['tags'] = [data.UPOS[i % len(data.UPOS)] for i in range(len(ex['words']))]
+    for max_len in (128, 8):  # 8: sentences are cut into several features and joined back
+        back, feats = tagging_round_trip(tok, 'udpos', examples, max_len)
+        assert back == [ex['tags'] for ex in examples]
+        assert all(len(f.ids) <= max_len for f in feats)
+    demo_tok = data.Tokenizer(os.path.join(demo_dir, 'sentencepiece.bpe.model'))
+    for lang in data.DEMO_LANGS:
+        for task in ('udpos', 'panx'):
+            examples = data.read_split(demo_dir, task, 'dev', lang)
+            assert tagging_round_trip(demo_tok, task, examples, 128)[0] == [ex['tags'] for ex in examples]
+
+
+def test_classification_truncation_is_longest_first():
+    assert data.truncate_pair(list(range(10)), list(range(3)), 8) == (list(range(5)), list(range(3)))
+    assert data.truncate_pair(list(range(10)), list(range(9)), 8) == (list(range(4)), list(range(4)))
+
+
+# ----------------------------------------------------------------------------------------
+# Batches.
+
+def test_collate_pads_to_the_batch_not_to_a_fixed_length():
+    feats = [data.Feature([0, 5, 6, 2], [data.IGNORE, 1, 2, data.IGNORE]), data.Feature([0, 7, 2], [data.IGNORE, 3, data.IGNORE])]
+    b = data.collate(feats)
+    assert b.ids.tolist() == [[0, 5, 6, 2], [0, 7, 2, 1]]
+    assert b.mask.tolist() == [[True] * 4, [True, True, True, False]]
+    assert b.labels.tolist() == [[-100, 1, 2, -100], [-100, 3, -100, -100]]
+    pair = data.collate_pairs(feats, feats[::-1])
+    assert pair.src.ids.shape == pair.tgt.ids.shape == (2, 4)
+    qa = data.collate([data.Feature([0, 1, 2], (1, 2)), data.Feature([0, 2], (0, 0))])
+    assert qa.labels.tolist() == [[1, 2], [0, 0]]
+
+
+def test_length_batches_waste_little_padding(demo_dir, capsys):
+    """A realistic mix of lengths (log-normal, as sentence lengths are): under 15% padding when
+    batches are drawn by length, against most of the tokens when padding to 128."""
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(np.log(40), 0.5, 5000).astype(int), 5, 128)
+    feats = [data.Feature(list(range(n))) for n in lengths]
+    batches = data.length_batches(feats, 32)
+    assert sorted(i for b in batches for i in b) == list(range(len(feats)))
+    share = data.padding_share(feats, batches)
+    fixed = 1 - lengths.sum() / (128 * len(lengths))
+    print(f'padding: {share:.1%} of tokens by length, {fixed:.1%} padded to 128')
+    assert share < 0.15 < fixed
+
+
+# ----------------------------------------------------------------------------------------
+# The demo data.
+
+def test_demo_is_read_by_the_real_readers(demo_dir):
+    assert data.is_demo(demo_dir)
+    for task, info in data.TASKS.items():
+        for lang in data.languages(task, demo=True):
+            if info.family == 'retrieval':
+                src, eng, gold = data.read_retrieval(demo_dir, task, 'test', lang)
+                assert len(src) and len(eng)
+                continue
+            test = data.read_split(demo_dir, task, 'test', lang)
+            label = os.path.join(demo_dir, 'labels', task, f'test-{lang}.{ev.suffix(task)}')
+            assert len(test) == 20 and os.path.exists(label)
+            if lang != 'en':
+                pairs = data.read_translations(demo_dir, task, 'test', lang)
+                assert len(pairs) == 20
+        assert len(data.read_split(demo_dir, task, 'train')) == 60 if info.family != 'retrieval' else True
+    # a translation is the same example: classification labels agree, QA answers sit in their contexts
+    for (en, de) in data.read_translations(demo_dir, 'xnli', 'train', 'de'):
+        assert en['label'] == de['label'] and en['a'] != de['a']
+    for en, zh in data.read_translations(demo_dir, 'xquad', 'train', 'zh'):
+        a = zh['answers'][0]
+        assert zh['context'][a['answer_start']:][:len(a['text'])] == a['text'] and ' ' not in zh['context']

@@ -1,0 +1,195 @@
+"""eval.py against the leaderboard's published numbers and against hand computations."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import eval as ev
+from data import Feature
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MOCK = os.path.join(ROOT, '..', 'shared', 'xtreme-mock')
+
+
+def published_scores():
+    """The table of ../shared/xtreme-mock/README.md: {task: {avg_<metric>: value}} and the group line."""
+    text = open(os.path.join(MOCK, 'README.md'), encoding='utf-8').read()
+    tasks = {}
+    for task, cells in re.findall(r'^\| (\w+) \| ([a-z_].*?) \|$', text, re.M):
+        if task != 'task':
+            tasks[task] = {f'avg_{m}': float(v) for m, v in re.findall(r'(\w+) ([\d.]+)', cells)}
+    groups = {k: float(v) for k, v in re.findall(r'(\w+) ([\d.]+)[,.;]', text.split('Groups:')[1])}
+    return tasks, groups
+
+
+def test_mock_submission_reproduces_the_published_table(tmp_path):
+    tasks, groups = published_scores()
+    assert len(tasks) == 9 and len(groups) == 5
+    subprocess.run([sys.executable, 'eval.py', '--predictions', os.path.join(MOCK, 'predictions'),
+                    '--labels', os.path.join(MOCK, 'labels'), '--out', str(tmp_path / 's.json')], cwd=ROOT, check=True,
+                   capture_output=True)
+    scores = json.load(open(tmp_path / 's.json'))
+    for task, expected in tasks.items():
+        for key, value in expected.items():
+            assert abs(scores[task][key] - value) <= 1e-6, (task, key)
+        if 'avg_exact_match' in expected:
+            assert scores[task]['avg_metric'] == (scores[task]['avg_exact_match'] + scores[task]['avg_f1']) / 2
+    for group, value in groups.items():
+        assert abs(scores[group] - value) <= 1e-6, group
+    assert list(scores) == ['all_task', 'classification', 'tagging', 'qa', 'retrieval', 'pawsx', 'xnli', 'panx',
+                            'udpos', 'bucc2018', 'tatoeba', 'xquad', 'mlqa', 'tydiqa']
+
+
+# Per-language values of the mock submission, from a run of the leaderboard's own evaluate.py
+# with seqeval 1.2.2 (6 significant digits).
+OFFICIAL = [('panx', 'f1', 'de', 57.1429), ('panx', 'precision', 'ja', 50.0), ('panx', 'recall', 'ka', 75.0),
+            ('udpos', 'f1', 'th', 34.4086), ('udpos', 'precision', 'es', 79.6296), ('udpos', 'recall', 'he', 52.5),
+            ('xquad', 'f1', 'zh', 25.0), ('xquad', 'f1', 'es', 54.5455), ('mlqa', 'f1', 'es', 26.6667),
+            ('mlqa', 'f1', 'de', 85.7143), ('mlqa', 'exact_match', 'en', 0.0), ('tydiqa', 'f1', 'id', 75.0),
+            ('tatoeba', 'accuracy', 'th', 0.0), ('bucc2018', 'f1', 'zh', 70.0), ('xnli', 'accuracy', 'ru', 70.0)]
+
+
+@pytest.mark.parametrize('task,metric,lang,value', OFFICIAL)
+def test_mock_per_language_scores(task, metric, lang, value):
+    name = lambda d: os.path.join(MOCK, d, task, f'test-{lang}.{ev.suffix(task)}')
+    assert abs(ev.score_file(task, name('predictions'), name('labels'), lang)[metric] - value) < 5e-5
+
+
+# ----------------------------------------------------------------------------------------
+# seqeval 1.2.2's default mode, by hand.
+
+@pytest.mark.parametrize('sentences,expected', [
+    ([['B-PER', 'I-PER', 'O', 'B-LOC']], {('PER', 0, 1), ('LOC', 3, 3)}),
+    ([['I-ORG', 'I-ORG'], ['B-ORG']], {('ORG', 0, 1), ('ORG', 3, 3)}),  # an 'O' separates sentences
+    ([['NOUN', 'NOUN', 'VERB']], {('OUN', 0, 1), ('ERB', 2, 2)}),  # POS tags: prefix N, type OUN; runs merge
+    ([['SYM', 'SYM']], {('YM', 0, 0), ('YM', 1, 1)}),  # 'S' prefix: single-token chunks
+    ([['NOUN'], ['X', 'NOUN']], {('OUN', 0, 0), ('_', 0, 2), ('OUN', 3, 3)}),  # X shares O's type: stale begin
+    ([['NOUN', 'X']], {('OUN', 0, 0)}),  # ... and is dropped at a sentence end
+    ([['O']], set()),
+])
+def test_chunks_follow_seqeval(sentences, expected):
+    assert ev.chunks(sentences) == expected
+
+
+def test_chunk_f1_by_hand():
+    gold = [['B-PER', 'I-PER', 'O', 'B-LOC'], ['B-ORG']]
+    pred = [['B-PER', 'I-PER', 'O', 'B-ORG'], ['O']]
+    p, r = 1 / 2, 1 / 3  # one of two predicted chunks is right; one of three gold chunks is found
+    assert ev.chunk_f1(gold, pred) == pytest.approx({'f1': 100 * 2 * p * r / (p + r), 'precision': 100 * p,
+                                                     'recall': 100 * r})
+    assert ev.chunk_f1([['O']], [['O']]) == {'f1': 0.0, 'precision': 0.0, 'recall': 0.0}
+
+
+# ----------------------------------------------------------------------------------------
+# QA: SQuAD v1.1 and MLQA normalisation.
+
+@pytest.mark.parametrize('text,lang,expected', [
+    ('The  Cat’s hat!', None, 'cat’s hat'),  # SQuAD: ASCII punctuation only, English articles
+    ('The  Cat’s hat!', 'en', 'cats hat'),  # MLQA: every Unicode punctuation mark
+    ('Ein Hund, der bellt', 'de', 'hund bellt'),
+    ('北京大学, Peking University!', 'zh', '北 京 大 学 peking university'),  # one token per CJK character
+    ('كالكتاب الجديد', 'ar', 'ك كتاب جديد'),  # every 'ال' goes, inside words too
+    ('la casa y el perro', 'es', 'casa y perro'),
+])
+def test_answer_normalisation(text, lang, expected):
+    assert ev.normalize_answer(text, lang) == expected
+
+
+def test_qa_scores_by_hand():
+    data = [{'paragraphs': [{'context': '', 'qas': [
+        {'id': 'a', 'answers': [{'text': 'a red car'}, {'text': 'the big red car'}]},
+        {'id': 'b', 'answers': [{'text': 'Paris'}]},
+        {'id': 'c', 'answers': [{'text': 'the'}]}]}]}]
+    preds = {'a': 'big red car', 'c': 'a'}  # b is unanswered: it scores 0 but counts
+    # a: EM 1 (the second answer), F1 1; c: both normalise to '' -> EM 1, F1 0
+    assert ev.qa_scores(data, preds) == pytest.approx({'exact_match': 100 * 2 / 3, 'f1': 100 * 1 / 3})
+    assert ev.qa_f1('the big red car', 'a red car') == pytest.approx(2 * (2 / 3) * 1 / (2 / 3 + 1))
+
+
+def test_bucc_counts_pairs_once():
+    scores = ev.bucc_f1(['de-1\ten-1', 'de-2\ten-2'], ['de-1\ten-1', 'de-1\ten-1', 'de-3\ten-9'])
+    assert scores == pytest.approx({'f1': 50.0, 'precision': 50.0, 'recall': 50.0})
+
+
+def test_accuracy_and_prediction_files_round_trip(tmp_path):
+    preds, gold = ['entailment', 'neutral', 'neutral'], ['entailment', 'neutral', 'contradiction']
+    for folder, lines in (('p', preds), ('g', gold)):
+        ev.write_predictions(tmp_path / folder, 'xnli', 'de', lines)
+    name = lambda d: str(tmp_path / d / 'xnli' / 'test-de.tsv')
+    assert ev.score_file('xnli', name('p'), name('g'), 'de') == pytest.approx({'accuracy': 200 / 3})
+    tags = [['B-PER', 'O'], ['O', 'O', 'B-LOC']]
+    ev.write_predictions(tmp_path / 'p', 'panx', 'de', tags)
+    assert ev.read_tag_file(str(tmp_path / 'p' / 'panx' / 'test-de.tsv')) == tags
+
+
+def test_mismatched_predictions_fail_in_one_line(tmp_path):
+    ev.write_predictions(tmp_path / 'p', 'xnli', 'de', ['neutral'] * 2)
+    ev.write_predictions(tmp_path / 'g', 'xnli', 'de', ['neutral'] * 3)
+    with pytest.raises(ev.EvalError, match=r'test-de.tsv has 2 lines, .* has 3: write one per test example'):
+        ev.score_file('xnli', str(tmp_path / 'p/xnli/test-de.tsv'), str(tmp_path / 'g/xnli/test-de.tsv'), 'de')
+    ev.write_predictions(tmp_path / 'p', 'panx', 'de', [['O', 'O']])
+    ev.write_predictions(tmp_path / 'g', 'panx', 'de', [['O', 'O', 'O']])
+    with pytest.raises(ev.EvalError, match='sentence 1 has 2 tags for 3 words'):
+        ev.score_file('panx', str(tmp_path / 'p/panx/test-de.tsv'), str(tmp_path / 'g/panx/test-de.tsv'), 'de')
+    res = subprocess.run([sys.executable, 'eval.py', '--predictions', str(tmp_path / 'p'), '--labels', str(tmp_path / 'g'),
+                          '--out', str(tmp_path / 's.json')], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 1 and res.stderr.count('\n') == 1 and 'test-ar.tsv is not there' in res.stderr
+
+
+# ----------------------------------------------------------------------------------------
+# Decoding, retrieval, CKA, tables.
+
+def window(qid, context, spans, max_context):
+    head = 3  # <s> q </s> before the context, </s> after
+    return Feature(ids=[0] * (head + len(spans) + 1), qid=qid, context=context,
+                   spans=[None] * head + spans + [None], max_context=[False] * head + max_context + [False])
+
+
+def test_decode_qa_picks_the_best_valid_span_across_windows():
+    context = 'Anna lives in Paris now'
+    spans = [(0, 4), (5, 10), (11, 13), (14, 19), (20, 23)]
+    w1 = window('q', context, spans[:4], [True, True, True, False])
+    w2 = window('q', context, spans[2:], [False, True, True])
+    # positions: 3 Anna, 4 lives, 5 in, 6 Paris in w1; 3 in, 4 Paris, 5 now in w2; <s> and </s> are not context
+    s1 = torch.tensor([9.0, 0, 0, 1, 0, 0, 7, 9])
+    e1 = torch.tensor([9.0, 0, 0, 0, 3, 0, 2, 9])
+    s2 = torch.tensor([0.0, 0, 0, 0, 4, 0, 0])
+    e2 = torch.tensor([0.0, 0, 0, 0, 4, 0, 0])
+    # 'Paris' would score 9 in w1, but w1 is not where it has its fullest context: w2's 8 wins
+    assert ev.decode_qa([w1, w2], [s1, s2], [e1, e2]) == {'q': 'Paris'}
+    assert ev.decode_qa([w1], [s1], [e1]) == {'q': 'Anna lives'}  # start 1 + end 3, the best valid span left
+    # an answer longer than max_answer_len tokens is not allowed
+    assert ev.decode_qa([w1], [s1], [e1], max_answer_len=1) != {'q': 'Anna lives'}
+
+
+def test_linear_cka_against_the_hsic_formula():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(50, 8, generator=g), torch.randn(50, 5, generator=g)
+    n = x.size(0)
+    h = torch.eye(n, dtype=torch.float64) - 1 / n
+    k, l = x.double() @ x.double().T, y.double() @ y.double().T
+    hsic = lambda a, b: torch.trace(a @ h @ b @ h)
+    assert ev.linear_cka(x, y) == pytest.approx(float(hsic(k, l) / (hsic(k, k) * hsic(l, l)).sqrt()), rel=1e-9)
+    q, _ = torch.linalg.qr(torch.randn(8, 8, generator=g))
+    assert ev.linear_cka(x, 3 * x @ q + 1) == pytest.approx(1.0)  # invariant to rotation, scale and shift
+
+
+def test_nearest_and_threshold():
+    keys = torch.tensor([[1.0, 0], [0, 1.0], [1.0, 1.0]])
+    index, score = ev.nearest(torch.tensor([[2.0, 0.1], [0.1, 3.0], [1.0, 0.9]]), keys)
+    assert index.tolist() == [0, 1, 2]  # by angle, not by distance
+    assert score[0] == pytest.approx(2 / 4.01 ** 0.5)
+    pairs, scores = [('a', 1), ('b', 2), ('c', 9)], [0.9, 0.8, 0.7]
+    # gold {a, b}: keeping the two best pairs gives F1 1; the threshold falls between 0.8 and 0.7
+    assert ev.best_threshold(scores, pairs, {('a', 1), ('b', 2)}) == pytest.approx(0.75)
+
+
+def test_summary_and_table():
+    out = ev.summarize({'en': 80.0, 'de': 70.0, 'zh': 60.0})
+    assert out['avg'] == pytest.approx(70.0) and out['gap'] == pytest.approx(15.0)
+    table = ev.format_table({'dev': out})
+    assert 'gap' in table and '15.0' in table
