@@ -1,5 +1,6 @@
 """Text to tensors: XLM-R's tokenizer, the XTREME tasks, their files and batches."""
 import csv
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -652,3 +653,204 @@ def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
                                    hard_vocab_limit=False, character_coverage=1.0, minloglevel=2, num_threads=1)
     atomic_write(os.path.join(out_dir, 'demo.json'), json.dumps({'languages': DEMO_LANGS, 'seed': seed}))
     return out_dir
+
+
+# ----------------------------------------------------------------------------------------
+# Download from the official sources (the files XTREME's scripts/download_data.sh fetches),
+# converted to the layout above. Test labels that are public go to labels/<task>/.
+
+SQUAD = 'https://raw.githubusercontent.com/rajpurkar/SQuAD-explorer/master/dataset/'
+SOURCES = {
+    'xnli': ['https://dl.fbaipublicfiles.com/XNLI/XNLI-1.0.zip', 'https://dl.fbaipublicfiles.com/XNLI/XNLI-MT-1.0.zip'],
+    'pawsx': ['https://storage.googleapis.com/paws/pawsx/x-final.tar.gz'],
+    'udpos': ['https://lindat.mff.cuni.cz/repository/xmlui/bitstream/handle/11234/1-3105/ud-treebanks-v2.5.tgz'],
+    'xquad': [SQUAD + 'train-v1.1.json', SQUAD + 'dev-v1.1.json'] + [
+        f'https://raw.githubusercontent.com/deepmind/xquad/master/xquad.{lang}.json' for lang in TASKS['xquad'].langs],
+    'mlqa': [SQUAD + 'train-v1.1.json', SQUAD + 'dev-v1.1.json', 'https://dl.fbaipublicfiles.com/MLQA/MLQA_V1.zip'],
+    'tydiqa': ['https://storage.googleapis.com/tydiqa/v1.1/tydiqa-goldp-v1.1-train.json',
+               'https://storage.googleapis.com/tydiqa/v1.1/tydiqa-goldp-v1.1-dev.tgz'],
+    'bucc2018': [f'https://comparable.limsi.fr/bucc2018/bucc2018-{lang}-en.{part}-gold.tar.bz2'
+                 for lang in TASKS['bucc2018'].langs for part in ('sample', 'training')],
+    'tatoeba': ['https://github.com/facebookresearch/LASER/archive/main.zip'],
+}
+TATOEBA_ISO3 = {'ar': 'ara', 'he': 'heb', 'vi': 'vie', 'id': 'ind', 'jv': 'jav', 'tl': 'tgl', 'eu': 'eus', 'ml': 'mal',
+                'ta': 'tam', 'te': 'tel', 'af': 'afr', 'nl': 'nld', 'de': 'deu', 'el': 'ell', 'bn': 'ben', 'hi': 'hin',
+                'mr': 'mar', 'ur': 'urd', 'fa': 'pes', 'fr': 'fra', 'it': 'ita', 'pt': 'por', 'es': 'spa', 'bg': 'bul',
+                'ru': 'rus', 'ja': 'jpn', 'ka': 'kat', 'ko': 'kor', 'th': 'tha', 'sw': 'swh', 'zh': 'cmn', 'kk': 'kaz',
+                'tr': 'tur', 'et': 'est', 'fi': 'fin', 'hu': 'hun'}
+
+
+def fetch(url, folder):
+    """Download url into folder (kept if already there) and unpack archives; -> the local path."""
+    import shutil
+    import urllib.request
+    path = os.path.join(folder, url.rsplit('/', 1)[1])
+    if not os.path.exists(path):
+        print(f'downloading {url}')
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r, open(path + '.part', 'wb') as f:
+                shutil.copyfileobj(r, f)
+        except OSError as e:
+            if os.path.exists(path + '.part'):
+                os.remove(path + '.part')
+            raise DataError(f'cannot download {url} ({getattr(e, "reason", e)}): without network, download on a '
+                            f'machine that has it and copy the folder here')
+        os.replace(path + '.part', path)
+    if path.endswith(('.zip', '.tar.gz', '.tgz', '.tar.bz2')):
+        shutil.unpack_archive(path, os.path.join(folder, 'raw'))
+    return path
+
+
+def write_text(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_write(path, text)
+
+
+def tsv_text(rows):
+    out = io.StringIO()
+    csv.writer(out, delimiter='\t', lineterminator='\n').writerows(rows)
+    return out.getvalue()
+
+
+def convert_pairs(task, out, split, lang, rows):
+    """rows of (a, b, label) -> the split file; test labels also to labels/."""
+    write_text(os.path.join(out, task, f'{split}-{lang}.tsv'), tsv_text(r[:2] if split == 'test' else r for r in rows))
+    if split == 'test':
+        write_text(os.path.join(out, 'labels', task, f'test-{lang}.tsv'), ''.join(r[2] + '\n' for r in rows))
+
+
+def download(task, out):
+    """Fetch a task from its official sources and write it in the layout this package reads."""
+    if task == 'panx':
+        raise DataError('PAN-X has no direct download: get AmazonPhotos.zip as XTREME\'s README says, then convert '
+                        'each {lang}-{split} file to panx/{split}-{lang}.tsv (word<TAB>tag, "lang:" prefix removed)')
+    raw = os.path.join(out, 'downloads', task)
+    os.makedirs(raw, exist_ok=True)
+    files = [fetch(url, raw) for url in SOURCES[task]]
+    unpacked = os.path.join(raw, 'raw')
+    rows_of = lambda path: list(csv.reader(open(path, encoding='utf-8'), delimiter='\t', quoting=csv.QUOTE_NONE))[1:]
+    if task == 'xnli':
+        fix = lambda label: 'contradiction' if label == 'contradictory' else label
+        train = rows_of(os.path.join(unpacked, 'XNLI-MT-1.0', 'multinli', 'multinli.train.en.tsv'))
+        convert_pairs(task, out, 'train', 'en', [(a, b, fix(c)) for a, b, c in train])
+        for split in ('dev', 'test'):
+            rows = rows_of(os.path.join(unpacked, 'XNLI-1.0', f'xnli.{split}.tsv'))
+            for lang in TASKS[task].langs:
+                convert_pairs(task, out, split, lang, [(r[6], r[7], r[1]) for r in rows if r[0] == lang])
+    elif task == 'pawsx':
+        for lang in TASKS[task].langs:
+            for split, name in (('train', 'train'), ('dev', 'dev_2k'), ('test', 'test_2k')):
+                if split != 'train' or lang == 'en':
+                    rows = rows_of(os.path.join(unpacked, 'x-final', lang, f'{name}.tsv'))
+                    convert_pairs(task, out, split, lang, [(r[1], r[2], r[3]) for r in rows if len(r) == 4])
+    elif task == 'udpos':
+        convert_ud(glob_files(unpacked, '*.conllu'), out)
+    elif task in ('xquad', 'mlqa', 'tydiqa'):
+        convert_qa(task, files, unpacked, out)
+    elif task == 'bucc2018':
+        for path in glob_files(unpacked, '*-en.*'):  # {lg}-en.{sample|training}.{lg|en|gold}
+            name = os.path.basename(path).replace('.sample.', '.dev.').replace('.training.', '.test.')
+            target = (os.path.join(out, 'labels', task, f'test-{name[:2]}.tsv') if name.endswith('test.gold')
+                      else os.path.join(out, task, name))
+            write_text(target, open(path, encoding='utf-8').read())
+    else:  # tatoeba: LASER's aligned files; the English side sorted, as XTREME does
+        for lang, iso in TATOEBA_ISO3.items():
+            stem = glob_files(unpacked, f'tatoeba.{iso}-eng.{iso}')[0][:-len(iso) - 1]
+            src, eng = lines_of(f'{stem}.{iso}'), lines_of(f'{stem}.eng')
+            order = sorted(range(len(eng)), key=lambda i: eng[i])
+            write_text(os.path.join(out, task, f'{lang}-en.{lang}'), ''.join(s + '\n' for s in src))
+            write_text(os.path.join(out, task, f'{lang}-en.en'), ''.join(eng[i] + '\n' for i in order))
+            write_text(os.path.join(out, 'labels', task, f'test-{lang}.tsv'), ''.join(f'{i}\n' for i in order))
+    print(f'{task} is ready in {out}')
+
+
+def glob_files(folder, pattern):
+    import glob
+    return sorted(glob.glob(os.path.join(folder, '**', pattern), recursive=True))
+
+
+def convert_ud(paths, out):
+    """UD treebanks (CoNLL-U) -> udpos/{split}-{lang}.tsv from the FORM and UPOS columns, all
+    treebanks of a language joined in name order; multi-word token lines and empty nodes are
+    skipped (XTREME keeps fused forms instead, so a few sentences differ)."""
+    iso = {'Afrikaans': 'af', 'Arabic': 'ar', 'Bulgarian': 'bg', 'German': 'de', 'Greek': 'el', 'English': 'en',
+           'Spanish': 'es', 'Estonian': 'et', 'Basque': 'eu', 'Persian': 'fa', 'Finnish': 'fi', 'French': 'fr',
+           'Hebrew': 'he', 'Hindi': 'hi', 'Hungarian': 'hu', 'Indonesian': 'id', 'Italian': 'it', 'Japanese': 'ja',
+           'Kazakh': 'kk', 'Korean': 'ko', 'Marathi': 'mr', 'Dutch': 'nl', 'Portuguese': 'pt', 'Russian': 'ru',
+           'Tamil': 'ta', 'Telugu': 'te', 'Thai': 'th', 'Tagalog': 'tl', 'Turkish': 'tr', 'Urdu': 'ur',
+           'Vietnamese': 'vi', 'Yoruba': 'yo', 'Chinese': 'zh'}
+    sentences = {}  # (split, lang) -> [[(word, tag)]]
+    for path in paths:
+        lang = iso.get(os.path.basename(os.path.dirname(path))[3:].split('-')[0])
+        split = next((s for s in ('train', 'dev', 'test') if f'-{s}.' in os.path.basename(path)), None)
+        if lang is None or split is None:
+            continue
+        words = []
+        for line in lines_of(path) + ['']:
+            cols = line.split('\t')
+            if len(cols) == 10 and cols[0].isdigit():
+                words.append((cols[1].replace(' ', ''), cols[3]))
+            elif not line and words:
+                sentences.setdefault((split, lang), []).append(words)
+                words = []
+    for (split, lang), sents in sentences.items():
+        rows = lambda fmt: '\n'.join(''.join(fmt(w, t) + '\n' for w, t in s) for s in sents)
+        write_text(os.path.join(out, 'udpos', f'{split}-{lang}.tsv'), rows(lambda w, t: w if split == 'test' else f'{w}\t{t}'))
+        if split == 'test':
+            write_text(os.path.join(out, 'labels', 'udpos', f'test-{lang}.tsv'), rows(lambda w, t: t))
+
+
+def convert_qa(task, files, unpacked, out):
+    """SQuAD-format files to their places; test files with their answers blanked (as XTREME's),
+    the answers kept in labels/<task>/test-<lang>.json."""
+    load = lambda path: json.load(open(path, encoding='utf-8'))
+    save = lambda path, obj: write_text(path, json.dumps(obj, ensure_ascii=False))
+    def test_file(lang, obj):
+        save(os.path.join(out, 'labels', task, f'test-{lang}.json'), obj)
+        for article in obj['data']:
+            for p in article['paragraphs']:
+                for qa in p['qas']:
+                    qa['answers'] = [{'text': '', 'answer_start': 0}]
+        save(split_path(out, task, 'test', lang), obj)
+    if task in ('xquad', 'mlqa'):
+        for path in files[:2]:
+            save(os.path.join(out, 'squad', os.path.basename(path)), load(path))
+    if task == 'xquad':
+        for lang, path in zip(TASKS[task].langs, files[2:]):
+            test_file(lang, load(path))
+    elif task == 'mlqa':
+        for lang in TASKS[task].langs:
+            name = f'context-{lang}-question-{lang}.json'
+            save(split_path(out, task, 'dev', lang), load(glob_files(unpacked, 'dev-' + name)[0]))
+            test_file(lang, load(glob_files(unpacked, 'test-' + name)[0]))
+    else:  # tydiqa: English training questions (ids start with the language name); dev sets are XTREME's tests
+        names = {'ar': 'arabic', 'bn': 'bengali', 'en': 'english', 'fi': 'finnish', 'id': 'indonesian',
+                 'ko': 'korean', 'ru': 'russian', 'sw': 'swahili', 'te': 'telugu'}
+        train = load(files[0])
+        for article in train['data']:
+            for p in article['paragraphs']:
+                p['qas'] = [qa for qa in p['qas'] if qa['id'].startswith('english')]
+        save(split_path(out, task, 'train'), train)
+        for lang, name in names.items():
+            test_file(lang, load(glob_files(unpacked, f'tydiqa-goldp-dev-{name}.json')[0]))
+
+
+def main(argv=None):
+    import argparse
+    parser = argparse.ArgumentParser(description='Get XTREME data, or write the demo data.')
+    sub = parser.add_subparsers(dest='cmd', required=True)
+    get = sub.add_parser('download', help='fetch a task from its official sources into the layout read here')
+    get.add_argument('--task', required=True, choices=list(TASKS))
+    get.add_argument('--out', required=True)
+    demo = sub.add_parser('demo', help='write the generated demo data of every task')
+    demo.add_argument('--out', required=True)
+    demo.add_argument('--seed', type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        download(args.task, args.out) if args.cmd == 'download' else print(make_demo(args.out, args.seed))
+    except DataError as e:
+        raise SystemExit(f'error: {e}')
+
+
+if __name__ == '__main__':
+    main()
