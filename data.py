@@ -497,6 +497,7 @@ DEMO_ORDER = {  # sentence kind: word order per language ('S' person, 'O' organi
     'work': ('S works for O in C .', 'S in C für O arbeitet .', 'S 在 C 为 O 工作 。'),
     'who': ('who V D A N ?', 'wer D N A V ?', '谁 V 了 D A N ？'),
     'where': ('where V S D N ?', 'wo S D N V ?', 'S 在 哪里 V D N ？'),
+    'which': ('which company does S work for ?', 'für welche Firma arbeitet S ?', 'S 为 哪个 公司 工作 ？'),
 }
 DEMO_POS = {'S': 'PROPN', 'O': 'PROPN', 'C': 'PROPN', 'V': 'VERB', 'D': 'DET', 'A': 'ADJ', 'N': 'NOUN',
             'in': 'ADP', 'for': 'ADP', 'für': 'ADP', '在': 'ADP', '为': 'ADP', 'never': 'ADV', 'nie': 'ADV', '从不': 'ADV',
@@ -551,19 +552,21 @@ def demo_examples(task, n, rng):
             kind = rng.choice(['fact', 'work', 'moved'] + (['short', 'never'] if task == 'udpos' else []))
             said = {l: demo_say(kind, f, l) for l in DEMO_LANGS}
             out.append({l: {'words': s[1], 'tags': s[2] if task == 'udpos' else s[3]} for l, s in said.items()})
-        else:  # QA: three facts about different people; ask who did one thing, or where
-            facts = [f] + [dict(demo_fact(rng), first=(f['first'] + i) % 8, N=(f['N'] + i) % 8) for i in (1, 3)]
-            rng.shuffle(facts)
-            asked, kind = rng.randrange(3), rng.choice(['who', 'where'])
+        else:  # QA: a fact about one person and where another works; ask who did it, where, or for whom
+            g = dict(demo_fact(rng), first=(f['first'] + 1 + rng.randrange(7)) % 8)
+            kind = rng.choice(['who', 'where', 'which'])
+            said_first = rng.random() < 0.5
             ex = {}
             for l in DEMO_LANGS:
-                said = [demo_say('fact', x, l) for x in facts]
+                fact, work = demo_say('fact', f, l), demo_say('work', g, l)
                 sep = '' if l == 'zh' else ' '
-                offset = sum(len(s[0]) + len(sep) for s in said[:asked])
-                a0, a1 = said[asked][4]['S' if kind == 'who' else 'C']
-                context = sep.join(s[0] for s in said)
-                ex[l] = {'id': f'demo-{len(out)}', 'question': demo_say(kind, facts[asked], l)[0], 'context': context,
-                         'answers': [{'text': context[offset + a0:offset + a1], 'answer_start': offset + a0}]}
+                first, second = (fact, work) if said_first else (work, fact)
+                asked = work if kind == 'which' else fact
+                a0, a1 = asked[4]['O' if kind == 'which' else 'S' if kind == 'who' else 'C']
+                offset = 0 if asked is first else len(first[0]) + len(sep)
+                context = first[0] + sep + second[0]
+                ex[l] = {'id': f'demo-{len(out)}', 'question': demo_say(kind, g if kind == 'which' else f, l)[0],
+                         'context': context, 'answers': [{'text': context[offset + a0:offset + a1], 'answer_start': offset + a0}]}
             out.append(ex)
     return out
 

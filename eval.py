@@ -18,7 +18,7 @@ from collections import Counter
 
 import torch
 
-from data import GROUPS, TASKS, languages
+from data import GROUPS, TASKS, Feature, collate, languages, length_batches
 from layers import atomic_write
 
 
@@ -267,6 +267,19 @@ def mean_pool(encoder, ids, mask, layer):
     return (h * m).sum(1) / m.sum(1)
 
 
+@torch.no_grad()
+def embed_texts(encoder, tok, texts, layer, batch_size, device):
+    """Mean-pooled hidden states after `layer` blocks of each text (<s> text </s>), on the CPU."""
+    longest = encoder.cfg.max_positions - encoder.cfg.pad_id - 3
+    feats = [Feature(tok.encode_pair(ids[:longest])) for ids in (tok.encode(t) for t in texts)]
+    out = torch.zeros(len(texts), encoder.cfg.dim)
+    encoder.eval()
+    for index in length_batches(feats, batch_size):
+        b = collate([feats[i] for i in index]).to(device)
+        out[index] = mean_pool(encoder, b.ids, b.mask, layer).float().cpu()
+    return out
+
+
 def nearest(queries, keys):
     """Cosine nearest neighbour of each query among keys -> (indices, similarities)."""
     sim = torch.nn.functional.normalize(queries.float(), dim=-1) @ torch.nn.functional.normalize(keys.float(), dim=-1).T
@@ -286,6 +299,24 @@ def best_threshold(scores, pairs, gold):
             nxt = scores[order[rank]] if rank < len(order) else scores[k] - 1
             best_f1, threshold = f1, (scores[k] + nxt) / 2
     return threshold
+
+
+def bucc_candidates(embed, src, eng):
+    """Each source sentence's nearest English sentence -> ([(source id, English id)], [cosine])."""
+    index, score = nearest(embed(list(src.values())), embed(list(eng.values())))
+    eng_ids = list(eng)
+    return [(s, eng_ids[j]) for s, j in zip(src, index.tolist())], score.tolist()
+
+
+def bucc_dev_threshold(embed, src, eng, gold):
+    pairs, scores = bucc_candidates(embed, src, eng)
+    return best_threshold(scores, pairs, set(gold))
+
+
+def bucc_mine(embed, src, eng, threshold):
+    """Pairs whose similarity reaches the threshold chosen on the dev split."""
+    pairs, scores = bucc_candidates(embed, src, eng)
+    return [p for p, s in zip(pairs, scores) if s >= threshold]
 
 
 def linear_cka(x, y):
@@ -309,7 +340,8 @@ def summarize(per_lang, source='en'):
 
 def format_table(rows):
     """rows: {row name: {column: value}} -> a plain text table (values to 1 decimal)."""
-    cols = list(dict.fromkeys(c for r in rows.values() for c in r))
+    cols = list(dict.fromkeys(c for r in rows.values() for c in r if c not in ('avg', 'gap')))
+    cols += [c for c in ('avg', 'gap') if any(c in r for r in rows.values())]
     width = max(len(n) for n in rows) + 2
     lines = [' ' * width + ''.join(f'{c:>7}' for c in cols)]
     for name, r in rows.items():

@@ -1,1 +1,418 @@
-"""The command line and the one training loop every method plugs into. Built in a later issue."""
+"""Train a cross-lingual transfer method on an XTREME task, then evaluate it in every language.
+
+    python train.py --method zeroshot --task xnli --demo          # built-in data, tiny model, CPU
+    python train.py --method translate-train-all --task pawsx --init xlmr-base.pt \\
+        --spm sentencepiece.bpe.model --data_dir data/ --out runs/pawsx
+    torchrun --nproc_per_node 8 train.py ...                       # the same run on 8 GPUs (DDP)
+
+One loop serves every method (xlt.METHODS). A run writes to --out: config.json, log.jsonl,
+last.pt (resume point) and best.pt (best dev average), results.json and results.txt, and the
+test predictions in the leaderboard layout (predictions/<task>/test-<lang>.<ext>).
+"""
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+import data
+import eval as ev
+import layers
+import xlt
+
+# Fine-tuning defaults of the papers' released scripts (XLM-R); the demo trains a tiny model from scratch.
+TASK_LR = {'xnli': 3e-6, 'pawsx': 1e-5, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 1e-5}
+DEMO = {'model': 'tiny', 'lr': 2e-3, 'epochs': 8, 'batch_size': 32}
+
+
+def fail(message):
+    raise SystemExit(f'error: {message}')
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--method', default='zeroshot', help=f'one of {", ".join(xlt.METHODS)}')
+    p.add_argument('--task', default='xnli', help=f'one of {", ".join(data.TASKS)}')
+    p.add_argument('--demo', action='store_true', help='generated data and a tiny model: runs in a minute on a CPU')
+    p.add_argument('--model', help=f'preset: {", ".join(layers.CONFIGS)} (default base; tiny with --demo)')
+    p.add_argument('--init', help='converted XLM-R checkpoint (python layers.py convert) or a run\'s best.pt')
+    p.add_argument('--spm', help='sentencepiece model (default: the one in --data_dir)')
+    p.add_argument('--data_dir', default='data', help='XTREME data in the layout of the README')
+    p.add_argument('--out', help='run folder (default runs/<task>-<method>)')
+    p.add_argument('--lr', type=float, help='peak learning rate (default: per task, from the papers)')
+    p.add_argument('--epochs', type=int, help='default 4 (2 for xquad and mlqa)')
+    p.add_argument('--batch_size', type=int, help='global batch size, over all processes (default 64)')
+    p.add_argument('--grad_accum', type=int, default=1, help='micro-batches per process and step')
+    p.add_argument('--max_len', type=int, help='max tokens per input (default 128; 384 for QA)')
+    p.add_argument('--warmup', type=float, default=0.1, help='share of the steps with a rising learning rate')
+    p.add_argument('--weight_decay', type=float, default=0.01)
+    p.add_argument('--clip', type=float, default=1.0, help='gradient norm clipping')
+    p.add_argument('--dropout', type=float, help='override the model\'s dropout')
+    p.add_argument('--seed', type=int, default=1)
+    p.add_argument('--train_lang', help='translate-train: the language whose translation to train on')
+    p.add_argument('--translate_test', action='store_true', help='evaluate on the test sets translated into English')
+    p.add_argument('--layer', type=int, help='retrieval: hidden layer to pool (default 7/12 of the depth)')
+    p.add_argument('--eval_batch_size', type=int, default=64)
+    p.add_argument('--save_every', type=int, default=200, help='steps between resume checkpoints')
+    p.add_argument('--resume', action='store_true', help='continue from --out/last.pt')
+    p.add_argument('--eval_only', action='store_true', help='evaluate --out/best.pt (or --init) without training')
+    p.add_argument('--halt_after', type=int, help=argparse.SUPPRESS)  # tests: die abruptly after this many steps
+    args = p.parse_args(argv)
+    if args.task not in data.TASKS:
+        fail(f'unknown task {args.task!r}: choose one of {", ".join(data.TASKS)}')
+    if args.method not in xlt.METHODS:
+        fail(f'unknown method {args.method!r}: choose one of {", ".join(xlt.METHODS)}')
+    demo = DEMO if args.demo else {}
+    args.model = args.model or demo.get('model', 'base')
+    if args.model not in layers.CONFIGS:
+        fail(f'unknown model {args.model!r}: choose one of {", ".join(layers.CONFIGS)}')
+    args.lr = args.lr or demo.get('lr') or TASK_LR.get(args.task, 1e-5)
+    if not args.epochs:  # the papers: 4 (2 for XQuAD and MLQA); the demo's QA needs longer than its other tasks
+        qa = data.TASKS[args.task].family == 'qa'
+        args.epochs = (15 if qa else DEMO['epochs']) if args.demo else (2 if args.task in ('xquad', 'mlqa') else 4)
+    args.batch_size = args.batch_size or demo.get('batch_size', 64)
+    args.max_len = args.max_len or (384 if data.TASKS[args.task].family == 'qa' else 128)
+    args.out = args.out or os.path.join('runs', f'{args.task}-{args.method}{"-demo" if args.demo else ""}')
+    return args
+
+
+# ----------------------------------------------------------------------------------------
+# Set-up: processes, data, model.
+
+def setup_distributed():
+    """-> (rank, world size, device); under torchrun one process per device."""
+    if 'RANK' not in os.environ:
+        return 0, 1, torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    cuda = torch.cuda.is_available()
+    dist.init_process_group('nccl' if cuda else 'gloo')
+    rank, local = dist.get_rank(), int(os.environ.get('LOCAL_RANK', 0))
+    if cuda:
+        torch.cuda.set_device(local)
+    return rank, dist.get_world_size(), torch.device(f'cuda:{local}' if cuda else 'cpu')
+
+
+def prepare_data(args, rank):
+    if args.demo:
+        args.data_dir = os.path.join(args.out, 'demo-data')
+        if rank == 0 and not data.is_demo(args.data_dir):
+            data.make_demo(args.data_dir, seed=0)
+        if dist.is_initialized():
+            dist.barrier()
+    if not os.path.isdir(args.data_dir):
+        fail(f'data folder {args.data_dir} not found: get the data with python data.py download --task {args.task} '
+             f'--out {args.data_dir}, or pass --demo')
+    return data.Tokenizer(args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model'))
+
+
+def build_encoder(args, tok):
+    cfg = layers.CONFIGS[args.model]
+    if args.init:
+        try:
+            encoder = layers.load_pretrained(args.init)[0]
+        except layers.CheckpointError as e:
+            fail(str(e))
+        got, want = encoder.cfg, cfg
+        if (got.n_layer, got.dim, got.n_head, got.ffn_dim) != (want.n_layer, want.dim, want.n_head, want.ffn_dim):
+            fail(f'--init {args.init} is a {got.n_layer} x {got.dim} model, not the {args.model} preset '
+                 f'({want.n_layer} x {want.dim}): pass the --model it was made for')
+    else:
+        torch.manual_seed(args.seed)
+        encoder = layers.Encoder(layers.Config(**{**cfg.__dict__, 'vocab_size': tok.vocab_size}))
+    if encoder.cfg.vocab_size != tok.vocab_size:
+        fail(f'the tokenizer has {tok.vocab_size} ids but the model {encoder.cfg.vocab_size}: '
+             'use the sentencepiece model that came with the checkpoint (--spm)')
+    if args.dropout is not None:
+        for m in encoder.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = args.dropout
+        encoder.cfg.dropout = encoder.cfg.attn_dropout = args.dropout
+        for block in encoder.blocks:
+            block.attn.p = args.dropout
+    return encoder
+
+
+def target_langs(args):
+    return [lang for lang in data.languages(args.task, data.is_demo(args.data_dir)) if lang != 'en']
+
+
+def training_items(args, tok, method):
+    """Training features (or (source, translation) feature pairs for paired methods)."""
+    train_on = xlt.METHODS[args.method][1]
+    langs = [args.train_lang] if train_on == 'translation' else target_langs(args)
+    if train_on == 'translation' and args.train_lang not in target_langs(args):
+        fail(f'translate-train needs --train_lang, one of {", ".join(target_langs(args))}')
+    feats = lambda exs: data.make_features(tok, args.task, exs, args.max_len, train=True)
+    if method.paired or train_on != 'en':
+        pairs = {lang: data.read_translations(args.data_dir, args.task, 'train', lang) for lang in langs}
+    if method.paired:
+        return [pair for lang in langs for pair in method.pair_features(tok, pairs[lang], args)]
+    english = data.read_split(args.data_dir, args.task, 'train') if train_on != 'translation' else []
+    translated = [t for lang in langs for _, t in pairs[lang]] if train_on != 'en' else []
+    return feats(english + translated)
+
+
+# ----------------------------------------------------------------------------------------
+# Evaluation: outputs for every feature, sharded over processes and gathered.
+
+@torch.no_grad()
+def outputs_of(method, items, collate, args, device, rank, world):
+    method.eval()
+    batches = data.length_batches([item[0] if isinstance(item, tuple) else item for item in items], args.eval_batch_size)
+    mine, out = batches[rank::world], {}
+    for index in tqdm(mine, desc='eval', leave=False, disable=rank != 0):
+        with autocast(device):
+            result = method.predict(collate([items[i] for i in index], index).to(device)).float().cpu()
+        for i, r in zip(index, result):
+            n = len(items[i][0].ids) if isinstance(items[i], tuple) else len(items[i].ids)
+            out[i] = r if r.dim() == 1 and method.family == 'classification' else r[:n]
+    if world > 1:
+        parts = [None] * world
+        dist.all_gather_object(parts, out)
+        out = {k: v for part in parts for k, v in part.items()}
+    return [out[i] for i in range(len(items))]
+
+
+def predictions(task, feats, outputs, examples):
+    """Model outputs -> predictions in the leaderboard's form."""
+    info = data.TASKS[task]
+    if info.family == 'classification':
+        return [info.labels[o.argmax().item()] for o in outputs]
+    if info.family == 'tagging':
+        words = data.word_predictions(feats, [o.argmax(-1).tolist() for o in outputs], len(examples))
+        return [[info.labels[i] for i in w] for w in words]
+    return ev.decode_qa(feats, [o[:, 0] for o in outputs], [o[:, 1] for o in outputs])
+
+
+def scores_of(task, lang, examples, preds):
+    """Scores of predictions against the examples' own labels -> {metric: value}, plus 'score'."""
+    family = data.TASKS[task].family
+    if family == 'classification':
+        s = ev.accuracy([ex['label'] for ex in examples], preds)
+    elif family == 'tagging':
+        s = ev.chunk_f1([ex['tags'] for ex in examples], preds)
+    else:
+        s = ev.qa_scores([{'paragraphs': [{'qas': examples}]}], preds, lang if task == 'mlqa' else None)
+    return dict(s, score=(s['exact_match'] + s['f1']) / 2 if 'f1' in s and 'exact_match' in s else s.get('f1', s.get('accuracy')))
+
+
+def eval_examples(args, split, lang, method):
+    """(examples scored against, model inputs): translate-test and paired methods read translations."""
+    if args.translate_test and lang != 'en':
+        pairs = data.read_translations(args.data_dir, args.task, split, lang)
+        return [o for o, _ in pairs], [t for _, t in pairs]
+    examples = data.read_split(args.data_dir, args.task, split, lang)
+    return examples, examples
+
+
+def evaluate(method, args, tok, split, device, rank, world):
+    """-> ({lang: scores}, {lang: predictions}) for every language with a file for this split."""
+    scores, preds = {}, {}
+    for lang in data.languages(args.task, data.is_demo(args.data_dir)):
+        if split == 'dev' and not os.path.exists(data.split_path(args.data_dir, args.task, 'dev', lang) or ''):
+            continue  # no dev set in this language (XQuAD, TyDiQA)
+        gold, inputs = eval_examples(args, split, lang, method)
+        if method.paired:
+            items = method.eval_items(tok, args, split, lang, inputs)
+            feats = [a for a, _ in items]
+            collate = lambda batch, index: data.collate_pairs([a for a, _ in batch], [b for _, b in batch], index)
+        else:
+            items = feats = data.make_features(tok, args.task, inputs, args.max_len)
+            collate = data.collate
+        preds[lang] = predictions(args.task, feats, outputs_of(method, items, collate, args, device, rank, world), inputs)
+        if all(ex.get('label', ex.get('tags', ex.get('answers'))) for ex in gold):
+            scores[lang] = scores_of(args.task, lang, gold, preds[lang])
+    return scores, preds
+
+
+def test_results(args, preds, rank):
+    """Write test predictions in the leaderboard layout; score them with eval.py against
+    labels/<task>/test-<lang>.* where the data folder has them."""
+    scores = {}
+    for lang, p in preds.items():
+        if rank == 0:
+            ev.write_predictions(os.path.join(args.out, 'predictions'), args.task, lang, p)
+        path = os.path.join(args.out, 'predictions', args.task, f'test-{lang}.{ev.suffix(args.task)}')
+        gold = os.path.join(args.data_dir, 'labels', args.task, f'test-{lang}.{ev.suffix(args.task)}')
+        if os.path.exists(gold) and rank == 0:
+            s = ev.score_file(args.task, path, gold, lang)
+            scores[lang] = dict(s, score=(s['exact_match'] + s['f1']) / 2 if 'exact_match' in s else s.get('f1', s.get('accuracy')))
+    return scores
+
+
+def retrieval(args, encoder, tok, device):
+    """bucc2018 / tatoeba: mean-pooled states of one layer, cosine nearest neighbours; the BUCC
+    threshold is chosen on each language's dev gold pairs."""
+    layer = args.layer or max(1, round(encoder.cfg.n_layer * 7 / 12))
+    embed = lambda texts: ev.embed_texts(encoder, tok, texts, layer, args.eval_batch_size, device)
+    preds = {}
+    for lang in data.languages(args.task, data.is_demo(args.data_dir)):
+        src, eng, _ = data.read_retrieval(args.data_dir, args.task, 'test', lang)
+        if args.task == 'tatoeba':  # for every English sentence, the line of its source sentence
+            preds[lang] = ev.nearest(embed(eng), embed(src))[0].tolist()
+            continue
+        threshold = ev.bucc_dev_threshold(embed, *data.read_retrieval(args.data_dir, args.task, 'dev', lang))
+        preds[lang] = ev.bucc_mine(embed, src, eng, threshold)
+    return preds
+
+
+# ----------------------------------------------------------------------------------------
+# Training.
+
+def autocast(device):
+    return torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else nullcontext()
+
+
+def optimizer_and_schedule(method, args, total_steps):
+    decay = [p for n, p in method.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in method.named_parameters() if p.dim() < 2]  # biases and LayerNorms
+    opt = torch.optim.AdamW([{'params': decay, 'weight_decay': args.weight_decay},
+                             {'params': no_decay, 'weight_decay': 0.0}], lr=args.lr)
+    warm = max(1, int(args.warmup * total_steps))
+    ramp = lambda step: min((step + 1) / warm, max(0.0, (total_steps - step) / max(1, total_steps - warm)))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, ramp)
+
+
+def global_batches(n, args, epoch, chunks):
+    """The epoch's global batches: a permutation fixed by (seed, epoch); a last batch too small to
+    give every process and micro-step an example is dropped."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(args.seed * 1000 + epoch)).tolist()
+    return [b for b in (order[i:i + args.batch_size] for i in range(0, n, args.batch_size)) if len(b) >= chunks]
+
+
+def train_step(model, items, batch, args, step, rank, world, device, collate):
+    """One optimiser step's gradients. The global batch is cut into world x grad_accum chunks;
+    chunk c goes to process c % world and seeds its own dropout, so any split of the same
+    global batch over processes and micro-steps computes the same gradient."""
+    chunks = np.array_split(np.array(batch), world * args.grad_accum)
+    logs = {}
+    for a in range(args.grad_accum):
+        c = a * world + rank
+        torch.manual_seed(args.seed * 1_000_003 + step * 1009 + c)
+        sync = a == args.grad_accum - 1 or not isinstance(model, DDP)
+        with (nullcontext() if sync else model.no_sync()), autocast(device):
+            loss, logs = model(collate([items[i] for i in chunks[c]]).to(device))
+        (loss * len(chunks[c]) * world / len(batch)).backward()
+    return logs
+
+
+def save(path, obj, rank):
+    if rank == 0:
+        layers.atomic_write(path, obj)
+
+
+def main(argv=None):
+    try:
+        run(parse_args(argv))
+    except (data.DataError, ev.EvalError, layers.CheckpointError, FileNotFoundError) as e:
+        fail(str(e))
+
+
+def run(args):
+    rank, world, device = setup_distributed()
+    os.makedirs(args.out, exist_ok=True)
+    tok = prepare_data(args, rank)
+    encoder = build_encoder(args, tok)
+    info = data.TASKS[args.task]
+    if info.family == 'retrieval':
+        preds = retrieval(args, encoder.to(device), tok, device) if rank == 0 else {}
+        return finish(args, {}, test_results(args, preds, rank), rank)
+    method = xlt.METHODS[args.method][0](encoder, args.task, args).to(device)
+    if rank == 0:
+        layers.atomic_write(os.path.join(args.out, 'config.json'), json.dumps(vars(args), indent=2))
+    best_path, last_path = os.path.join(args.out, 'best.pt'), os.path.join(args.out, 'last.pt')
+    if not args.eval_only:
+        train(method, args, tok, device, rank, world, best_path, last_path)
+    if os.path.exists(best_path):
+        method.load_state_dict(torch.load(best_path, map_location=device, weights_only=True)['method'])
+    dev, _ = evaluate(method, args, tok, 'dev', device, rank, world)
+    _, test_preds = evaluate(method, args, tok, 'test', device, rank, world)
+    finish(args, dev, test_results(args, test_preds, rank), rank)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def train(method, args, tok, device, rank, world, best_path, last_path):
+    items = training_items(args, tok, method)
+    if not items:
+        fail(f'no training examples for {args.task} in {args.data_dir}')
+    collate = (lambda b, index=None: data.collate_pairs([x for x, _ in b], [y for _, y in b], index)) if method.paired else data.collate
+    chunks = world * args.grad_accum
+    per_epoch = len(global_batches(len(items), args, 0, chunks))
+    opt, sched = optimizer_and_schedule(method, args, per_epoch * args.epochs)
+    model = DDP(method, device_ids=[device.index] if device.type == 'cuda' else None) if world > 1 else method
+    state = {'step': 0, 'epoch': 0, 'best': float('-inf')}
+    if args.resume and os.path.exists(last_path):
+        ckpt = torch.load(last_path, map_location=device, weights_only=True)
+        method.load_state_dict(ckpt['method'])
+        opt.load_state_dict(ckpt['optimizer'])
+        sched.load_state_dict(ckpt['schedule'])
+        state = ckpt['state']
+        torch.set_rng_state(ckpt['rng'])
+    log = open(os.path.join(args.out, 'log.jsonl'), 'a') if rank == 0 else None
+    started = time.time()
+    while state['epoch'] < args.epochs:
+        batches = global_batches(len(items), args, state['epoch'], chunks)
+        bar = tqdm(total=len(batches), initial=state['step'] % per_epoch, desc=f'epoch {state["epoch"] + 1}/{args.epochs}',
+                   disable=rank != 0)
+        for batch in batches[state['step'] % per_epoch:]:
+            method.train()
+            logs = train_step(model, items, batch, args, state['step'], rank, world, device, collate)
+            torch.nn.utils.clip_grad_norm_(method.parameters(), args.clip)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            state['step'] += 1
+            bar.update()
+            bar.set_postfix(loss=f'{logs["loss"]:.3f}')
+            if log:
+                log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'lr': sched.get_last_lr()[0],
+                                      'time': round(time.time() - started, 2), **logs}) + '\n')
+                log.flush()
+            if state['step'] % args.save_every == 0 and state['step'] % per_epoch:
+                save(last_path, checkpoint(method, opt, sched, state), rank)
+            if args.halt_after and state['step'] == args.halt_after:
+                os._exit(3)  # as if killed
+        bar.close()
+        state['epoch'] += 1
+        dev, _ = evaluate(method, args, tok, 'dev', device, rank, world)
+        score = np.mean([s['score'] for s in dev.values()]) if dev else state['epoch']  # no dev set: keep the last
+        if score > state['best']:
+            state['best'] = float(score)
+            save(best_path, {'config': method.encoder.cfg.__dict__, 'encoder': method.encoder.state_dict(),
+                             'method': method.state_dict()}, rank)
+        if log:
+            log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': {k: v['score'] for k, v in dev.items()},
+                                  'dev_avg': float(score)}) + '\n')
+            log.flush()
+        save(last_path, checkpoint(method, opt, sched, state), rank)
+
+
+def checkpoint(method, opt, sched, state):
+    return {'method': method.state_dict(), 'optimizer': opt.state_dict(), 'schedule': sched.state_dict(),
+            'state': dict(state), 'rng': torch.get_rng_state()}
+
+
+def finish(args, dev, test, rank):
+    """results.json (dev and test per language with average and transfer gap) and the table."""
+    if rank != 0:
+        return
+    summary = lambda scores: ev.summarize({lang: s['score'] for lang, s in scores.items()}) if scores else {}
+    results = {'task': args.task, 'method': args.method, 'dev': summary(dev), 'test': summary(test),
+               'test_metrics': test, 'dev_metrics': dev}
+    layers.atomic_write(os.path.join(args.out, 'results.json'), json.dumps(results, indent=2))
+    table = ev.format_table({f'{split} ({args.task})': results[split] for split in ('dev', 'test') if results[split]})
+    layers.atomic_write(os.path.join(args.out, 'results.txt'), table + '\n')
+    print(table)
+    print(f'results in {args.out}/results.json; predictions in {args.out}/predictions/')
+
+
+if __name__ == '__main__':
+    main()
