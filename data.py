@@ -422,10 +422,11 @@ class Batch:
     mask: torch.Tensor  # (B, T), True on real tokens
     labels: torch.Tensor = None  # (B,) classes | (B, T) tags | (B, 2) answer start, end
     index: list = None  # the features' positions in their list
+    first: torch.Tensor = None  # tagging: (B, T), True on each word's first sub-word
 
     def to(self, device):
         move = lambda t: None if t is None else t.to(device, non_blocking=True)
-        return Batch(move(self.ids), move(self.mask), move(self.labels), self.index)
+        return Batch(move(self.ids), move(self.mask), move(self.labels), self.index, move(self.first))
 
 
 @dataclass
@@ -449,7 +450,12 @@ def collate(features, index=None, pad_id=1):
         labels = pad([f.label for f in features], IGNORE)
     else:
         labels = torch.tensor([f.label for f in features])
-    return Batch(ids, ids.ne(pad_id), labels, index)
+    first = None
+    if features[0].words is not None:
+        first = torch.zeros_like(ids, dtype=torch.bool)
+        for row, f in enumerate(features):
+            first[row, f.words] = True
+    return Batch(ids, ids.ne(pad_id), labels, index, first)
 
 
 def collate_pairs(src, tgt, index=None, pad_id=1):

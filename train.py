@@ -298,7 +298,7 @@ def train_step(model, items, batch, args, step, rank, world, device, collate):
         torch.manual_seed(args.seed * 1_000_003 + step * 1009 + c)
         sync = a == args.grad_accum - 1 or not isinstance(model, DDP)
         with (nullcontext() if sync else model.no_sync()), autocast(device):
-            loss, logs = model(collate([items[i] for i in chunks[c]]).to(device))
+            loss, logs = model(collate([items[i] for i in chunks[c]], chunks[c].tolist()).to(device))
         (loss * len(chunks[c]) * world / len(batch)).backward()
     return logs
 
