@@ -413,6 +413,23 @@ def make_features(tok, task, examples, max_len=None, train=False):
     return qa_features(tok, examples, max_len or 384, train=train)
 
 
+def pair_features(tok, task, pairs, max_len=None, train=False):
+    """(English, target-language) example pairs -> (English feature, target feature) pairs, aligned
+    per example: one pair for classification, chunk by chunk for tagging, window by window for
+    QA. In training the shorter side's last feature repeats; in evaluation every target feature
+    appears exactly once (its predictions are what is scored)."""
+    sides = [make_features(tok, task, [p[i] for p in pairs], max_len, train) for i in (0, 1)]
+    english, target = ({}, {})
+    for feats, by_example in zip(sides, (english, target)):
+        for f in feats:
+            by_example.setdefault(f.example, []).append(f)
+    out = []
+    for n in sorted(english.keys() & target.keys()):
+        e, t = english[n], target[n]
+        out += [(e[min(i, len(e) - 1)], t[min(i, len(t) - 1)]) for i in range(max(len(e), len(t)) if train else len(t))]
+    return out
+
+
 # ----------------------------------------------------------------------------------------
 # Batches: padded to their own longest sequence.
 

@@ -184,6 +184,13 @@ def score_file(task, pred_path, label_path, lang):
     return accuracy(labels, preds)
 
 
+def main_score(scores):
+    """The one number the leaderboard ranks a task by: QA's mean of EM and F1, else F1 or accuracy."""
+    if 'exact_match' in scores:
+        return (scores['exact_match'] + scores['f1']) / 2
+    return scores['f1'] if 'f1' in scores else scores['accuracy']
+
+
 def task_scores(task, per_lang):
     """{metric: {lang: v}} -> the leaderboard's task entry with avg_<metric> and avg_metric."""
     out = {}

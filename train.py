@@ -59,6 +59,11 @@ def parse_args(argv=None):
     p.add_argument('--seed', type=int, default=1)
     p.add_argument('--train_lang', help='translate-train: the language whose translation to train on')
     p.add_argument('--translate_test', action='store_true', help='evaluate on the test sets translated into English')
+    p.add_argument('--m', type=int, help='FILTER: local layers (default 1)')
+    p.add_argument('--k', type=int, help='FILTER: fusion layers (default 1; 20 for QA)')
+    p.add_argument('--kl_weight', type=float, help='FILTER: self-teaching KL weight 1 - lambda (0.5 / 1.0 / 0.1)')
+    p.add_argument('--self_teach', action='store_true', help='FILTER: train a teacher, then the student (Algorithm 1)')
+    p.add_argument('--teacher', help='FILTER: train only the student, taught by this finished teacher run folder')
     p.add_argument('--layer', type=int, help='retrieval: hidden layer to pool (default 7/12 of the depth)')
     p.add_argument('--eval_batch_size', type=int, default=64)
     p.add_argument('--save_every', type=int, default=200, help='steps between resume checkpoints')
@@ -144,19 +149,25 @@ def target_langs(args):
 
 
 def training_items(args, tok, method):
-    """Training features (or (source, translation) feature pairs for paired methods)."""
+    """Training features, or (English, translation) feature pairs for paired methods."""
     train_on = xlt.METHODS[args.method][1]
     langs = [args.train_lang] if train_on == 'translation' else target_langs(args)
     if train_on == 'translation' and args.train_lang not in target_langs(args):
         fail(f'translate-train needs --train_lang, one of {", ".join(target_langs(args))}')
-    feats = lambda exs: data.make_features(tok, args.task, exs, args.max_len, train=True)
     if method.paired or train_on != 'en':
         pairs = {lang: data.read_translations(args.data_dir, args.task, 'train', lang) for lang in langs}
     if method.paired:
-        return [pair for lang in langs for pair in method.pair_features(tok, pairs[lang], args)]
+        return data.pair_features(tok, args.task, [p for lang in langs for p in pairs[lang]], args.max_len, train=True)
     english = data.read_split(args.data_dir, args.task, 'train') if train_on != 'translation' else []
     translated = [t for lang in langs for _, t in pairs[lang]] if train_on != 'en' else []
-    return feats(english + translated)
+    return data.make_features(tok, args.task, english + translated, args.max_len, train=True)
+
+
+def collate_items(method):
+    """Batches of features, or Pairs of (English, target) features for paired methods."""
+    if not method.paired:
+        return data.collate
+    return lambda items, index=None: data.collate_pairs([e for e, _ in items], [t for _, t in items], index)
 
 
 # ----------------------------------------------------------------------------------------
@@ -165,14 +176,14 @@ def training_items(args, tok, method):
 @torch.no_grad()
 def outputs_of(method, items, collate, args, device, rank, world):
     method.eval()
-    batches = data.length_batches([item[0] if isinstance(item, tuple) else item for item in items], args.eval_batch_size)
+    predicted = lambda item: item[-1] if isinstance(item, tuple) else item  # paired: the target side
+    batches = data.length_batches([predicted(item) for item in items], args.eval_batch_size)
     mine, out = batches[rank::world], {}
     for index in tqdm(mine, desc='eval', leave=False, disable=rank != 0):
         with autocast(device):
             result = method.predict(collate([items[i] for i in index], index).to(device)).float().cpu()
         for i, r in zip(index, result):
-            n = len(items[i][0].ids) if isinstance(items[i], tuple) else len(items[i].ids)
-            out[i] = r if r.dim() == 1 and method.family == 'classification' else r[:n]
+            out[i] = r if method.family == 'classification' else r[:len(predicted(items[i]).ids)]
     if world > 1:
         parts = [None] * world
         dist.all_gather_object(parts, out)
@@ -200,16 +211,30 @@ def scores_of(task, lang, examples, preds):
         s = ev.chunk_f1([ex['tags'] for ex in examples], preds)
     else:
         s = ev.qa_scores([{'paragraphs': [{'qas': examples}]}], preds, lang if task == 'mlqa' else None)
-    return dict(s, score=(s['exact_match'] + s['f1']) / 2 if 'f1' in s and 'exact_match' in s else s.get('f1', s.get('accuracy')))
+    return dict(s, score=ev.main_score(s))
 
 
-def eval_examples(args, split, lang, method):
-    """(examples scored against, model inputs): translate-test and paired methods read translations."""
+def eval_examples(args, split, lang):
+    """(examples scored against, model inputs): translate-test reads the English translations."""
     if args.translate_test and lang != 'en':
         pairs = data.read_translations(args.data_dir, args.task, split, lang)
         return [o for o, _ in pairs], [t for _, t in pairs]
     examples = data.read_split(args.data_dir, args.task, split, lang)
     return examples, examples
+
+
+def with_translations(args, split, lang, examples):
+    """[(English translation, example)] for paired methods; English examples pair with themselves,
+    and so does a QA example whose translation is missing."""
+    if lang == 'en':
+        return [(ex, ex) for ex in examples]
+    pairs = data.read_translations(args.data_dir, args.task, split, lang)
+    if data.TASKS[args.task].family == 'qa':
+        english = {o['id']: t for o, t in pairs}
+        return [(english.get(ex['id'], ex), ex) for ex in examples]
+    if len(pairs) != len(examples):
+        fail(f'{args.task} translate-{split} for {lang} has {len(pairs)} examples for {len(examples)}: they must align')
+    return [(t, ex) for (_, t), ex in zip(pairs, examples)]
 
 
 def evaluate(method, args, tok, split, device, rank, world):
@@ -218,15 +243,14 @@ def evaluate(method, args, tok, split, device, rank, world):
     for lang in data.languages(args.task, data.is_demo(args.data_dir)):
         if split == 'dev' and not os.path.exists(data.split_path(args.data_dir, args.task, 'dev', lang) or ''):
             continue  # no dev set in this language (XQuAD, TyDiQA)
-        gold, inputs = eval_examples(args, split, lang, method)
+        gold, inputs = eval_examples(args, split, lang)
         if method.paired:
-            items = method.eval_items(tok, args, split, lang, inputs)
-            feats = [a for a, _ in items]
-            collate = lambda batch, index: data.collate_pairs([a for a, _ in batch], [b for _, b in batch], index)
+            items = data.pair_features(tok, args.task, with_translations(args, split, lang, inputs), args.max_len)
+            feats = [t for _, t in items]
         else:
             items = feats = data.make_features(tok, args.task, inputs, args.max_len)
-            collate = data.collate
-        preds[lang] = predictions(args.task, feats, outputs_of(method, items, collate, args, device, rank, world), inputs)
+        outputs = outputs_of(method, items, collate_items(method), args, device, rank, world)
+        preds[lang] = predictions(args.task, feats, outputs, inputs)
         if all(ex.get('label', ex.get('tags', ex.get('answers'))) for ex in gold):
             scores[lang] = scores_of(args.task, lang, gold, preds[lang])
     return scores, preds
@@ -243,7 +267,7 @@ def test_results(args, preds, rank):
         gold = os.path.join(args.data_dir, 'labels', args.task, f'test-{lang}.{ev.suffix(args.task)}')
         if os.path.exists(gold) and rank == 0:
             s = ev.score_file(args.task, path, gold, lang)
-            scores[lang] = dict(s, score=(s['exact_match'] + s['f1']) / 2 if 'exact_match' in s else s.get('f1', s.get('accuracy')))
+            scores[lang] = dict(s, score=ev.main_score(s))
     return scores
 
 
@@ -309,41 +333,73 @@ def save(path, obj, rank):
 
 
 def main(argv=None):
+    args = parse_args(argv)
+    rank, world, device = setup_distributed()
     try:
-        run(parse_args(argv))
+        run(args, rank, world, device)
     except (data.DataError, ev.EvalError, layers.CheckpointError, FileNotFoundError) as e:
+        fail(str(e))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def build_method(args, encoder, device):
+    try:
+        return xlt.METHODS[args.method][0](encoder, args.task, args).to(device)
+    except ValueError as e:
         fail(str(e))
 
 
-def run(args):
-    rank, world, device = setup_distributed()
+def run(args, rank, world, device):
     os.makedirs(args.out, exist_ok=True)
     tok = prepare_data(args, rank)
     encoder = build_encoder(args, tok)
-    info = data.TASKS[args.task]
-    if info.family == 'retrieval':
+    if data.TASKS[args.task].family == 'retrieval':
         preds = retrieval(args, encoder.to(device), tok, device) if rank == 0 else {}
         return finish(args, {}, test_results(args, preds, rank), rank)
-    method = xlt.METHODS[args.method][0](encoder, args.task, args).to(device)
+    method = build_method(args, encoder, device)
     if rank == 0:
         layers.atomic_write(os.path.join(args.out, 'config.json'), json.dumps(vars(args), indent=2))
     best_path, last_path = os.path.join(args.out, 'best.pt'), os.path.join(args.out, 'last.pt')
     if not args.eval_only:
+        if args.self_teach or args.teacher:
+            method.p_teacher = teacher_probabilities(args, tok, rank, world, device)
         train(method, args, tok, device, rank, world, best_path, last_path)
     if os.path.exists(best_path):
         method.load_state_dict(torch.load(best_path, map_location=device, weights_only=True)['method'])
     dev, _ = evaluate(method, args, tok, 'dev', device, rank, world)
     _, test_preds = evaluate(method, args, tok, 'test', device, rank, world)
     finish(args, dev, test_results(args, test_preds, rank), rank)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+
+
+def teacher_probabilities(args, tok, rank, world, device):
+    """Self-teaching (FILTER, Algorithm 1): the teacher, trained first into --out/teacher with
+    --self_teach or given as a finished run with --teacher, predicts the target side of every
+    training pair once; the probabilities are written to <teacher>/p_teacher.pt and read back."""
+    if args.method != 'filter':
+        fail(f'--self_teach and --teacher belong to FILTER, not to {args.method}')
+    folder = args.teacher or os.path.join(args.out, 'teacher')
+    path = os.path.join(folder, 'p_teacher.pt')
+    if not os.path.exists(path):
+        if not os.path.exists(os.path.join(folder, 'results.json')):
+            if args.teacher:
+                fail(f'{folder} is not a finished FILTER run (no results.json): train the teacher first')
+            teacher_args = {**vars(args), 'out': folder, 'self_teach': False, 'teacher': None, 'demo': False}
+            run(argparse.Namespace(**teacher_args), rank, world, device)  # the same data and settings
+        teacher = build_method(args, build_encoder(args, tok), device)
+        teacher.load_state_dict(torch.load(os.path.join(folder, 'best.pt'), map_location=device, weights_only=True)['method'])
+        outputs = outputs_of(teacher, training_items(args, tok, teacher), collate_items(teacher), args, device, rank, world)
+        save(path, [xlt.probabilities(teacher.family, o) for o in outputs], rank)
+        if dist.is_initialized():
+            dist.barrier()
+    return torch.load(path, weights_only=True)
 
 
 def train(method, args, tok, device, rank, world, best_path, last_path):
     items = training_items(args, tok, method)
     if not items:
         fail(f'no training examples for {args.task} in {args.data_dir}')
-    collate = (lambda b, index=None: data.collate_pairs([x for x, _ in b], [y for _, y in b], index)) if method.paired else data.collate
+    collate = collate_items(method)
     chunks = world * args.grad_accum
     per_epoch = len(global_batches(len(items), args, 0, chunks))
     opt, sched = optimizer_and_schedule(method, args, per_epoch * args.epochs)

@@ -45,6 +45,29 @@ def per_example_loss(family, logits, labels):
     return (F.cross_entropy(start, labels[:, 0], reduction='none') + F.cross_entropy(end, labels[:, 1], reduction='none')) / 2
 
 
+def mask_padding(family, logits, mask):
+    """QA scores positions: padding must not take part in their softmax."""
+    return logits.masked_fill(~mask[..., None], float('-inf')) if family == 'qa' else logits
+
+
+def kl_per_example(family, p_teacher, logits, first=None):
+    """KL(p_teacher || p_student) per example (B,): over classes; per word (first sub-words) then
+    averaged for tagging; over positions for the start and the end of an answer, averaged, for QA."""
+    log_q = logits.float().log_softmax(1 if family == 'qa' else -1)
+    kl = torch.where(p_teacher > 0, p_teacher * (p_teacher.clamp_min(1e-30).log() - log_q), 0.0)
+    if family == 'classification':
+        return kl.sum(-1)
+    if family == 'tagging':
+        per_word = kl.sum(-1) * first
+        return per_word.sum(1) / first.sum(1).clamp(min=1)
+    return kl.sum(1).mean(-1)
+
+
+def probabilities(family, logits):
+    """What the teacher stores: class (or tag) distributions, or start and end distributions."""
+    return logits.float().softmax(0 if family == 'qa' else -1)
+
+
 class Baseline(nn.Module):
     """Fine-tuning the encoder and a task head on labelled examples: English alone (zero-shot
     transfer), or English translated into the target languages (translate-train)."""
@@ -56,7 +79,7 @@ class Baseline(nn.Module):
         self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout)
 
     def predict(self, batch):
-        return self.head(self.encoder(batch.ids, batch.mask))
+        return mask_padding(self.family, self.head(self.encoder(batch.ids, batch.mask)), batch.mask)
 
     def loss(self, batch):
         loss = per_example_loss(self.family, self.predict(batch), batch.labels).mean()
@@ -66,10 +89,66 @@ class Baseline(nn.Module):
         return self.loss(batch)
 
 
+class Filter(nn.Module):
+    """FILTER (filter.txt): a source text S and its translation T are encoded apart by m local
+    layers (Eq. 1), together by k fusion layers over [H_s; H_t] (Eq. 2) and apart again by the
+    L - k - m domain layers (Eq. 3): one set of weights, one head on both sides. It trains on
+    English with its translation and predicts from the target side of (English translation,
+    target text). With stored teacher probabilities p_teacher it is the self-taught student."""
+    paired = True
+    # m, k and the KL weight 1 - lambda of the paper for XLM-R large (24 layers); k is scaled to
+    # other depths (QA on XLM-R base: m = 1, k = 10) unless --k is given
+    DEFAULTS = {'classification': (1, 1, 0.5), 'tagging': (1, 1, 1.0), 'qa': (1, 20, 0.1)}
+
+    def __init__(self, encoder, task, args):
+        super().__init__()
+        self.encoder, self.family = encoder, TASKS[task].family
+        m, k, kl_weight = self.DEFAULTS[self.family]
+        L = encoder.cfg.n_layer
+        self.m = m if getattr(args, 'm', None) is None else args.m
+        self.k = min(max(1, round(k * L / 24)), L - self.m) if getattr(args, 'k', None) is None else args.k
+        self.kl_weight = kl_weight if getattr(args, 'kl_weight', None) is None else args.kl_weight
+        if self.k + self.m > L or min(self.k, self.m) < 0:
+            raise ValueError(f'--k {self.k} + --m {self.m} does not fit the model\'s {L} layers: choose k + m <= {L}')
+        self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout)
+        self.p_teacher = None  # list of the teacher's target-side probabilities, one per training item
+
+    def encode(self, src, tgt):
+        enc, m, k = self.encoder, self.m, self.k
+        h_s = enc.run(enc.embed(src.ids), src.mask, 0, m)  # Eq. 1; each side numbers its own positions
+        h_t = enc.run(enc.embed(tgt.ids), tgt.mask, 0, m)
+        fused = enc.run(torch.cat([h_s, h_t], 1), torch.cat([src.mask, tgt.mask], 1), m, m + k)  # Eq. 2
+        h_s, h_t = fused.split([h_s.size(1), h_t.size(1)], 1)
+        return enc.run(h_s, src.mask, m + k), enc.run(h_t, tgt.mask, m + k)  # Eq. 3
+
+    def predict(self, pair):
+        return mask_padding(self.family, self.head(self.encode(pair.src, pair.tgt)[1]), pair.tgt.mask)
+
+    def loss(self, pair):
+        h_s, h_t = self.encode(pair.src, pair.tgt)
+        p_s = mask_padding(self.family, self.head(h_s), pair.src.mask)
+        p_t = mask_padding(self.family, self.head(h_t), pair.tgt.mask)
+        loss_s = per_example_loss(self.family, p_s, pair.src.labels)
+        # tagging has no labels on the translated side (lambda = 0)
+        loss_t = 0.0 if self.family == 'tagging' else per_example_loss(self.family, p_t, pair.tgt.labels)
+        if self.p_teacher is None:  # the teacher: L_s + L_t (Algorithm 1, lines 1-8)
+            loss = loss_s + loss_t
+            return loss.mean(), {'loss': loss.mean().item()}
+        lam = 0.0 if self.family == 'tagging' else 1 - self.kl_weight
+        p_teacher = torch.nn.utils.rnn.pad_sequence([self.p_teacher[i] for i in pair.tgt.index], batch_first=True)
+        kl = kl_per_example(self.family, p_teacher.to(p_t.device), p_t, pair.tgt.first)
+        loss = loss_s + lam * loss_t + (1 - lam) * kl  # Eq. 6
+        return loss.mean(), {'loss': loss.mean().item(), 'kl': kl.mean().item()}
+
+    def forward(self, pair):
+        return self.loss(pair)
+
+
 # --method name -> (module, what it trains on: 'en' English, 'translations' English plus the
 # translations into the target languages, 'translation' those into one --train_lang)
 METHODS = {
     'zeroshot': (Baseline, 'en'),
     'translate-train': (Baseline, 'translation'),
     'translate-train-all': (Baseline, 'translations'),
+    'filter': (Filter, 'translations'),
 }

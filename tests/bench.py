@@ -4,6 +4,7 @@ against the dense matmul rate measured on the same device.
     python tests/bench.py                       # base preset, batch 8 x 128, current device
     python tests/bench.py --compare             # side by side with Hugging Face's XLM-R (same weights)
     python tests/bench.py --model tiny --steps 3
+    python tests/bench.py --filter              # a FILTER step (k = m = 1) against encoding S and T apart
 """
 import argparse
 import os
@@ -15,7 +16,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import data  # noqa: E402
 import layers  # noqa: E402
+import xlt  # noqa: E402
 
 
 def matmul_flops(device, n=2048, reps=10):
@@ -93,6 +96,49 @@ def model_dim(model):
     return next(p for n, p in model.named_parameters() if 'word_embeddings' in n or n.endswith('tok.weight')).size(1)
 
 
+def filter_bench(cfg, args, device):
+    """Seconds per training step (forward, backward and AdamW; and without AdamW) of FILTER with
+    k = m = 1 against the same encoder run on S and on T apart, on the same pair batch."""
+    torch.manual_seed(0)
+    encoder = layers.Encoder(cfg).to(device)
+    model = xlt.Filter(encoder, 'xnli', argparse.Namespace(m=1, k=1, kl_weight=None)).to(device)
+    ids = lambda: torch.randint(4, cfg.vocab_size, (args.batch, args.seq), device=device)
+    labels = torch.randint(0, 3, (args.batch,), device=device)
+    pair = data.Pair(*(data.Batch(x, torch.ones_like(x, dtype=torch.bool), labels) for x in (ids(), ids())))
+
+    def apart():  # translate-train on both sides: the encoder on S, then on T
+        loss = sum(xlt.per_example_loss('classification', model.head(encoder(b.ids, b.mask)), b.labels).mean()
+                   for b in (pair.src, pair.tgt))
+        return loss
+
+    steps = {'separate S, T': apart, 'FILTER k=m=1': lambda: model.loss(pair)[0]}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    model.train()
+    times = {name: {'step': [], 'fwd+bwd': []} for name in steps}
+    for _ in range(args.rounds):
+        for name, fn in steps.items():
+            for i in range(args.steps + 2):
+                sync(device)
+                t = time.perf_counter()
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == 'cuda'):
+                    loss = fn()
+                loss.backward()
+                sync(device)
+                mid = time.perf_counter()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                sync(device)
+                if i >= 2:
+                    times[name]['fwd+bwd'].append(mid - t)
+                    times[name]['step'].append(time.perf_counter() - t)
+    best = {name: {k: min(v) for k, v in t.items()} for name, t in times.items()}
+    print(f'{args.model} preset, {args.batch} pairs of {args.seq} + {args.seq} tokens on {device}')
+    for name, b in best.items():
+        print(f'{name:<16} step {b["step"]:.3f} s   forward+backward {b["fwd+bwd"]:.3f} s')
+    base, fil = best['separate S, T'], best['FILTER k=m=1']
+    print(f'FILTER / separate: step {fil["step"] / base["step"]:.3f}, forward+backward {fil["fwd+bwd"] / base["fwd+bwd"]:.3f}')
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--model', default='base', choices=list(layers.CONFIGS))
@@ -101,8 +147,11 @@ def main():
     parser.add_argument('--steps', type=int, default=5)
     parser.add_argument('--rounds', type=int, default=2, help='alternate the models this many times')
     parser.add_argument('--compare', action='store_true', help='also time Hugging Face XLM-R on the same weights')
+    parser.add_argument('--filter', action='store_true', help='FILTER k = m = 1 against encoding S and T apart')
     args = parser.parse_args()
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    if args.filter:
+        return filter_bench(layers.CONFIGS[args.model], args, device)
     amp = device.type == 'cuda'
     torch.manual_seed(0)
     cfg = layers.CONFIGS[args.model]

@@ -1,0 +1,125 @@
+"""FILTER: the degenerate settings of its Figure 2, the self-teaching KL term, and the method
+end to end on the demo data."""
+import argparse
+import json
+import os
+
+import pytest
+import torch
+
+import data
+import layers
+import train
+import xlt
+from conftest import padded_batch
+from test_train import eval_cli, run
+
+
+def filter_model(n_layer, m, k, task='xnli'):
+    torch.manual_seed(0)
+    enc = layers.Encoder(layers.Config(vocab_size=60, n_layer=n_layer, n_head=2, dim=16, ffn_dim=32))
+    return xlt.Filter(enc, task, argparse.Namespace(m=m, k=k, kl_weight=None)).eval()
+
+
+def pair_batch():
+    src, tgt = padded_batch(60, [9, 5], seed=1), padded_batch(60, [4, 7, 6][:2], seed=2)
+    return data.Pair(data.Batch(src, src.ne(1)), data.Batch(tgt, tgt.ne(1)))
+
+
+def test_all_local_layers_is_the_encoder_on_each_side():
+    f, p = filter_model(3, m=3, k=0), pair_batch()
+    with torch.no_grad():
+        h_s, h_t = f.encode(p.src, p.tgt)
+        assert (h_s - f.encoder(p.src.ids, p.src.mask)).abs().max() <= 1e-6
+        assert (h_t - f.encoder(p.tgt.ids, p.tgt.mask)).abs().max() <= 1e-6
+
+
+def test_all_fusion_layers_is_the_encoder_on_the_concatenation():
+    f, p = filter_model(3, m=0, k=3), pair_batch()
+    enc = f.encoder
+    with torch.no_grad():
+        h_s, h_t = f.encode(p.src, p.tgt)
+        x = torch.cat([enc.embed(p.src.ids), enc.embed(p.tgt.ids)], 1)  # positions from each sequence's start
+        whole = enc.run(x, torch.cat([p.src.mask, p.tgt.mask], 1))
+        assert (torch.cat([h_s, h_t], 1) - whole).abs().max() <= 1e-6
+        naive = enc(torch.cat([p.src.ids, p.tgt.ids], 1))  # one sequence: positions run on, padding attended
+        assert (torch.cat([h_s, h_t], 1) - naive).abs().max() > 1e-3
+
+
+def test_local_fusion_domain_stacking_by_hand():
+    f, p = filter_model(3, m=1, k=1), pair_batch()
+    enc, (s, t) = f.encoder, (p.src, p.tgt)
+    with torch.no_grad():
+        local_s, local_t = enc.blocks[0](enc.embed(s.ids), s.mask), enc.blocks[0](enc.embed(t.ids), t.mask)
+        fused = enc.blocks[1](torch.cat([local_s, local_t], 1), torch.cat([s.mask, t.mask], 1))
+        fs, ft = fused[:, :s.ids.size(1)], fused[:, s.ids.size(1):]
+        h_s, h_t = f.encode(s, t)
+        assert (h_s - enc.blocks[2](fs, s.mask)).abs().max() <= 1e-6
+        assert (h_t - enc.blocks[2](ft, t.mask)).abs().max() <= 1e-6
+
+
+def test_k_plus_m_beyond_the_depth_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="does not fit the model's 3 layers"):
+        filter_model(3, m=2, k=2)
+    with pytest.raises(SystemExit, match=r"error: --k 3 \+ --m 1 does not fit the model's 2 layers"):
+        train.main(['--method', 'filter', '--demo', '--k', '3', '--out', str(tmp_path)])
+
+
+@pytest.mark.parametrize('task', ['xnli', 'panx', 'xquad'])
+def test_kl_is_against_stored_target_probabilities(task):
+    f = filter_model(2, m=1, k=1, task=task)
+    n_labels = len(data.TASKS[task].labels)
+    g = torch.Generator().manual_seed(0)
+    p = pair_batch()
+    family = data.TASKS[task].family
+    if family == 'classification':
+        labels = torch.tensor([0, 2])
+        p.src.labels = p.tgt.labels = labels
+    elif family == 'tagging':
+        p.src.labels = torch.where(p.src.mask, 1, data.IGNORE)
+        p.tgt.first = p.tgt.mask.clone()
+    else:
+        p.src.labels = p.tgt.labels = torch.tensor([[1, 2], [1, 1]])
+    p.tgt.index = [1, 0]
+    with torch.no_grad():
+        logits = f.predict(p)  # target side
+    lengths = p.tgt.mask.sum(1).tolist()
+    own = [xlt.probabilities(family, (logits[i] if family == 'classification' else logits[i, :lengths[i]]))
+           for i in range(2)]
+    f.p_teacher = [own[1], own[0]]  # stored by item index: batch row r is item index[r]
+    f.kl_weight = 0.5
+    with torch.no_grad():
+        _, logs = f.loss(p)
+    assert abs(logs['kl']) < 1e-6  # the student predicts what the teacher did
+    # another teacher: the KL is sum p log(p / q) over the target side, by hand
+    other = [torch.rand(o.shape, generator=g) for o in own]
+    other = [o / o.sum(0 if family == 'qa' else -1, keepdim=True) for o in other]
+    f.p_teacher = [other[1], other[0]]
+    with torch.no_grad():
+        _, logs = f.loss(p)
+    expected = []
+    for i in range(2):
+        q = own[i]
+        kl = (other[i] * (other[i].log() - q.log())).sum(0 if family == 'qa' else -1)
+        expected.append(kl.mean() if family != 'classification' else kl)
+    assert logs['kl'] == pytest.approx(float(torch.stack(expected).mean()), rel=1e-4)
+
+
+def test_self_teaching_end_to_end(tmp_path):
+    demo = data.make_demo(str(tmp_path / 'demo-data'), n_train=150, n_eval=30)
+    results = run(tmp_path / 'st', demo, '--method', 'filter', '--task', 'xnli', '--self_teach', '--epochs', '3')
+    teacher = tmp_path / 'st' / 'teacher'
+    probs = torch.load(teacher / 'p_teacher.pt', weights_only=True)
+    assert len(probs) == 300 and all(torch.allclose(p.sum(), torch.tensor(1.0)) for p in probs)  # 150 x (de, zh)
+    assert os.path.exists(teacher / 'results.json') and os.path.exists(tmp_path / 'st' / 'results.json')
+    logged = [json.loads(line) for line in open(tmp_path / 'st' / 'log.jsonl')]
+    assert all('kl' in r for r in logged if 'loss' in r) and not any('kl' in json.loads(l) for l in open(teacher / 'log.jsonl'))
+    # the student alone, from the finished teacher: reads the stored probabilities, does not write them again
+    stamp = os.stat(teacher / 'p_teacher.pt').st_mtime_ns
+    again = run(tmp_path / 'student', demo, '--method', 'filter', '--task', 'xnli', '--teacher', str(teacher), '--epochs', '3')
+    assert os.stat(teacher / 'p_teacher.pt').st_mtime_ns == stamp
+    assert again['test'] == pytest.approx(results['test'])  # the same student, trained twice
+    scores = eval_cli(tmp_path / 'st', demo)['xnli']
+    assert results['test'] == pytest.approx({**scores['accuracy'], 'avg': scores['avg_accuracy'],
+                                             'gap': results['test']['gap']}, abs=1e-9)
+    assert results['dev']['en'] > 40
