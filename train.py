@@ -75,6 +75,9 @@ def parse_args(argv=None):
         fail(f'unknown task {args.task!r}: choose one of {", ".join(data.TASKS)}')
     if args.method not in xlt.METHODS:
         fail(f'unknown method {args.method!r}: choose one of {", ".join(xlt.METHODS)}')
+    if args.translate_test and (data.TASKS[args.task].family == 'tagging' or xlt.METHODS[args.method][0].paired):
+        fail('--translate_test needs a method that reads one text and a task whose labels survive translation '
+             '(tags would need a word alignment): drop --translate_test')
     demo = DEMO if args.demo else {}
     args.model = args.model or demo.get('model', 'base')
     if args.model not in layers.CONFIGS:
@@ -215,10 +218,12 @@ def scores_of(task, lang, examples, preds):
 
 
 def eval_examples(args, split, lang):
-    """(examples scored against, model inputs): translate-test reads the English translations."""
+    """(examples scored against, model inputs): translate-test reads the English translations
+    (QA is then scored on the translations' own answers, as XTREME does)."""
     if args.translate_test and lang != 'en':
         pairs = data.read_translations(args.data_dir, args.task, split, lang)
-        return [o for o, _ in pairs], [t for _, t in pairs]
+        english = [t for _, t in pairs]
+        return (english if data.TASKS[args.task].family == 'qa' else [o for o, _ in pairs]), english
     examples = data.read_split(args.data_dir, args.task, split, lang)
     return examples, examples
 

@@ -113,3 +113,15 @@ def test_bad_set_ups_stop_with_one_line(tmp_path, demo_data, capsys):
     run(tmp_path / 'tiny', demo_data, '--task', 'pawsx', '--epochs', '1')
     one_line_failure(capsys, ['--task', 'pawsx', '--model', 'small', '--data_dir', demo_data, '--out', str(tmp_path / 'o'),
                               '--init', str(tmp_path / 'tiny' / 'best.pt')], 'not the small preset')
+
+
+def test_translate_train_and_translate_test(tmp_path, demo_data):
+    """translate-train on the German translation learns German, not Chinese; translate-test runs the
+    English model on the (perfect) demo translations, so every language scores as English does."""
+    tt = run(tmp_path / 'tt', demo_data, '--task', 'xnli', '--method', 'translate-train', '--train_lang', 'de',
+             '--epochs', '4')
+    assert tt['dev']['de'] > tt['dev']['zh'] + 15
+    test = run(tmp_path / 'ttest', demo_data, '--task', 'xnli', '--translate_test', '--epochs', '4')
+    assert test['test']['de'] == test['test']['zh'] == test['test']['en'] > 45
+    with pytest.raises(SystemExit, match='translate-train needs --train_lang, one of de, zh'):
+        run(tmp_path / 'x', demo_data, '--task', 'xnli', '--method', 'translate-train')
