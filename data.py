@@ -115,13 +115,16 @@ class DataError(ValueError):
 
 QA_FILES = {
     'xquad': {'train': 'squad/train-v1.1.json', 'dev': 'squad/dev-v1.1.json', 'test': 'xquad/xquad.{lang}.json',
-              'translate-train': 'squad/translate-train/squad.translate.train.en-{lang}.json'},
+              'translate-train': 'squad/translate-train/squad.translate.train.en-{lang}.json',
+              'round-trip': 'squad/round-trip/squad.round-trip.train.en-{lang}-en.json'},
     'mlqa': {'train': 'squad/train-v1.1.json', 'dev': 'mlqa/MLQA_V1/dev/dev-context-{lang}-question-{lang}.json',
              'test': 'mlqa/MLQA_V1/test/test-context-{lang}-question-{lang}.json',
-             'translate-train': 'squad/translate-train/squad.translate.train.en-{lang}.json'},
+             'translate-train': 'squad/translate-train/squad.translate.train.en-{lang}.json',
+             'round-trip': 'squad/round-trip/squad.round-trip.train.en-{lang}-en.json'},
     'tydiqa': {'train': 'tydiqa/tydiqa-goldp-v1.1-train/tydiqa.goldp.en.train.json',
                'test': 'tydiqa/tydiqa-goldp-v1.1-dev/tydiqa.goldp.{lang}.dev.json',  # XTREME tests on GoldP dev
-               'translate-train': 'tydiqa/translate-train/tydiqa.translate.train.en-{lang}.json'},
+               'translate-train': 'tydiqa/translate-train/tydiqa.translate.train.en-{lang}.json',
+               'round-trip': 'tydiqa/round-trip/tydiqa.round-trip.train.en-{lang}-en.json'},
 }
 
 
@@ -136,8 +139,9 @@ def languages(task, demo=False):
 
 
 def split_path(data_dir, task, split, lang='en'):
-    """File of a split: 'train' (English), 'dev', 'test', 'translate-train' (English -> lang) or
-    'translate-dev' / 'translate-test' (lang -> English); None where the benchmark has none."""
+    """File of a split: 'train' (English), 'dev', 'test', 'translate-train' (English -> lang),
+    'translate-dev' / 'translate-test' (lang -> English) or 'round-trip' (the English training
+    data translated into lang and back); None where the benchmark has none."""
     family = TASKS[task].family
     if split.startswith('translate-') and split != 'translate-train':
         s = split[len('translate-'):]
@@ -152,9 +156,11 @@ def split_path(data_dir, task, split, lang='en'):
         name = f'{lang}-en.{split}' if task == 'bucc2018' else f'{lang}-en'  # + .{lang} / .en / .gold
     elif split == 'translate-train':
         name = f'en-{lang}-translated.tsv' if family == 'classification' else f'train-en-{lang}.tsv'
+    elif split == 'round-trip':
+        name = f'train-en-{lang}-en.tsv'
     else:
         name = f'{split}-{lang}.tsv'
-    return name and os.path.join(data_dir, task, split if split.startswith('translate-') else '', name)
+    return name and os.path.join(data_dir, task, split if split.startswith(('translate-', 'round-')) else '', name)
 
 
 def need(path, what):
@@ -273,6 +279,24 @@ def read_translations(data_dir, task, split, lang):
         return list(zip(originals, translated))
     by_id = {ex['id']: ex for ex in read_squad(path, task)}
     return [(ex, by_id[ex['id']]) for ex in originals if ex['id'] in by_id]
+
+
+def read_round_trip(data_dir, task, lang):
+    """The English training data translated into lang and back (X-Mixup's scheduled sampling),
+    aligned with read_translations(..., 'train', lang): by line, sentence or question id. None
+    when there is no such file."""
+    path = split_path(data_dir, task, 'round-trip', lang)
+    if path is None or not os.path.exists(path):
+        return None
+    family = TASKS[task].family
+    if family == 'qa':
+        by_id = {ex['id']: ex for ex in read_squad(path, task)}
+        return [by_id.get(o['id'], o) for o, _ in read_translations(data_dir, task, 'train', lang)]
+    rows = read_pairs(path, task) if family == 'classification' else read_tagged(path, task)
+    expected = len(read_translations(data_dir, task, 'train', lang))
+    if len(rows) != expected:
+        raise DataError(f'{path} has {len(rows)} examples for {expected} in translate-train: they must align')
+    return rows
 
 
 def read_retrieval(data_dir, task, split, lang):
@@ -414,19 +438,23 @@ def make_features(tok, task, examples, max_len=None, train=False):
 
 
 def pair_features(tok, task, pairs, max_len=None, train=False):
-    """(English, target-language) example pairs -> (English feature, target feature) pairs, aligned
-    per example: one pair for classification, chunk by chunk for tagging, window by window for
-    QA. In training the shorter side's last feature repeats; in evaluation every target feature
-    appears exactly once (its predictions are what is scored)."""
-    sides = [make_features(tok, task, [p[i] for p in pairs], max_len, train) for i in (0, 1)]
-    english, target = ({}, {})
-    for feats, by_example in zip(sides, (english, target)):
-        for f in feats:
+    """(English, target-language[, round-trip English]) example tuples -> feature tuples, aligned
+    per example: one for classification, chunk by chunk for tagging, window by window for QA. In
+    training a shorter side's last feature repeats; in evaluation every target feature appears
+    exactly once (its predictions are what is scored)."""
+    if not pairs:
+        return []
+    sides = []
+    for i in range(len(pairs[0])):
+        by_example = {}
+        for f in make_features(tok, task, [p[i] for p in pairs], max_len, train):
             by_example.setdefault(f.example, []).append(f)
+        sides.append(by_example)
     out = []
-    for n in sorted(english.keys() & target.keys()):
-        e, t = english[n], target[n]
-        out += [(e[min(i, len(e) - 1)], t[min(i, len(t) - 1)]) for i in range(max(len(e), len(t)) if train else len(t))]
+    for n in sorted(set.intersection(*(set(s) for s in sides))):
+        lists = [s[n] for s in sides]
+        count = max(map(len, lists)) if train else len(lists[1])
+        out += [tuple(f[min(i, len(f) - 1)] for f in lists) for i in range(count)]
     return out
 
 
@@ -449,12 +477,13 @@ class Batch:
 @dataclass
 class Pair:
     """A source example and its translation: the one input shape of FILTER, X-Mixup and the
-    consistency-style methods."""
+    consistency-style methods (alt: the source's round trip through the target language)."""
     src: Batch
     tgt: Batch
+    alt: Batch = None
 
     def to(self, device):
-        return Pair(self.src.to(device), self.tgt.to(device))
+        return Pair(self.src.to(device), self.tgt.to(device), self.alt and self.alt.to(device))
 
 
 def collate(features, index=None, pad_id=1):
@@ -475,8 +504,8 @@ def collate(features, index=None, pad_id=1):
     return Batch(ids, ids.ne(pad_id), labels, index, first)
 
 
-def collate_pairs(src, tgt, index=None, pad_id=1):
-    return Pair(collate(src, index, pad_id), collate(tgt, index, pad_id))
+def collate_pairs(src, tgt, index=None, pad_id=1, alt=None):
+    return Pair(collate(src, index, pad_id), collate(tgt, index, pad_id), alt and collate(alt, index, pad_id))
 
 
 def length_batches(features, batch_size):
@@ -535,8 +564,15 @@ def demo_fact(rng):
             'A': pick('A'), 'N': pick('N'), 'D': 0}
 
 
+DEMO_ROUND_TRIP = {'fact': 'moved', 'moved': 'fact'}  # English -> target -> English comes back reordered
+DEMO_SIDES = DEMO_LANGS + ('rt',)
+
+
 def demo_say(kind, fact, lang):
-    """-> (text, words, UPOS tags, NER tags, {slot: (first char, end char)}) of one sentence."""
+    """-> (text, words, UPOS tags, NER tags, {slot: (first char, end char)}) of one sentence;
+    lang 'rt' is English after a round trip through a target language."""
+    if lang == 'rt':
+        kind, lang = DEMO_ROUND_TRIP.get(kind, kind), 'en'
     k = DEMO_LANGS.index(lang)
     words, pos, ner, where = [], [], [], {}
     for slot in DEMO_ORDER[kind][k].split():
@@ -557,7 +593,8 @@ def demo_say(kind, fact, lang):
 
 
 def demo_examples(task, n, rng):
-    """n examples of a task, each {lang: example} in the three languages (translations of each other)."""
+    """n examples of a task, each {lang: example} in the three languages (translations of each
+    other) and 'rt', the English example's round trip."""
     out = []
     for _ in range(n):
         f = demo_fact(rng)
@@ -566,21 +603,21 @@ def demo_examples(task, n, rng):
         if task == 'xnli':
             label = rng.choice(TASKS['xnli'].labels)
             second = {'entailment': ('short', f), 'contradiction': ('never', f), 'neutral': ('short', other)}[label]
-            out.append({l: {'a': demo_say('fact', f, l)[0], 'b': demo_say(*second, l)[0], 'label': label} for l in DEMO_LANGS})
+            out.append({l: {'a': demo_say('fact', f, l)[0], 'b': demo_say(*second, l)[0], 'label': label} for l in DEMO_SIDES})
         elif task == 'pawsx':
             label = rng.choice('01')
             out.append({l: {'a': demo_say('fact', f, l)[0], 'b': demo_say('moved', f if label == '1' else other, l)[0],
-                            'label': label} for l in DEMO_LANGS})
+                            'label': label} for l in DEMO_SIDES})
         elif task in ('udpos', 'panx'):
             kind = rng.choice(['fact', 'work', 'moved'] + (['short', 'never'] if task == 'udpos' else []))
-            said = {l: demo_say(kind, f, l) for l in DEMO_LANGS}
+            said = {l: demo_say(kind, f, l) for l in DEMO_SIDES}
             out.append({l: {'words': s[1], 'tags': s[2] if task == 'udpos' else s[3]} for l, s in said.items()})
         else:  # QA: a fact about one person and where another works; ask who did it, where, or for whom
             g = dict(demo_fact(rng), first=(f['first'] + 1 + rng.randrange(7)) % 8)
             kind = rng.choice(['who', 'where', 'which'])
             said_first = rng.random() < 0.5
             ex = {}
-            for l in DEMO_LANGS:
+            for l in DEMO_SIDES:
                 fact, work = demo_say('fact', f, l), demo_say('work', g, l)
                 sep = '' if l == 'zh' else ' '
                 first, second = (fact, work) if said_first else (work, fact)
@@ -623,6 +660,10 @@ def demo_files(task, split, rows):
         for other in DEMO_LANGS:  # translations: English -> other for train, lang -> English otherwise
             if (split == 'train') == (other == 'en') or (split != 'train' and lang == 'en'):
                 continue
+            if split == 'train':  # the English training data translated into `other` and back
+                rt, path = [r['rt'] for r in rows], split_path('', task, 'round-trip', other)
+                files[path] = (tsv((e['a'], e['b'], e['label']) for e in rt) if family == 'classification'
+                               else tagged(rt) if family == 'tagging' else squad(rt))
             orig, trans = (exs, [r[other] for r in rows]) if split == 'train' else (exs, [r['en'] for r in rows])
             path = split_path('', task, f'translate-{split}', other if split == 'train' else lang)
             if family == 'classification':

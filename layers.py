@@ -112,11 +112,18 @@ class Block(nn.Module):
         self.ffn, self.ln2 = FFN(cfg), nn.LayerNorm(cfg.dim, eps=cfg.ln_eps)
         self.drop = nn.Dropout(cfg.dropout)
 
+    def attend(self, x, mask=None, causal=False):
+        """The self-attention sub-layer's residual sum, before its LayerNorm ln1."""
+        return x + self.drop(self.attn(x, mask, causal=causal))
+
+    def feed_forward(self, h):
+        return self.ln2(h + self.drop(self.ffn(h)))
+
     def forward(self, x, mask=None, memory=None, memory_mask=None, causal=False):
-        x = self.ln1(x + self.drop(self.attn(x, mask, causal=causal)))
+        x = self.ln1(self.attend(x, mask, causal))
         if memory is not None:
             x = self.ln_cross(x + self.drop(self.cross(x, memory_mask, memory=memory)))
-        return self.ln2(x + self.drop(self.ffn(x)))
+        return self.feed_forward(x)
 
 
 def position_ids(ids, pad_id):

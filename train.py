@@ -30,7 +30,7 @@ import xlt
 
 # Fine-tuning defaults of the papers' released scripts (XLM-R); the demo trains a tiny model from scratch.
 TASK_LR = {'xnli': 3e-6, 'pawsx': 1e-5, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 1e-5}
-DEMO = {'model': 'tiny', 'lr': 2e-3, 'epochs': 8, 'batch_size': 32}
+DEMO = {'model': 'tiny', 'lr': 2e-3, 'epochs': 8, 'batch_size': 32, 'p_k': 50}  # p_k: decay within a short run
 
 
 def fail(message):
@@ -63,7 +63,12 @@ def parse_args(argv=None):
     p.add_argument('--k', type=int, help='FILTER: fusion layers (default 1; 20 for QA)')
     p.add_argument('--kl_weight', type=float, help='FILTER: self-teaching KL weight 1 - lambda (0.5 / 1.0 / 0.1)')
     p.add_argument('--self_teach', action='store_true', help='FILTER: train a teacher, then the student (Algorithm 1)')
-    p.add_argument('--teacher', help='FILTER: train only the student, taught by this finished teacher run folder')
+    p.add_argument('--teacher', help='FILTER: train only the student, taught by this finished teacher run folder; '
+                   'X-Mixup on tagging: the finished run whose predictions label the translations')
+    p.add_argument('--mixup_layer', type=int, help='X-Mixup: the layer that mixes (default 1 / 4 / 16 of 24, scaled)')
+    p.add_argument('--fixed_lambda', action='store_true', help='X-Mixup ablation: lambda = lambda_0')
+    p.add_argument('--p_k', type=float, help='X-Mixup: scheduled sampling decay rate (1000 / 1000 / 2000; demo 50)')
+    p.add_argument('--no_mixup_inference', action='store_true', help='X-Mixup ablation: predict from the target alone')
     p.add_argument('--layer', type=int, help='retrieval: hidden layer to pool (default 7/12 of the depth)')
     p.add_argument('--eval_batch_size', type=int, default=64)
     p.add_argument('--save_every', type=int, default=200, help='steps between resume checkpoints')
@@ -83,6 +88,7 @@ def parse_args(argv=None):
     if args.model not in layers.CONFIGS:
         fail(f'unknown model {args.model!r}: choose one of {", ".join(layers.CONFIGS)}')
     args.lr = args.lr or demo.get('lr') or TASK_LR.get(args.task, 1e-5)
+    args.p_k = args.p_k or demo.get('p_k')
     if not args.epochs:  # the papers: 4 (2 for XQuAD and MLQA); the demo's QA needs longer than its other tasks
         qa = data.TASKS[args.task].family == 'qa'
         args.epochs = (15 if qa else DEMO['epochs']) if args.demo else (2 if args.task in ('xquad', 'mlqa') else 4)
@@ -160,7 +166,16 @@ def training_items(args, tok, method):
     if method.paired or train_on != 'en':
         pairs = {lang: data.read_translations(args.data_dir, args.task, 'train', lang) for lang in langs}
     if method.paired:
-        return data.pair_features(tok, args.task, [p for lang in langs for p in pairs[lang]], args.max_len, train=True)
+        tuples, missing = [], []
+        for lang in langs:
+            trip = data.read_round_trip(args.data_dir, args.task, lang) if method.round_trip else None
+            if method.round_trip and trip is None:
+                missing.append(lang)
+            tuples += [(e, t) + ((r,) if method.round_trip else ()) for (e, t), r in zip(pairs[lang], trip or [e for e, _ in pairs[lang]])]
+        if missing and rank_zero():
+            print(f'warning: no round-trip data for {args.task} in {", ".join(missing)} (see the README): '
+                  'scheduled sampling feeds the real English text there')
+        return data.pair_features(tok, args.task, tuples, args.max_len, train=True)
     english = data.read_split(args.data_dir, args.task, 'train') if train_on != 'translation' else []
     translated = [t for lang in langs for _, t in pairs[lang]] if train_on != 'en' else []
     return data.make_features(tok, args.task, english + translated, args.max_len, train=True)
@@ -170,7 +185,8 @@ def collate_items(method):
     """Batches of features, or Pairs of (English, target) features for paired methods."""
     if not method.paired:
         return data.collate
-    return lambda items, index=None: data.collate_pairs([e for e, _ in items], [t for _, t in items], index)
+    return lambda items, index=None: data.collate_pairs([i[0] for i in items], [i[1] for i in items], index,
+                                                        alt=[i[2] for i in items] if len(items[0]) > 2 else None)
 
 
 # ----------------------------------------------------------------------------------------
@@ -179,7 +195,7 @@ def collate_items(method):
 @torch.no_grad()
 def outputs_of(method, items, collate, args, device, rank, world):
     method.eval()
-    predicted = lambda item: item[-1] if isinstance(item, tuple) else item  # paired: the target side
+    predicted = lambda item: item[1] if isinstance(item, tuple) else item  # paired: the target side
     batches = data.length_batches([predicted(item) for item in items], args.eval_batch_size)
     mine, out = batches[rank::world], {}
     for index in tqdm(mine, desc='eval', leave=False, disable=rank != 0):
@@ -251,7 +267,7 @@ def evaluate(method, args, tok, split, device, rank, world):
         gold, inputs = eval_examples(args, split, lang)
         if method.paired:
             items = data.pair_features(tok, args.task, with_translations(args, split, lang, inputs), args.max_len)
-            feats = [t for _, t in items]
+            feats = [item[1] for item in items]
         else:
             items = feats = data.make_features(tok, args.task, inputs, args.max_len)
         outputs = outputs_of(method, items, collate_items(method), args, device, rank, world)
@@ -367,8 +383,11 @@ def run(args, rank, world, device):
         layers.atomic_write(os.path.join(args.out, 'config.json'), json.dumps(vars(args), indent=2))
     best_path, last_path = os.path.join(args.out, 'best.pt'), os.path.join(args.out, 'last.pt')
     if not args.eval_only:
-        if args.self_teach or args.teacher:
-            method.p_teacher = teacher_probabilities(args, tok, rank, world, device)
+        if (args.self_teach or args.teacher) and (args.method != 'xmixup' or method.family == 'tagging'):
+            method.p_teacher = teacher_probabilities(args, tok, rank, world, device, method)
+        elif args.method == 'xmixup' and method.family == 'tagging':
+            fail('X-Mixup on tagging learns T from a source-language model\'s labels: pass --teacher RUN '
+                 '(a finished zeroshot run) or --self_teach to train one first')
         train(method, args, tok, device, rank, world, best_path, last_path)
     if os.path.exists(best_path):
         method.load_state_dict(torch.load(best_path, map_location=device, weights_only=True)['method'])
@@ -377,27 +396,38 @@ def run(args, rank, world, device):
     finish(args, dev, test_results(args, test_preds, rank), rank)
 
 
-def teacher_probabilities(args, tok, rank, world, device):
-    """Self-teaching (FILTER, Algorithm 1): the teacher, trained first into --out/teacher with
-    --self_teach or given as a finished run with --teacher, predicts the target side of every
-    training pair once; the probabilities are written to <teacher>/p_teacher.pt and read back."""
-    if args.method != 'filter':
-        fail(f'--self_teach and --teacher belong to FILTER, not to {args.method}')
+def teacher_probabilities(args, tok, rank, world, device, method):
+    """Soft labels for the target side of every training item, predicted once by a teacher and
+    written to <teacher>/p_teacher.pt, then read back. FILTER's self-teaching (Algorithm 1): a
+    FILTER teacher; X-Mixup on tagging: a source-language (zero-shot) model. The teacher is
+    trained first into --out/teacher with --self_teach, or is the finished run --teacher."""
+    if not hasattr(method, 'p_teacher'):
+        fail(f'--self_teach and --teacher belong to FILTER and X-Mixup, not to {args.method}')
     folder = args.teacher or os.path.join(args.out, 'teacher')
     path = os.path.join(folder, 'p_teacher.pt')
     if not os.path.exists(path):
         if not os.path.exists(os.path.join(folder, 'results.json')):
             if args.teacher:
-                fail(f'{folder} is not a finished FILTER run (no results.json): train the teacher first')
-            teacher_args = {**vars(args), 'out': folder, 'self_teach': False, 'teacher': None, 'demo': False}
+                fail(f'{folder} is not a finished run (no results.json): train the teacher first')
+            teacher_args = {**vars(args), 'method': method.teacher_method, 'out': folder, 'self_teach': False,
+                            'teacher': None, 'demo': False}
             run(argparse.Namespace(**teacher_args), rank, world, device)  # the same data and settings
-        teacher = build_method(args, build_encoder(args, tok), device)
+        with open(os.path.join(folder, 'config.json')) as f:
+            config = json.load(f)
+        t_args = argparse.Namespace(**{**vars(args), **{k: config.get(k) for k in ('method', 'm', 'k', 'mixup_layer')}})
+        teacher = build_method(t_args, build_encoder(t_args, tok), device)
         teacher.load_state_dict(torch.load(os.path.join(folder, 'best.pt'), map_location=device, weights_only=True)['method'])
-        outputs = outputs_of(teacher, training_items(args, tok, teacher), collate_items(teacher), args, device, rank, world)
+        items = training_items(args, tok, method)
+        items = items if teacher.paired else [item[1] for item in items]  # a single-text teacher reads T alone
+        outputs = outputs_of(teacher, items, collate_items(teacher), args, device, rank, world)
         save(path, [xlt.probabilities(teacher.family, o) for o in outputs], rank)
         if dist.is_initialized():
             dist.barrier()
     return torch.load(path, weights_only=True)
+
+
+def rank_zero():
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def train(method, args, tok, device, rank, world, best_path, last_path):
@@ -425,6 +455,7 @@ def train(method, args, tok, device, rank, world, best_path, last_path):
                    disable=rank != 0)
         for batch in batches[state['step'] % per_epoch:]:
             method.train()
+            method.step = state['step']  # methods with schedules (X-Mixup's p*) read it
             logs = train_step(model, items, batch, args, state['step'], rank, world, device, collate)
             torch.nn.utils.clip_grad_norm_(method.parameters(), args.clip)
             opt.step()

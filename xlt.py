@@ -5,11 +5,13 @@ loss is the mean over the batch's examples, and `predict(batch) -> outputs` (cla
 (B, C), tag logits (B, T, C), or span logits (B, T, 2)). `forward` is `loss`, so that DDP
 wraps a method as it is. The training loop knows nothing else; a new method is a new class.
 """
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from data import IGNORE, TASKS
+from data import IGNORE, TASKS, Batch
 
 
 class Head(nn.Module):
@@ -71,7 +73,7 @@ def probabilities(family, logits):
 class Baseline(nn.Module):
     """Fine-tuning the encoder and a task head on labelled examples: English alone (zero-shot
     transfer), or English translated into the target languages (translate-train)."""
-    paired = False
+    paired, round_trip = False, False
 
     def __init__(self, encoder, task, args=None):
         super().__init__()
@@ -95,7 +97,7 @@ class Filter(nn.Module):
     L - k - m domain layers (Eq. 3): one set of weights, one head on both sides. It trains on
     English with its translation and predicts from the target side of (English translation,
     target text). With stored teacher probabilities p_teacher it is the self-taught student."""
-    paired = True
+    paired, round_trip, teacher_method = True, False, 'filter'
     # m, k and the KL weight 1 - lambda of the paper for XLM-R large (24 layers); k is scaled to
     # other depths (QA on XLM-R base: m = 1, k = 10) unless --k is given
     DEFAULTS = {'classification': (1, 1, 0.5), 'tagging': (1, 1, 1.0), 'qa': (1, 20, 0.1)}
@@ -144,6 +146,123 @@ class Filter(nn.Module):
         return self.loss(pair)
 
 
+def attention_entropy(probs, query_mask):
+    """Eq. 5: H(A) = -1/I sum_i sum_j A_ij log A_ij per instance, over the I real query tokens,
+    averaged over heads. probs (B, heads, I, J), zero on padded keys."""
+    h = -(probs * probs.clamp_min(1e-30).log()).sum(-1).mean(1)  # (B, I)
+    m = query_mask.float()
+    return (h * m).sum(1) / m.sum(1)
+
+
+def mean_pool(h, mask):
+    m = mask.unsqueeze(-1).to(h.dtype)
+    return (h * m).sum(1) / m.sum(1)
+
+
+class XMixup(nn.Module):
+    """X-Mixup (x-mixup.txt): the source S and the target T are encoded apart; in one layer the
+    target's self-attention output also attends to the source's with that layer's own weights
+    (Eq. 3), and the two are mixed with a per-instance ratio lambda (Eq. 4) that grows with the
+    two-way attention entropy (Eq. 5); the layer's FFN follows. Training feeds the real English
+    or its round-trip translation as S (scheduled sampling, Eq. 6) and adds consistency losses
+    (Eq. 7-8); inference mixes the target with its translation into English."""
+    paired, round_trip, teacher_method = True, True, 'zeroshot'
+    # mixup layer (of 24, scaled to the model's depth: QA on XLM-R base mixes at layer 8), alpha, p_k
+    DEFAULTS = {'classification': (1, 0.4, 1000), 'tagging': (4, 0.8, 1000), 'qa': (16, 0.2, 2000)}
+
+    def __init__(self, encoder, task, args):
+        super().__init__()
+        self.encoder, self.family = encoder, TASKS[task].family
+        layer, alpha, p_k = self.DEFAULTS[self.family]
+        L = encoder.cfg.n_layer
+        self.layer = getattr(args, 'mixup_layer', None) or min(L, max(1, round(layer * L / 24)))
+        if not 1 <= self.layer <= L:
+            raise ValueError(f'--mixup_layer {self.layer} is not a layer of the model (1 to {L})')
+        self.alpha, self.p_k, self.lambda_0 = alpha, getattr(args, 'p_k', None) or p_k, 0.5
+        self.fixed_lambda = getattr(args, 'fixed_lambda', False)
+        self.mixup_inference = not getattr(args, 'no_mixup_inference', False)
+        self.w, self.b = nn.Parameter(torch.ones(1)), nn.Parameter(torch.zeros(1))  # Eq. 5's W and b
+        self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout)
+        self.step = 0  # the optimiser step, set by the training loop (Eq. 6 decays with it)
+        self.p_teacher = None  # tagging: a source-language model's label distributions on T (pseudo-labels)
+
+    def p_star(self):
+        """Eq. 6's probability of feeding the real source: inverse sigmoid decay in the batch index."""
+        return self.p_k / (self.p_k + math.exp(min(self.step / self.p_k, 700.0)))
+
+    def mixup_ratio(self, probs_ts, probs_st, mask_t, mask_s):
+        if self.fixed_lambda:
+            return torch.full((mask_t.size(0), 1, 1), self.lambda_0, device=mask_t.device)
+        entropy = attention_entropy(probs_ts, mask_t) + attention_entropy(probs_st, mask_s)  # H(A) + H(A^T)
+        return (self.lambda_0 * torch.sigmoid(entropy * self.w + self.b)).view(-1, 1, 1)
+
+    def mix(self, block, x_s, mask_s, x_t, mask_t):
+        """The mixup layer on both sides -> (source out, target out, lambda)."""
+        a_s, a_t = block.attend(x_s, mask_s), block.attend(x_t, mask_t)  # self-attention (Eq. 2)
+        h_s, h_t = block.ln1(a_s), block.ln1(a_t)
+        h_ts, probs_ts = block.attn(h_t, mask_s, memory=h_s, return_probs=True)  # Eq. 3: T queries S
+        _, probs_st = block.attn(h_s, mask_t, memory=h_t, return_probs=True)  # and S queries T, for H(A^T)
+        lam = self.mixup_ratio(probs_ts, probs_st, mask_t, mask_s)
+        # Eq. 4; h_T is taken before the sub-layer's LayerNorm, which is the LN of Eq. 4: lambda = 0 is the plain layer
+        mixed = block.ln1(lam * block.drop(h_ts) + (1 - lam) * a_t)
+        return block.feed_forward(h_s), block.feed_forward(mixed), lam
+
+    def encode(self, src, tgt):
+        enc, l = self.encoder, self.layer
+        x_s = enc.run(enc.embed(src.ids), src.mask, 0, l - 1)
+        x_t = enc.run(enc.embed(tgt.ids), tgt.mask, 0, l - 1)
+        x_s, x_t, lam = self.mix(enc.blocks[l - 1], x_s, src.mask, x_t, tgt.mask)
+        return enc.run(x_s, src.mask, l), enc.run(x_t, tgt.mask, l), lam
+
+    def scheduled_source(self, pair):
+        """Eq. 6: each example's source is the real English with probability p*, else its round
+        trip -> (source batch, share of real sources)."""
+        if pair.alt is None:
+            return pair.src, 1.0
+        real = torch.rand(pair.src.ids.size(0)) < self.p_star()
+        T = max(pair.src.ids.size(1), pair.alt.ids.size(1))
+
+        def pick(a, b, pad=None):  # row by row: a where the source is real, else b (padded alike)
+            if pad is not None:
+                a, b = F.pad(a, (0, T - a.size(1)), value=pad), F.pad(b, (0, T - b.size(1)), value=pad)
+            return torch.where(real.to(a.device).view(-1, *[1] * (a.dim() - 1)), a, b)
+        s, r = pair.src, pair.alt
+        labels = None if s.labels is None else pick(s.labels, r.labels, IGNORE if self.family == 'tagging' else None)
+        return Batch(pick(s.ids, r.ids, 1), pick(s.mask, r.mask, False), labels, s.index), real.float().mean().item()
+
+    def logits(self, h, mask):
+        return mask_padding(self.family, self.head(h), mask)
+
+    def predict(self, pair):
+        if not self.mixup_inference:  # the ablation: the target alone through the plain encoder
+            return self.logits(self.encoder(pair.tgt.ids, pair.tgt.mask), pair.tgt.mask)
+        h_s, h_t, _ = self.encode(pair.src, pair.tgt)
+        p_t = self.logits(h_t, pair.tgt.mask)
+        if self.family != 'classification':
+            return p_t
+        return (p_t.softmax(-1) + self.logits(h_s, pair.src.mask).softmax(-1)) / 2  # mean of both sides
+
+    def loss(self, pair):
+        src, real_share = self.scheduled_source(pair)
+        h_s, h_t, lam = self.encode(src, pair.tgt)
+        p_s, p_t = self.logits(h_s, src.mask), self.logits(h_t, pair.tgt.mask)
+        loss_s = per_example_loss(self.family, p_s, src.labels)
+        if self.family == 'tagging':  # no labels on T: a source-language model's label distribution instead
+            p_teacher = torch.nn.utils.rnn.pad_sequence([self.p_teacher[i] for i in pair.tgt.index], batch_first=True)
+            loss_t = kl_per_example(self.family, p_teacher.to(p_t.device), p_t, pair.tgt.first)
+        else:
+            loss_t = per_example_loss(self.family, p_t, pair.tgt.labels)
+        mse = F.mse_loss(mean_pool(h_s, src.mask), mean_pool(h_t, pair.tgt.mask), reduction='none').float().mean(-1)
+        loss = self.alpha * loss_s + (1 - self.alpha) * loss_t + mse  # Eq. 8, and Eq. 7's representation term
+        if self.family == 'classification':  # Eq. 7's prediction consistency, KL(p_S || p_T)
+            loss = loss + kl_per_example(self.family, p_s.float().softmax(-1), p_t)
+        return loss.mean(), {'loss': loss.mean().item(), 'lambda': lam.mean().item(), 'p_star': self.p_star(),
+                             'real_source': real_share, 'mse': mse.mean().item()}
+
+    def forward(self, pair):
+        return self.loss(pair)
+
+
 # --method name -> (module, what it trains on: 'en' English, 'translations' English plus the
 # translations into the target languages, 'translation' those into one --train_lang)
 METHODS = {
@@ -151,4 +270,5 @@ METHODS = {
     'translate-train': (Baseline, 'translation'),
     'translate-train-all': (Baseline, 'translations'),
     'filter': (Filter, 'translations'),
+    'xmixup': (XMixup, 'translations'),
 }
