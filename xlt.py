@@ -29,10 +29,11 @@ class Head(nn.Module):
                 nn.init.normal_(linear.weight, std=0.02)
                 nn.init.zeros_(linear.bias)
 
-    def forward(self, h):
+    def forward(self, h, mask):
         if self.dense is not None:
-            h = torch.tanh(self.dense(self.drop(h[:, 0])))
-        return self.out(self.drop(h))
+            return self.out(self.drop(torch.tanh(self.dense(self.drop(h[:, 0])))))
+        logits = self.out(self.drop(h))  # QA scores positions: padding must not take part in their softmax
+        return logits.masked_fill(~mask[..., None], float('-inf')) if self.family == 'qa' else logits
 
 
 def per_example_loss(family, logits, labels):
@@ -47,11 +48,6 @@ def per_example_loss(family, logits, labels):
     return (F.cross_entropy(start, labels[:, 0], reduction='none') + F.cross_entropy(end, labels[:, 1], reduction='none')) / 2
 
 
-def mask_padding(family, logits, mask):
-    """QA scores positions: padding must not take part in their softmax."""
-    return logits.masked_fill(~mask[..., None], float('-inf')) if family == 'qa' else logits
-
-
 def kl_per_example(family, p_teacher, logits, first=None):
     """KL(p_teacher || p_student) per example (B,): over classes; per word (first sub-words) then
     averaged for tagging; over positions for the start and the end of an answer, averaged, for QA."""
@@ -63,6 +59,12 @@ def kl_per_example(family, p_teacher, logits, first=None):
         per_word = kl.sum(-1) * first
         return per_word.sum(1) / first.sum(1).clamp(min=1)
     return kl.sum(1).mean(-1)
+
+
+def teacher_kl(family, p_teacher, tgt, logits):
+    """KL(p_teacher || p) per example, p_teacher: the stored probabilities of the batch's items."""
+    stored = torch.nn.utils.rnn.pad_sequence([p_teacher[i] for i in tgt.index], batch_first=True)
+    return kl_per_example(family, stored.to(logits.device), logits, tgt.first)
 
 
 def probabilities(family, logits):
@@ -81,7 +83,7 @@ class Baseline(nn.Module):
         self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout)
 
     def predict(self, batch):
-        return mask_padding(self.family, self.head(self.encoder(batch.ids, batch.mask)), batch.mask)
+        return self.head(self.encoder(batch.ids, batch.mask), batch.mask)
 
     def loss(self, batch):
         loss = per_example_loss(self.family, self.predict(batch), batch.labels).mean()
@@ -124,12 +126,11 @@ class Filter(nn.Module):
         return enc.run(h_s, src.mask, m + k), enc.run(h_t, tgt.mask, m + k)  # Eq. 3
 
     def predict(self, pair):
-        return mask_padding(self.family, self.head(self.encode(pair.src, pair.tgt)[1]), pair.tgt.mask)
+        return self.head(self.encode(pair.src, pair.tgt)[1], pair.tgt.mask)
 
     def loss(self, pair):
         h_s, h_t = self.encode(pair.src, pair.tgt)
-        p_s = mask_padding(self.family, self.head(h_s), pair.src.mask)
-        p_t = mask_padding(self.family, self.head(h_t), pair.tgt.mask)
+        p_s, p_t = self.head(h_s, pair.src.mask), self.head(h_t, pair.tgt.mask)
         loss_s = per_example_loss(self.family, p_s, pair.src.labels)
         # tagging has no labels on the translated side (lambda = 0)
         loss_t = 0.0 if self.family == 'tagging' else per_example_loss(self.family, p_t, pair.tgt.labels)
@@ -137,8 +138,7 @@ class Filter(nn.Module):
             loss = loss_s + loss_t
             return loss.mean(), {'loss': loss.mean().item()}
         lam = 0.0 if self.family == 'tagging' else 1 - self.kl_weight
-        p_teacher = torch.nn.utils.rnn.pad_sequence([self.p_teacher[i] for i in pair.tgt.index], batch_first=True)
-        kl = kl_per_example(self.family, p_teacher.to(p_t.device), p_t, pair.tgt.first)
+        kl = teacher_kl(self.family, self.p_teacher, pair.tgt, p_t)
         loss = loss_s + lam * loss_t + (1 - lam) * kl  # Eq. 6
         return loss.mean(), {'loss': loss.mean().item(), 'kl': kl.mean().item()}
 
@@ -230,26 +230,22 @@ class XMixup(nn.Module):
         labels = None if s.labels is None else pick(s.labels, r.labels, IGNORE if self.family == 'tagging' else None)
         return Batch(pick(s.ids, r.ids, 1), pick(s.mask, r.mask, False), labels, s.index), real.float().mean().item()
 
-    def logits(self, h, mask):
-        return mask_padding(self.family, self.head(h), mask)
-
     def predict(self, pair):
         if not self.mixup_inference:  # the ablation: the target alone through the plain encoder
-            return self.logits(self.encoder(pair.tgt.ids, pair.tgt.mask), pair.tgt.mask)
+            return self.head(self.encoder(pair.tgt.ids, pair.tgt.mask), pair.tgt.mask)
         h_s, h_t, _ = self.encode(pair.src, pair.tgt)
-        p_t = self.logits(h_t, pair.tgt.mask)
+        p_t = self.head(h_t, pair.tgt.mask)
         if self.family != 'classification':
             return p_t
-        return (p_t.softmax(-1) + self.logits(h_s, pair.src.mask).softmax(-1)) / 2  # mean of both sides
+        return (p_t.softmax(-1) + self.head(h_s, pair.src.mask).softmax(-1)) / 2  # mean of both sides
 
     def loss(self, pair):
         src, real_share = self.scheduled_source(pair)
         h_s, h_t, lam = self.encode(src, pair.tgt)
-        p_s, p_t = self.logits(h_s, src.mask), self.logits(h_t, pair.tgt.mask)
+        p_s, p_t = self.head(h_s, src.mask), self.head(h_t, pair.tgt.mask)
         loss_s = per_example_loss(self.family, p_s, src.labels)
         if self.family == 'tagging':  # no labels on T: a source-language model's label distribution instead
-            p_teacher = torch.nn.utils.rnn.pad_sequence([self.p_teacher[i] for i in pair.tgt.index], batch_first=True)
-            loss_t = kl_per_example(self.family, p_teacher.to(p_t.device), p_t, pair.tgt.first)
+            loss_t = teacher_kl(self.family, self.p_teacher, pair.tgt, p_t)
         else:
             loss_t = per_example_loss(self.family, p_t, pair.tgt.labels)
         mse = F.mse_loss(mean_pool(h_s, src.mask), mean_pool(h_t, pair.tgt.mask), reduction='none').float().mean(-1)

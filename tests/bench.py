@@ -107,7 +107,7 @@ def filter_bench(cfg, args, device):
     pair = data.Pair(*(data.Batch(x, torch.ones_like(x, dtype=torch.bool), labels) for x in (ids(), ids())))
 
     def apart():  # translate-train on both sides: the encoder on S, then on T
-        loss = sum(xlt.per_example_loss('classification', model.head(encoder(b.ids, b.mask)), b.labels).mean()
+        loss = sum(xlt.per_example_loss('classification', model.head(encoder(b.ids, b.mask), b.mask), b.labels).mean()
                    for b in (pair.src, pair.tgt))
         return loss
 

@@ -117,13 +117,15 @@ def test_inference_variants():
     m, p = model(), pair()
     with torch.no_grad():
         h_s, h_t, _ = m.encode(p.src, p.tgt)
-        mean = (m.head(h_t).softmax(-1) + m.head(h_s).softmax(-1)) / 2
+        mean = (m.head(h_t, p.tgt.mask).softmax(-1) + m.head(h_s, p.src.mask).softmax(-1)) / 2
         assert torch.allclose(m.predict(p), mean, atol=1e-6)  # classification: both sides' distributions
         m.mixup_inference = False
-        assert torch.allclose(m.predict(p), m.head(m.encoder(p.tgt.ids, p.tgt.mask)), atol=1e-6)
+        assert torch.allclose(m.predict(p), m.head(m.encoder(p.tgt.ids, p.tgt.mask), p.tgt.mask), atol=1e-6)
     q = model(task='xquad')
     with torch.no_grad():
-        assert torch.allclose(q.predict(p), xlt.mask_padding('qa', q.head(q.encode(p.src, p.tgt)[1]), p.tgt.mask))
+        h_t = q.encode(p.src, p.tgt)[1]
+        expected = q.head.out(h_t).masked_fill(~p.tgt.mask[..., None], float('-inf'))  # padding out of the softmax
+        assert torch.equal(q.predict(p), expected)
 
 
 def test_xmixup_end_to_end(tmp_path, capsys):
