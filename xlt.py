@@ -93,6 +93,11 @@ class Baseline(nn.Module):
         return self.loss(batch)
 
 
+def scale_depth(n, n_layer):
+    """A layer count or index the papers give for XLM-R large (24 layers), at another depth."""
+    return min(n_layer, max(1, round(n * n_layer / 24)))
+
+
 class Filter(nn.Module):
     """FILTER (filter.txt): a source text S and its translation T are encoded apart by m local
     layers (Eq. 1), together by k fusion layers over [H_s; H_t] (Eq. 2) and apart again by the
@@ -110,7 +115,7 @@ class Filter(nn.Module):
         m, k, kl_weight = self.DEFAULTS[self.family]
         L = encoder.cfg.n_layer
         self.m = m if getattr(args, 'm', None) is None else args.m
-        self.k = min(max(1, round(k * L / 24)), L - self.m) if getattr(args, 'k', None) is None else args.k
+        self.k = min(scale_depth(k, L), L - self.m) if getattr(args, 'k', None) is None else args.k
         self.kl_weight = kl_weight if getattr(args, 'kl_weight', None) is None else args.kl_weight
         if self.k + self.m > L or min(self.k, self.m) < 0:
             raise ValueError(f'--k {self.k} + --m {self.m} does not fit the model\'s {L} layers: choose k + m <= {L}')
@@ -175,7 +180,7 @@ class XMixup(nn.Module):
         self.encoder, self.family = encoder, TASKS[task].family
         layer, alpha, p_k = self.DEFAULTS[self.family]
         L = encoder.cfg.n_layer
-        self.layer = getattr(args, 'mixup_layer', None) or min(L, max(1, round(layer * L / 24)))
+        self.layer = getattr(args, 'mixup_layer', None) or scale_depth(layer, L)
         if not 1 <= self.layer <= L:
             raise ValueError(f'--mixup_layer {self.layer} is not a layer of the model (1 to {L})')
         self.alpha, self.p_k, self.lambda_0 = alpha, getattr(args, 'p_k', None) or p_k, 0.5
