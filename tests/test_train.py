@@ -69,7 +69,7 @@ def test_ddp_on_two_processes_equals_one_process(tmp_path, demo_data):
     common = ['--task', 'pawsx', '--epochs', '1', '--batch_size', '16', '--eval_batch_size', '128']
     os.makedirs(tmp_path / 'ddp')
     os.symlink(demo_data, tmp_path / 'ddp' / 'demo-data')
-    subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', '29533',
+    subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2',
                     'train.py', '--demo', '--out', str(tmp_path / 'ddp'), *common], cwd=ROOT, check=True,
                    capture_output=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     one = run(tmp_path / 'one', demo_data, *common, '--grad_accum', '2')
