@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import sentencepiece as spm
 import torch
+from tqdm import tqdm
 
 from layers import atomic_write
 
@@ -341,6 +342,11 @@ class Feature:
     max_context: list = None
 
 
+def progress(examples, what):
+    """A progress bar over a long list (a real training set); none for small ones."""
+    return tqdm(examples, desc=what, leave=False, disable=len(examples) < 5000)
+
+
 def truncate_pair(a, b, budget):
     """Longest-first truncation of two id lists to at most `budget` ids together."""
     la, lb = len(a), len(b)
@@ -352,7 +358,7 @@ def truncate_pair(a, b, budget):
 def classification_features(tok, task, examples, max_len=128):
     labels = TASKS[task].labels
     feats = []
-    for n, ex in enumerate(examples):
+    for n, ex in enumerate(progress(examples, 'features')):
         a, b = truncate_pair(tok.encode(ex['a']), tok.encode(ex['b']), max_len - 4)
         feats.append(Feature(tok.encode_pair(a, b), None if ex['label'] is None else labels.index(ex['label']), n))
     return feats
@@ -362,7 +368,7 @@ def tagging_features(tok, task, examples, max_len=128):
     """<s> words </s>, each word's label on its first sub-word; a sentence longer than max_len is
     cut, between words, into several features."""
     labels, feats = TASKS[task].labels, []
-    for n, ex in enumerate(examples):
+    for n, ex in enumerate(progress(examples, 'features')):
         pieces = [p[:max_len - 2] for p in tok.encode_words(ex['words'])]
         start = 0
         while start == 0 or start < len(pieces):
@@ -392,7 +398,7 @@ def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=Fals
     answer is not inside the window); answer boundaries are made token boundaries, so that
     the tokens give back exactly the answer's characters, in scripts without spaces too."""
     feats = []
-    for n, ex in enumerate(examples):
+    for n, ex in enumerate(progress(examples, 'QA windows')):
         answer = ex['answers'][0] if ex['answers'] else None
         a0 = answer and answer['answer_start']
         a1 = answer and a0 + len(answer['text'])
