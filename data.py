@@ -194,13 +194,15 @@ def read_pairs(path, task, translated=False):
     csv quoting (quotes around fields that hold a '"'), undone here. Translation files hold
     'a b a' b' [label]' (original pair, then its translation): -> (original, translation) pairs."""
     width = (4, 5) if translated else (2, 3)
-    out = []
+    out, columns = [], None
     with open(need(path, f'get the {task} data (python data.py download --task {task})'), encoding='utf-8-sig', newline='') as f:
         reader = csv.reader(f, delimiter='\t', quoting=csv.QUOTE_NONE if translated else csv.QUOTE_MINIMAL)
         for row in reader:
-            if len(row) not in width:
+            columns = columns or len(row)
+            if len(row) not in width or len(row) != columns:
                 raise DataError(f'{path}, line {reader.line_num}: {len(row)} tab-separated columns, expected '
-                                f'{" or ".join(map(str, width))}; fix or remove the line')
+                                f'{columns if columns in width else " or ".join(map(str, width))} as in the '
+                                'rest of the file; fix or remove the line')
             label = check_label(task, row[-1], path, reader.line_num) if len(row) == width[1] else None
             ex = [{'a': row[i], 'b': row[i + 1], 'label': label} for i in range(0, len(row) - 1, 2)]
             out.append(tuple(ex) if translated else ex[0])
@@ -335,7 +337,6 @@ class Feature:
     label: object = None  # class index | tag id per token (IGNORE but on first sub-words) | (start, end) token
     example: int = 0  # index of the example it came from
     words: list = None  # tagging: position of each word's first sub-word
-    first_word: int = 0  # tagging: index of this feature's first word in its sentence
     qid: str = None  # QA windows: question id, the context, each token's character span in it
     context: str = None  # (None off the context), and whether this window is the token's fullest
     spans: list = None
@@ -378,7 +379,7 @@ def tagging_features(tok, task, examples, max_len=128):
                 tags += [labels.index(ex['tags'][end]) if ex['tags'] else IGNORE] + [IGNORE] * (len(pieces[end]) - 1)
                 ids += pieces[end]
                 end += 1
-            feats.append(Feature(ids + [tok.eos], tags + [IGNORE], n, words, start))
+            feats.append(Feature(ids + [tok.eos], tags + [IGNORE], n, words))
             start = end
     return feats
 
@@ -395,8 +396,9 @@ def word_predictions(features, token_preds, n_examples):
 def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=False):
     """Sliding windows <s> question </s></s> context part </s> over each context, window starts
     `stride` tokens apart. Training labels are the answer's first and last tokens (0, 0 when the
-    answer is not inside the window); answer boundaries are made token boundaries, so that
-    the tokens give back exactly the answer's characters, in scripts without spaces too."""
+    answer is not inside the window); in training the answer's boundaries are made token
+    boundaries, so that the tokens give back exactly its characters, in scripts without spaces
+    too. Evaluation tokenizes without looking at any answer."""
     feats = []
     for n, ex in enumerate(progress(examples, 'QA windows')):
         answer = ex['answers'][0] if ex['answers'] else None
@@ -404,9 +406,9 @@ def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=Fals
         a1 = answer and a0 + len(answer['text'])
         if train and (answer is None or ex['context'][a0:a1] != answer['text']):
             continue  # no answer, or one that is not where the file says: nothing to learn from
-        query = tok.encode(ex['question'])[:max_query]
-        ctx, spans = tok.encode_with_spans(ex['context'], (a0, a1) if answer else ())
-        if answer:  # first and last token holding answer characters
+        query = tok.encode(ex['question'])[:min(max_query, max_len - 5)]  # at least one context token a window
+        ctx, spans = tok.encode_with_spans(ex['context'], (a0, a1) if train else ())  # evaluation reads blind
+        if answer and train:  # first and last token holding answer characters
             inside = [p for p, (s, e) in enumerate(spans) if s < e and s < a1 and e > a0]
             first, last = (inside[0], inside[-1]) if inside else (-1, -1)
         budget, offset, windows = max_len - len(query) - 4, 0, []
@@ -425,7 +427,7 @@ def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=Fals
         head = [tok.bos] + query + [tok.eos, tok.eos]
         for w, (start, length) in enumerate(windows):
             label = None
-            if answer:
+            if answer and train:
                 within = start <= first and last < start + length
                 label = (first - start + len(head), last - start + len(head)) if within else (0, 0)
             feats.append(Feature(head + ctx[start:start + length] + [tok.eos], label, n, qid=ex['id'],
@@ -457,8 +459,8 @@ def pair_features(tok, task, pairs, max_len=None, train=False):
             by_example.setdefault(f.example, []).append(f)
         sides.append(by_example)
     out = []
-    for n in sorted(set.intersection(*(set(s) for s in sides))):
-        lists = [s[n] for s in sides]
+    for n in sorted(set(sides[0]) & set(sides[1])):  # a round trip without features falls back to the source
+        lists = [s.get(n, sides[0][n]) for s in sides]
         count = max(map(len, lists)) if train else len(lists[1])
         out += [tuple(f[min(i, len(f) - 1)] for f in lists) for i in range(count)]
     return out
@@ -678,7 +680,7 @@ def demo_files(task, split, rows):
             elif family == 'tagging':
                 files[path] = tagged(trans, split != 'test')
             elif path and (split != 'dev' or task == 'mlqa'):
-                files[path] = squad(trans, blank=split == 'test')
+                files[path] = squad(trans)  # translated with their answers, as XTREME's translate-test sets
     return files
 
 

@@ -19,7 +19,7 @@ from collections import Counter
 import torch
 
 from data import GROUPS, TASKS, Feature, collate, languages, length_batches
-from layers import atomic_write
+from layers import atomic_write, mean_pool
 
 
 class EvalError(ValueError):
@@ -243,12 +243,13 @@ def write_predictions(folder, task, lang, preds):
 # ----------------------------------------------------------------------------------------
 # From model outputs to predictions.
 
-def decode_qa(windows, start_logits, end_logits, n_best=20, max_answer_len=30):
+def decode_qa(windows, start_logits, end_logits, max_answer_len=30):
     """Best answer per question over all its windows -> {question id: answer text}.
     A span (i, j) is valid when both ends are context tokens, i <= j < i + max_answer_len and
-    token i has its fullest context in this window; the n_best highest start + end scores of
-    each window compete across windows, and the winner is cut from the original context by
-    character offsets. windows: features from data.qa_features; logits: one (T,) tensor each."""
+    token i has its fullest context in this window; the valid span with the highest start + end
+    score wins across windows and is cut from the original context by character offsets. (The
+    reference scripts search only the 20 best starts x 20 best ends; here every valid span is
+    scored at once.) windows: features from data.qa_features; logits: one (T,) tensor each."""
     best = {}
     for w, s, e in zip(windows, start_logits, end_logits):
         T = len(w.ids)
@@ -256,34 +257,23 @@ def decode_qa(windows, start_logits, end_logits, n_best=20, max_answer_len=30):
         context = torch.tensor([span is not None for span in w.spans])
         valid = (context & torch.tensor(w.max_context))[:, None] & context[None, :]
         valid &= torch.ones(T, T, dtype=torch.bool).triu().tril(max_answer_len - 1)
-        scores = (s[:, None] + e[None, :]).masked_fill(~valid, float('-inf')).flatten()
-        top, where = scores.topk(min(n_best, scores.numel()))
-        for score, k in zip(top.tolist(), where.tolist()):
-            if score == float('-inf'):
-                break
-            i, j = divmod(k, T)
-            if score > best.get(w.qid, (float('-inf'), ''))[0]:
-                best[w.qid] = (score, w.context[w.spans[i][0]:w.spans[j][1]])
+        score, k = (s[:, None] + e[None, :]).masked_fill(~valid, float('-inf')).flatten().max(0)
+        i, j = divmod(k.item(), T)
+        if score.item() > best.get(w.qid, (float('-inf'), ''))[0]:
+            best[w.qid] = (score.item(), w.context[w.spans[i][0]:w.spans[j][1]])
     return {qid: text for qid, (score, text) in best.items()}
-
-
-def mean_pool(encoder, ids, mask, layer):
-    """Mean over real tokens of the hidden states after `layer` blocks (0 = embeddings)."""
-    h = encoder.run(encoder.embed(ids), mask, 0, layer)
-    m = mask.unsqueeze(-1).to(h.dtype)
-    return (h * m).sum(1) / m.sum(1)
 
 
 @torch.no_grad()
 def embed_texts(encoder, tok, texts, layer, batch_size, device):
-    """Mean-pooled hidden states after `layer` blocks of each text (<s> text </s>), on the CPU."""
+    """Mean-pooled hidden states after `layer` blocks (0: the embeddings) of each text (<s> text </s>)."""
     longest = encoder.cfg.max_positions - encoder.cfg.pad_id - 3
     feats = [Feature(tok.encode_pair(ids[:longest])) for ids in (tok.encode(t) for t in texts)]
     out = torch.zeros(len(texts), encoder.cfg.dim)
     encoder.eval()
     for index in length_batches(feats, batch_size):
         b = collate([feats[i] for i in index]).to(device)
-        out[index] = mean_pool(encoder, b.ids, b.mask, layer).float().cpu()
+        out[index] = mean_pool(encoder.run(encoder.embed(b.ids), b.mask, 0, layer), b.mask).float().cpu()
     return out
 
 

@@ -66,7 +66,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)  # one matmul for q, k and v
         self.out = nn.Linear(cfg.dim, cfg.dim)
 
-    def forward(self, x, mask=None, memory=None, causal=False, return_probs=False):
+    def forward(self, x, mask=None, memory=None, causal=False, return_scores=False):
         B, T, D = x.shape
         if memory is None:
             q, k, v = self.qkv(x).split(D, dim=2)
@@ -77,16 +77,14 @@ class Attention(nn.Module):
         q, k, v = (t.view(B, -1, self.n_head, D // self.n_head).transpose(1, 2) for t in (q, k, v))
         allowed = attention_mask(mask, causal, T, k.size(2), x.device)
         p = self.p if self.training else 0.0
-        if return_probs:  # slow path: the probabilities themselves are wanted (X-Mixup's entropy)
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
-            if allowed is not None:
-                scores = scores.masked_fill(~allowed, float('-inf'))
-            probs = scores.softmax(dim=-1)
-            y = F.dropout(probs, p, self.training) @ v
+        if return_scores:  # slow path: a method wants the attention itself (X-Mixup's entropy)
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, heads, T, S), before masking
+            masked = scores if allowed is None else scores.masked_fill(~allowed, float('-inf'))
+            y = F.dropout(masked.softmax(dim=-1), p, self.training) @ v
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p)
         y = self.out(y.transpose(1, 2).reshape(B, T, D))
-        return (y, probs) if return_probs else y
+        return (y, scores) if return_scores else y
 
 
 class FFN(nn.Module):
@@ -161,6 +159,12 @@ class Encoder(nn.Module):
         if mask is None:
             mask = ids.ne(self.cfg.pad_id)
         return self.run(self.embed(ids), mask)
+
+
+def mean_pool(h, mask):
+    """Mean of the hidden states h (B, T, H) over the real tokens of mask (B, T)."""
+    m = mask.unsqueeze(-1).to(h.dtype)
+    return (h * m).sum(1) / m.sum(1)
 
 
 class MLMHead(nn.Module):
@@ -255,13 +259,14 @@ def fold_tied(sd):
         if t.size(0) != 1:
             raise CheckpointError(f'token_type_embeddings has {t.size(0)} rows; XLM-R has 1 and this model adds no segment ids')
         sd['enc.pos.weight'] = sd['enc.pos.weight'] + t[0]
-    for copy, original in {'tied.weight': 'enc.tok.weight', 'tied.bias': 'mlm.bias'}.items():
+    tied = {'tied.weight': 'enc.tok.weight', 'tied.bias': 'mlm.bias', 'mlm.weight': 'enc.tok.weight'}  # fairseq: mlm.weight
+    for copy, original in tied.items():
         if copy in sd:
             t = sd.pop(copy)
             if original not in sd:
                 sd[original] = t
             elif not torch.equal(t, sd[original]):
-                raise CheckpointError(f'the MLM decoder {copy[5:]} differs from {original}; this model ties them')
+                raise CheckpointError(f'the MLM decoder {copy.split(".")[1]} differs from {original}; this model ties them')
     if any(k.startswith('mlm.') for k in sd) and 'enc.tok.weight' in sd:
         sd['mlm.weight'] = sd['enc.tok.weight']
 
@@ -271,17 +276,21 @@ def read_safetensors(path):
     dtypes = {'F64': torch.float64, 'F32': torch.float32, 'F16': torch.float16, 'BF16': torch.bfloat16,
               'I64': torch.int64, 'I32': torch.int32, 'I16': torch.int16, 'I8': torch.int8,
               'U8': torch.uint8, 'BOOL': torch.bool}
+    size = os.path.getsize(path)
     with open(path, 'rb') as f:
-        (n,) = struct.unpack('<Q', f.read(8))
         try:
+            (n,) = struct.unpack('<Q', f.read(8))
             header = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (struct.error, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise CheckpointError(f'{path} is not a safetensors file (bad header: {e})')
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     sd = {}
     for name, info in header.items():
         if name == '__metadata__':
             continue
+        if info['dtype'] not in dtypes or 8 + n + info['data_offsets'][1] > size:
+            raise CheckpointError(f'{path}: tensor {name} has dtype {info["dtype"]} or ends past the file '
+                                  f'(truncated?): re-download or re-save it')
         (begin, end), dtype = info['data_offsets'], dtypes[info['dtype']]
         count = (end - begin) // torch.empty(0, dtype=dtype).element_size()
         t = torch.frombuffer(buf, dtype=dtype, count=count, offset=8 + n + begin) if count else torch.empty(0, dtype=dtype)

@@ -94,6 +94,9 @@ def parse_args(argv=None):
         args.epochs = (15 if qa else DEMO['epochs']) if args.demo else (2 if args.task in ('xquad', 'mlqa') else 4)
     args.batch_size = args.batch_size or demo.get('batch_size', 64)
     args.max_len = args.max_len or (384 if data.TASKS[args.task].family == 'qa' else 128)
+    longest = layers.CONFIGS['base'].max_positions - layers.CONFIGS['base'].pad_id - 1
+    if not 8 <= args.max_len <= longest:
+        fail(f'--max_len {args.max_len} is outside 8 to {longest} tokens (XLM-R\'s positions): choose a length in it')
     args.out = args.out or os.path.join('runs', f'{args.task}-{args.method}{"-demo" if args.demo else ""}')
     return args
 
@@ -157,7 +160,7 @@ def target_langs(args):
     return [lang for lang in data.languages(args.task, data.is_demo(args.data_dir)) if lang != 'en']
 
 
-def training_items(args, tok, method):
+def training_items(args, tok, method, rank=0):
     """Training features, or (English, translation) feature pairs for paired methods."""
     train_on = xlt.METHODS[args.method][1]
     langs = [args.train_lang] if train_on == 'translation' else target_langs(args)
@@ -172,7 +175,7 @@ def training_items(args, tok, method):
             if method.round_trip and trip is None:
                 missing.append(lang)
             tuples += [(e, t) + ((r,) if method.round_trip else ()) for (e, t), r in zip(pairs[lang], trip or [e for e, _ in pairs[lang]])]
-        if missing and rank_zero():
+        if missing and rank == 0:
             print(f'warning: no round-trip data for {args.task} in {", ".join(missing)} (see the README): '
                   'scheduled sampling feeds the real English text there')
         return data.pair_features(tok, args.task, tuples, args.max_len, train=True)
@@ -337,14 +340,17 @@ def train_step(model, items, batch, args, step, rank, world, device, collate):
     chunk c goes to process c % world and seeds its own dropout, so any split of the same
     global batch over processes and micro-steps computes the same gradient."""
     chunks = np.array_split(np.array(batch), world * args.grad_accum)
+    mine = sum(len(chunks[a * world + rank]) for a in range(args.grad_accum))
     logs = {}
     for a in range(args.grad_accum):
         c = a * world + rank
         torch.manual_seed(args.seed * 1_000_003 + step * 1009 + c)
         sync = a == args.grad_accum - 1 or not isinstance(model, DDP)
         with (nullcontext() if sync else model.no_sync()), autocast(device):
-            loss, logs = model(collate([items[i] for i in chunks[c]], chunks[c].tolist()).to(device))
+            loss, chunk_logs = model(collate([items[i] for i in chunks[c]], chunks[c].tolist()).to(device))
         (loss * len(chunks[c]) * world / len(batch)).backward()
+        for k, v in chunk_logs.items():  # this process's micro-batches, weighted by their size
+            logs[k] = logs.get(k, 0.0) + v * len(chunks[c]) / mine
     return logs
 
 
@@ -372,82 +378,125 @@ def build_method(args, encoder, device):
 
 
 def run(args, rank, world, device):
+    if args.grad_accum < 1 or args.batch_size < world * args.grad_accum:
+        fail(f'--batch_size {args.batch_size} cannot be cut into {world} processes x --grad_accum {args.grad_accum}: '
+             'raise --batch_size or lower --grad_accum')
     os.makedirs(args.out, exist_ok=True)
     tok = prepare_data(args, rank)
     encoder = build_encoder(args, tok)
     if data.TASKS[args.task].family == 'retrieval':
         preds = retrieval(args, encoder.to(device), tok, device) if rank == 0 else {}
         return finish(args, {}, test_results(args, preds, rank), rank)
+    torch.manual_seed(args.seed)  # the head's initialisation follows --seed, with --init too
     method = build_method(args, encoder, device)
+    check_eval_files(args, method)
     if rank == 0:
         layers.atomic_write(os.path.join(args.out, 'config.json'), json.dumps(vars(args), indent=2))
     best_path, last_path = os.path.join(args.out, 'best.pt'), os.path.join(args.out, 'last.pt')
     if not args.eval_only:
+        items = training_items(args, tok, method, rank)
+        if not items:
+            fail(f'no training examples for {args.task} in {args.data_dir}')
         if (args.self_teach or args.teacher) and (args.method != 'xmixup' or method.family == 'tagging'):
-            method.p_teacher = teacher_probabilities(args, tok, rank, world, device, method)
+            method.p_teacher = teacher_probabilities(args, tok, rank, world, device, method, items)
         elif args.method == 'xmixup' and method.family == 'tagging':
             fail('X-Mixup on tagging learns T from a source-language model\'s labels: pass --teacher RUN '
                  '(a finished zeroshot run) or --self_teach to train one first')
-        train(method, args, tok, device, rank, world, best_path, last_path)
+        train(method, items, args, tok, device, rank, world, best_path, last_path)
     if os.path.exists(best_path):
-        method.load_state_dict(torch.load(best_path, map_location=device, weights_only=True)['method'])
+        method.load_state_dict(load_checkpoint(best_path, args, device)['method'])
+    elif args.eval_only and not args.init:
+        fail(f'{best_path} not found: --eval_only evaluates a finished run in --out (or the --init weights)')
     dev, _ = evaluate(method, args, tok, 'dev', device, rank, world)
-    _, test_preds = evaluate(method, args, tok, 'test', device, rank, world)
-    finish(args, dev, test_results(args, test_preds, rank), rank)
+    test, test_preds = evaluate(method, args, tok, 'test', device, rank, world)
+    scored = test_results(args, test_preds, rank)
+    if args.translate_test and method.family == 'qa':  # English answers: scored on the translations' answers
+        scored = {**scored, **{lang: s for lang, s in test.items() if lang != 'en'}}
+    finish(args, dev, scored, rank)
 
 
-def teacher_probabilities(args, tok, rank, world, device, method):
+def check_eval_files(args, method):
+    """Every file evaluation will read exists, before any training: one line names the first missing."""
+    for split in ('dev', 'test'):
+        for lang in data.languages(args.task, data.is_demo(args.data_dir)):
+            path = data.split_path(args.data_dir, args.task, split, lang)
+            if split == 'dev' and not (path and os.path.exists(path)):
+                continue  # no dev set in this language
+            data.need(path, f'get the {args.task} data (python data.py download --task {args.task})')
+            if lang != 'en' and (method.paired or args.translate_test):
+                data.need(data.split_path(args.data_dir, args.task, f'translate-{split}', lang),
+                          f'{args.method}{" with --translate_test" if args.translate_test else ""} needs '
+                          f'translate-{split} files for {lang} (see the README\'s data layout)')
+
+
+def identity(args):
+    """What a checkpoint must match to be loaded into this run."""
+    return {'method': args.method, 'task': args.task, 'model': args.model}
+
+
+def load_checkpoint(path, args, device):
+    ckpt = torch.load(path, map_location=device, weights_only=True)
+    found = ckpt.get('identity', {})
+    if found != identity(args):
+        fail(f'{path} holds {found.get("method")} on {found.get("task")} with the {found.get("model")} preset, '
+             f'not {args.method} on {args.task} with {args.model}: use another --out')
+    return ckpt
+
+
+def teacher_probabilities(args, tok, rank, world, device, method, items):
     """Soft labels for the target side of every training item, predicted once by a teacher and
-    written to <teacher>/p_teacher.pt, then read back. FILTER's self-teaching (Algorithm 1): a
-    FILTER teacher; X-Mixup on tagging: a source-language (zero-shot) model. The teacher is
-    trained first into --out/teacher with --self_teach, or is the finished run --teacher."""
+    written to --out/p_teacher.pt, then read back. FILTER's self-teaching (Algorithm 1): a FILTER
+    teacher; X-Mixup on tagging: a source-language (zero-shot) model. The teacher is trained
+    first into --out/teacher with --self_teach, or is the finished run --teacher."""
     if not hasattr(method, 'p_teacher'):
         fail(f'--self_teach and --teacher belong to FILTER and X-Mixup, not to {args.method}')
+    predicted = [item[1] for item in items]
+    path = os.path.join(args.out, 'p_teacher.pt')
+    stored = torch.load(path, weights_only=True) if os.path.exists(path) else None
+    aligned = lambda probs: len(probs) == len(items) and all(
+        method.family == 'classification' or len(p) == len(f.ids) for p, f in zip(probs, predicted))
+    if stored is not None and aligned(stored):
+        return stored
     folder = args.teacher or os.path.join(args.out, 'teacher')
-    path = os.path.join(folder, 'p_teacher.pt')
-    if not os.path.exists(path):
-        if not os.path.exists(os.path.join(folder, 'results.json')):
-            if args.teacher:
-                fail(f'{folder} is not a finished run (no results.json): train the teacher first')
-            teacher_args = {**vars(args), 'method': method.teacher_method, 'out': folder, 'self_teach': False,
-                            'teacher': None, 'demo': False}
-            run(argparse.Namespace(**teacher_args), rank, world, device)  # the same data and settings
-        with open(os.path.join(folder, 'config.json')) as f:
-            config = json.load(f)
-        t_args = argparse.Namespace(**{**vars(args), **{k: config.get(k) for k in ('method', 'm', 'k', 'mixup_layer')}})
-        teacher = build_method(t_args, build_encoder(t_args, tok), device)
-        teacher.load_state_dict(torch.load(os.path.join(folder, 'best.pt'), map_location=device, weights_only=True)['method'])
-        items = training_items(args, tok, method)
-        items = items if teacher.paired else [item[1] for item in items]  # a single-text teacher reads T alone
-        outputs = outputs_of(teacher, items, collate_items(teacher), args, device, rank, world)
-        save(path, [xlt.probabilities(teacher.family, o) for o in outputs], rank)
-        if dist.is_initialized():
-            dist.barrier()
+    if not os.path.exists(os.path.join(folder, 'results.json')):
+        if args.teacher:
+            fail(f'{folder} is not a finished run (no results.json): train the teacher first')
+        teacher_args = {**vars(args), 'method': method.teacher_method, 'out': folder, 'self_teach': False,
+                        'teacher': None, 'demo': False, 'resume': args.resume}
+        run(argparse.Namespace(**teacher_args), rank, world, device)  # the same data and settings
+    with open(os.path.join(folder, 'config.json')) as f:
+        config = json.load(f)
+    if config.get('task') != args.task:
+        fail(f'the teacher {folder} was trained on {config.get("task")}, not {args.task}: give a {args.task} run')
+    t_args = argparse.Namespace(**{**vars(args), **{k: config.get(k) for k in ('method', 'task', 'model', 'm', 'k', 'mixup_layer')}})
+    ckpt = load_checkpoint(os.path.join(folder, 'best.pt'), t_args, device)
+    teacher = build_method(t_args, layers.Encoder(layers.Config(**ckpt['config'])), device)
+    teacher.load_state_dict(ckpt['method'])
+    items = items if teacher.paired else predicted  # a single-text teacher reads T alone
+    outputs = outputs_of(teacher, items, collate_items(teacher), args, device, rank, world)
+    save(path, [xlt.probabilities(teacher.family, o) for o in outputs], rank)
+    if dist.is_initialized():
+        dist.barrier()
     return torch.load(path, weights_only=True)
 
 
-def rank_zero():
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def train(method, args, tok, device, rank, world, best_path, last_path):
-    items = training_items(args, tok, method)
-    if not items:
-        fail(f'no training examples for {args.task} in {args.data_dir}')
+def train(method, items, args, tok, device, rank, world, best_path, last_path):
     collate = collate_items(method)
     chunks = world * args.grad_accum
     per_epoch = len(global_batches(len(items), args, 0, chunks))
     opt, sched = optimizer_and_schedule(method, args, per_epoch * args.epochs)
     model = DDP(method, device_ids=[device.index] if device.type == 'cuda' else None) if world > 1 else method
     state = {'step': 0, 'epoch': 0, 'best': float('-inf')}
+    if args.resume and not os.path.exists(last_path) and rank == 0:
+        print(f'note: {last_path} not found: starting from the beginning')
     if args.resume and os.path.exists(last_path):
-        ckpt = torch.load(last_path, map_location=device, weights_only=True)
+        ckpt = load_checkpoint(last_path, args, device)
         method.load_state_dict(ckpt['method'])
         opt.load_state_dict(ckpt['optimizer'])
         sched.load_state_dict(ckpt['schedule'])
         state = ckpt['state']
         torch.set_rng_state(ckpt['rng'])
-    log = open(os.path.join(args.out, 'log.jsonl'), 'a') if rank == 0 else None
+    log = open(os.path.join(args.out, 'log.jsonl'), 'a' if state['step'] else 'w') if rank == 0 else None
     started = time.time()
     while state['epoch'] < args.epochs:
         batches = global_batches(len(items), args, state['epoch'], chunks)
@@ -469,7 +518,7 @@ def train(method, args, tok, device, rank, world, best_path, last_path):
                                       'time': round(time.time() - started, 2), **logs}) + '\n')
                 log.flush()
             if state['step'] % args.save_every == 0 and state['step'] % per_epoch:
-                save(last_path, checkpoint(method, opt, sched, state), rank)
+                save(last_path, checkpoint(method, opt, sched, state, args), rank)
             if args.halt_after and state['step'] == args.halt_after:
                 os._exit(3)  # as if killed
         bar.close()
@@ -479,17 +528,17 @@ def train(method, args, tok, device, rank, world, best_path, last_path):
         if score > state['best']:
             state['best'] = float(score)
             save(best_path, {'config': method.encoder.cfg.__dict__, 'encoder': method.encoder.state_dict(),
-                             'method': method.state_dict()}, rank)
+                             'method': method.state_dict(), 'identity': identity(args)}, rank)
         if log:
             log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': {k: v['score'] for k, v in dev.items()},
                                   'dev_avg': float(score)}) + '\n')
             log.flush()
-        save(last_path, checkpoint(method, opt, sched, state), rank)
+        save(last_path, checkpoint(method, opt, sched, state, args), rank)
 
 
-def checkpoint(method, opt, sched, state):
+def checkpoint(method, opt, sched, state, args):
     return {'method': method.state_dict(), 'optimizer': opt.state_dict(), 'schedule': sched.state_dict(),
-            'state': dict(state), 'rng': torch.get_rng_state()}
+            'state': dict(state), 'rng': torch.get_rng_state(), 'identity': identity(args)}
 
 
 def finish(args, dev, test, rank):
@@ -500,7 +549,8 @@ def finish(args, dev, test, rank):
     results = {'task': args.task, 'method': args.method, 'dev': summary(dev), 'test': summary(test),
                'test_metrics': test, 'dev_metrics': dev}
     layers.atomic_write(os.path.join(args.out, 'results.json'), json.dumps(results, indent=2))
-    table = ev.format_table({f'{split} ({args.task})': results[split] for split in ('dev', 'test') if results[split]})
+    rows = {f'{split} ({args.task})': results[split] for split in ('dev', 'test') if results[split]}
+    table = ev.format_table(rows) if rows else 'no labels to score against: predictions written only'
     layers.atomic_write(os.path.join(args.out, 'results.txt'), table + '\n')
     print(table)
     print(f'results in {args.out}/results.json; predictions in {args.out}/predictions/')

@@ -12,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from data import IGNORE, TASKS, Batch
+from layers import mean_pool
 
 
 class Head(nn.Module):
@@ -100,8 +101,8 @@ def scale_depth(n, n_layer):
 
 class Filter(nn.Module):
     """FILTER (filter.txt): a source text S and its translation T are encoded apart by m local
-    layers (Eq. 1), together by k fusion layers over [H_s; H_t] (Eq. 2) and apart again by the
-    L - k - m domain layers (Eq. 3): one set of weights, one head on both sides. It trains on
+    layers, together by k fusion layers over [H_l^s; H_l^t] (Eq. 1) and apart again by the
+    L - k - m domain layers (Eq. 2-3): one set of weights, one head on both sides. It trains on
     English with its translation and predicts from the target side of (English translation,
     target text). With stored teacher probabilities p_teacher it is the self-taught student."""
     paired, round_trip, teacher_method = True, False, 'filter'
@@ -122,16 +123,17 @@ class Filter(nn.Module):
         self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout)
         self.p_teacher = None  # list of the teacher's target-side probabilities, one per training item
 
-    def encode(self, src, tgt):
+    def encode(self, src, tgt, source_side=True):
         enc, m, k = self.encoder, self.m, self.k
-        h_s = enc.run(enc.embed(src.ids), src.mask, 0, m)  # Eq. 1; each side numbers its own positions
+        h_s = enc.run(enc.embed(src.ids), src.mask, 0, m)  # local layers; each side numbers its own positions
         h_t = enc.run(enc.embed(tgt.ids), tgt.mask, 0, m)
-        fused = enc.run(torch.cat([h_s, h_t], 1), torch.cat([src.mask, tgt.mask], 1), m, m + k)  # Eq. 2
+        fused = enc.run(torch.cat([h_s, h_t], 1), torch.cat([src.mask, tgt.mask], 1), m, m + k)  # Eq. 1
         h_s, h_t = fused.split([h_s.size(1), h_t.size(1)], 1)
-        return enc.run(h_s, src.mask, m + k), enc.run(h_t, tgt.mask, m + k)  # Eq. 3
+        h_t = enc.run(h_t, tgt.mask, m + k)  # Eq. 3
+        return (enc.run(h_s, src.mask, m + k) if source_side else None), h_t  # Eq. 2
 
-    def predict(self, pair):
-        return self.head(self.encode(pair.src, pair.tgt)[1], pair.tgt.mask)
+    def predict(self, pair):  # the source side's domain layers are not needed
+        return self.head(self.encode(pair.src, pair.tgt, source_side=False)[1], pair.tgt.mask)
 
     def loss(self, pair):
         h_s, h_t = self.encode(pair.src, pair.tgt)
@@ -151,16 +153,12 @@ class Filter(nn.Module):
         return self.loss(pair)
 
 
-def attention_entropy(probs, query_mask):
-    """Eq. 5: H(A) = -1/I sum_i sum_j A_ij log A_ij per instance, over the I real query tokens,
-    averaged over heads. probs (B, heads, I, J), zero on padded keys."""
+def attention_entropy(scores, query_mask, key_mask):
+    """Eq. 5: H(A) = -1/I sum_i sum_j A_ij log A_ij per instance, A = softmax over the real keys j
+    of scores (B, heads, I, J), averaged over the I real query tokens and over heads."""
+    probs = scores.masked_fill(~key_mask[:, None, None, :], float('-inf')).softmax(-1)
     h = -(probs * probs.clamp_min(1e-30).log()).sum(-1).mean(1)  # (B, I)
     m = query_mask.float()
-    return (h * m).sum(1) / m.sum(1)
-
-
-def mean_pool(h, mask):
-    m = mask.unsqueeze(-1).to(h.dtype)
     return (h * m).sum(1) / m.sum(1)
 
 
@@ -180,13 +178,15 @@ class XMixup(nn.Module):
         self.encoder, self.family = encoder, TASKS[task].family
         layer, alpha, p_k = self.DEFAULTS[self.family]
         L = encoder.cfg.n_layer
-        self.layer = getattr(args, 'mixup_layer', None) or scale_depth(layer, L)
+        given = getattr(args, 'mixup_layer', None)
+        self.layer = scale_depth(layer, L) if given is None else given
         if not 1 <= self.layer <= L:
             raise ValueError(f'--mixup_layer {self.layer} is not a layer of the model (1 to {L})')
         self.alpha, self.p_k, self.lambda_0 = alpha, getattr(args, 'p_k', None) or p_k, 0.5
         self.fixed_lambda = getattr(args, 'fixed_lambda', False)
         self.mixup_inference = not getattr(args, 'no_mixup_inference', False)
-        self.w, self.b = nn.Parameter(torch.ones(1)), nn.Parameter(torch.zeros(1))  # Eq. 5's W and b
+        if not self.fixed_lambda:  # Eq. 5's W and b (none to train with a fixed ratio)
+            self.w, self.b = nn.Parameter(torch.ones(1)), nn.Parameter(torch.zeros(1))
         self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout)
         self.step = 0  # the optimiser step, set by the training loop (Eq. 6 decays with it)
         self.p_teacher = None  # tagging: a source-language model's label distributions on T (pseudo-labels)
@@ -195,19 +195,19 @@ class XMixup(nn.Module):
         """Eq. 6's probability of feeding the real source: inverse sigmoid decay in the batch index."""
         return self.p_k / (self.p_k + math.exp(min(self.step / self.p_k, 700.0)))
 
-    def mixup_ratio(self, probs_ts, probs_st, mask_t, mask_s):
+    def mixup_ratio(self, scores, mask_t, mask_s):
+        """lambda = lambda_0 sigmoid((H(A) + H(A^T)) W + b) from the scores of T attending to S."""
         if self.fixed_lambda:
             return torch.full((mask_t.size(0), 1, 1), self.lambda_0, device=mask_t.device)
-        entropy = attention_entropy(probs_ts, mask_t) + attention_entropy(probs_st, mask_s)  # H(A) + H(A^T)
+        entropy = attention_entropy(scores, mask_t, mask_s) + attention_entropy(scores.transpose(-1, -2), mask_s, mask_t)
         return (self.lambda_0 * torch.sigmoid(entropy * self.w + self.b)).view(-1, 1, 1)
 
     def mix(self, block, x_s, mask_s, x_t, mask_t):
         """The mixup layer on both sides -> (source out, target out, lambda)."""
         a_s, a_t = block.attend(x_s, mask_s), block.attend(x_t, mask_t)  # self-attention (Eq. 2)
         h_s, h_t = block.ln1(a_s), block.ln1(a_t)
-        h_ts, probs_ts = block.attn(h_t, mask_s, memory=h_s, return_probs=True)  # Eq. 3: T queries S
-        _, probs_st = block.attn(h_s, mask_t, memory=h_t, return_probs=True)  # and S queries T, for H(A^T)
-        lam = self.mixup_ratio(probs_ts, probs_st, mask_t, mask_s)
+        h_ts, scores = block.attn(h_t, mask_s, memory=h_s, return_scores=True)  # Eq. 3: T queries S
+        lam = self.mixup_ratio(scores, mask_t, mask_s)
         # Eq. 4; h_T is taken before the sub-layer's LayerNorm, which is the LN of Eq. 4: lambda = 0 is the plain layer
         mixed = block.ln1(lam * block.drop(h_ts) + (1 - lam) * a_t)
         return block.feed_forward(h_s), block.feed_forward(mixed), lam
@@ -242,7 +242,8 @@ class XMixup(nn.Module):
         p_t = self.head(h_t, pair.tgt.mask)
         if self.family != 'classification':
             return p_t
-        return (p_t.softmax(-1) + self.head(h_s, pair.src.mask).softmax(-1)) / 2  # mean of both sides
+        mean = (p_t.softmax(-1) + self.head(h_s, pair.src.mask).softmax(-1)) / 2  # both sides' distributions
+        return mean.log()  # as logits: its softmax is the mean
 
     def loss(self, pair):
         src, real_share = self.scheduled_source(pair)

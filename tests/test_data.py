@@ -245,3 +245,29 @@ def test_demo_is_read_by_the_real_readers(demo_dir):
     for en, zh in data.read_translations(demo_dir, 'xquad', 'train', 'zh'):
         a = zh['answers'][0]
         assert zh['context'][a['answer_start']:][:len(a['text'])] == a['text'] and ' ' not in zh['context']
+
+
+def test_qa_evaluation_reads_blind_and_small_windows_end(mock_tok):
+    """Evaluation features do not depend on the answers a file holds; a question longer than a
+    window leaves room for context instead of looping."""
+    ex = data.read_squad(os.path.join(MOCK, 'labels', 'xquad', 'test-zh.json'))
+    blank = [dict(e, answers=[]) for e in ex]
+    with_answers, without = data.qa_features(mock_tok, ex, 96, 32), data.qa_features(mock_tok, blank, 96, 32)
+    assert [f.ids for f in with_answers] == [f.ids for f in without] and all(f.label is None for f in without)
+    long_question = [dict(ex[0], question=ex[0]['question'] * 20)]
+    feats = data.qa_features(mock_tok, long_question, max_len=24, stride=8)
+    assert feats and all(len(f.ids) <= 24 and any(s is not None for s in f.spans) for f in feats)
+
+
+def test_round_trip_without_features_falls_back_to_the_source(mock_tok):
+    ex = data.read_squad(os.path.join(MOCK, 'labels', 'xquad', 'test-de.json'))[:1]
+    lost = [dict(ex[0], answers=[{'text': 'nowhere to be found', 'answer_start': 0}])]  # dropped in training
+    triples = data.pair_features(mock_tok, 'xquad', [(ex[0], ex[0], lost[0])], 96, train=True)
+    assert triples and all(alt is english for english, _, alt in triples)
+
+
+def test_mixed_label_columns_are_refused(tmp_path):
+    (tmp_path / 'xnli').mkdir()
+    (tmp_path / 'xnli' / 'dev-de.tsv').write_text('a\tb\tneutral\na\tb\n', encoding='utf-8')
+    with pytest.raises(data.DataError, match='line 2: 2 tab-separated columns, expected 3 as in the rest of the file'):
+        data.read_split(str(tmp_path), 'xnli', 'dev', 'de')

@@ -108,18 +108,28 @@ def test_kl_is_against_stored_target_probabilities(task):
 def test_self_teaching_end_to_end(tmp_path):
     demo = data.make_demo(str(tmp_path / 'demo-data'), n_train=150, n_eval=30)
     results = run(tmp_path / 'st', demo, '--method', 'filter', '--task', 'xnli', '--self_teach', '--epochs', '3')
-    teacher = tmp_path / 'st' / 'teacher'
-    probs = torch.load(teacher / 'p_teacher.pt', weights_only=True)
+    teacher, stored = tmp_path / 'st' / 'teacher', tmp_path / 'st' / 'p_teacher.pt'
+    probs = torch.load(stored, weights_only=True)
     assert len(probs) == 300 and all(torch.allclose(p.sum(), torch.tensor(1.0)) for p in probs)  # 150 x (de, zh)
     assert os.path.exists(teacher / 'results.json') and os.path.exists(tmp_path / 'st' / 'results.json')
     logged = [json.loads(line) for line in open(tmp_path / 'st' / 'log.jsonl')]
     assert all('kl' in r for r in logged if 'loss' in r) and not any('kl' in json.loads(l) for l in open(teacher / 'log.jsonl'))
-    # the student alone, from the finished teacher: reads the stored probabilities, does not write them again
-    stamp = os.stat(teacher / 'p_teacher.pt').st_mtime_ns
+    # written once: a resumed student reads the stored probabilities back
+    stamp = stored.stat().st_mtime_ns
+    run(tmp_path / 'st', demo, '--method', 'filter', '--task', 'xnli', '--self_teach', '--epochs', '3', '--resume')
+    assert stored.stat().st_mtime_ns == stamp
+    # the student alone, from the finished teacher: the same probabilities, the same student
     again = run(tmp_path / 'student', demo, '--method', 'filter', '--task', 'xnli', '--teacher', str(teacher), '--epochs', '3')
-    assert os.stat(teacher / 'p_teacher.pt').st_mtime_ns == stamp
-    assert again['test'] == pytest.approx(results['test'])  # the same student, trained twice
+    assert all(torch.equal(a, b) for a, b in zip(probs, torch.load(tmp_path / 'student' / 'p_teacher.pt', weights_only=True)))
+    assert again['test'] == pytest.approx(results['test'])
     scores = eval_cli(tmp_path / 'st', demo)['xnli']
     assert results['test'] == pytest.approx({**scores['accuracy'], 'avg': scores['avg_accuracy'],
                                              'gap': results['test']['gap']}, abs=1e-9)
     assert results['dev']['en'] > 40
+    # stored probabilities that do not fit the training items are not used: they are predicted again
+    (tmp_path / 'redo').mkdir()
+    torch.save(probs[:10], tmp_path / 'redo' / 'p_teacher.pt')
+    run(tmp_path / 'redo', demo, '--method', 'filter', '--task', 'xnli', '--teacher', str(teacher), '--epochs', '1')
+    assert len(torch.load(tmp_path / 'redo' / 'p_teacher.pt', weights_only=True)) == 300
+    with pytest.raises(SystemExit, match='was trained on xnli, not panx'):
+        run(tmp_path / 'other', demo, '--method', 'filter', '--task', 'panx', '--teacher', str(teacher), '--epochs', '1')

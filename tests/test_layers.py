@@ -118,7 +118,8 @@ def test_probability_path_equals_fast_path_and_ignores_padding():
     x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
     mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3]).bool()
     fast = attn(x, mask, memory=memory)
-    slow, probs = attn(x, mask, memory=memory, return_probs=True)
+    slow, scores = attn(x, mask, memory=memory, return_scores=True)
+    probs = scores.masked_fill(~mask[:, None, None, :], float('-inf')).softmax(-1)
     assert torch.allclose(fast, slow, atol=1e-5)
     assert probs.shape == (2, 4, 5, 7)
     assert torch.allclose(probs.sum(-1), torch.ones(2, 4, 5))
@@ -187,6 +188,10 @@ def test_untied_decoder_is_refused(tiny_bin):
     cfg, sd, tmp = tiny_bin
     sd['lm_head.decoder.weight'] = sd['lm_head.decoder.weight'] + 1
     assert 'differs from enc.tok.weight' in one_line_error(write_hf_dir(sd, cfg, tmp, fmt='bin'))
+    state = torch.load(write_fairseq(random_hf_weights(cfg), cfg, tmp / 'model.pt'), weights_only=False)
+    state['model']['decoder.lm_head.weight'] = state['model']['decoder.lm_head.weight'] + 1  # fairseq's copy
+    torch.save(state, tmp / 'model.pt')
+    assert 'differs from enc.tok.weight' in one_line_error(tmp / 'model.pt')
 
 
 class Payload:
@@ -210,6 +215,12 @@ def test_safetensors_header_is_checked(tmp_path):
     (tmp_path / 'model.safetensors').write_bytes(b'\x05\x00\x00\x00\x00\x00\x00\x00nope!')
     (tmp_path / 'config.json').write_text('{}')
     assert 'not a safetensors file' in one_line_error(tmp_path)
+    (tmp_path / 'model.safetensors').write_bytes(b'\x05\x00')
+    assert 'not a safetensors file' in one_line_error(tmp_path)
+    write_safetensors({'a': torch.randn(64)}, tmp_path / 'model.safetensors')
+    data = (tmp_path / 'model.safetensors').read_bytes()
+    (tmp_path / 'model.safetensors').write_bytes(data[:-16])  # truncated
+    assert 'ends past the file' in one_line_error(tmp_path)
 
 
 def test_convert_interrupted_leaves_nothing(tiny_bin, monkeypatch):

@@ -125,3 +125,35 @@ def test_translate_train_and_translate_test(tmp_path, demo_data):
     assert test['test']['de'] == test['test']['zh'] == test['test']['en'] > 45
     with pytest.raises(SystemExit, match='translate-train needs --train_lang, one of de, zh'):
         run(tmp_path / 'x', demo_data, '--task', 'xnli', '--method', 'translate-train')
+
+
+def test_set_up_errors_before_training(tmp_path, demo_data, capsys):
+    one_line_failure(capsys, ['--demo', '--batch_size', '1', '--grad_accum', '2', '--out', str(tmp_path / 'b')],
+                     'cannot be cut into 1 processes x --grad_accum 2')
+    one_line_failure(capsys, ['--demo', '--max_len', '1024', '--out', str(tmp_path / 'm')], '--max_len 1024 is outside 8 to 512')
+    broken = tmp_path / 'broken'
+    shutil.copytree(demo_data, broken)
+    os.remove(broken / 'xnli' / 'translate-dev' / 'dev-zh-en-translated.tsv')
+    one_line_failure(capsys, ['--task', 'xnli', '--method', 'filter', '--model', 'tiny', '--data_dir', str(broken),
+                              '--out', str(tmp_path / 'f')], 'dev-zh-en-translated.tsv not found: filter needs translate-dev')
+    assert not os.path.exists(tmp_path / 'f' / 'log.jsonl')  # stopped before any training
+    run(tmp_path / 'zs', demo_data, '--task', 'xnli', '--epochs', '1')
+    with pytest.raises(SystemExit, match='holds zeroshot on xnli with the tiny preset, not filter on xnli'):
+        run(tmp_path / 'zs', demo_data, '--task', 'xnli', '--method', 'filter', '--eval_only')
+
+
+def test_translate_test_qa_is_scored_on_the_translations(tmp_path, demo_data):
+    results = run(tmp_path / 'qa', demo_data, '--task', 'tydiqa', '--translate_test', '--epochs', '3')
+    # the demo's translations are exact: every language scores as English does
+    assert results['test']['de'] == results['test']['zh'] == results['test']['en']
+
+
+def test_ddp_with_every_parameter_unused_sometimes(tmp_path, demo_data):
+    """X-Mixup's --fixed_lambda leaves no parameter without a gradient under DDP."""
+    os.makedirs(tmp_path / 'x')
+    os.symlink(demo_data, tmp_path / 'x' / 'demo-data')
+    res = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2',
+                          'train.py', '--demo', '--out', str(tmp_path / 'x'), '--task', 'pawsx', '--method', 'xmixup',
+                          '--fixed_lambda', '--epochs', '1', '--batch_size', '64'], cwd=ROOT, capture_output=True,
+                         text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert res.returncode == 0, res.stderr[-2000:]

@@ -45,7 +45,8 @@ def layer_norm(x, ln):
 
 
 def attention_by_hand(attn, q_in, kv_in, key_mask, heads=2):
-    """softmax(Q K^T / sqrt(d)) V per head, then the output projection (Eq. 3), with explicit matmuls."""
+    """softmax(Q K^T / sqrt(d)) V per head, then the output projection (Eq. 3), with explicit
+    matmuls -> (output, probabilities, the raw scores)."""
     D = q_in.size(-1)
     w, b = attn.qkv.weight, attn.qkv.bias
     q, k, v = q_in @ w[:D].T + b[:D], kv_in @ w[D:2 * D].T + b[D:2 * D], kv_in @ w[2 * D:].T + b[2 * D:]
@@ -53,7 +54,7 @@ def attention_by_hand(attn, q_in, kv_in, key_mask, heads=2):
     scores = split(q) @ split(k).transpose(-1, -2) / math.sqrt(D // heads)
     probs = scores.masked_fill(~key_mask[:, None, None, :], float('-inf')).softmax(-1)
     out = (probs @ split(v)).transpose(1, 2).reshape(q_in.size(0), -1, D)
-    return out @ attn.out.weight.T + attn.out.bias, probs
+    return out @ attn.out.weight.T + attn.out.bias, probs, scores
 
 
 def test_mixed_state_and_entropy_by_hand():
@@ -64,8 +65,9 @@ def test_mixed_state_and_entropy_by_hand():
         a_s = x_s + attention_by_hand(block.attn, x_s, x_s, p.src.mask)[0]
         a_t = x_t + attention_by_hand(block.attn, x_t, x_t, p.tgt.mask)[0]
         h_s, h_t = layer_norm(a_s, block.ln1), layer_norm(a_t, block.ln1)
-        h_ts, probs_ts = attention_by_hand(block.attn, h_t, h_s, p.src.mask)  # Eq. 3
-        _, probs_st = attention_by_hand(block.attn, h_s, h_t, p.tgt.mask)
+        h_ts, probs_ts, scores = attention_by_hand(block.attn, h_t, h_s, p.src.mask)  # Eq. 3
+        # A^T: the same scores, each source token normalised over the real target tokens
+        probs_st = scores.transpose(-1, -2).masked_fill(~p.tgt.mask[:, None, None, :], float('-inf')).softmax(-1)
         # Eq. 5 by loops: over real query tokens only, over heads, padded keys have probability 0
         def entropy(probs, query_mask):
             out = []
@@ -75,7 +77,7 @@ def test_mixed_state_and_entropy_by_hand():
                 out.append(sum(rows) / len(rows))
             return torch.stack(out)
         H = entropy(probs_ts, p.tgt.mask) + entropy(probs_st, p.src.mask)
-        assert torch.allclose(xlt.attention_entropy(probs_ts, p.tgt.mask), entropy(probs_ts, p.tgt.mask), atol=1e-6)
+        assert torch.allclose(xlt.attention_entropy(scores, p.tgt.mask, p.src.mask), entropy(probs_ts, p.tgt.mask), atol=1e-6)
         lam = 0.5 * torch.sigmoid(H * m.w + m.b)
         mixed = layer_norm(lam.view(-1, 1, 1) * h_ts + (1 - lam.view(-1, 1, 1)) * a_t, block.ln1)  # Eq. 4
         expected_t = layer_norm(mixed + block.ffn(mixed), block.ln2)
@@ -118,7 +120,7 @@ def test_inference_variants():
     with torch.no_grad():
         h_s, h_t, _ = m.encode(p.src, p.tgt)
         mean = (m.head(h_t, p.tgt.mask).softmax(-1) + m.head(h_s, p.src.mask).softmax(-1)) / 2
-        assert torch.allclose(m.predict(p), mean, atol=1e-6)  # classification: both sides' distributions
+        assert torch.allclose(m.predict(p).softmax(-1), mean, atol=1e-6)  # classification: both sides' distributions
         m.mixup_inference = False
         assert torch.allclose(m.predict(p), m.head(m.encoder(p.tgt.ids, p.tgt.mask), p.tgt.mask), atol=1e-6)
     q = model(task='xquad')
