@@ -261,18 +261,23 @@ def with_translations(args, split, lang, examples):
     return [(t, ex) for (_, t), ex in zip(pairs, examples)]
 
 
-def evaluate(method, args, tok, split, device, rank, world):
-    """-> ({lang: scores}, {lang: predictions}) for every language with a file for this split."""
+def evaluate(method, args, tok, split, device, rank, world, cache=None):
+    """-> ({lang: scores}, {lang: predictions}) for every language with a file for this split;
+    cache (a dict) keeps the features between calls (the dev set, every epoch)."""
     scores, preds = {}, {}
+    cache = {} if cache is None else cache
     for lang in data.languages(args.task, data.is_demo(args.data_dir)):
         if split == 'dev' and not os.path.exists(data.split_path(args.data_dir, args.task, 'dev', lang) or ''):
             continue  # no dev set in this language (XQuAD, TyDiQA)
-        gold, inputs = eval_examples(args, split, lang)
-        if method.paired:
-            items = data.pair_features(tok, args.task, with_translations(args, split, lang, inputs), args.max_len)
-            feats = [item[1] for item in items]
-        else:
-            items = feats = data.make_features(tok, args.task, inputs, args.max_len)
+        if lang not in cache:
+            gold, inputs = eval_examples(args, split, lang)
+            if method.paired:
+                items = data.pair_features(tok, args.task, with_translations(args, split, lang, inputs), args.max_len)
+                feats = [item[1] for item in items]
+            else:
+                items = feats = data.make_features(tok, args.task, inputs, args.max_len)
+            cache[lang] = gold, inputs, items, feats
+        gold, inputs, items, feats = cache[lang]
         outputs = outputs_of(method, items, collate_items(method), args, device, rank, world)
         preds[lang] = predictions(args.task, feats, outputs, inputs)
         if all(ex.get('label', ex.get('tags', ex.get('answers'))) for ex in gold):
@@ -497,7 +502,7 @@ def train(method, items, args, tok, device, rank, world, best_path, last_path):
         state = ckpt['state']
         torch.set_rng_state(ckpt['rng'])
     log = open(os.path.join(args.out, 'log.jsonl'), 'a' if state['step'] else 'w') if rank == 0 else None
-    started = time.time()
+    started, dev_cache = time.time(), {}
     while state['epoch'] < args.epochs:
         batches = global_batches(len(items), args, state['epoch'], chunks)
         bar = tqdm(total=len(batches), initial=state['step'] % per_epoch, desc=f'epoch {state["epoch"] + 1}/{args.epochs}',
@@ -523,7 +528,7 @@ def train(method, items, args, tok, device, rank, world, best_path, last_path):
                 os._exit(3)  # as if killed
         bar.close()
         state['epoch'] += 1
-        dev, _ = evaluate(method, args, tok, 'dev', device, rank, world)
+        dev, _ = evaluate(method, args, tok, 'dev', device, rank, world, dev_cache)
         score = np.mean([s['score'] for s in dev.values()]) if dev else state['epoch']  # no dev set: keep the last
         if score > state['best']:
             state['best'] = float(score)
