@@ -388,6 +388,8 @@ def run(args, rank, world, device):
              'raise --batch_size or lower --grad_accum')
     os.makedirs(args.out, exist_ok=True)
     tok = prepare_data(args, rank)
+    if args.demo and args.method == 'xmixup' and not args.init:
+        args.init = warm_start(args, rank, world, device)
     encoder = build_encoder(args, tok)
     if data.TASKS[args.task].family == 'retrieval':
         preds = retrieval(args, encoder.to(device), tok, device) if rank == 0 else {}
@@ -418,6 +420,17 @@ def run(args, rank, world, device):
     if args.translate_test and method.family == 'qa':  # English answers: scored on the translations' answers
         scored = {**scored, **{lang: s for lang, s in test.items() if lang != 'en'}}
     finish(args, dev, scored, rank)
+
+
+def warm_start(args, rank, world, device):
+    """X-Mixup starts from a trained encoder (XLM-R in the paper). From scratch, Eq. 7's MSE term
+    collapses the last LayerNorm (equal representations, MSE 0) before the task loss takes hold,
+    so the demo first trains a zero-shot model into --out/warm-up and starts from it."""
+    folder = os.path.join(args.out, 'warm-up')
+    if not os.path.exists(os.path.join(folder, 'results.json')):
+        warm = {**vars(args), 'method': 'zeroshot', 'out': folder, 'demo': False, 'self_teach': False, 'teacher': None}
+        run(argparse.Namespace(**warm), rank, world, device)
+    return os.path.join(folder, 'best.pt')
 
 
 def check_eval_files(args, method):
