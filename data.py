@@ -284,21 +284,20 @@ def read_translations(data_dir, task, split, lang):
     return [(ex, by_id[ex['id']]) for ex in originals if ex['id'] in by_id]
 
 
-def read_round_trip(data_dir, task, lang):
+def read_round_trip(data_dir, task, lang, pairs):
     """The English training data translated into lang and back (X-Mixup's scheduled sampling),
-    aligned with read_translations(..., 'train', lang): by line, sentence or question id. None
-    when there is no such file."""
+    aligned with pairs = read_translations(..., 'train', lang): by line, sentence or question
+    id. None when there is no such file."""
     path = split_path(data_dir, task, 'round-trip', lang)
     if path is None or not os.path.exists(path):
         return None
     family = TASKS[task].family
     if family == 'qa':
         by_id = {ex['id']: ex for ex in read_squad(path, task)}
-        return [by_id.get(o['id'], o) for o, _ in read_translations(data_dir, task, 'train', lang)]
+        return [by_id.get(o['id'], o) for o, _ in pairs]
     rows = read_pairs(path, task) if family == 'classification' else read_tagged(path, task)
-    expected = len(read_translations(data_dir, task, 'train', lang))
-    if len(rows) != expected:
-        raise DataError(f'{path} has {len(rows)} examples for {expected} in translate-train: they must align')
+    if len(rows) != len(pairs):
+        raise DataError(f'{path} has {len(rows)} examples for {len(pairs)} in translate-train: they must align')
     return rows
 
 

@@ -198,8 +198,7 @@ def task_scores(task, per_lang):
         for metric, value in scores.items():
             out.setdefault(metric, {})[lang] = value
     out.update({f'avg_{m}': sum(v.values()) / len(v) for m, v in list(out.items())})
-    out['avg_metric'] = ((out['avg_exact_match'] + out['avg_f1']) / 2 if 'avg_exact_match' in out
-                         else out.get('avg_f1', out.get('avg_accuracy')))
+    out['avg_metric'] = main_score({m[len('avg_'):]: v for m, v in out.items() if m.startswith('avg_')})
     return out
 
 

@@ -171,7 +171,7 @@ def training_items(args, tok, method, rank=0):
     if method.paired:
         tuples, missing = [], []
         for lang in langs:
-            trip = data.read_round_trip(args.data_dir, args.task, lang) if method.round_trip else None
+            trip = data.read_round_trip(args.data_dir, args.task, lang, pairs[lang]) if method.round_trip else None
             if method.round_trip and trip is None:
                 missing.append(lang)
             tuples += [(e, t) + ((r,) if method.round_trip else ()) for (e, t), r in zip(pairs[lang], trip or [e for e, _ in pairs[lang]])]
