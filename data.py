@@ -170,9 +170,38 @@ def need(path, what):
     return path
 
 
+def read_text(path):
+    """A file's text: UTF-8 with or without a BOM, CRLF line ends as LF; anything else is one line
+    naming the file and the line."""
+    with open(path, 'rb') as f:
+        raw = f.read()
+    try:
+        return raw.decode('utf-8-sig').replace('\r\n', '\n')
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b'\n') + 1
+        raise DataError(f'{path}, line {line}: not UTF-8 (byte 0x{raw[e.start]:02x}); '
+                        'convert the file to UTF-8 (e.g. iconv -t UTF-8)') from None
+
+
 def lines_of(path):
-    with open(path, encoding='utf-8-sig') as f:
-        return [line.rstrip('\r\n') for line in f]
+    lines = read_text(path).split('\n')
+    return lines[:-1] if lines and not lines[-1] else lines
+
+
+VERBOSE = True  # warnings about skipped data; the training script turns them off on all but one process
+
+
+def warn(message):
+    if VERBOSE:
+        print(f'warning: {message}')
+
+
+def report_skipped(path, total, reasons, what='examples'):
+    """One warning per file: how many of its examples were left out, and why ({reason: count})."""
+    reasons = {k: v for k, v in reasons.items() if v}
+    if reasons:
+        why = ', '.join(f'{n} {reason}' for reason, n in reasons.items())
+        warn(f'{path}: {sum(reasons.values())} of {total} {what} skipped ({why})')
 
 
 # ----------------------------------------------------------------------------------------
@@ -192,20 +221,26 @@ def check_label(task, label, path, line):
 def read_pairs(path, task, translated=False):
     """Sentence pairs, tab-separated, no header: 'a b [label]'. XTREME writes these files with
     csv quoting (quotes around fields that hold a '"'), undone here. Translation files hold
-    'a b a' b' [label]' (original pair, then its translation): -> (original, translation) pairs."""
+    'a b a' b' [label]' (original pair, then its translation): -> (original, translation, line)."""
     width = (4, 5) if translated else (2, 3)
-    out, columns = [], None
-    with open(need(path, f'get the {task} data (python data.py download --task {task})'), encoding='utf-8-sig', newline='') as f:
-        reader = csv.reader(f, delimiter='\t', quoting=csv.QUOTE_NONE if translated else csv.QUOTE_MINIMAL)
-        for row in reader:
-            columns = columns or len(row)
-            if len(row) not in width or len(row) != columns:
-                raise DataError(f'{path}, line {reader.line_num}: {len(row)} tab-separated columns, expected '
-                                f'{columns if columns in width else " or ".join(map(str, width))} as in the '
-                                'rest of the file; fix or remove the line')
-            label = check_label(task, row[-1], path, reader.line_num) if len(row) == width[1] else None
-            ex = [{'a': row[i], 'b': row[i + 1], 'label': label} for i in range(0, len(row) - 1, 2)]
-            out.append(tuple(ex) if translated else ex[0])
+    out, columns, empty = [], None, []
+    text = read_text(need(path, f'get the {task} data (python data.py download --task {task})'))
+    reader = csv.reader(io.StringIO(text, newline=''), delimiter='\t',
+                        quoting=csv.QUOTE_NONE if translated else csv.QUOTE_MINIMAL)
+    for row in reader:
+        columns = columns or len(row)
+        if len(row) not in width or len(row) != columns:
+            raise DataError(f'{path}, line {reader.line_num}: {len(row)} tab-separated columns, expected '
+                            f'{columns if columns in width else " or ".join(map(str, width))} as in the '
+                            'rest of the file; fix or remove the line')
+        label = check_label(task, row[-1], path, reader.line_num) if len(row) == width[1] else None
+        ex = [{'a': row[i], 'b': row[i + 1], 'label': label} for i in range(0, len(row) - 1, 2)]
+        if translated and not all(field.strip() for field in row[:4]):
+            empty.append(reader.line_num)  # a translation left blank (PAWS-X has some): nothing to pair
+            continue
+        out.append((ex[0], ex[1], reader.line_num) if translated else ex[0])
+    if empty:
+        warn(f'{path}: {len(empty)} rows with an empty sentence skipped (the first at line {empty[0]})')
     return out
 
 
@@ -230,18 +265,48 @@ def read_tagged(path, task):
     return out
 
 
-def read_squad(path, task='squad'):
-    """SQuAD v1.1 json -> one example per question. Blanked test answers (text '') count as none."""
+def read_squad(path, task='squad', train=False):
+    """SQuAD v1.1 json -> one example per question. Blanked test answers (text '') count as none.
+    train: questions a model cannot learn from are skipped, and counted per reason."""
     try:
-        with open(need(path, f'get the {task} data (python data.py download --task {task})'), encoding='utf-8') as f:
-            data = json.load(f)['data']
-        return [{'id': qa['id'], 'question': qa['question'], 'context': p['context'],
-                 'answers': [a for a in qa.get('answers', []) if a['text']]}
-                for article in data for p in article['paragraphs'] for qa in p['qas']]
+        data = json.loads(read_text(need(path, f'get the {task} data (python data.py download --task {task})')))['data']
+        examples = [{'id': qa['id'], 'question': qa['question'], 'context': p['context'],
+                     'answers': [a for a in qa.get('answers', []) if a['text']]}
+                    for article in data for p in article['paragraphs'] for qa in p['qas']]
+        for ex in examples:
+            for a in ex['answers']:
+                if not isinstance(a['answer_start'], int) or not isinstance(a['text'], str):
+                    raise TypeError("'answer_start'")
     except json.JSONDecodeError as e:
-        raise DataError(f'{path}, line {e.lineno}: not valid JSON ({e.msg}); fix the file')
+        raise DataError(f'{path}, line {e.lineno}: not valid JSON ({e.msg}); fix the file') from None
     except (KeyError, TypeError) as e:
-        raise DataError(f'{path}: not in SQuAD format (no {e} field); expected data/paragraphs/qas')
+        raise DataError(f'{path}: not in SQuAD format ({"no" if isinstance(e, KeyError) else "a malformed"} {e} '
+                        'field); expected data/paragraphs/qas with id, question, answers (text, answer_start)') from None
+    if not train:
+        return examples
+    reasons = {'no answer': 0, 'empty context': 0, 'answer text not at answer_start': 0}
+    kept = []
+    for ex in examples:
+        problem = unusable_answer(ex)
+        if problem:
+            reasons[problem] += 1
+        else:
+            kept.append(ex)
+    report_skipped(path, len(examples), reasons, 'questions')
+    return kept
+
+
+def unusable_answer(ex):
+    """Why a training question cannot be learnt from (None if it can): as XTREME's processors,
+    an answer must be there and sit at its answer_start."""
+    if not ex['context'].strip():
+        return 'empty context'
+    if not ex['answers']:
+        return 'no answer'
+    a = ex['answers'][0]
+    if ex['context'][a['answer_start']:a['answer_start'] + len(a['text'])] != a['text']:
+        return 'answer text not at answer_start'
+    return None
 
 
 def check_language(data_dir, task, lang):
@@ -260,19 +325,20 @@ def read_split(data_dir, task, split, lang='en'):
     if family == 'tagging':
         return read_tagged(path, task)
     if family == 'qa':
-        return read_squad(path, task)
+        return read_squad(path, task, train=split == 'train')
     raise DataError(f'{task} is a retrieval task: read it with read_retrieval')
 
 
 def read_translations(data_dir, task, split, lang):
-    """(original, translation) example pairs: split 'train' pairs the English training set with
-    its translation into lang; 'dev'/'test' pair lang's examples with their English translation.
-    Tagging and QA translations are aligned with the originals by sentence and by question id."""
+    """[(original, its translation or None)], one for each example of the original file: split
+    'train' pairs the English training set with its translation into lang; 'dev' / 'test' pair
+    lang's examples with their English translation. Classification translations carry their
+    original pair and are matched to it by that text (rows of released files have been out of
+    order); tagging translations align sentence by sentence, QA translations by question id.
+    Originals without a translation and translations without an original are counted in a warning."""
     kind = f'translate-{split}'
     path = need(split_path(data_dir, task, kind, lang), f'{task} needs {kind} files for {lang} (see the README\'s data layout)')
     family = TASKS[task].family
-    if family == 'classification':
-        return read_pairs(path, task, translated=True)
     originals = read_split(data_dir, task, split, 'en' if split == 'train' else lang)
     if family == 'tagging':
         translated = read_tagged(path, task)
@@ -280,24 +346,44 @@ def read_translations(data_dir, task, split, lang):
             raise DataError(f'{path} has {len(translated)} sentences for {len(originals)} in the original: '
                             'translations must be aligned sentence by sentence')
         return list(zip(originals, translated))
-    by_id = {ex['id']: ex for ex in read_squad(path, task)}
-    return [(ex, by_id[ex['id']]) for ex in originals if ex['id'] in by_id]
+    if family == 'qa':
+        rows = [(ex['id'], ex, n) for n, ex in enumerate(read_squad(path, task, train=split == 'train'), 1)]
+        key = lambda ex: ex['id']
+    else:
+        rows = [((' '.join(o['a'].split()), ' '.join(o['b'].split())), t, n) for o, t, n in read_pairs(path, task, True)]
+        key = lambda ex: (' '.join(ex['a'].split()), ' '.join(ex['b'].split()))
+    waiting = {}  # original's key -> its translations, in file order (a pair may occur twice)
+    for k, t, n in rows:
+        waiting.setdefault(k, []).append((t, n))
+    out = []
+    for ex in originals:
+        found = waiting.get(key(ex))
+        out.append((ex, found.pop(0)[0] if found else None))
+    unmatched = sorted(n for left in waiting.values() for _, n in left)
+    missing = sum(t is None for _, t in out)
+    if missing or unmatched:
+        where = f' (the first at {"question" if family == "qa" else "line"} {unmatched[0]})' if unmatched else ''
+        warn(f'{path}: {missing} of {len(out)} {"questions" if family == "qa" else "examples"} of the original have no '
+             f'translation here, {len(unmatched)} translations match no original{where}: those are left unpaired')
+    return out
 
 
 def read_round_trip(data_dir, task, lang, pairs):
     """The English training data translated into lang and back (X-Mixup's scheduled sampling),
-    aligned with pairs = read_translations(..., 'train', lang): by line, sentence or question
-    id. None when there is no such file."""
+    aligned with pairs = read_translations(..., 'train', lang), one per English training example:
+    by line or sentence of the English file, or by question id (a question without a usable round
+    trip keeps its original). None when there is no such file."""
     path = split_path(data_dir, task, 'round-trip', lang)
     if path is None or not os.path.exists(path):
         return None
     family = TASKS[task].family
     if family == 'qa':
-        by_id = {ex['id']: ex for ex in read_squad(path, task)}
+        by_id = {ex['id']: ex for ex in read_squad(path, task, train=True)}
         return [by_id.get(o['id'], o) for o, _ in pairs]
     rows = read_pairs(path, task) if family == 'classification' else read_tagged(path, task)
     if len(rows) != len(pairs):
-        raise DataError(f'{path} has {len(rows)} examples for {len(pairs)} in translate-train: they must align')
+        raise DataError(f'{path} has {len(rows)} examples for {len(pairs)} in the English training file: '
+                        'they must align line by line')
     return rows
 
 

@@ -18,7 +18,7 @@ from collections import Counter
 
 import torch
 
-from data import GROUPS, TASKS, Feature, collate, languages, length_batches
+from data import GROUPS, TASKS, DataError, Feature, collate, languages, length_batches, lines_of, read_text
 from layers import atomic_write, mean_pool
 
 
@@ -138,8 +138,7 @@ def suffix(task):
 
 
 def read_lines(path):
-    with open(path, encoding='utf-8') as f:
-        return [line.strip() for line in f]
+    return [line.strip() for line in lines_of(path)]
 
 
 def read_tag_file(path):
@@ -155,8 +154,10 @@ def read_tag_file(path):
 
 
 def read_qa_file(path):
-    with open(path, encoding='utf-8') as f:
-        obj = json.load(f)
+    try:
+        obj = json.loads(read_text(path))
+    except json.JSONDecodeError as e:
+        raise EvalError(f'{path}, line {e.lineno}: not valid JSON ({e.msg}); fix the file') from None
     return obj['data'] if 'data' in obj else obj
 
 
@@ -251,6 +252,7 @@ def decode_qa(windows, start_logits, end_logits, max_answer_len=30):
     scored at once.) windows: features from data.qa_features; logits: one (T,) tensor each."""
     best = {}
     for w, s, e in zip(windows, start_logits, end_logits):
+        best.setdefault(w.qid, (float('-inf'), ''))  # a question with no valid span (no context) answers 
         T = len(w.ids)
         s, e = s[:T].float(), e[:T].float()
         context = torch.tensor([span is not None for span in w.spans])
@@ -354,7 +356,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         scores = score_folder(args.predictions, args.labels, args.demo)
-    except (EvalError, json.JSONDecodeError) as e:
+    except (EvalError, DataError) as e:
         sys.exit(f'error: {e}')
     if not scores:
         sys.exit(f'error: no task folder is in both {args.predictions} and {args.labels}: expected e.g. xnli/test-en.tsv')

@@ -164,7 +164,7 @@ class Encoder(nn.Module):
 def mean_pool(h, mask):
     """Mean of the hidden states h (B, T, H) over the real tokens of mask (B, T)."""
     m = mask.unsqueeze(-1).to(h.dtype)
-    return (h * m).sum(1) / m.sum(1)
+    return (h * m).sum(1) / m.sum(1).clamp(min=1)  # a row with no token pools to zeros
 
 
 class MLMHead(nn.Module):

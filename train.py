@@ -11,6 +11,7 @@ test predictions in the leaderboard layout (predictions/<task>/test-<lang>.<ext>
 """
 import argparse
 import json
+import math
 import os
 import random
 import sys
@@ -28,9 +29,17 @@ import eval as ev
 import layers
 import xlt
 
-# Fine-tuning defaults of the papers' released scripts (XLM-R); the demo trains a tiny model from scratch.
-TASK_LR = {'xnli': 3e-6, 'pawsx': 1e-5, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 1e-5}
+# The demo trains a tiny model from scratch (fine-tuning learning rates: each method's LR table in xlt.py).
 DEMO = {'model': 'tiny', 'lr': 2e-3, 'epochs': 8, 'batch_size': 32, 'p_k': 50}  # p_k: decay within a short run
+# Numeric options: option -> (test of a given value, its valid range as said to the user)
+POSITIVE, AT_LEAST_1, NON_NEGATIVE = (lambda v: v > 0, 'a number above 0'), (lambda v: v >= 1, 'at least 1'), \
+    (lambda v: v >= 0, '0 or more')
+SHARE = (lambda v: 0 <= v < 1, 'at least 0 and below 1')
+NUMERIC = {'lr': POSITIVE, 'epochs': AT_LEAST_1, 'batch_size': AT_LEAST_1, 'grad_accum': AT_LEAST_1,
+           'warmup': SHARE, 'weight_decay': NON_NEGATIVE, 'clip': POSITIVE, 'dropout': SHARE, 'seed': NON_NEGATIVE,
+           'm': NON_NEGATIVE, 'k': NON_NEGATIVE, 'kl_weight': (lambda v: 0 <= v <= 1, 'from 0 to 1'),
+           'temperature': POSITIVE, 'mixup_layer': AT_LEAST_1, 'p_k': POSITIVE, 'layer': AT_LEAST_1,
+           'eval_batch_size': AT_LEAST_1, 'save_every': AT_LEAST_1, 'max_len': (lambda v: 8 <= v <= 512, '8 to 512 tokens (XLM-R\'s positions)')}
 
 
 def fail(message):
@@ -44,6 +53,7 @@ def parse_args(argv=None):
     p.add_argument('--demo', action='store_true', help='generated data and a tiny model: runs in a minute on a CPU')
     p.add_argument('--model', help=f'preset: {", ".join(layers.CONFIGS)} (default base; tiny with --demo)')
     p.add_argument('--init', help='converted XLM-R checkpoint (python layers.py convert) or a run\'s best.pt')
+    p.add_argument('--from_scratch', action='store_true', help='train from random weights on real data (no --init)')
     p.add_argument('--spm', help='sentencepiece model (default: the one in --data_dir)')
     p.add_argument('--data_dir', default='data', help='XTREME data in the layout of the README')
     p.add_argument('--out', help='run folder (default runs/<task>-<method>)')
@@ -62,6 +72,8 @@ def parse_args(argv=None):
     p.add_argument('--m', type=int, help='FILTER: local layers (default 1)')
     p.add_argument('--k', type=int, help='FILTER: fusion layers (default 1; 20 for QA)')
     p.add_argument('--kl_weight', type=float, help='FILTER: self-teaching KL weight 1 - lambda (0.5 / 1.0 / 0.1)')
+    p.add_argument('--temperature', type=float, help='FILTER: self-teaching KL of distributions softened by T, '
+                   'times T^2 (default 1, as the paper)')
     p.add_argument('--self_teach', action='store_true', help='FILTER: train a teacher, then the student (Algorithm 1)')
     p.add_argument('--teacher', help='FILTER: train only the student, taught by this finished teacher run folder; '
                    'X-Mixup on tagging: the finished run whose predictions label the translations')
@@ -76,6 +88,10 @@ def parse_args(argv=None):
     p.add_argument('--eval_only', action='store_true', help='evaluate --out/best.pt (or --init) without training')
     p.add_argument('--halt_after', type=int, help=argparse.SUPPRESS)  # tests: die abruptly after this many steps
     args = p.parse_args(argv)
+    for name, (ok, valid) in NUMERIC.items():  # before the defaults: 0 must not read as 'not given'
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and ok(value)):
+            fail(f'--{name} {value} is out of range: give {valid}')
     if args.task not in data.TASKS:
         fail(f'unknown task {args.task!r}: choose one of {", ".join(data.TASKS)}')
     if args.method not in xlt.METHODS:
@@ -87,16 +103,18 @@ def parse_args(argv=None):
     args.model = args.model or demo.get('model', 'base')
     if args.model not in layers.CONFIGS:
         fail(f'unknown model {args.model!r}: choose one of {", ".join(layers.CONFIGS)}')
-    args.lr = args.lr or demo.get('lr') or TASK_LR.get(args.task, 1e-5)
-    args.p_k = args.p_k or demo.get('p_k')
-    if not args.epochs:  # the papers: 4 (2 for XQuAD and MLQA); the demo's QA needs longer than its other tasks
+    if args.lr is None:
+        method = xlt.METHODS[args.method][0]
+        args.lr = demo.get('lr') or {**method.LR, **(method.LR_LARGE if args.model == 'large' else {})}.get(args.task, 2e-5)
+    if args.p_k is None:
+        args.p_k = demo.get('p_k')
+    if args.epochs is None:  # the papers: 4 (2 for XQuAD and MLQA); the demo's QA needs longer than its other tasks
         qa = data.TASKS[args.task].family == 'qa'
         args.epochs = (15 if qa else DEMO['epochs']) if args.demo else (2 if args.task in ('xquad', 'mlqa') else 4)
-    args.batch_size = args.batch_size or demo.get('batch_size', 64)
-    args.max_len = args.max_len or (384 if data.TASKS[args.task].family == 'qa' else 128)
-    longest = layers.CONFIGS['base'].max_positions - layers.CONFIGS['base'].pad_id - 1
-    if not 8 <= args.max_len <= longest:
-        fail(f'--max_len {args.max_len} is outside 8 to {longest} tokens (XLM-R\'s positions): choose a length in it')
+    if args.batch_size is None:
+        args.batch_size = demo.get('batch_size', 64)
+    if args.max_len is None:
+        args.max_len = 384 if data.TASKS[args.task].family == 'qa' else 128
     args.out = args.out or os.path.join('runs', f'{args.task}-{args.method}{"-demo" if args.demo else ""}')
     return args
 
@@ -141,6 +159,10 @@ def build_encoder(args, tok):
             fail(f'--init {args.init} is a {got.n_layer} x {got.dim} model, not the {args.model} preset '
                  f'({want.n_layer} x {want.dim}): pass the --model it was made for')
     else:
+        if not (args.demo or args.from_scratch):
+            fail(f'no --init: this would train XLM-R {args.model} from random weights for hours. Get xlm-roberta-'
+                 f'{args.model} (Hugging Face) or fairseq\'s XLM-R, convert it with python layers.py convert SRC '
+                 f'xlmr-{args.model}.pt and pass --init xlmr-{args.model}.pt (or --from_scratch to mean it)')
         torch.manual_seed(args.seed)
         encoder = layers.Encoder(layers.Config(**{**cfg.__dict__, 'vocab_size': tok.vocab_size}))
     if encoder.cfg.vocab_size != tok.vocab_size:
@@ -168,19 +190,22 @@ def training_items(args, tok, method, rank=0):
         fail(f'translate-train needs --train_lang, one of {", ".join(target_langs(args))}')
     if method.paired or train_on != 'en':
         pairs = {lang: data.read_translations(args.data_dir, args.task, 'train', lang) for lang in langs}
-    if method.paired:
-        tuples, missing = [], []
+    if method.paired:  # (English, translation[, round trip]); English also pairs with itself, as both released codes do
+        english = data.read_split(args.data_dir, args.task, 'train')
+        tuples = [(e, e) + ((e,) if method.round_trip else ()) for e in english]
+        missing = []
         for lang in langs:
             trip = data.read_round_trip(args.data_dir, args.task, lang, pairs[lang]) if method.round_trip else None
             if method.round_trip and trip is None:
                 missing.append(lang)
-            tuples += [(e, t) + ((r,) if method.round_trip else ()) for (e, t), r in zip(pairs[lang], trip or [e for e, _ in pairs[lang]])]
+            tuples += [(e, t) + ((r,) if method.round_trip else ()) for (e, t), r in zip(pairs[lang], trip or [e for e, _ in pairs[lang]])
+                       if t is not None]
         if missing and rank == 0:
             print(f'warning: no round-trip data for {args.task} in {", ".join(missing)} (see the README): '
                   'scheduled sampling feeds the real English text there')
         return data.pair_features(tok, args.task, tuples, args.max_len, train=True)
     english = data.read_split(args.data_dir, args.task, 'train') if train_on != 'translation' else []
-    translated = [t for lang in langs for _, t in pairs[lang]] if train_on != 'en' else []
+    translated = [t for lang in langs for _, t in pairs[lang] if t is not None] if train_on != 'en' else []
     return data.make_features(tok, args.task, english + translated, args.max_len, train=True)
 
 
@@ -241,7 +266,7 @@ def eval_examples(args, split, lang):
     (QA is then scored on the translations' own answers, as XTREME does)."""
     if args.translate_test and lang != 'en':
         pairs = data.read_translations(args.data_dir, args.task, split, lang)
-        english = [t for _, t in pairs]
+        english = [t or o for o, t in pairs]  # an example without a translation is read as it is
         return (english if data.TASKS[args.task].family == 'qa' else [o for o, _ in pairs]), english
     examples = data.read_split(args.data_dir, args.task, split, lang)
     return examples, examples
@@ -249,35 +274,27 @@ def eval_examples(args, split, lang):
 
 def with_translations(args, split, lang, examples):
     """[(English translation, example)] for paired methods; English examples pair with themselves,
-    and so does a QA example whose translation is missing."""
+    and so does an example whose translation is missing."""
     if lang == 'en':
         return [(ex, ex) for ex in examples]
     pairs = data.read_translations(args.data_dir, args.task, split, lang)
-    if data.TASKS[args.task].family == 'qa':
-        english = {o['id']: t for o, t in pairs}
-        return [(english.get(ex['id'], ex), ex) for ex in examples]
-    if len(pairs) != len(examples):
-        fail(f'{args.task} translate-{split} for {lang} has {len(pairs)} examples for {len(examples)}: they must align')
-    return [(t, ex) for (_, t), ex in zip(pairs, examples)]
+    return [(t or ex, ex) for (_, t), ex in zip(pairs, examples)]
 
 
-def evaluate(method, args, tok, split, device, rank, world, cache=None):
-    """-> ({lang: scores}, {lang: predictions}) for every language with a file for this split;
+def evaluate(method, args, tok, split, device, rank, world, sets, cache=None):
+    """-> ({lang: scores}, {lang: predictions}) for every language of sets[split] (eval_sets);
     cache (a dict) keeps the features between calls (the dev set, every epoch)."""
     scores, preds = {}, {}
     cache = {} if cache is None else cache
-    for lang in data.languages(args.task, data.is_demo(args.data_dir)):
-        if split == 'dev' and not os.path.exists(data.split_path(args.data_dir, args.task, 'dev', lang) or ''):
-            continue  # no dev set in this language (XQuAD, TyDiQA)
+    for lang, (gold, inputs, pairs) in sets[split].items():
         if lang not in cache:
-            gold, inputs = eval_examples(args, split, lang)
             if method.paired:
-                items = data.pair_features(tok, args.task, with_translations(args, split, lang, inputs), args.max_len)
+                items = data.pair_features(tok, args.task, pairs, args.max_len)
                 feats = [item[1] for item in items]
             else:
                 items = feats = data.make_features(tok, args.task, inputs, args.max_len)
-            cache[lang] = gold, inputs, items, feats
-        gold, inputs, items, feats = cache[lang]
+            cache[lang] = items, feats
+        items, feats = cache[lang]
         outputs = outputs_of(method, items, collate_items(method), args, device, rank, world)
         preds[lang] = predictions(args.task, feats, outputs, inputs)
         if all(ex.get('label', ex.get('tags', ex.get('answers'))) for ex in gold):
@@ -367,6 +384,7 @@ def save(path, obj, rank):
 def main(argv=None):
     args = parse_args(argv)
     rank, world, device = setup_distributed()
+    data.VERBOSE = rank == 0  # warnings about skipped data, once
     try:
         run(args, rank, world, device)
     except (data.DataError, ev.EvalError, layers.CheckpointError, FileNotFoundError) as e:
@@ -396,30 +414,33 @@ def run(args, rank, world, device):
         return finish(args, {}, test_results(args, preds, rank), rank)
     torch.manual_seed(args.seed)  # the head's initialisation follows --seed, with --init too
     method = build_method(args, encoder, device)
-    check_eval_files(args, method)
-    if rank == 0:
-        layers.atomic_write(os.path.join(args.out, 'config.json'), json.dumps(vars(args), indent=2))
+    sets = eval_sets(args, method)
     best_path, last_path = os.path.join(args.out, 'best.pt'), os.path.join(args.out, 'last.pt')
     if not args.eval_only:
         items = training_items(args, tok, method, rank)
         if not items:
             fail(f'no training examples for {args.task} in {args.data_dir}')
+        if rank == 0:  # all input read: the run begins, and results of an earlier run in --out are no longer its
+            for name in ('results.json', 'results.txt'):
+                if os.path.exists(os.path.join(args.out, name)):
+                    os.remove(os.path.join(args.out, name))
+            layers.atomic_write(os.path.join(args.out, 'config.json'), json.dumps(vars(args), indent=2))
         if (args.self_teach or args.teacher) and (args.method != 'xmixup' or method.family == 'tagging'):
             method.p_teacher = teacher_probabilities(args, tok, rank, world, device, method, items)
         elif args.method == 'xmixup' and method.family == 'tagging':
             fail('X-Mixup on tagging learns T from a source-language model\'s labels: pass --teacher RUN '
                  '(a finished zeroshot run) or --self_teach to train one first')
-        train(method, items, args, tok, device, rank, world, best_path, last_path)
+        train(method, items, args, tok, device, rank, world, best_path, last_path, sets)
     if os.path.exists(best_path):
         method.load_state_dict(load_checkpoint(best_path, args, device)['method'])
     elif args.eval_only and not args.init:
         fail(f'{best_path} not found: --eval_only evaluates a finished run in --out (or the --init weights)')
-    dev, _ = evaluate(method, args, tok, 'dev', device, rank, world)
-    test, test_preds = evaluate(method, args, tok, 'test', device, rank, world)
+    dev, _ = evaluate(method, args, tok, 'dev', device, rank, world, sets)
+    test, test_preds = evaluate(method, args, tok, 'test', device, rank, world, sets)
     scored = test_results(args, test_preds, rank)
     if args.translate_test and method.family == 'qa':  # English answers: scored on the translations' answers
         scored = {**scored, **{lang: s for lang, s in test.items() if lang != 'en'}}
-    finish(args, dev, scored, rank)
+    finish(args, dev, scored, rank, selection(method, dev)[1])
 
 
 def warm_start(args, rank, world, device):
@@ -428,23 +449,53 @@ def warm_start(args, rank, world, device):
     so the demo first trains a zero-shot model into --out/warm-up and starts from it."""
     folder = os.path.join(args.out, 'warm-up')
     if not os.path.exists(os.path.join(folder, 'results.json')):
-        warm = {**vars(args), 'method': 'zeroshot', 'out': folder, 'demo': False, 'self_teach': False, 'teacher': None}
+        warm = {**vars(args), 'method': 'zeroshot', 'out': folder, 'demo': False, 'from_scratch': True,
+                'self_teach': False, 'teacher': None}
         run(argparse.Namespace(**warm), rank, world, device)
     return os.path.join(folder, 'best.pt')
 
 
-def check_eval_files(args, method):
-    """Every file evaluation will read exists, before any training: one line names the first missing."""
-    for split in ('dev', 'test'):
+def eval_sets(args, method):
+    """Every file evaluation will read, read and checked before any training (labels, columns,
+    JSON shape, translations, test labels): {split: {lang: (examples scored against, model
+    inputs, (English translation, input) pairs for paired methods)}}."""
+    sets = {'dev': {}, 'test': {}}
+    for split in sets:
         for lang in data.languages(args.task, data.is_demo(args.data_dir)):
             path = data.split_path(args.data_dir, args.task, split, lang)
             if split == 'dev' and not (path and os.path.exists(path)):
-                continue  # no dev set in this language
+                continue  # no dev set in this language (XQuAD, TyDiQA)
             data.need(path, f'get the {args.task} data (python data.py download --task {args.task})')
             if lang != 'en' and (method.paired or args.translate_test):
                 data.need(data.split_path(args.data_dir, args.task, f'translate-{split}', lang),
                           f'{args.method}{" with --translate_test" if args.translate_test else ""} needs '
                           f'translate-{split} files for {lang} (see the README\'s data layout)')
+            gold, inputs = eval_examples(args, split, lang)
+            sets[split][lang] = gold, inputs, with_translations(args, split, lang, inputs) if method.paired else None
+            if split == 'test':
+                check_test_labels(args.task, os.path.join(args.data_dir, 'labels', args.task, f'test-{lang}.{ev.suffix(args.task)}'), inputs)
+    return sets
+
+
+def check_test_labels(task, path, examples):
+    """A test label file, where there is one, must be scorable against the test set: one label (or
+    tag sentence) per example, from the label set, or every question's answers."""
+    if not os.path.exists(path):
+        return
+    family = data.TASKS[task].family
+    if family == 'qa':
+        found = {qa['id'] for article in ev.read_qa_file(path) for p in article.get('paragraphs', []) for qa in p.get('qas', [])}
+        lost = [ex['id'] for ex in examples if ex['id'] not in found]
+        if lost:
+            fail(f'{path} has no answers for {len(lost)} test questions (the first: {lost[0]}): use the labels of this test set')
+        return
+    labels = ev.read_tag_file(path) if family == 'tagging' else ev.read_lines(path)
+    if len(labels) != len(examples):
+        fail(f'{path} has {len(labels)} labelled examples for {len(examples)} in the test set: use the labels of this test set')
+    allowed = set(data.TASKS[task].labels)
+    bad = next((n for n, row in enumerate(labels, 1) for label in (row if family == 'tagging' else [row]) if label not in allowed), None)
+    if bad:
+        fail(f'{path}: example {bad} has a label outside {", ".join(data.TASKS[task].labels)}; fix the file')
 
 
 def identity(args):
@@ -480,7 +531,7 @@ def teacher_probabilities(args, tok, rank, world, device, method, items):
         if args.teacher:
             fail(f'{folder} is not a finished run (no results.json): train the teacher first')
         teacher_args = {**vars(args), 'method': method.teacher_method, 'out': folder, 'self_teach': False,
-                        'teacher': None, 'demo': False, 'resume': args.resume}
+                        'teacher': None, 'demo': False, 'from_scratch': args.from_scratch or args.demo}
         run(argparse.Namespace(**teacher_args), rank, world, device)  # the same data and settings
     with open(os.path.join(folder, 'config.json')) as f:
         config = json.load(f)
@@ -498,7 +549,7 @@ def teacher_probabilities(args, tok, rank, world, device, method, items):
     return torch.load(path, weights_only=True)
 
 
-def train(method, items, args, tok, device, rank, world, best_path, last_path):
+def train(method, items, args, tok, device, rank, world, best_path, last_path, sets):
     collate = collate_items(method)
     chunks = world * args.grad_accum
     per_epoch = len(global_batches(len(items), args, 0, chunks))
@@ -541,8 +592,9 @@ def train(method, items, args, tok, device, rank, world, best_path, last_path):
                 os._exit(3)  # as if killed
         bar.close()
         state['epoch'] += 1
-        dev, _ = evaluate(method, args, tok, 'dev', device, rank, world, dev_cache)
-        score = np.mean([s['score'] for s in dev.values()]) if dev else state['epoch']  # no dev set: keep the last
+        dev, _ = evaluate(method, args, tok, 'dev', device, rank, world, sets, dev_cache)
+        score = selection(method, dev)[0]
+        score = state['epoch'] if score is None else score  # no dev set: keep the last
         if score > state['best']:
             state['best'] = float(score)
             save(best_path, {'config': method.encoder.cfg.__dict__, 'encoder': method.encoder.state_dict(),
@@ -559,13 +611,25 @@ def checkpoint(method, opt, sched, state, args):
             'state': dict(state), 'rng': torch.get_rng_state(), 'identity': identity(args)}
 
 
-def finish(args, dev, test, rank):
-    """results.json (dev and test per language with average and transfer gap) and the table."""
+def selection(method, dev):
+    """-> (the dev score a checkpoint is chosen by, the rule in words): the baselines' English dev
+    score (XTREME's zero-shot protocol has no target-language labels), FILTER's and X-Mixup's
+    average over the dev languages (as their papers select)."""
+    if not dev:
+        return None, 'last epoch (no dev set)'
+    if method.select == 'en' and 'en' in dev:
+        return dev['en']['score'], 'best English dev score'
+    return float(np.mean([s['score'] for s in dev.values()])), 'best average dev score over languages'
+
+
+def finish(args, dev, test, rank, selected_by=None):
+    """results.json (dev and test per language with average and transfer gap, the checkpoint's
+    selection rule) and the table."""
     if rank != 0:
         return
     summary = lambda scores: ev.summarize({lang: s['score'] for lang, s in scores.items()}) if scores else {}
-    results = {'task': args.task, 'method': args.method, 'dev': summary(dev), 'test': summary(test),
-               'test_metrics': test, 'dev_metrics': dev}
+    results = {'task': args.task, 'method': args.method, 'selected_by': selected_by, 'dev': summary(dev),
+               'test': summary(test), 'test_metrics': test, 'dev_metrics': dev}
     layers.atomic_write(os.path.join(args.out, 'results.json'), json.dumps(results, indent=2))
     rows = {f'{split} ({args.task})': results[split] for split in ('dev', 'test') if results[split]}
     table = ev.format_table(rows) if rows else 'no labels to score against: predictions written only'

@@ -33,39 +33,50 @@ class Head(nn.Module):
     def forward(self, h, mask):
         if self.dense is not None:
             return self.out(self.drop(torch.tanh(self.dense(self.drop(h[:, 0])))))
-        logits = self.out(self.drop(h))  # QA scores positions: padding must not take part in their softmax
-        return logits.masked_fill(~mask[..., None], float('-inf')) if self.family == 'qa' else logits
+        if self.family == 'tagging':
+            return self.out(self.drop(h))
+        # QA: no dropout before the span layer (XTREME, FILTER and X-Mixup have none); padding
+        # must not take part in the softmax over positions
+        return self.out(h).masked_fill(~mask[..., None], float('-inf'))
 
 
 def per_example_loss(family, logits, labels):
-    """Cross-entropy per example (B,): a sentence's tagging loss is the mean over its labelled
-    words, a QA loss the mean of the start and end losses."""
+    """Cross-entropy per example (B,), such that its mean is the batch's loss: classification and
+    QA (the mean of the start and end losses) per example; tagging is the mean over all labelled
+    tokens of the batch (XTREME's run_tag), so example i carries B x (its tokens' sum) / (the
+    batch's labelled tokens) and weighting an example weights its tokens."""
     if family == 'classification':
         return F.cross_entropy(logits.float(), labels, reduction='none')
     if family == 'tagging':
         tokens = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=IGNORE, reduction='none')
-        return tokens.sum(1) / labels.ne(IGNORE).sum(1).clamp(min=1)
+        return tokens.sum(1) * labels.size(0) / labels.ne(IGNORE).sum().clamp(min=1)
     start, end = logits.float().unbind(-1)
     return (F.cross_entropy(start, labels[:, 0], reduction='none') + F.cross_entropy(end, labels[:, 1], reduction='none')) / 2
 
 
-def kl_per_example(family, p_teacher, logits, first=None):
-    """KL(p_teacher || p_student) per example (B,): over classes; per word (first sub-words) then
-    averaged for tagging; over positions for the start and the end of an answer, averaged, for QA."""
-    log_q = logits.float().log_softmax(1 if family == 'qa' else -1)
-    kl = torch.where(p_teacher > 0, p_teacher * (p_teacher.clamp_min(1e-30).log() - log_q), 0.0)
+def kl_per_example(family, p_teacher, logits, first=None, T=1.0):
+    """KL(p_teacher || p_student) per example (B,), both softened by the temperature T and the KL
+    scaled by T^2 (as FILTER's released code: softmax(teacher / T) = p_teacher^(1/T), renormalised):
+    over classes; for tagging per word (first sub-words), the mean over the batch's words as the
+    tagging loss; over positions for the start and the end of an answer, averaged, for QA."""
+    dim = 1 if family == 'qa' else -1
+    if T != 1.0:
+        p_teacher = p_teacher ** (1 / T)
+        p_teacher = p_teacher / p_teacher.sum(dim, keepdim=True)
+    log_q = (logits.float() / T).log_softmax(dim)
+    kl = torch.where(p_teacher > 0, p_teacher * (p_teacher.clamp_min(1e-30).log() - log_q), 0.0) * T ** 2
     if family == 'classification':
         return kl.sum(-1)
     if family == 'tagging':
         per_word = kl.sum(-1) * first
-        return per_word.sum(1) / first.sum(1).clamp(min=1)
+        return per_word.sum(1) * first.size(0) / first.sum().clamp(min=1)
     return kl.sum(1).mean(-1)
 
 
-def teacher_kl(family, p_teacher, tgt, logits):
+def teacher_kl(family, p_teacher, tgt, logits, T=1.0):
     """KL(p_teacher || p) per example, p_teacher: the stored probabilities of the batch's items."""
     stored = torch.nn.utils.rnn.pad_sequence([p_teacher[i] for i in tgt.index], batch_first=True)
-    return kl_per_example(family, stored.to(logits.device), logits, tgt.first)
+    return kl_per_example(family, stored.to(logits.device), logits, tgt.first, T)
 
 
 def probabilities(family, logits):
@@ -77,6 +88,10 @@ class Baseline(nn.Module):
     """Fine-tuning the encoder and a task head on labelled examples: English alone (zero-shot
     transfer), or English translated into the target languages (translate-train)."""
     paired, round_trip = False, False
+    select = 'en'  # the checkpoint with the best English dev score (XTREME: no target-language labels)
+    # XTREME's scripts (train_xnli.sh ... train_qa.sh): 2e-5, 3e-5 for QA and for XNLI on XLM-R large
+    LR = {'xnli': 2e-5, 'pawsx': 2e-5, 'udpos': 2e-5, 'panx': 2e-5, 'xquad': 3e-5, 'mlqa': 3e-5, 'tydiqa': 3e-5}
+    LR_LARGE = {'xnli': 3e-5}
 
     def __init__(self, encoder, task, args=None):
         super().__init__()
@@ -106,6 +121,9 @@ class Filter(nn.Module):
     English with its translation and predicts from the target side of (English translation,
     target text). With stored teacher probabilities p_teacher it is the self-taught student."""
     paired, round_trip, teacher_method = True, False, 'filter'
+    select = 'average'  # the best average over the dev languages (Section 4.1)
+    LR = {'xnli': 3e-6, 'pawsx': 1e-5, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 1e-5}  # train.sh
+    LR_LARGE = {}
     # m, k and the KL weight 1 - lambda of the paper for XLM-R large (24 layers); k is scaled to
     # other depths (QA on XLM-R base: m = 1, k = 10) unless --k is given
     DEFAULTS = {'classification': (1, 1, 0.5), 'tagging': (1, 1, 1.0), 'qa': (1, 20, 0.1)}
@@ -118,6 +136,7 @@ class Filter(nn.Module):
         self.m = m if getattr(args, 'm', None) is None else args.m
         self.k = min(scale_depth(k, L), L - self.m) if getattr(args, 'k', None) is None else args.k
         self.kl_weight = kl_weight if getattr(args, 'kl_weight', None) is None else args.kl_weight
+        self.T = getattr(args, 'temperature', None) or 1.0  # softens both sides of the KL (the paper: none)
         if self.k + self.m > L or min(self.k, self.m) < 0:
             raise ValueError(f'--k {self.k} + --m {self.m} does not fit the model\'s {L} layers: choose k + m <= {L}')
         self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout)
@@ -145,7 +164,7 @@ class Filter(nn.Module):
             loss = loss_s + loss_t
             return loss.mean(), {'loss': loss.mean().item()}
         lam = 0.0 if self.family == 'tagging' else 1 - self.kl_weight
-        kl = teacher_kl(self.family, self.p_teacher, pair.tgt, p_t)
+        kl = teacher_kl(self.family, self.p_teacher, pair.tgt, p_t, self.T)
         loss = loss_s + lam * loss_t + (1 - lam) * kl  # Eq. 6
         return loss.mean(), {'loss': loss.mean().item(), 'kl': kl.mean().item()}
 
@@ -170,7 +189,11 @@ class XMixup(nn.Module):
     or its round-trip translation as S (scheduled sampling, Eq. 6) and adds consistency losses
     (Eq. 7-8); inference mixes the target with its translation into English."""
     paired, round_trip, teacher_method = True, True, 'zeroshot'
-    # mixup layer (of 24, scaled to the model's depth: QA on XLM-R base mixes at layer 8), alpha, p_k
+    select = 'average'  # the best average over the dev languages (Section 4.1)
+    LR = {'xnli': 5e-6, 'pawsx': 5e-6, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 3e-5}  # scripts
+    LR_LARGE = {}
+    # mixup layer, alpha, p_k (Table 10 and the released scripts); only QA's layer depends on the
+    # depth (16 of 24 on XLM-R large, 8 of 12 on base: Section 4.1)
     DEFAULTS = {'classification': (1, 0.4, 1000), 'tagging': (4, 0.8, 1000), 'qa': (16, 0.2, 2000)}
 
     def __init__(self, encoder, task, args):
@@ -179,7 +202,9 @@ class XMixup(nn.Module):
         layer, alpha, p_k = self.DEFAULTS[self.family]
         L = encoder.cfg.n_layer
         given = getattr(args, 'mixup_layer', None)
-        self.layer = scale_depth(layer, L) if given is None else given
+        if given is None:
+            given = scale_depth(layer, L) if self.family == 'qa' else min(layer, L)
+        self.layer = given
         if not 1 <= self.layer <= L:
             raise ValueError(f'--mixup_layer {self.layer} is not a layer of the model (1 to {L})')
         self.alpha, self.p_k, self.lambda_0 = alpha, getattr(args, 'p_k', None) or p_k, 0.5
@@ -204,12 +229,12 @@ class XMixup(nn.Module):
 
     def mix(self, block, x_s, mask_s, x_t, mask_t):
         """The mixup layer on both sides -> (source out, target out, lambda)."""
-        a_s, a_t = block.attend(x_s, mask_s), block.attend(x_t, mask_t)  # self-attention (Eq. 2)
-        h_s, h_t = block.ln1(a_s), block.ln1(a_t)
+        h_s, h_t = block.ln1(block.attend(x_s, mask_s)), block.ln1(block.attend(x_t, mask_t))  # Eq. 2
         h_ts, scores = block.attn(h_t, mask_s, memory=h_s, return_scores=True)  # Eq. 3: T queries S
         lam = self.mixup_ratio(scores, mask_t, mask_s)
-        # Eq. 4; h_T is taken before the sub-layer's LayerNorm, which is the LN of Eq. 4: lambda = 0 is the plain layer
-        mixed = block.ln1(lam * block.drop(h_ts) + (1 - lam) * a_t)
+        # Eq. 4 as the released code: the normalised h_T mixed with the dropped-out cross-attention,
+        # then the sub-layer's LayerNorm once more (so lambda = 0 is LN(h_T), not the plain layer)
+        mixed = block.ln1(lam * block.drop(h_ts) + (1 - lam) * h_t)
         return block.feed_forward(h_s), block.feed_forward(mixed), lam
 
     def encode(self, src, tgt):
@@ -221,9 +246,9 @@ class XMixup(nn.Module):
 
     def scheduled_source(self, pair):
         """Eq. 6: each example's source is the real English with probability p*, else its round
-        trip -> (source batch, share of real sources)."""
+        trip -> (source batch, (B,) True where the source is real)."""
         if pair.alt is None:
-            return pair.src, 1.0
+            return pair.src, torch.ones(pair.src.ids.size(0), dtype=torch.bool)
         real = torch.rand(pair.src.ids.size(0)) < self.p_star()
         T = max(pair.src.ids.size(1), pair.alt.ids.size(1))
 
@@ -233,7 +258,7 @@ class XMixup(nn.Module):
             return torch.where(real.to(a.device).view(-1, *[1] * (a.dim() - 1)), a, b)
         s, r = pair.src, pair.alt
         labels = None if s.labels is None else pick(s.labels, r.labels, IGNORE if self.family == 'tagging' else None)
-        return Batch(pick(s.ids, r.ids, 1), pick(s.mask, r.mask, False), labels, s.index), real.float().mean().item()
+        return Batch(pick(s.ids, r.ids, 1), pick(s.mask, r.mask, False), labels, s.index), real
 
     def predict(self, pair):
         if not self.mixup_inference:  # the ablation: the target alone through the plain encoder
@@ -242,11 +267,20 @@ class XMixup(nn.Module):
         p_t = self.head(h_t, pair.tgt.mask)
         if self.family != 'classification':
             return p_t
-        mean = (p_t.softmax(-1) + self.head(h_s, pair.src.mask).softmax(-1)) / 2  # both sides' distributions
-        return mean.log()  # as logits: its softmax is the mean
+        return (p_t + self.head(h_s, pair.src.mask)) / 2  # both sides: the mean of the logits, as the released code
+
+    def representation(self, h, mask):
+        """r of Eq. 7 as the released code takes it: <s> for classification, else the mean over
+        the real tokens between <s> and the last </s>."""
+        if self.family == 'classification':
+            return h[:, 0]
+        inner = mask.clone()
+        inner[:, 0] = False
+        inner[torch.arange(mask.size(0)), mask.sum(1) - 1] = False
+        return mean_pool(h, inner)
 
     def loss(self, pair):
-        src, real_share = self.scheduled_source(pair)
+        src, real = self.scheduled_source(pair)
         h_s, h_t, lam = self.encode(src, pair.tgt)
         p_s, p_t = self.head(h_s, src.mask), self.head(h_t, pair.tgt.mask)
         loss_s = per_example_loss(self.family, p_s, src.labels)
@@ -254,12 +288,16 @@ class XMixup(nn.Module):
             loss_t = teacher_kl(self.family, self.p_teacher, pair.tgt, p_t)
         else:
             loss_t = per_example_loss(self.family, p_t, pair.tgt.labels)
-        mse = F.mse_loss(mean_pool(h_s, src.mask), mean_pool(h_t, pair.tgt.mask), reduction='none').float().mean(-1)
-        loss = self.alpha * loss_s + (1 - self.alpha) * loss_t + mse  # Eq. 8, and Eq. 7's representation term
+        task = self.alpha * loss_s + (1 - self.alpha) * loss_t  # Eq. 8
+        if self.family != 'classification':  # a round-trip source's labels may not fit it: T's loss alone
+            task = torch.where(real.to(task.device), task, loss_t)
+        mse = F.mse_loss(self.representation(h_s, src.mask), self.representation(h_t, pair.tgt.mask),
+                         reduction='none').float().mean(-1)
+        loss = task + mse  # Eq. 7's representation consistency
         if self.family == 'classification':  # Eq. 7's prediction consistency, KL(p_S || p_T)
             loss = loss + kl_per_example(self.family, p_s.float().softmax(-1), p_t)
         return loss.mean(), {'loss': loss.mean().item(), 'lambda': lam.mean().item(), 'p_star': self.p_star(),
-                             'real_source': real_share, 'mse': mse.mean().item()}
+                             'real_source': real.float().mean().item(), 'mse': mse.mean().item()}
 
     def forward(self, pair):
         return self.loss(pair)

@@ -53,11 +53,40 @@ def test_classification_reader(tmp_path):
     assert data.read_split(str(tmp_path), 'xnli', 'dev', 'de') == [{'a': a, 'b': b, 'label': l} for a, b, l in rows]
     write_xtreme_tsv(tmp_path / 'xnli' / 'test-de.tsv', [r[:2] for r in rows])
     assert [ex['label'] for ex in data.read_split(str(tmp_path), 'xnli', 'test', 'de')] == [None, None]
+    write_xtreme_tsv(tmp_path / 'xnli' / 'train-en.tsv', [('A b .', 'C d .', 'contradiction')])
     tt = tmp_path / 'xnli' / 'translate-train' / 'en-de-translated.tsv'
     tt.parent.mkdir()
     tt.write_text('A b .\tC d .\tE f .\tG h .\tcontradictory\n', encoding='utf-8')  # XNLI-MT's label spelling
     (src, tgt), = data.read_translations(str(tmp_path), 'xnli', 'train', 'de')
     assert src == {'a': 'A b .', 'b': 'C d .', 'label': 'contradiction'} and tgt['a'] == 'E f .'
+
+
+def test_translations_are_matched_to_their_originals_by_text(tmp_path, capsys):
+    """Rows out of order, a pair that occurs twice, spacing that differs, a translation of no
+    original and an original with no translation: each translation goes to its own original."""
+    english = [('One .', 'Uno .', 'entailment'), ('Two  .', 'Dos .', 'neutral'), ('One .', 'Uno .', 'neutral'),
+               ('Three .', 'Tres .', 'contradiction'), ('Four .', 'Cuatro .', 'entailment')]
+    write_xtreme_tsv(tmp_path / 'xnli' / 'train-en.tsv', english)
+    translated = [('Three .', 'Tres .', 'Drei .', 'Drei !', 'contradiction'), ('Two .', 'Dos .', 'Zwei .', 'Zwei !', 'neutral'),
+                  ('Stray .', 'Nada .', 'Streuner .', 'Nichts .', 'neutral'), ('One .', 'Uno .', 'Eins .', 'Eins !', 'entailment'),
+                  ('One .', 'Uno .', 'Eins ?', 'Eins ?', 'neutral')]
+    write_xtreme_tsv(tmp_path / 'xnli' / 'translate-train' / 'en-de-translated.tsv', translated)
+    pairs = data.read_translations(str(tmp_path), 'xnli', 'train', 'de')
+    assert [o['a'] for o, _ in pairs] == [e[0] for e in english]  # one per original, in its order
+    assert [t and t['a'] for _, t in pairs] == ['Eins .', 'Zwei .', 'Eins ?', 'Drei .', None]
+    assert [o['label'] for o, _ in pairs] == [e[2] for e in english]  # the original's label
+    out = capsys.readouterr().out
+    assert 'en-de-translated.tsv: 1 of 5 examples of the original have no translation here, 1 translations match no original (the first at line 3)' in out
+
+
+def test_empty_translations_are_skipped_with_a_count(tmp_path, capsys):
+    write_xtreme_tsv(tmp_path / 'pawsx' / 'dev-de.tsv', [('Eins .', 'Zwei .', '1'), ('Drei .', 'Vier .', '0'), ('Fünf .', 'Sechs .', '1')])
+    write_xtreme_tsv(tmp_path / 'pawsx' / 'translate-dev' / 'dev-de-en-translated.tsv',
+                     [('Eins .', 'Zwei .', 'One .', 'Two .', '1'), ('Drei .', 'Vier .', '', 'Four .', '0'),
+                      ('Fünf .', 'Sechs .', 'Five .', ' ', '1')])
+    pairs = data.read_translations(str(tmp_path), 'pawsx', 'dev', 'de')
+    assert [t and (t['a'], t['b']) for _, t in pairs] == [('One .', 'Two .'), None, None]
+    assert 'dev-de-en-translated.tsv: 2 rows with an empty sentence skipped (the first at line 2)' in capsys.readouterr().out
 
 
 def test_tagging_reader_and_translations(tmp_path):
@@ -271,3 +300,59 @@ def test_mixed_label_columns_are_refused(tmp_path):
     (tmp_path / 'xnli' / 'dev-de.tsv').write_text('a\tb\tneutral\na\tb\n', encoding='utf-8')
     with pytest.raises(data.DataError, match='line 2: 2 tab-separated columns, expected 3 as in the rest of the file'):
         data.read_split(str(tmp_path), 'xnli', 'dev', 'de')
+
+
+def squad_file(path, questions):
+    """A SQuAD v1.1 file, one paragraph per (id, context, question, answers)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    paragraphs = [{'context': c, 'qas': [{'id': i, 'question': q, 'answers': a}]} for i, c, q, a in questions]
+    with open(path, 'w', encoding='utf-8') as f:
+        json.dump({'version': '1.1', 'data': [{'title': 't', 'paragraphs': paragraphs}]}, f, ensure_ascii=False)
+
+
+def test_unusable_qa_examples_are_skipped_and_counted(tmp_path, capsys, mock_tok):
+    good = ('q1', 'Anna lives in Paris .', 'Where ?', [{'text': 'Paris', 'answer_start': 14}])
+    squad_file(tmp_path / 'squad' / 'train-v1.1.json', [
+        good, ('q2', 'Ben lives in Rome .', 'Where ?', [{'text': 'Rome', 'answer_start': 3}]),  # not at answer_start
+        ('q3', '', 'Where ?', [{'text': 'x', 'answer_start': 0}]), ('q4', 'No answer here .', 'Who ?', []),
+        ('q5', 'Carl lives in Oslo .', 'Where ?', [{'text': 'Oslo', 'answer_start': 14}])])
+    train = data.read_split(str(tmp_path), 'xquad', 'train')
+    assert [ex['id'] for ex in train] == ['q1', 'q5']
+    out = capsys.readouterr().out
+    assert ('train-v1.1.json: 3 of 5 questions skipped (1 no answer, 1 empty context, 1 answer text not at answer_start)'
+            in out)
+    squad_file(tmp_path / 'squad' / 'translate-train' / 'squad.translate.train.en-de.json',
+               [('q1', 'Anna wohnt in Paris .', 'Wo ?', [{'text': 'Paris', 'answer_start': 14}])])
+    pairs = data.read_translations(str(tmp_path), 'xquad', 'train', 'de')
+    assert [(o['id'], t and t['id']) for o, t in pairs] == [('q1', 'q1'), ('q5', None)]  # q5 has no translation
+    assert '1 of 2 questions of the original have no translation here' in capsys.readouterr().out
+    # evaluation keeps every question: one with no context answers ''
+    squad_file(tmp_path / 'xquad' / 'xquad.de.json', [good, ('q9', '', 'Wo ?', [{'text': '', 'answer_start': 0}])])
+    test = data.read_split(str(tmp_path), 'xquad', 'test', 'de')
+    feats = data.qa_features(mock_tok, test, 64, 32)
+    answers = ev.decode_qa(feats, [torch.randn(len(f.ids)) for f in feats], [torch.randn(len(f.ids)) for f in feats])
+    assert set(answers) == {'q1', 'q9'} and answers['q9'] == ''
+
+
+def test_files_that_are_not_utf8_fail_in_one_line_and_bom_crlf_are_read(tmp_path):
+    (tmp_path / 'xnli').mkdir()
+    (tmp_path / 'xnli' / 'dev-de.tsv').write_bytes('Ein Satz .\tNoch einer .\tneutral\r\n'.encode('utf-8')
+                                                  + 'Grüße .\tZwei .\tneutral\r\n'.encode('latin-1'))
+    with pytest.raises(data.DataError, match=r'dev-de.tsv, line 2: not UTF-8 \(byte 0xfc\); convert the file to UTF-8'):
+        data.read_split(str(tmp_path), 'xnli', 'dev', 'de')
+    bom = lambda text: b'\xef\xbb\xbf' + text.replace('\n', '\r\n').encode('utf-8')
+    (tmp_path / 'xnli' / 'dev-de.tsv').write_bytes(bom('"Er sagt ""ja"" ."\tZwei .\tneutral\nDrei .\tVier .\tentailment\n'))
+    assert data.read_split(str(tmp_path), 'xnli', 'dev', 'de') == [
+        {'a': 'Er sagt "ja" .', 'b': 'Zwei .', 'label': 'neutral'}, {'a': 'Drei .', 'b': 'Vier .', 'label': 'entailment'}]
+    (tmp_path / 'panx').mkdir()
+    (tmp_path / 'panx' / 'dev-de.tsv').write_bytes(bom('Anna\tB-PER\nwohnt\tO\n\nParis\tB-LOC\n'))
+    assert data.read_split(str(tmp_path), 'panx', 'dev', 'de')[1] == {'words': ['Paris'], 'tags': ['B-LOC']}
+    (tmp_path / 'xquad').mkdir()
+    (tmp_path / 'xquad' / 'xquad.de.json').write_bytes(bom(json.dumps({'data': [{'paragraphs': [
+        {'context': 'Anna lebt in Paris .', 'qas': [{'id': 'a', 'question': 'Wo ?', 'answers': []}]}]}]})))
+    assert data.read_split(str(tmp_path), 'xquad', 'test', 'de')[0]['context'] == 'Anna lebt in Paris .'
+    (tmp_path / 'labels.tsv').write_bytes(bom('neutral\nentailment\n'))
+    assert ev.read_lines(str(tmp_path / 'labels.tsv')) == ['neutral', 'entailment']
+    (tmp_path / 'bad.json').write_bytes('{"data": "Grüße"}'.encode('latin-1'))
+    with pytest.raises(data.DataError, match='bad.json, line 1: not UTF-8'):
+        ev.read_qa_file(str(tmp_path / 'bad.json'))

@@ -101,8 +101,12 @@ def test_kl_is_against_stored_target_probabilities(task):
     for i in range(2):
         q = own[i]
         kl = (other[i] * (other[i].log() - q.log())).sum(0 if family == 'qa' else -1)
-        expected.append(kl.mean() if family != 'classification' else kl)
-    assert logs['kl'] == pytest.approx(float(torch.stack(expected).mean()), rel=1e-4)
+        expected.append(kl)
+    if family == 'tagging':  # the mean over the batch's words
+        expected = torch.cat(expected).sum() / sum(lengths)
+    else:
+        expected = torch.stack([e.mean() for e in expected]).mean()
+    assert logs['kl'] == pytest.approx(float(expected), rel=1e-4)
 
 
 def test_self_teaching_end_to_end(tmp_path):
@@ -110,7 +114,7 @@ def test_self_teaching_end_to_end(tmp_path):
     results = run(tmp_path / 'st', demo, '--method', 'filter', '--task', 'xnli', '--self_teach', '--epochs', '3')
     teacher, stored = tmp_path / 'st' / 'teacher', tmp_path / 'st' / 'p_teacher.pt'
     probs = torch.load(stored, weights_only=True)
-    assert len(probs) == 300 and all(torch.allclose(p.sum(), torch.tensor(1.0)) for p in probs)  # 150 x (de, zh)
+    assert len(probs) == 450 and all(torch.allclose(p.sum(), torch.tensor(1.0)) for p in probs)  # 150 x (en, de, zh)
     assert os.path.exists(teacher / 'results.json') and os.path.exists(tmp_path / 'st' / 'results.json')
     logged = [json.loads(line) for line in open(tmp_path / 'st' / 'log.jsonl')]
     assert all('kl' in r for r in logged if 'loss' in r) and not any('kl' in json.loads(l) for l in open(teacher / 'log.jsonl'))
@@ -130,6 +134,51 @@ def test_self_teaching_end_to_end(tmp_path):
     (tmp_path / 'redo').mkdir()
     torch.save(probs[:10], tmp_path / 'redo' / 'p_teacher.pt')
     run(tmp_path / 'redo', demo, '--method', 'filter', '--task', 'xnli', '--teacher', str(teacher), '--epochs', '1')
-    assert len(torch.load(tmp_path / 'redo' / 'p_teacher.pt', weights_only=True)) == 300
+    assert len(torch.load(tmp_path / "redo" / "p_teacher.pt", weights_only=True)) == 450
     with pytest.raises(SystemExit, match='was trained on xnli, not panx'):
         run(tmp_path / 'other', demo, '--method', 'filter', '--task', 'panx', '--teacher', str(teacher), '--epochs', '1')
+
+
+@pytest.mark.parametrize('task,T', [('xnli', 1.0), ('xnli', 2.0), ('panx', 1.0), ('mlqa', 3.0)])
+def test_filter_loss_is_eq_6_by_hand(task, T):
+    """Teacher L_s + L_t (tagging: L_s alone); student L_s + lambda L_t + (1 - lambda) KL (Eq. 6,
+    lambda = 1 - kl_weight, 0 for tagging), the KL of the teacher's and the student's distributions
+    softened by T, times T^2, from the teacher's logits by hand."""
+    from test_xmixup import ce, kl, labelled_side
+    family, n_labels = data.TASKS[task].family, max(2, len(data.TASKS[task].labels))
+    f = filter_model(3, m=1, k=1, task=task)
+    f.T = T
+    src, tgt = labelled_side(family, [9, 5, 7], 1, n_labels), labelled_side(family, [4, 7, 8], 2, n_labels)
+    lengths = tgt.mask.sum(1).tolist()
+    g = torch.Generator().manual_seed(7)
+    z = [torch.randn(n, n_labels if family == 'tagging' else 2, generator=g) * 2 for n in lengths]
+    if family == 'classification':
+        z = [torch.randn(n_labels, generator=g) * 2 for _ in lengths]
+    with torch.no_grad():
+        h_s, h_t = f.encode(src, tgt)
+        z_s, z_t = f.head(h_s, src.mask), f.head(h_t, tgt.mask)
+    if family == 'tagging':  # token means over the batch
+        labelled = src.labels.ne(data.IGNORE)
+        L_s = sum(ce(z_s[i, j], src.labels[i, j]) for i, j in labelled.nonzero().tolist()) / labelled.sum()
+        L_t = 0.0
+        KL = sum(kl((z[i][j] / T).softmax(-1), (z_t[i, j] / T).softmax(-1)) for i, j in tgt.first.nonzero().tolist())
+        KL = KL * T ** 2 / tgt.first.sum()
+        lam = 0.0
+    else:
+        if family == 'classification':
+            per = lambda zz, y: ce(zz, y)
+            kls = [kl((z[i] / T).softmax(-1), (z_t[i] / T).softmax(-1)) for i in range(3)]
+        else:  # start and end: distributions over the target's positions, averaged
+            per = lambda zz, y: (ce(zz[:, 0], y[0]) + ce(zz[:, 1], y[1])) / 2
+            kls = [sum(kl((z[i][:, e] / T).softmax(0), (z_t[i, :lengths[i], e] / T).softmax(0)) for e in (0, 1)) / 2
+                   for i in range(3)]
+        L_s = sum(per(z_s[i], src.labels[i]) for i in range(3)) / 3
+        L_t = sum(per(z_t[i], tgt.labels[i]) for i in range(3)) / 3
+        KL = sum(kls) * T ** 2 / 3
+        lam = 1 - f.kl_weight
+    with torch.no_grad():
+        teacher = f.loss(data.Pair(src, tgt))[0]
+        f.p_teacher = [xlt.probabilities(family, zz) for zz in z]  # what a teacher stores: T = 1 probabilities
+        student = f.loss(data.Pair(src, tgt))[0]
+    assert teacher.item() == pytest.approx(float(L_s + L_t), rel=1e-4)
+    assert student.item() == pytest.approx(float(L_s + lam * L_t + (1 - lam) * KL), rel=1e-4)

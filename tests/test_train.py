@@ -107,7 +107,7 @@ def test_bad_set_ups_stop_with_one_line(tmp_path, demo_data, capsys):
     broken = tmp_path / 'broken'
     shutil.copytree(demo_data, broken)
     os.remove(broken / 'xnli' / 'translate-train' / 'en-zh-translated.tsv')
-    one_line_failure(capsys, ['--task', 'xnli', '--method', 'translate-train-all', '--model', 'tiny',
+    one_line_failure(capsys, ['--task', 'xnli', '--method', 'translate-train-all', '--model', 'tiny', '--from_scratch',
                               '--data_dir', str(broken), '--out', str(tmp_path / 'o')],
                      'en-zh-translated.tsv not found: xnli needs translate-train files for zh')
     run(tmp_path / 'tiny', demo_data, '--task', 'pawsx', '--epochs', '1')
@@ -130,11 +130,11 @@ def test_translate_train_and_translate_test(tmp_path, demo_data):
 def test_set_up_errors_before_training(tmp_path, demo_data, capsys):
     one_line_failure(capsys, ['--demo', '--batch_size', '1', '--grad_accum', '2', '--out', str(tmp_path / 'b')],
                      'cannot be cut into 1 processes x --grad_accum 2')
-    one_line_failure(capsys, ['--demo', '--max_len', '1024', '--out', str(tmp_path / 'm')], '--max_len 1024 is outside 8 to 512')
+    one_line_failure(capsys, ['--demo', '--max_len', '1024', '--out', str(tmp_path / 'm')], '--max_len 1024 is out of range: give 8 to 512')
     broken = tmp_path / 'broken'
     shutil.copytree(demo_data, broken)
     os.remove(broken / 'xnli' / 'translate-dev' / 'dev-zh-en-translated.tsv')
-    one_line_failure(capsys, ['--task', 'xnli', '--method', 'filter', '--model', 'tiny', '--data_dir', str(broken),
+    one_line_failure(capsys, ['--task', 'xnli', '--method', 'filter', '--model', 'tiny', '--from_scratch', '--data_dir', str(broken),
                               '--out', str(tmp_path / 'f')], 'dev-zh-en-translated.tsv not found: filter needs translate-dev')
     assert not os.path.exists(tmp_path / 'f' / 'log.jsonl')  # stopped before any training
     run(tmp_path / 'zs', demo_data, '--task', 'xnli', '--epochs', '1')
@@ -157,3 +157,93 @@ def test_ddp_with_every_parameter_unused_sometimes(tmp_path, demo_data):
                           '--fixed_lambda', '--epochs', '1', '--batch_size', '64'], cwd=ROOT, capture_output=True,
                          text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+@pytest.mark.parametrize('method,task,model,lr', [
+    ('zeroshot', 'xnli', 'base', 2e-5), ('zeroshot', 'xnli', 'large', 3e-5), ('translate-train-all', 'pawsx', 'large', 2e-5),
+    ('zeroshot', 'panx', 'base', 2e-5), ('zeroshot', 'mlqa', 'large', 3e-5), ('translate-train', 'tydiqa', 'base', 3e-5),
+    ('filter', 'xnli', 'large', 3e-6), ('filter', 'pawsx', 'base', 1e-5), ('filter', 'udpos', 'base', 5e-6),
+    ('filter', 'xquad', 'base', 5e-6), ('filter', 'tydiqa', 'large', 1e-5),
+    ('xmixup', 'xnli', 'large', 5e-6), ('xmixup', 'pawsx', 'base', 5e-6), ('xmixup', 'panx', 'base', 5e-6),
+    ('xmixup', 'mlqa', 'base', 5e-6), ('xmixup', 'tydiqa', 'large', 3e-5)])
+def test_learning_rate_per_method(method, task, model, lr):
+    """The released scripts' rates: XTREME's for the baselines, FILTER's train.sh, X-Mixup's scripts."""
+    assert train.parse_args(['--method', method, '--task', task, '--model', model]).lr == lr
+    assert train.parse_args(['--method', method, '--task', task, '--model', model, '--lr', '7e-6']).lr == 7e-6
+
+
+@pytest.mark.parametrize('option,value', [
+    ('batch_size', '0'), ('batch_size', '-4'), ('lr', '-1'), ('lr', '0'), ('lr', 'nan'), ('lr', 'inf'), ('epochs', '0'),
+    ('grad_accum', '0'), ('max_len', '0'), ('max_len', '1024'), ('warmup', '1.5'), ('warmup', '-0.1'),
+    ('weight_decay', '-0.01'), ('clip', '0'), ('dropout', '1'), ('seed', '-1'), ('m', '-1'), ('k', '-2'),
+    ('kl_weight', '1.5'), ('temperature', '0'), ('mixup_layer', '0'), ('p_k', '-5'), ('layer', '0'),
+    ('eval_batch_size', '0'), ('save_every', '0')])
+def test_numeric_options_out_of_range_stop_with_one_line(option, value):
+    with pytest.raises(SystemExit) as err:
+        train.main(['--demo', f'--{option}', value])
+    message = str(err.value)
+    assert message.startswith(f'error: --{option} ') and 'is out of range: give ' in message and '\n' not in message
+
+
+def test_selection_rule(tmp_path, demo_data):
+    """Baselines keep the checkpoint with the best English dev score, FILTER and X-Mixup the best
+    average over the dev languages; results.json says which."""
+    import argparse
+    import layers
+    import xlt
+    enc = layers.Encoder(layers.CONFIGS['tiny'])
+    dev = {'en': {'score': 50.0}, 'de': {'score': 90.0}, 'zh': {'score': 70.0}}
+    assert train.selection(xlt.Baseline(enc, 'xnli'), dev) == (50.0, 'best English dev score')
+    for method in (xlt.Filter, xlt.XMixup):
+        assert train.selection(method(enc, 'xnli', argparse.Namespace()), dev) == (70.0, 'best average dev score over languages')
+    assert train.selection(xlt.Baseline(enc, 'tydiqa'), {})[1] == 'last epoch (no dev set)'
+    results = run(tmp_path, demo_data, '--task', 'pawsx', '--epochs', '1')
+    assert results['selected_by'] == 'best English dev score'
+
+
+def test_qa_head_has_no_dropout_and_tagging_head_has():
+    import xlt
+    h, mask = torch.randn(2, 6, 16), torch.ones(2, 6, dtype=torch.bool)
+    qa, tag = xlt.Head('qa', 16, 0, dropout=0.5).train(), xlt.Head('tagging', 16, 5, dropout=0.5).train()
+    assert torch.equal(qa(h, mask), qa.out(h))  # training mode: still no dropout before the span layer
+    assert not torch.equal(tag(h, mask), tag.out(h))
+
+
+@pytest.mark.parametrize('method', ['filter', 'xmixup'])
+def test_paired_methods_train_on_english_english_pairs_too(demo_data, method):
+    args = train.parse_args(['--demo', '--method', method, '--task', 'mlqa', '--data_dir', demo_data])
+    args.data_dir = demo_data
+    tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
+    import xlt
+    items = train.training_items(args, tok, xlt.METHODS[method][0])
+    english = data.read_split(demo_data, 'mlqa', 'train')
+    same = [item for item in items if item[0].ids == item[1].ids]
+    assert len(same) == len(data.make_features(tok, 'mlqa', english, args.max_len, train=True))  # English with itself
+    assert method == 'filter' or all(item[2].ids == item[0].ids for item in same)  # its round trip is itself
+    assert len(items) > len(same)  # and with its translations
+
+
+def test_bad_evaluation_input_stops_before_anything_is_written(tmp_path, demo_data, capsys):
+    """Every evaluation file is read before training: a bad label in one dev file stops the run with
+    one line, and --out holds nothing that looks like a run (no config, log, checkpoint, results)."""
+    broken = tmp_path / 'broken'
+    shutil.copytree(demo_data, broken)
+    path = broken / 'xnli' / 'dev-zh.tsv'
+    lines = path.read_text(encoding='utf-8').splitlines()
+    lines[7] = lines[7].rsplit('\t', 1)[0] + '\tmaybe'
+    path.write_text('\n'.join(lines) + '\n', encoding='utf-8')
+    out = tmp_path / 'run'
+    one_line_failure(capsys, ['--task', 'xnli', '--model', 'tiny', '--from_scratch', '--data_dir', str(broken),
+                              '--out', str(out)], "dev-zh.tsv, line 8: label 'maybe' is not one of")
+    labels = broken / 'labels' / 'xnli' / 'test-de.tsv'
+    shutil.copy(os.path.join(demo_data, 'xnli', 'dev-zh.tsv'), path)
+    labels.write_text('neutral\n' * 3, encoding='utf-8')
+    one_line_failure(capsys, ['--task', 'xnli', '--model', 'tiny', '--from_scratch', '--data_dir', str(broken),
+                              '--out', str(out)], 'test-de.tsv has 3 labelled examples for 150 in the test set')
+    assert not os.path.exists(out) or not os.listdir(out)
+
+
+def test_real_data_without_init_needs_from_scratch(tmp_path, demo_data, capsys):
+    one_line_failure(capsys, ['--task', 'xnli', '--model', 'tiny', '--data_dir', demo_data, '--out', str(tmp_path / 'o')],
+                     'no --init: this would train XLM-R tiny from random weights for hours')
+    assert not os.path.exists(tmp_path / 'o' / 'config.json')

@@ -17,8 +17,13 @@ from test_train import eval_cli, run
 
 
 def model(task='xnli', layer=2, n_layer=3, **flags):
+    """A small X-Mixup with random LayerNorm weights (so that where a LayerNorm is applied shows)."""
     torch.manual_seed(0)
     enc = layers.Encoder(layers.Config(vocab_size=60, n_layer=n_layer, n_head=2, dim=16, ffn_dim=32))
+    with torch.no_grad():
+        for ln in (mod for mod in enc.modules() if isinstance(mod, torch.nn.LayerNorm)):
+            ln.weight.copy_(1 + 0.5 * torch.randn_like(ln.weight))
+            ln.bias.copy_(0.3 * torch.randn_like(ln.bias))
     return xlt.XMixup(enc, task, argparse.Namespace(mixup_layer=layer, **flags)).eval()
 
 
@@ -27,16 +32,20 @@ def pair():
     return data.Pair(data.Batch(src, src.ne(1)), data.Batch(tgt, tgt.ne(1)))
 
 
-def test_lambda_zero_is_the_plain_encoder_on_the_target():
+def test_lambda_zero_normalises_the_target_twice():
+    """Eq. 4 as the released code: lambda = 0 gives LN(h_T) with h_T already normalised, then the FFN."""
     m, p = model(), pair()
+    enc, t = m.encoder, p.tgt
     m.lambda_0 = 0.0
     with torch.no_grad():
-        _, h_t, lam = m.encode(p.src, p.tgt)
+        _, h_t, lam = m.encode(p.src, t)
         assert lam.abs().max() == 0
-        assert (h_t - m.encoder(p.tgt.ids, p.tgt.mask)).abs().max() <= 1e-6
-    m.lambda_0 = 0.5
-    with torch.no_grad():
-        assert (m.encode(p.src, p.tgt)[1] - m.encoder(p.tgt.ids, p.tgt.mask)).abs().max() > 1e-3
+        block = enc.blocks[1]
+        x = enc.blocks[0](enc.embed(t.ids), t.mask)
+        twice = block.ln1(block.ln1(x + block.attn(x, t.mask)))
+        expected = enc.blocks[2](block.ln2(twice + block.ffn(twice)), t.mask)
+        assert (h_t - expected).abs().max() <= 1e-5
+        assert (h_t - enc(t.ids, t.mask)).abs().max() > 1e-2  # not the plain layer
 
 
 def layer_norm(x, ln):
@@ -61,6 +70,7 @@ def test_mixed_state_and_entropy_by_hand():
     m, p = model(layer=1, n_layer=1), pair()
     block, enc = m.encoder.blocks[0], m.encoder
     with torch.no_grad():
+        m.w.fill_(0.7), m.b.fill_(-0.3)
         x_s, x_t = enc.embed(p.src.ids), enc.embed(p.tgt.ids)
         a_s = x_s + attention_by_hand(block.attn, x_s, x_s, p.src.mask)[0]
         a_t = x_t + attention_by_hand(block.attn, x_t, x_t, p.tgt.mask)[0]
@@ -78,8 +88,8 @@ def test_mixed_state_and_entropy_by_hand():
             return torch.stack(out)
         H = entropy(probs_ts, p.tgt.mask) + entropy(probs_st, p.src.mask)
         assert torch.allclose(xlt.attention_entropy(scores, p.tgt.mask, p.src.mask), entropy(probs_ts, p.tgt.mask), atol=1e-6)
-        lam = 0.5 * torch.sigmoid(H * m.w + m.b)
-        mixed = layer_norm(lam.view(-1, 1, 1) * h_ts + (1 - lam.view(-1, 1, 1)) * a_t, block.ln1)  # Eq. 4
+        lam = 0.5 * torch.sigmoid(H * 0.7 - 0.3)  # Eq. 5 with W = 0.7, b = -0.3
+        mixed = layer_norm(lam.view(-1, 1, 1) * h_ts + (1 - lam.view(-1, 1, 1)) * h_t, block.ln1)  # Eq. 4, released
         expected_t = layer_norm(mixed + block.ffn(mixed), block.ln2)
         expected_s = layer_norm(h_s + block.ffn(h_s), block.ln2)
         out_s, out_t, got_lam = m.mix(block, x_s, p.src.mask, x_t, p.tgt.mask)
@@ -106,8 +116,10 @@ def test_source_switches_between_real_and_round_trip_at_the_rate_p_star():
     for step in (0, 300, 460, 900):
         m.step = step
         torch.manual_seed(step)
-        src, share = m.scheduled_source(p)
+        src, real = m.scheduled_source(p)
+        share = real.float().mean().item()
         is_real = src.ids[:, 0] == 11
+        assert torch.equal(real, is_real)
         assert share == pytest.approx(m.p_star(), abs=4 * math.sqrt(0.25 / n))  # four standard deviations
         assert (src.labels == 0).tolist() == is_real.tolist()  # labels follow their text
         assert (src.ids[is_real, 3:] == 1).all() and (src.mask[is_real].sum(1) == 3).all()  # padded to 5
@@ -119,8 +131,8 @@ def test_inference_variants():
     m, p = model(), pair()
     with torch.no_grad():
         h_s, h_t, _ = m.encode(p.src, p.tgt)
-        mean = (m.head(h_t, p.tgt.mask).softmax(-1) + m.head(h_s, p.src.mask).softmax(-1)) / 2
-        assert torch.allclose(m.predict(p).softmax(-1), mean, atol=1e-6)  # classification: both sides' distributions
+        mean = (m.head(h_t, p.tgt.mask) + m.head(h_s, p.src.mask)) / 2
+        assert torch.allclose(m.predict(p), mean, atol=1e-6)  # classification: both sides' logits, averaged
         m.mixup_inference = False
         assert torch.allclose(m.predict(p), m.head(m.encoder(p.tgt.ids, p.tgt.mask), p.tgt.mask), atol=1e-6)
     q = model(task='xquad')
@@ -145,3 +157,100 @@ def test_xmixup_end_to_end(tmp_path, capsys):
     # tagging needs a source-language model's labels for T
     with pytest.raises(SystemExit, match='pass --teacher RUN'):
         run(tmp_path / 'tag', demo, '--method', 'xmixup', '--task', 'panx', '--epochs', '1')
+
+
+def labelled_side(family, lengths, seed, n_labels):
+    """A batch of random ids with random labels of the family (tagging: about 70% of the real
+    tokens labelled, never <s>)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = padded_batch(60, lengths, seed=seed)
+    mask = ids.ne(1)
+    if family == 'classification':
+        labels = torch.randint(0, n_labels, (len(lengths),), generator=g)
+        ids[:, 0] = torch.randint(4, 60, (len(lengths),), generator=g)  # a first token that differs: unequal <s> states
+    elif family == 'tagging':
+        chosen = mask & (torch.rand(ids.shape, generator=g) < 0.7)
+        chosen[:, 0] = False
+        labels = torch.where(chosen, torch.randint(0, n_labels, ids.shape, generator=g), data.IGNORE)
+    else:
+        labels = torch.stack([torch.randint(1, n - 1, (2,), generator=g).sort().values for n in lengths])
+    return data.Batch(ids, mask, labels, list(range(len(lengths))), labels.ne(data.IGNORE) if family == 'tagging' else None)
+
+
+def ce(logits, label):
+    return -logits.log_softmax(-1)[label]
+
+
+def kl(p, q):  # sum p log(p / q) over the last dimension
+    return (p * (p.log() - q.log())).sum(-1)
+
+
+@pytest.mark.parametrize('task', ['xnli', 'panx', 'mlqa'])
+def test_xmixup_loss_is_eq_7_and_8_by_hand(task):
+    """The whole training loss from the heads' outputs, example by example: Eq. 8's alpha mix for a
+    real source; for QA and tagging, the target's loss alone (weight 1) for a round-trip source;
+    Eq. 7's MSE on <s> (classification) or the mean of the tokens between <s> and </s>, and KL(p_S || p_T)."""
+    family, n_labels = data.TASKS[task].family, max(2, len(data.TASKS[task].labels))
+    m = model(task)
+    with torch.no_grad():
+        for linear in (m.head.dense, m.head.out):  # distributions far from uniform: KL(p_S || p_T) is not KL(p_T || p_S)
+            linear is None or linear.weight.mul_(20)
+    src, tgt, alt = (labelled_side(family, lengths, seed, n_labels)
+                     for lengths, seed in (([9, 5, 7, 6], 1), ([4, 7, 8, 5], 2), ([8, 6, 5, 7], 3)))
+    if family == 'tagging':  # T learns from a teacher's stored word distributions
+        tgt.labels = None
+        m.p_teacher = [torch.rand(n, n_labels, generator=torch.Generator().manual_seed(n)).softmax(-1) for n in (4, 7, 8, 5)]
+    m.p_k, m.step = 10, 23  # p* = 0.50
+    torch.manual_seed(5)
+    real = (torch.rand(4) < m.p_star()).tolist()
+    assert 0 < sum(real) < 4  # both kinds of source in the batch
+    def one(b, i):  # example i alone, without padding
+        n = int(b.mask[i].sum())
+        cut = lambda t: None if t is None else t[i:i + 1, :n] if t.dim() == 2 and family != 'qa' else t[i:i + 1]
+        return data.Batch(b.ids[i:i + 1, :n], b.mask[i:i + 1, :n], cut(b.labels), [i], cut(b.first))
+    parts = []
+    with torch.no_grad():
+        for i in range(4):
+            s, t = one(src if real[i] else alt, i), one(tgt, i)
+            h_s, h_t, _ = m.encode(s, t)
+            z_s, z_t = m.head(h_s, s.mask)[0], m.head(h_t, t.mask)[0]
+            if family == 'classification':
+                r_s, r_t = h_s[0, 0], h_t[0, 0]
+                task_s, task_t = ce(z_s, s.labels[0]), ce(z_t, t.labels[0])
+                extra = kl(z_s.softmax(-1), z_t.softmax(-1))
+            elif family == 'qa':
+                r_s, r_t = h_s[0, 1:-1].mean(0), h_t[0, 1:-1].mean(0)
+                span = lambda z, y: (ce(z[:, 0], y[0]) + ce(z[:, 1], y[1])) / 2
+                task_s, task_t, extra = span(z_s, s.labels[0]), span(z_t, t.labels[0]), 0.0
+            else:
+                r_s, r_t = h_s[0, 1:-1].mean(0), h_t[0, 1:-1].mean(0)
+                labelled = s.labels[0].ne(data.IGNORE)
+                task_s = sum(ce(z_s[j], s.labels[0, j]) for j in range(len(labelled)) if labelled[j])
+                task_t = sum(kl(m.p_teacher[i][j], z_t[j].softmax(-1)) for j in range(len(t.ids[0])) if t.first[0, j])
+                extra = 0.0
+            parts.append((task_s, task_t, ((r_s - r_t) ** 2).mean(), extra, int(s.labels.ne(data.IGNORE).sum()),
+                          int(t.first.sum()) if family == 'tagging' else 1))
+        if family == 'classification':
+            assert sum(p[3] for p in parts) > 0.1  # a KL that matters in the total
+        a = m.alpha
+        if family == 'tagging':  # token means over the batch, each token weighted by its example's weight
+            n_s, n_t = sum(p[4] for p in parts), sum(p[5] for p in parts)
+            expected = (sum(a * p[0] for p, r in zip(parts, real) if r) / n_s
+                        + sum((1 - a if r else 1.0) * p[1] for p, r in zip(parts, real)) / n_t
+                        + sum(p[2] for p in parts) / 4)
+        else:
+            expected = sum((a * p[0] + (1 - a) * p[1] if r or family == 'classification' else p[1]) + p[2] + p[3]
+                           for p, r in zip(parts, real)) / 4
+        torch.manual_seed(5)
+        loss, logs = m.loss(data.Pair(src, tgt, alt))
+    assert logs['real_source'] == sum(real) / 4
+    assert loss.item() == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize('n_layer,expected', [(24, (1, 4, 16)), (12, (1, 4, 8)), (6, (1, 4, 4))])
+def test_only_qa_mixup_layer_depends_on_depth(n_layer, expected):
+    """Section 4.1 and the released scripts: layer 1 (classification) and 4 (tagging) at any depth;
+    QA at 16 of 24, 8 of 12."""
+    enc = layers.Encoder(layers.Config(vocab_size=60, n_layer=n_layer, n_head=2, dim=8, ffn_dim=8))
+    got = tuple(xlt.XMixup(enc, task, argparse.Namespace()).layer for task in ('xnli', 'panx', 'mlqa'))
+    assert got == expected
