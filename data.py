@@ -164,6 +164,13 @@ def split_path(data_dir, task, split, lang='en'):
     return name and os.path.join(data_dir, task, split if split.startswith(('translate-', 'round-')) else '', name)
 
 
+# Where XTREME's published translations are (python data.py download fetches none): the bucket's
+# folders XNLI, PAWSX, SQuAD, XQuAD, MLQA, TyDiQA-GoldP hold translate-train / translate-test files
+# under the names read here, so each goes under the task's folder of the layout.
+TRANSLATIONS = ('get XTREME\'s translations with gsutil -m cp -r gs://xtreme_translations/<XNLI|PAWSX|SQuAD|XQuAD|MLQA|'
+                'TyDiQA-GoldP> and put them under xnli, pawsx, squad, xquad, mlqa, tydiqa (the README\'s data layout)')
+
+
 def need(path, what):
     if path is None or not os.path.isfile(path):
         raise DataError(f'{path} not found: {what}')
@@ -337,7 +344,7 @@ def read_translations(data_dir, task, split, lang):
     order); tagging translations align sentence by sentence, QA translations by question id.
     Originals without a translation and translations without an original are counted in a warning."""
     kind = f'translate-{split}'
-    path = need(split_path(data_dir, task, kind, lang), f'{task} needs {kind} files for {lang} (see the README\'s data layout)')
+    path = need(split_path(data_dir, task, kind, lang), f'{task} needs {kind} files for {lang}; {TRANSLATIONS}')
     family = TASKS[task].family
     originals = read_split(data_dir, task, split, 'en' if split == 'train' else lang)
     if family == 'tagging':
@@ -695,7 +702,7 @@ def demo_examples(task, n, rng):
                      C=(f['C'] + 1) % len(DEMO_WORDS['C']))
         if task == 'xnli':
             label = rng.choice(TASKS['xnli'].labels)
-            second = {'entailment': ('short', f), 'contradiction': ('never', f), 'neutral': ('short', other)}[label]
+            second = {'entailment': ('short', f), 'contradiction': ('never', f), 'neutral': ('work', f)}[label]
             out.append({l: {'a': demo_say('fact', f, l)[0], 'b': demo_say(*second, l)[0], 'label': label} for l in DEMO_SIDES})
         elif task == 'pawsx':
             label = rng.choice('01')
@@ -809,7 +816,7 @@ def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
         atomic_write(os.path.join(out_dir, path), text)
     sentences = [demo_say(kind, demo_fact(rng), lang)[0] for kind in DEMO_ORDER for lang in DEMO_LANGS for _ in range(100)]
     spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences),
-                                   model_prefix=os.path.join(out_dir, 'sentencepiece.bpe'), vocab_size=600,
+                                   model_prefix=os.path.join(out_dir, "sentencepiece.bpe"), vocab_size=600, model_type="bpe",
                                    hard_vocab_limit=False, character_coverage=1.0, minloglevel=2, num_threads=1)
     atomic_write(os.path.join(out_dir, 'demo.json'), json.dumps({'languages': DEMO_LANGS, 'seed': seed}))
     return out_dir
@@ -921,7 +928,7 @@ def download(task, out):
             write_text(os.path.join(out, task, f'{lang}-en.{lang}'), ''.join(s + '\n' for s in src))
             write_text(os.path.join(out, task, f'{lang}-en.en'), ''.join(eng[i] + '\n' for i in order))
             write_text(os.path.join(out, 'labels', task, f'test-{lang}.tsv'), ''.join(f'{i}\n' for i in order))
-    print(f'{task} is ready in {out}')
+    print(f'{task} is ready in {out}; FILTER and X-Mixup also need translations: {TRANSLATIONS}')
 
 
 def glob_files(folder, pattern):

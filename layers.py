@@ -35,7 +35,7 @@ class Config:
 
 
 CONFIGS = {
-    'tiny': Config(vocab_size=1000, n_layer=2, n_head=2, dim=32, ffn_dim=64),
+    'tiny': Config(vocab_size=1000, n_layer=2, n_head=2, dim=64, ffn_dim=128),
     'small': Config(n_layer=4, n_head=4, dim=256, ffn_dim=1024),
     'base': Config(),  # XLM-R base
     'large': Config(n_layer=24, n_head=16, dim=1024, ffn_dim=4096),  # XLM-R large

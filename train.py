@@ -143,7 +143,7 @@ def prepare_data(args, rank):
             dist.barrier()
     if not os.path.isdir(args.data_dir):
         fail(f'data folder {args.data_dir} not found: get the data with python data.py download --task {args.task} '
-             f'--out {args.data_dir}, or pass --demo')
+             f'--out {args.data_dir} (methods with translations: {data.TRANSLATIONS}), or pass --demo')
     return data.Tokenizer(args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model'))
 
 
@@ -469,7 +469,7 @@ def eval_sets(args, method):
             if lang != 'en' and (method.paired or args.translate_test):
                 data.need(data.split_path(args.data_dir, args.task, f'translate-{split}', lang),
                           f'{args.method}{" with --translate_test" if args.translate_test else ""} needs '
-                          f'translate-{split} files for {lang} (see the README\'s data layout)')
+                          f'translate-{split} files for {lang}; {data.TRANSLATIONS}')
             gold, inputs = eval_examples(args, split, lang)
             sets[split][lang] = gold, inputs, with_translations(args, split, lang, inputs) if method.paired else None
             if split == 'test':

@@ -247,3 +247,13 @@ def test_real_data_without_init_needs_from_scratch(tmp_path, demo_data, capsys):
     one_line_failure(capsys, ['--task', 'xnli', '--model', 'tiny', '--data_dir', demo_data, '--out', str(tmp_path / 'o')],
                      'no --init: this would train XLM-R tiny from random weights for hours')
     assert not os.path.exists(tmp_path / 'o' / 'config.json')
+
+
+def test_messages_say_where_translations_are(tmp_path, demo_data, capsys):
+    one_line_failure(capsys, ['--data_dir', str(tmp_path / 'nowhere'), '--out', str(tmp_path / 'o')],
+                     'gs://xtreme_translations/')
+    broken = tmp_path / 'broken'
+    shutil.copytree(demo_data, broken)
+    os.remove(broken / 'pawsx' / 'translate-train' / 'en-de-translated.tsv')
+    with pytest.raises(data.DataError, match='pawsx needs translate-train files for de; get XTREME.s translations with gsutil'):
+        data.read_translations(str(broken), 'pawsx', 'train', 'de')
