@@ -257,3 +257,13 @@ def test_messages_say_where_translations_are(tmp_path, demo_data, capsys):
     os.remove(broken / 'pawsx' / 'translate-train' / 'en-de-translated.tsv')
     with pytest.raises(data.DataError, match='pawsx needs translate-train files for de; get XTREME.s translations with gsutil'):
         data.read_translations(str(broken), 'pawsx', 'train', 'de')
+
+
+@pytest.mark.parametrize('task', ['xnli', 'pawsx'])
+def test_demo_classification_is_learnt_in_english_and_leaves_a_gap(tmp_path, demo_data, task):
+    """The demo's zero-shot run learns English (>= 90% dev, every label predicted) and transfer
+    still has a gap for the other methods to close."""
+    results = run(tmp_path, demo_data, '--task', task)
+    assert results['dev']['en'] >= 90 and results['test']['gap'] > 15
+    predicted = open(tmp_path / 'predictions' / task / 'test-en.tsv').read().split()
+    assert set(predicted) == set(data.TASKS[task].labels)
