@@ -336,17 +336,19 @@ def read_split(data_dir, task, split, lang='en'):
     raise DataError(f'{task} is a retrieval task: read it with read_retrieval')
 
 
-def read_translations(data_dir, task, split, lang):
+def read_translations(data_dir, task, split, lang, originals=None):
     """[(original, its translation or None)], one for each example of the original file: split
     'train' pairs the English training set with its translation into lang; 'dev' / 'test' pair
     lang's examples with their English translation. Classification translations carry their
     original pair and are matched to it by that text (rows of released files have been out of
     order); tagging translations align sentence by sentence, QA translations by question id.
-    Originals without a translation and translations without an original are counted in a warning."""
+    Originals without a translation and translations without an original are counted in a warning.
+    originals: the original file's examples, when the caller has read them already."""
     kind = f'translate-{split}'
     path = need(split_path(data_dir, task, kind, lang), f'{task} needs {kind} files for {lang}; {TRANSLATIONS}')
     family = TASKS[task].family
-    originals = read_split(data_dir, task, split, 'en' if split == 'train' else lang)
+    if originals is None:
+        originals = read_split(data_dir, task, split, 'en' if split == 'train' else lang)
     if family == 'tagging':
         translated = read_tagged(path, task)
         if len(translated) != len(originals):

@@ -192,10 +192,10 @@ def training_items(args, tok, method, rank=0):
     langs = [args.train_lang] if train_on == 'translation' else target_langs(args)
     if train_on == 'translation' and args.train_lang not in target_langs(args):
         fail(f'translate-train needs --train_lang, one of {", ".join(target_langs(args))}')
+    english = data.read_split(args.data_dir, args.task, 'train')
     if method.paired or train_on != 'en':
-        pairs = {lang: data.read_translations(args.data_dir, args.task, 'train', lang) for lang in langs}
+        pairs = {lang: data.read_translations(args.data_dir, args.task, 'train', lang, english) for lang in langs}
     if method.paired:  # (English, translation[, round trip]); English also pairs with itself, as both released codes do
-        english = data.read_split(args.data_dir, args.task, 'train')
         tuples = [(e, e) + ((e,) if method.round_trip else ()) for e in english]
         missing = []
         for lang in langs:
@@ -208,9 +208,8 @@ def training_items(args, tok, method, rank=0):
             print(f'warning: no round-trip data for {args.task} in {", ".join(missing)} (see the README): '
                   'scheduled sampling feeds the real English text there')
         return data.pair_features(tok, args.task, tuples, args.max_len, train=True)
-    english = data.read_split(args.data_dir, args.task, 'train') if train_on != 'translation' else []
     translated = [t for lang in langs for _, t in pairs[lang] if t is not None] if train_on != 'en' else []
-    return data.make_features(tok, args.task, english + translated, args.max_len, train=True)
+    return data.make_features(tok, args.task, (english if train_on != 'translation' else []) + translated, args.max_len, train=True)
 
 
 def collate_items(method):
@@ -281,8 +280,8 @@ def with_translations(args, split, lang, examples):
     and so does an example whose translation is missing."""
     if lang == 'en':
         return [(ex, ex) for ex in examples]
-    pairs = data.read_translations(args.data_dir, args.task, split, lang)
-    return [(t or ex, ex) for (_, t), ex in zip(pairs, examples)]
+    pairs = data.read_translations(args.data_dir, args.task, split, lang, examples)
+    return [(t or ex, ex) for ex, t in pairs]
 
 
 def evaluate(method, args, tok, split, device, rank, world, sets, cache=None):

@@ -102,6 +102,7 @@ def one_line_failure(capsys, argv, message):
 def test_bad_set_ups_stop_with_one_line(tmp_path, demo_data, capsys):
     one_line_failure(capsys, ['--task', 'xnlii'], "unknown task 'xnlii': choose one of pawsx, xnli")
     one_line_failure(capsys, ['--method', 'magic'], "unknown method 'magic': choose one of zeroshot")
+    one_line_failure(capsys, ['--task', 'panx', '--translate_test'], 'tags would need a word alignment): drop --translate_test')
     one_line_failure(capsys, ['--data_dir', str(tmp_path / 'nowhere'), '--out', str(tmp_path / 'o')],
                      'data folder')
     broken = tmp_path / 'broken'
