@@ -356,14 +356,14 @@ def read_translations(data_dir, task, split, lang, originals=None):
                             'translations must be aligned sentence by sentence')
         return list(zip(originals, translated))
     if family == 'qa':
-        rows = [(ex['id'], ex, n) for n, ex in enumerate(read_squad(path, task, train=split == 'train'), 1)]
         key = lambda ex: ex['id']
-    else:
-        rows = [((' '.join(o['a'].split()), ' '.join(o['b'].split())), t, n) for o, t, n in read_pairs(path, task, True)]
+        rows = [(ex, ex, n) for n, ex in enumerate(read_squad(path, task, train=split == 'train'), 1)]
+    else:  # the original pair's text, whitespace aside
         key = lambda ex: (' '.join(ex['a'].split()), ' '.join(ex['b'].split()))
+        rows = read_pairs(path, task, translated=True)
     waiting = {}  # original's key -> its translations, in file order (a pair may occur twice)
-    for k, t, n in rows:
-        waiting.setdefault(k, []).append((t, n))
+    for original, t, n in rows:
+        waiting.setdefault(key(original), []).append((t, n))
     out = []
     for ex in originals:
         found = waiting.get(key(ex))
@@ -498,8 +498,8 @@ def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=Fals
         answer = ex['answers'][0] if ex['answers'] else None
         a0 = answer and answer['answer_start']
         a1 = answer and a0 + len(answer['text'])
-        if train and (answer is None or ex['context'][a0:a1] != answer['text']):
-            continue  # no answer, or one that is not where the file says: nothing to learn from
+        if train and unusable_answer(ex):
+            continue  # the readers skip (and count) these already; features never learn from them
         query = tok.encode(ex['question'])[:min(max_query, max_len - 5)]  # at least one context token a window
         ctx, spans = tok.encode_with_spans(ex['context'], (a0, a1) if train else ())  # evaluation reads blind
         if answer and train:  # first and last token holding answer characters
@@ -818,7 +818,7 @@ def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
         atomic_write(os.path.join(out_dir, path), text)
     sentences = [demo_say(kind, demo_fact(rng), lang)[0] for kind in DEMO_ORDER for lang in DEMO_LANGS for _ in range(100)]
     spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences),
-                                   model_prefix=os.path.join(out_dir, "sentencepiece.bpe"), vocab_size=600, model_type="bpe",
+                                   model_prefix=os.path.join(out_dir, 'sentencepiece.bpe'), vocab_size=600, model_type='bpe',
                                    hard_vocab_limit=False, character_coverage=1.0, minloglevel=2, num_threads=1)
     atomic_write(os.path.join(out_dir, 'demo.json'), json.dumps({'languages': DEMO_LANGS, 'seed': seed}))
     return out_dir
