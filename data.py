@@ -624,6 +624,107 @@ def padding_share(features, batches):
 
 
 # ----------------------------------------------------------------------------------------
+# Pre-training text (VECO), one sentence or paragraph a line:
+#   pretrain/mono/{lang}.txt        monolingual documents, a blank line between two (CC-100's layout)
+#   pretrain/parallel/{a}-{b}.{a}   parallel sentences: line n of {a}-{b}.{a} and line n of
+#   pretrain/parallel/{a}-{b}.{b}   {a}-{b}.{b} translate each other (OPUS's Moses layout)
+
+PARA_LEN = 128  # longest parallel sentence, in tokens (Table 5's bilingual length)
+
+
+def pretrain_files(data_dir):
+    """-> {'mono:{lang}': [path], 'para:{a}-{b}': [path a, path b]} of the layout above."""
+    root, groups = os.path.join(data_dir, 'pretrain'), {}
+    mono, para = os.path.join(root, 'mono'), os.path.join(root, 'parallel')
+    for name in sorted(os.listdir(mono)) if os.path.isdir(mono) else []:
+        if name.endswith('.txt'):
+            groups[f'mono:{name[:-4]}'] = [os.path.join(mono, name)]
+    for name in sorted(os.listdir(para)) if os.path.isdir(para) else []:
+        pair, _, lang = name.rpartition('.')
+        if pair.count('-') == 1 and lang == pair.split('-')[0]:
+            other = os.path.join(para, f'{pair}.{pair.split("-")[1]}')
+            groups[f'para:{pair}'] = [need(os.path.join(para, name), f'{other} needs its other side')] + [
+                need(other, f'{name} has no other side: put the translations in {pair}.{pair.split("-")[1]}')]
+    if not groups:
+        raise DataError(f'no pre-training text in {root}: put monolingual documents in mono/<lang>.txt and parallel '
+                        'sentences in parallel/<a>-<b>.<a> and .<b> (the README\'s layout), or pass --demo')
+    return groups
+
+
+def segment_pairs(tok, documents, max_len):
+    """Adjacent segments of each document as (x, y) id lists: consecutive lines packed into
+    segments of at most max_len - 2 pieces (a longer line is cut), then paired in order; a
+    document's last segment without a partner is left out."""
+    pairs, budget = [], max_len - 2
+    for doc in documents:
+        segments = [[]]
+        for ids in tok.encode_words(doc):  # one id list per line
+            for start in range(0, len(ids), budget):
+                piece = ids[start:start + budget]
+                if len(segments[-1]) + len(piece) > budget:
+                    segments.append([])
+                segments[-1] += piece
+        pairs += [(segments[i], segments[i + 1]) for i in range(0, len(segments) - 1, 2)]
+    return pairs
+
+
+def read_pretraining(tok, data_dir, max_len):
+    """-> (items, {group: item positions}): items are (x, y) Feature pairs, <s> x </s> and
+    <s> y </s>, labelled 1 on parallel pairs and 0 on adjacent monolingual segments."""
+    items, groups = [], {}
+    for group, paths in tqdm(pretrain_files(data_dir).items(), desc='pre-training text', disable=not VERBOSE):
+        if group.startswith('mono:'):
+            docs = [[line for line in doc.split('\n') if line.strip()] for doc in read_text(paths[0]).split('\n\n')]
+            pairs = segment_pairs(tok, [d for d in docs if d], max_len)
+        else:
+            a, b = lines_of(paths[0]), lines_of(paths[1])
+            if len(a) != len(b):
+                raise DataError(f'{paths[0]} has {len(a)} lines and {paths[1]} {len(b)}: parallel files align line by line')
+            keep = [n for n in range(len(a)) if a[n].strip() and b[n].strip()]
+            longest = min(max_len, PARA_LEN) - 2
+            pairs = [(x[:longest], y[:longest]) for x, y in zip(tok.encode_words([a[n] for n in keep]),
+                                                                tok.encode_words([b[n] for n in keep]))]
+        label = int(group.startswith('para:'))
+        groups[group] = list(range(len(items), len(items) + len(pairs)))
+        items += [(Feature([tok.bos] + x + [tok.eos], label), Feature([tok.bos] + y + [tok.eos], label)) for x, y in pairs]
+    return items, {g: positions for g, positions in groups.items() if positions}
+
+
+def split_held_out(groups, share=0.02, most=500):
+    """-> (training groups, held-out positions): the last `share` of each group (at most
+    `most`, at least 1 when the group has 20 pairs) is held out to measure the MLM losses."""
+    train, held = {}, []
+    for g, positions in groups.items():
+        n = min(most, round(len(positions) * share), len(positions) - 1)
+        n = max(n, 1 if len(positions) >= 20 else 0)
+        train[g], held = positions[:len(positions) - n], held + positions[len(positions) - n:]
+    return train, held
+
+
+def sampling_weights(sizes, alpha=0.5):
+    """XLM's smoothed sampling: p_i proportional to (n_i / N)^alpha."""
+    q = np.array(sizes, dtype=float) / sum(sizes)
+    return q ** alpha / (q ** alpha).sum()
+
+
+def pretrain_batches(groups, batch_size, n_steps, seed):
+    """The batches of n_steps steps: monolingual and bilingual steps alternate (when both kinds
+    are there); each batch is drawn from one language (pair), chosen with sampling_weights among
+    its kind, its pairs drawn without replacement (with it when the group is smaller)."""
+    rng = np.random.default_rng(seed)
+    kinds = [[g for g in groups if g.startswith(kind)] for kind in ('mono:', 'para:')]
+    kinds = [k for k in kinds if k]
+    weights = [sampling_weights([len(groups[g]) for g in k]) for k in kinds]
+    batches = []
+    for step in range(n_steps):
+        names, p = kinds[step % len(kinds)], weights[step % len(kinds)]
+        group = groups[names[rng.choice(len(names), p=p)]]
+        picked = rng.choice(len(group), size=batch_size, replace=len(group) < batch_size)
+        batches.append([group[i] for i in picked])
+    return batches
+
+
+# ----------------------------------------------------------------------------------------
 # The demo: every task generated in the layout above, in English and two toy languages that
 # use German and Chinese words with their own word order (verb last; no spaces, place before
 # verb), so that the tiny model learns in a minute and transfer has a gap to close.
@@ -801,6 +902,25 @@ def demo_retrieval(task, split, rng, n=100):
     return files
 
 
+def demo_pretraining(rng, n_docs=300, n_parallel=1500):
+    """VECO's pre-training text in the layout above: in each language, documents of 4 to 8
+    sentences about one person; parallel sentences for every pair of languages."""
+    files = {}
+    for lang in DEMO_LANGS:
+        docs = []
+        for _ in range(n_docs):
+            person = demo_fact(rng)
+            facts = [dict(demo_fact(rng), first=person['first'], last=person['last']) for _ in range(rng.randint(4, 8))]
+            docs.append(''.join(demo_say(rng.choice(list(DEMO_ORDER)), f, lang)[0] + '\n' for f in facts))
+        files[f'pretrain/mono/{lang}.txt'] = '\n'.join(docs)
+    for i, a in enumerate(DEMO_LANGS):
+        for b in DEMO_LANGS[i + 1:]:
+            said = [(kind, demo_fact(rng)) for kind in (rng.choice(list(DEMO_ORDER)) for _ in range(n_parallel))]
+            for lang in (a, b):
+                files[f'pretrain/parallel/{a}-{b}.{lang}'] = ''.join(demo_say(k, f, lang)[0] + '\n' for k, f in said)
+    return files
+
+
 def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
     """Write the demo data of every task and a sentencepiece model trained on it; the marker
     demo.json, written last, lists the languages."""
@@ -813,6 +933,7 @@ def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
             continue
         for split, n in (('train', n_train), ('dev', n_eval), ('test', n_eval)):
             files.update(demo_files(task, split, demo_examples(task, n, rng)))
+    files.update(demo_pretraining(random.Random(seed + 1)))  # its own draws: the tasks' data stay as they were
     for path, text in files.items():
         os.makedirs(os.path.join(out_dir, os.path.dirname(path)), exist_ok=True)
         atomic_write(os.path.join(out_dir, path), text)

@@ -100,7 +100,8 @@ class FFN(nn.Module):
 class Block(nn.Module):
     """Post-LN transformer block: self-attention -> AddNorm -> [cross-attention on
     `memory` -> AddNorm] -> FFN -> AddNorm. Cross-attention exists only when built with
-    cross=True (VECO's decoder)."""
+    cross=True (VECO's variable block, Eq. 2-3: the self-attention and the FFN serve a stream
+    with memory and one without, the cross-attention has weights of its own)."""
 
     def __init__(self, cfg, cross=False):
         super().__init__()
@@ -118,6 +119,7 @@ class Block(nn.Module):
         return self.ln2(h + self.drop(self.ffn(h)))
 
     def forward(self, x, mask=None, memory=None, memory_mask=None, causal=False):
+        """memory (B, S, H): the states the cross-attention reads; None skips it."""
         x = self.ln1(self.attend(x, mask, causal))
         if memory is not None:
             x = self.ln_cross(x + self.drop(self.cross(x, memory_mask, memory=memory)))
@@ -131,14 +133,17 @@ def position_ids(ids, pad_id):
 
 
 class Encoder(nn.Module):
-    def __init__(self, cfg):
+    """Embeddings and blocks. cross=True gives every block a cross-attention (VECO), used only
+    when run() is given a memory; drop_cross() throws them away (VECO's NLU assembly)."""
+
+    def __init__(self, cfg, cross=False):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab_size, cfg.dim, padding_idx=cfg.pad_id)
         self.pos = nn.Embedding(cfg.max_positions, cfg.dim, padding_idx=cfg.pad_id)
         self.ln = nn.LayerNorm(cfg.dim, eps=cfg.ln_eps)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
+        self.blocks = nn.ModuleList([Block(cfg, cross) for _ in range(cfg.n_layer)])
         self.apply(init_weights)
 
     def embed(self, ids):
@@ -148,11 +153,22 @@ class Encoder(nn.Module):
             raise ValueError(f'sequence of {ids.size(1)} tokens is longer than the model\'s {longest}: lower --max_len')
         return self.drop(self.ln(self.tok(ids) + self.pos(position_ids(ids, self.cfg.pad_id))))
 
-    def run(self, x, mask=None, start=0, end=None):
-        """Run blocks [start, end) on hidden states x (B, T, H)."""
+    def run(self, x, mask=None, start=0, end=None, memory=None, memory_mask=None, causal=False):
+        """Run blocks [start, end) on hidden states x (B, T, H), each cross-attending to memory
+        when one is given; causal: each position sees only itself and those before it."""
         for block in self.blocks[start:end]:
-            x = block(x, mask)
+            x = block(x, mask, memory, memory_mask, causal)
         return x
+
+    @property
+    def has_cross(self):
+        return hasattr(self.blocks[0], 'cross')
+
+    def drop_cross(self):
+        for block in self.blocks:
+            if hasattr(block, 'cross'):
+                del block.cross, block.ln_cross
+        return self
 
     def forward(self, ids, mask=None):
         """Last hidden states (B, T, H); mask defaults to the non-padding tokens."""
@@ -358,12 +374,23 @@ def read_checkpoint(path):
     return config_from(sd, meta), sd, unknown
 
 
-def load_pretrained(path):
-    """-> (Encoder, MLMHead or None when the checkpoint has no MLM head), every tensor checked."""
+def is_cross(key):
+    """Is key a tensor of a block's cross-attention (VECO's), in our names?"""
+    return key.startswith('enc.blocks.') and ('.cross.' in key or '.ln_cross.' in key)
+
+
+def load_pretrained(path, cross=False):
+    """-> (Encoder, MLMHead or None when the checkpoint has no MLM head), every tensor checked.
+    cross=True: VECO's encoder with a cross-attention in every block, read from the checkpoint
+    or newly initialised when it has none (XLM-R); cross=False leaves a checkpoint's
+    cross-attention out (VECO's NLU assembly)."""
     cfg, sd, unknown = read_checkpoint(path)
-    enc = Encoder(cfg)
+    found = any(is_cross(k) for k in sd)
+    if not cross:
+        sd = {k: v for k, v in sd.items() if not is_cross(k)}
+    enc = Encoder(cfg, cross)
     mlm = MLMHead(cfg, enc.tok.weight) if any(k.startswith('mlm.') for k in sd) else None
-    expected = {f'enc.{k}': v for k, v in enc.state_dict().items()}
+    expected = {f'enc.{k}': v for k, v in enc.state_dict().items() if found or not is_cross(f'enc.{k}')}
     if mlm is not None:
         expected.update({f'mlm.{k}': v for k, v in mlm.state_dict().items()})
     missing = sorted(set(expected) - set(sd))
@@ -373,7 +400,7 @@ def load_pretrained(path):
                 for what, keys in (('missing', missing), ('unexpected', unknown), ('wrong shape', shapes)) if keys]
     if problems:
         raise CheckpointError(f'{path} does not match the model: ' + '; '.join(problems))
-    enc.load_state_dict({k[4:]: v for k, v in sd.items() if k.startswith('enc.')})
+    enc.load_state_dict({k[4:]: v for k, v in sd.items() if k.startswith('enc.')}, strict=found or not cross)
     if mlm is not None:
         mlm.load_state_dict({k[4:]: v for k, v in sd.items() if k.startswith('mlm.')})
     return enc, mlm

@@ -1,6 +1,7 @@
 """Train a cross-lingual transfer method on an XTREME task, then evaluate it in every language.
 
     python train.py --method zeroshot --task xnli --demo          # built-in data, tiny model, CPU
+    python train.py --method veco --task pretrain --demo          # VECO's pre-training of the demo model
     python train.py --method translate-train-all --task pawsx --init xlmr-base.pt \\
         --spm sentencepiece.bpe.model --data_dir data/ --out runs/pawsx
     torchrun --nproc_per_node 8 train.py ...                       # the same run on 8 GPUs (DDP)
@@ -32,7 +33,9 @@ import xlt
 # The demo trains a tiny model from scratch (fine-tuning learning rates: each method's LR table in xlt.py).
 # No warm-up: from random weights a ramp from 0 leaves the tiny model on a plateau for some seeds
 # (XNLI's English dev stuck at 69%); p_k 50: p* decays within a short run.
-DEMO = {'model': 'tiny', 'lr': 1e-3, 'warmup': 0.0, 'epochs': 8, 'batch_size': 32, 'p_k': 50}
+DEMO = {'model': 'tiny', 'lr': 1e-3, 'warmup': 0.0, 'batch_size': 32, 'p_k': 50}  # epochs: 8, QA 15
+# The demo's pre-training: about a minute on a laptop CPU; segments of a sentence or two
+DEMO_PRETRAIN = {'steps': 2000, 'eval_every': 500, 'max_len': 32, 'lr': 3e-3}
 # Numeric options: option -> (test of a given value, its valid range as said to the user)
 POSITIVE, AT_LEAST_1, NON_NEGATIVE = (lambda v: v > 0, 'a number above 0'), (lambda v: v >= 1, 'at least 1'), \
     (lambda v: v >= 0, '0 or more')
@@ -41,17 +44,26 @@ NUMERIC = {'lr': POSITIVE, 'epochs': AT_LEAST_1, 'batch_size': AT_LEAST_1, 'grad
            'warmup': SHARE, 'weight_decay': NON_NEGATIVE, 'clip': POSITIVE, 'dropout': SHARE, 'seed': NON_NEGATIVE,
            'm': NON_NEGATIVE, 'k': NON_NEGATIVE, 'kl_weight': (lambda v: 0 <= v <= 1, 'from 0 to 1'),
            'temperature': POSITIVE, 'mixup_layer': AT_LEAST_1, 'p_k': POSITIVE, 'layer': AT_LEAST_1,
-           'eval_batch_size': AT_LEAST_1, 'save_every': AT_LEAST_1, 'max_len': (lambda v: 8 <= v <= 512, '8 to 512 tokens (XLM-R\'s positions)')}
+           'eval_batch_size': AT_LEAST_1, 'save_every': AT_LEAST_1, 'steps': AT_LEAST_1, 'eval_every': AT_LEAST_1,
+           'cross_only_steps': NON_NEGATIVE, 'max_len': (lambda v: 8 <= v <= 512, '8 to 512 tokens (XLM-R\'s positions)')}
 
 
 def fail(message):
     raise SystemExit(f'error: {message}')
 
 
+def family(args):
+    return 'pretrain' if args.task == 'pretrain' else data.TASKS[args.task].family
+
+
+def method_class(args):
+    return xlt.VecoPretrain if args.task == 'pretrain' else xlt.METHODS[args.method][0]
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--method', default='zeroshot', help=f'one of {", ".join(xlt.METHODS)}')
-    p.add_argument('--task', default='xnli', help=f'one of {", ".join(data.TASKS)}')
+    p.add_argument('--task', default='xnli', help=f'one of {", ".join(data.TASKS)}; pretrain: VECO\'s pre-training')
     p.add_argument('--demo', action='store_true', help='generated data and a tiny model: runs in a minute on a CPU')
     p.add_argument('--model', help=f'preset: {", ".join(layers.CONFIGS)} (default base; tiny with --demo)')
     p.add_argument('--init', help='converted XLM-R checkpoint (python layers.py convert) or a run\'s best.pt')
@@ -65,7 +77,7 @@ def parse_args(argv=None):
     p.add_argument('--grad_accum', type=int, default=1, help='micro-batches per process and step')
     p.add_argument('--max_len', type=int, help='max tokens per input (default 128; 384 for QA)')
     p.add_argument('--warmup', type=float, help='share of the steps with a rising learning rate (default 0.1; demo 0)')
-    p.add_argument('--weight_decay', type=float, default=0.01)
+    p.add_argument('--weight_decay', type=float, help='default 0.01 (VECO: its scripts\' values)')
     p.add_argument('--clip', type=float, default=1.0, help='gradient norm clipping')
     p.add_argument('--dropout', type=float, help='override the model\'s dropout')
     p.add_argument('--seed', type=int, default=1)
@@ -83,6 +95,12 @@ def parse_args(argv=None):
     p.add_argument('--fixed_lambda', action='store_true', help='X-Mixup ablation: lambda = lambda_0')
     p.add_argument('--p_k', type=float, help='X-Mixup: scheduled sampling decay rate (1000 / 1000 / 2000; demo 50)')
     p.add_argument('--no_mixup_inference', action='store_true', help='X-Mixup ablation: predict from the target alone')
+    p.add_argument('--translate_train_all', action='store_true', help='VECO: fine-tune on English and its '
+                   'translations into every target language (default: English alone)')
+    p.add_argument('--steps', type=int, help='pre-training: optimiser steps (default 240000, Table 5; demo 2000)')
+    p.add_argument('--eval_every', type=int, help='pre-training: steps between held-out evaluations (default 2000)')
+    p.add_argument('--cross_only_steps', type=int, help='pre-training: first steps that train only the '
+                   'cross-attention, the rest frozen (default: the warm-up steps from --init, 0 from scratch)')
     p.add_argument('--layer', type=int, help='retrieval: hidden layer to pool (default 7/12 of the depth)')
     p.add_argument('--eval_batch_size', type=int, default=64)
     p.add_argument('--save_every', type=int, default=200, help='steps between resume checkpoints')
@@ -94,31 +112,49 @@ def parse_args(argv=None):
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and ok(value)):
             fail(f'--{name} {value} is out of range: give {valid}')
-    if args.task not in data.TASKS:
-        fail(f'unknown task {args.task!r}: choose one of {", ".join(data.TASKS)}')
+    if args.task not in data.TASKS and args.task != 'pretrain':
+        fail(f'unknown task {args.task!r}: choose one of {", ".join(data.TASKS)} (or pretrain, with --method veco)')
     if args.method not in xlt.METHODS:
         fail(f'unknown method {args.method!r}: choose one of {", ".join(xlt.METHODS)}')
-    if args.translate_test and (data.TASKS[args.task].family == 'tagging' or xlt.METHODS[args.method][0].paired):
+    if args.task == 'pretrain' and args.method != 'veco':
+        fail(f'--task pretrain is VECO\'s pre-training: pass --method veco (not {args.method})')
+    given = [f'--{o}' for o in ('steps', 'eval_every', 'cross_only_steps') if getattr(args, o) is not None]
+    if given and args.task != 'pretrain':
+        fail(f'{" and ".join(given)} belong to pre-training (--task pretrain); fine-tuning counts --epochs')
+    if args.translate_train_all and args.method != 'veco':
+        fail(f'--translate_train_all belongs to VECO; for {args.method} use --method translate-train-all')
+    if args.translate_test and (family(args) in ('tagging', 'pretrain') or method_class(args).paired):
         fail('--translate_test needs a method that reads one text and a task whose labels survive translation '
              '(tags would need a word alignment): drop --translate_test')
-    demo = DEMO if args.demo else {}
+    demo = {**DEMO, **(DEMO_PRETRAIN if args.task == 'pretrain' else {})} if args.demo else {}
     args.model = args.model or demo.get('model', 'base')
     if args.model not in layers.CONFIGS:
         fail(f'unknown model {args.model!r}: choose one of {", ".join(layers.CONFIGS)}')
+    method = method_class(args)
+    for option, value in (demo or getattr(method, 'RUN', {}).get(args.task, {})).items():  # the demo's, or the released scripts'
+        if getattr(args, option, None) is None:
+            setattr(args, option, value)
     if args.lr is None:
-        method = xlt.METHODS[args.method][0]
-        args.lr = demo.get('lr') or {**method.LR, **(method.LR_LARGE if args.model == 'large' else {})}.get(args.task, 2e-5)
-    if args.p_k is None:
-        args.p_k = demo.get('p_k')
+        table = method.LR_ALL if args.translate_train_all else {**method.LR, **(method.LR_LARGE if args.model == 'large' else {})}
+        args.lr = table.get(args.task, 2e-5)
+    if args.task == 'pretrain':  # Table 5: 240k steps, 12k of them warm-up; 512 tokens a segment
+        args.steps, args.eval_every = args.steps or 240000, args.eval_every or 2000
+        args.epochs = math.ceil(args.steps / args.eval_every)  # an 'epoch' of pre-training: eval_every steps
+        args.warmup = 0.05 if args.warmup is None else args.warmup
+        args.batch_size, args.max_len = args.batch_size or 1024, args.max_len or 512
+        if args.cross_only_steps is None:
+            args.cross_only_steps = int(args.warmup * args.steps) if args.init else 0
     if args.epochs is None:  # the papers: 4 (2 for XQuAD and MLQA); the demo's QA needs longer than its other tasks
-        qa = data.TASKS[args.task].family == 'qa'
-        args.epochs = (15 if qa else DEMO['epochs']) if args.demo else (2 if args.task in ('xquad', 'mlqa') else 4)
+        qa = family(args) == 'qa'
+        args.epochs = (15 if qa else 8) if args.demo else (2 if args.task in ('xquad', 'mlqa') else 4)
     if args.warmup is None:
-        args.warmup = demo.get('warmup', 0.1)
+        args.warmup = 0.1
+    if args.weight_decay is None:
+        args.weight_decay = 0.01
     if args.batch_size is None:
-        args.batch_size = demo.get('batch_size', 64)
+        args.batch_size = 64
     if args.max_len is None:
-        args.max_len = 384 if data.TASKS[args.task].family == 'qa' else 128
+        args.max_len = 384 if family(args) == 'qa' else 128
     args.out = args.out or os.path.join('runs', f'{args.task}-{args.method}{"-demo" if args.demo else ""}')
     return args
 
@@ -145,17 +181,23 @@ def prepare_data(args, rank):
             data.make_demo(args.data_dir, seed=0)
         if dist.is_initialized():
             dist.barrier()
+    if not os.path.isdir(args.data_dir) and args.task == 'pretrain':
+        fail(f'data folder {args.data_dir} not found: put the pre-training text in {args.data_dir}/pretrain (mono/<lang>.txt, '
+             'parallel/<a>-<b>.<a> and .<b>: the README\'s layout), or pass --demo')
     if not os.path.isdir(args.data_dir):
         fail(f'data folder {args.data_dir} not found: get the data with python data.py download --task {args.task} '
              f'--out {args.data_dir} (methods with translations: {data.TRANSLATIONS}), or pass --demo')
     return data.Tokenizer(args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model'))
 
 
-def build_encoder(args, tok):
-    cfg = layers.CONFIGS[args.model]
+def build_encoder(args, tok, cross=False):
+    """-> (encoder, MLM head or None) from --init or, for the demo and --from_scratch, random.
+    cross: VECO's blocks with cross-attention (pre-training); without, a checkpoint's
+    cross-attention is left out (VECO's NLU assembly)."""
+    cfg, mlm = layers.CONFIGS[args.model], None
     if args.init:
         try:
-            encoder = layers.load_pretrained(args.init)[0]
+            encoder, mlm = layers.load_pretrained(args.init, cross)
         except layers.CheckpointError as e:
             fail(str(e))
         got, want = encoder.cfg, cfg
@@ -168,7 +210,7 @@ def build_encoder(args, tok):
                  f'{args.model} (Hugging Face) or fairseq\'s XLM-R, convert it with python layers.py convert SRC '
                  f'xlmr-{args.model}.pt and pass --init xlmr-{args.model}.pt (or --from_scratch to mean it)')
         torch.manual_seed(args.seed)
-        encoder = layers.Encoder(layers.Config(**{**cfg.__dict__, 'vocab_size': tok.vocab_size}))
+        encoder = layers.Encoder(layers.Config(**{**cfg.__dict__, 'vocab_size': tok.vocab_size}), cross)
     if encoder.cfg.vocab_size != tok.vocab_size:
         fail(f'the tokenizer has {tok.vocab_size} ids but the model {encoder.cfg.vocab_size}: '
              'use the sentencepiece model that came with the checkpoint (--spm)')
@@ -177,9 +219,10 @@ def build_encoder(args, tok):
             if isinstance(m, torch.nn.Dropout):
                 m.p = args.dropout
         encoder.cfg.dropout = encoder.cfg.attn_dropout = args.dropout
-        for block in encoder.blocks:
-            block.attn.p = args.dropout
-    return encoder
+        for m in encoder.modules():
+            if isinstance(m, layers.Attention):
+                m.p = args.dropout
+    return encoder, mlm
 
 
 def target_langs(args):
@@ -188,7 +231,7 @@ def target_langs(args):
 
 def training_items(args, tok, method, rank=0):
     """Training features, or (English, translation) feature pairs for paired methods."""
-    train_on = xlt.METHODS[args.method][1]
+    train_on = 'translations' if args.translate_train_all else xlt.METHODS[args.method][1]
     langs = [args.train_lang] if train_on == 'translation' else target_langs(args)
     if train_on == 'translation' and args.train_lang not in target_langs(args):
         fail(f'translate-train needs --train_lang, one of {", ".join(target_langs(args))}')
@@ -323,7 +366,7 @@ def test_results(args, preds, rank):
 def retrieval(args, encoder, tok, device):
     """bucc2018 / tatoeba: mean-pooled states of one layer, cosine nearest neighbours; the BUCC
     threshold is chosen on each language's dev gold pairs."""
-    layer = args.layer or max(1, round(encoder.cfg.n_layer * 7 / 12))
+    layer = args.layer or max(1, round(encoder.cfg.n_layer * getattr(method_class(args), 'RETRIEVAL_DEPTH', 7 / 12)))
     embed = lambda texts: ev.embed_texts(encoder, tok, texts, layer, args.eval_batch_size, device)
     preds = {}
     for lang in data.languages(args.task, data.is_demo(args.data_dir)):
@@ -346,8 +389,9 @@ def autocast(device):
 def optimizer_and_schedule(method, args, total_steps):
     decay = [p for n, p in method.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in method.named_parameters() if p.dim() < 2]  # biases and LayerNorms
+    betas, eps = getattr(method, 'ADAM', {}).get(args.model, ((0.9, 0.999), 1e-8))
     opt = torch.optim.AdamW([{'params': decay, 'weight_decay': args.weight_decay},
-                             {'params': no_decay, 'weight_decay': 0.0}], lr=args.lr)
+                             {'params': no_decay, 'weight_decay': 0.0}], lr=args.lr, betas=betas, eps=eps)
     warm = max(1, int(args.warmup * total_steps))
     ramp = lambda step: min((step + 1) / warm, max(0.0, (total_steps - step) / max(1, total_steps - warm)))
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, ramp)
@@ -409,9 +453,11 @@ def run(args, rank, world, device):
              'raise --batch_size or lower --grad_accum')
     os.makedirs(args.out, exist_ok=True)
     tok = prepare_data(args, rank)
-    if args.demo and args.method == 'xmixup' and not args.init:
-        args.init = warm_start(args, rank, world, device)
-    encoder = build_encoder(args, tok)
+    if args.demo and not args.init and method_class(args).pretrained_start:
+        args.init = demo_pretrained(args, rank, world, device)
+    if args.task == 'pretrain':
+        return pretrain(args, tok, rank, world, device)
+    encoder = build_encoder(args, tok)[0]
     if data.TASKS[args.task].family == 'retrieval':
         preds = retrieval(args, encoder.to(device), tok, device) if rank == 0 else {}
         return finish(args, {}, test_results(args, preds, rank), rank)
@@ -423,17 +469,15 @@ def run(args, rank, world, device):
         items = training_items(args, tok, method, rank)
         if not items:
             fail(f'no training examples for {args.task} in {args.data_dir}')
-        if rank == 0:  # all input read: the run begins, and results of an earlier run in --out are no longer its
-            for name in ('results.json', 'results.txt'):
-                if os.path.exists(os.path.join(args.out, name)):
-                    os.remove(os.path.join(args.out, name))
-            layers.atomic_write(os.path.join(args.out, 'config.json'), json.dumps(vars(args), indent=2))
+        begin(args, rank)
         if (args.self_teach or args.teacher) and (args.method != 'xmixup' or method.family == 'tagging'):
             method.p_teacher = teacher_probabilities(args, tok, rank, world, device, method, items)
         elif args.method == 'xmixup' and method.family == 'tagging':
             fail('X-Mixup on tagging learns T from a source-language model\'s labels: pass --teacher RUN '
                  '(a finished zeroshot run) or --self_teach to train one first')
-        train(method, items, args, tok, device, rank, world, best_path, last_path, sets)
+        dev_cache = {}
+        validate = lambda: evaluate(method, args, tok, 'dev', device, rank, world, sets, dev_cache)[0]
+        train(method, items, args, device, rank, world, best_path, last_path, validate)
     if os.path.exists(best_path):
         method.load_state_dict(load_checkpoint(best_path, args, device)['method'])
     elif args.eval_only and not args.init:
@@ -446,15 +490,89 @@ def run(args, rank, world, device):
     finish(args, dev, scored, rank, selection(method, dev)[1])
 
 
-def warm_start(args, rank, world, device):
-    """X-Mixup starts from a trained encoder (XLM-R in the paper). From scratch, Eq. 7's MSE term
-    collapses the last LayerNorm (equal representations, MSE 0) before the task loss takes hold,
-    so the demo first trains a zero-shot model into --out/warm-up and starts from it."""
-    folder = os.path.join(args.out, 'warm-up')
+def begin(args, rank):
+    """All input read: the run begins, and results of an earlier run in --out are no longer its."""
+    if rank == 0:
+        for name in ('results.json', 'results.txt'):
+            if os.path.exists(os.path.join(args.out, name)):
+                os.remove(os.path.join(args.out, name))
+        layers.atomic_write(os.path.join(args.out, 'config.json'), json.dumps(vars(args), indent=2))
+
+
+def pretrain(args, tok, rank, world, device):
+    """VECO's pre-training (--task pretrain) on the text of --data_dir/pretrain: the held-out
+    losses every --eval_every steps; best.pt holds the encoder with its cross-attention and the
+    MLM head, which --init accepts (fine-tuning leaves the cross-attention out)."""
+    encoder, mlm = build_encoder(args, tok, cross=True)
+    if args.init and mlm is None:
+        fail(f'--init {args.init} has no MLM head: pre-training continues XLM-R with its MLM head (a converted '
+             'XLM-R checkpoint, python layers.py convert)')
+    torch.manual_seed(args.seed)
+    method = xlt.VecoPretrain(encoder, tok.mask, mlm, args.cross_only_steps).to(device)
+    items, groups = data.read_pretraining(tok, args.data_dir, args.max_len)
+    groups, held = data.split_held_out(groups)
+    if not groups:
+        fail(f'no pre-training pairs in {args.data_dir}/pretrain: the files hold no text')
+    begin(args, rank)
+    best_path, last_path = os.path.join(args.out, 'best.pt'), os.path.join(args.out, 'last.pt')
+    batches_of = lambda epoch: data.pretrain_batches(groups, args.batch_size, min(args.eval_every, args.steps - epoch * args.eval_every),
+                                                     args.seed * 1000 + epoch)
+    validate = lambda: held_out_losses(method, [items[i] for i in held], args, device)
+    if not args.eval_only:
+        train(method, items, args, device, rank, world, best_path, last_path, validate, batches_of)
+    if os.path.exists(best_path):
+        method.load_state_dict(load_checkpoint(best_path, args, device)['method'])
+    losses = validate()
+    if rank == 0:
+        names = sorted({k for row in losses.values() for k in row} - {'score'})
+        table = '\n'.join([f'{"held out":<10}' + ''.join(f'{n:>13}' for n in names)] + [
+            f'{kind:<10}' + ''.join(f'{row[n]:13.3f}' if n in row else ' ' * 13 for n in names) for kind, row in losses.items()])
+        layers.atomic_write(os.path.join(args.out, 'results.json'), json.dumps(
+            {'task': 'pretrain', 'method': 'veco', 'selected_by': selection(method, losses)[1], 'held_out': losses}, indent=2))
+        layers.atomic_write(os.path.join(args.out, 'results.txt'), table + '\n')
+        print(table)
+        print(f'pre-trained model in {best_path}: fine-tune it with --init {best_path}')
+
+
+@torch.no_grad()
+def held_out_losses(method, items, args, device):
+    """The MLM losses of the held-out pairs with masks fixed by --seed, per kind (mono, para),
+    and CS-MLM once more with each row reading another row's X^N (cs_shuffled): far above
+    cs_xy, the cross-attention uses its memory. score: minus the summed loss, higher is better."""
+    method.eval()
+    sums, counts = {}, {}
+    with torch.random.fork_rng():
+        torch.manual_seed(args.seed)
+        for kind in ('mono', 'para'):
+            part = [item for item in items if item[0].label == (kind == 'para')]
+            for index in data.length_batches([x for x, _ in part], args.eval_batch_size):
+                pair = data.collate_pairs([part[i][0] for i in index], [part[i][1] for i in index]).to(device)
+                parallel = pair.src.labels.bool()
+                (x, x_bar), (y, y_bar) = method.masked(pair.src, parallel), method.masked(pair.tgt, parallel)
+                with autocast(device):
+                    terms = method.terms(x, pair.src.mask, x_bar, y, pair.tgt.mask, y_bar, parallel)
+                    if len(index) > 1:
+                        X, xm = method.inner(x, pair.src.mask), pair.src.mask
+                        terms['cs_shuffled'] = xlt.mlm_loss(method.mlm, method.crossed(y, pair.tgt.mask, X.roll(1, 0), xm.roll(1, 0)), y_bar)
+                for name, t in terms.items():
+                    sums.setdefault(kind, {})[name] = sums.get(kind, {}).get(name, 0.0) + t.item() * len(index)
+                    counts.setdefault(kind, {})[name] = counts.get(kind, {}).get(name, 0) + len(index)
+    out = {kind: {n: v / counts[kind][n] for n, v in row.items()} for kind, row in sums.items()}
+    for row in out.values():
+        row['score'] = -sum(v for n, v in row.items() if n != 'cs_shuffled')
+    return out
+
+
+def demo_pretrained(args, rank, world, device):
+    """The demo's pre-trained tiny model, VECO pre-trained on the demo's text in the folder
+    pretrain-veco-demo beside --out, made first when it is not there. X-Mixup starts from a
+    trained encoder, as from XLM-R: from random weights Eq. 7's MSE collapses the last LayerNorm
+    (equal representations) before the task loss takes hold."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(args.out)), 'pretrain-veco-demo')
     if not os.path.exists(os.path.join(folder, 'results.json')):
-        warm = {**vars(args), 'method': 'zeroshot', 'out': folder, 'demo': False, 'from_scratch': True,
-                'self_teach': False, 'teacher': None}
-        run(argparse.Namespace(**warm), rank, world, device)
+        if rank == 0:
+            print(f'{args.method} starts from a pre-trained model: pre-training the demo model into {folder} first')
+        run(parse_args(['--method', 'veco', '--task', 'pretrain', '--demo', '--out', folder]), rank, world, device)
     return os.path.join(folder, 'best.pt')
 
 
@@ -552,11 +670,15 @@ def teacher_probabilities(args, tok, rank, world, device, method, items):
     return torch.load(path, weights_only=True)
 
 
-def train(method, items, args, tok, device, rank, world, best_path, last_path, sets):
+def train(method, items, args, device, rank, world, best_path, last_path, validate, batches_of=None):
+    """The training loop of every method and stage. validate() -> the dev scores after each
+    epoch; batches_of(epoch) -> the epoch's global batches (default: a shuffle of items; VECO's
+    pre-training samples them, an 'epoch' being --eval_every steps)."""
     collate = collate_items(method)
     chunks = world * args.grad_accum
-    per_epoch = len(global_batches(len(items), args, 0, chunks))
-    opt, sched = optimizer_and_schedule(method, args, per_epoch * args.epochs)
+    batches_of = batches_of or (lambda epoch: global_batches(len(items), args, epoch, chunks))
+    per_epoch = len(batches_of(0))
+    opt, sched = optimizer_and_schedule(method, args, args.steps if args.task == 'pretrain' else per_epoch * args.epochs)
     model = DDP(method, device_ids=[device.index] if device.type == 'cuda' else None) if world > 1 else method
     state = {'step': 0, 'epoch': 0, 'best': float('-inf')}
     if args.resume and not os.path.exists(last_path) and rank == 0:
@@ -569,15 +691,17 @@ def train(method, items, args, tok, device, rank, world, best_path, last_path, s
         state = ckpt['state']
         torch.set_rng_state(ckpt['rng'])
     log = open(os.path.join(args.out, 'log.jsonl'), 'a' if state['step'] else 'w') if rank == 0 else None
-    started, dev_cache = time.time(), {}
+    started = time.time()
     while state['epoch'] < args.epochs:
-        batches = global_batches(len(items), args, state['epoch'], chunks)
+        batches = batches_of(state['epoch'])
         bar = tqdm(total=len(batches), initial=state['step'] % per_epoch, desc=f'epoch {state["epoch"] + 1}/{args.epochs}',
                    disable=rank != 0)
         for batch in batches[state['step'] % per_epoch:]:
             method.train()
             method.step = state['step']  # methods with schedules (X-Mixup's p*) read it
             logs = train_step(model, items, batch, args, state['step'], rank, world, device, collate)
+            for p in method.frozen() if hasattr(method, 'frozen') else []:
+                p.grad = None  # AdamW leaves a parameter without a gradient as it is
             torch.nn.utils.clip_grad_norm_(method.parameters(), args.clip)
             opt.step()
             sched.step()
@@ -595,18 +719,26 @@ def train(method, items, args, tok, device, rank, world, best_path, last_path, s
                 os._exit(3)  # as if killed
         bar.close()
         state['epoch'] += 1
-        dev, _ = evaluate(method, args, tok, 'dev', device, rank, world, sets, dev_cache)
+        dev = validate()
         score = selection(method, dev)[0]
         score = state['epoch'] if score is None else score  # no dev set: keep the last
         if score > state['best']:
             state['best'] = float(score)
-            save(best_path, {'config': method.encoder.cfg.__dict__, 'encoder': method.encoder.state_dict(),
-                             'method': method.state_dict(), 'identity': identity(args)}, rank)
+            save(best_path, weights(method, args), rank)
         if log:
-            log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': {k: v['score'] for k, v in dev.items()},
+            log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': {k: v if method.family == 'pretrain' else v['score'] for k, v in dev.items()},
                                   'dev_avg': float(score)}) + '\n')
             log.flush()
         save(last_path, checkpoint(method, opt, sched, state, args), rank)
+
+
+def weights(method, args):
+    """best.pt: the encoder in the converted checkpoint's layout (so --init reads it; VECO's with
+    its cross-attention and MLM head), and the whole method for --eval_only."""
+    mlm = getattr(method, 'mlm', None)
+    return {'config': method.encoder.cfg.__dict__, 'encoder': method.encoder.state_dict(), 'method': method.state_dict(),
+            'mlm': None if mlm is None else {k: v for k, v in mlm.state_dict().items() if k != 'weight'},
+            'identity': identity(args)}
 
 
 def checkpoint(method, opt, sched, state, args):
@@ -620,6 +752,8 @@ def selection(method, dev):
     average over the dev languages (as their papers select)."""
     if not dev:
         return None, 'last epoch (no dev set)'
+    if method.select == 'loss':
+        return float(np.mean([s['score'] for s in dev.values()])), 'lowest held-out MLM loss (Eq. 8 + TLM)'
     if method.select == 'en' and 'en' in dev:
         return dev['en']['score'], 'best English dev score'
     return float(np.mean([s['score'] for s in dev.values()])), 'best average dev score over languages'

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from data import IGNORE, TASKS, Batch
-from layers import mean_pool
+from layers import MLMHead, is_cross, mean_pool
 
 
 class Head(nn.Module):
@@ -88,10 +88,13 @@ class Baseline(nn.Module):
     """Fine-tuning the encoder and a task head on labelled examples: English alone (zero-shot
     transfer), or English translated into the target languages (translate-train)."""
     paired, round_trip = False, False
+    pretrained_start = False  # True: the demo starts from its pre-trained model, not from random weights
     select = 'en'  # the checkpoint with the best English dev score (XTREME: no target-language labels)
     # XTREME's scripts (train_xnli.sh ... train_qa.sh): 2e-5, 3e-5 for QA and for XNLI on XLM-R large
     LR = {'xnli': 2e-5, 'pawsx': 2e-5, 'udpos': 2e-5, 'panx': 2e-5, 'xquad': 3e-5, 'mlqa': 3e-5, 'tydiqa': 3e-5}
     LR_LARGE = {'xnli': 3e-5}
+    RUN = {}  # other defaults of the method's released scripts, per task: {task: {option: value}}
+    RETRIEVAL_DEPTH = 7 / 12  # retrieval pools the layer at this share of the depth (XTREME's choice)
 
     def __init__(self, encoder, task, args=None):
         super().__init__()
@@ -121,6 +124,7 @@ class Filter(nn.Module):
     English with its translation and predicts from the target side of (English translation,
     target text). With stored teacher probabilities p_teacher it is the self-taught student."""
     paired, round_trip, teacher_method = True, False, 'filter'
+    pretrained_start = False
     select = 'average'  # the best average over the dev languages (Section 4.1)
     LR = {'xnli': 3e-6, 'pawsx': 1e-5, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 1e-5}  # train.sh
     LR_LARGE = {}
@@ -189,6 +193,7 @@ class XMixup(nn.Module):
     or its round-trip translation as S (scheduled sampling, Eq. 6) and adds consistency losses
     (Eq. 7-8); inference mixes the target with its translation into English."""
     paired, round_trip, teacher_method = True, True, 'zeroshot'
+    pretrained_start = True  # X-Mixup starts from a trained encoder (train.demo_pretrained)
     select = 'average'  # the best average over the dev languages (Section 4.1)
     LR = {'xnli': 5e-6, 'pawsx': 5e-6, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 3e-5}  # scripts
     LR_LARGE = {}
@@ -303,6 +308,128 @@ class XMixup(nn.Module):
         return self.loss(pair)
 
 
+# ---------------------------------------------------------------------------
+# VECO (veco.txt): pre-training of variable blocks, and the encoder they assemble into.
+
+def bert_mask(ids, share, mask_id, first_piece=4):
+    """BERT's masking: each piece (ids >= first_piece: not <s>, <pad>, </s>, <unk>) is chosen
+    with probability `share` (a float, or (B, 1) per row); a chosen piece becomes <mask> (80%),
+    a random piece (10%) or stays itself (10%). -> (masked ids, targets: the original id where
+    chosen, IGNORE elsewhere)."""
+    chosen = (torch.rand(ids.shape, device=ids.device) < share) & ids.ge(first_piece)
+    action = torch.rand(ids.shape, device=ids.device)
+    random_piece = torch.randint(first_piece, mask_id, ids.shape, device=ids.device)
+    masked = torch.where(chosen & (action < 0.8), mask_id, ids)
+    masked = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_piece, masked)
+    return masked, torch.where(chosen, ids, IGNORE)
+
+
+def mlm_loss(mlm, h, targets):
+    """-log P(original | masked) averaged over the chosen tokens (0 when none is). The head runs
+    on the chosen positions only: the projection onto the vocabulary is the costly part."""
+    chosen = targets.ne(IGNORE)
+    logits = mlm(h[chosen]).float()
+    return F.cross_entropy(logits, targets[chosen], reduction='sum') / chosen.sum().clamp(min=1)
+
+
+def concat_pairs(a, a_mask, b, b_mask, eos=2):
+    """Rows <s> a </s></s> b </s> from padded rows <s> a </s> and <s> b </s> (b's <s> becomes
+    </s>: XLM-R's pair format), the real tokens of [a; b] moved left in order -> (ids, mask, the
+    positions of [a; b] each column came from, to move targets alike)."""
+    b = torch.cat([torch.full_like(b[:, :1], eos), b[:, 1:]], 1)
+    mask = torch.cat([a_mask, b_mask], 1)
+    order = torch.argsort((~mask).int(), dim=1, stable=True)[:, :int(mask.sum(1).max())]
+    return torch.cat([a, b], 1).gather(1, order), mask.gather(1, order), order
+
+
+class VecoPretrain(nn.Module):
+    """VECO pre-training (Section 2.2). A pair (x, y), two adjacent monolingual segments or a
+    sentence and its translation (src.labels 1), is masked as BERT into (x^, y^). IS-MLM
+    (Eq. 4-5) runs x^ through self-attention and FFN alone, and its last states X^N predict x's
+    masked tokens. CS-MLM (Eq. 6-7) runs y^ with a causal mask, each layer's cross-attention
+    reading X^N, detached, and Y^N predicts y's masked tokens. Eq. 8 adds both directions; on
+    parallel pairs TLM adds the masked concatenation x^ y^ (Section 3). One MLM head serves all."""
+    paired, round_trip, family, select, pretrained_start = True, False, 'pretrain', 'loss', False
+    SHARE = {'mono': 0.15, 'para': 0.25}  # masked share of a monolingual / bilingual pair (Table 5)
+    LR = {'pretrain': 3e-4}  # Table 5: 3e-4 small, 2e-4 large (LR_LARGE); Adam beta2 and eps below
+    LR_LARGE = {'pretrain': 2e-4}
+    ADAM = {m: ((0.9, 0.98 if m == 'large' else 0.999), 1e-6) for m in ('tiny', 'small', 'base', 'large')}  # Table 5
+
+    def __init__(self, encoder, mask_id, mlm=None, cross_only_steps=0):
+        super().__init__()
+        if not encoder.has_cross:
+            raise ValueError('VECO pre-training needs an encoder with cross-attention (layers.Encoder(cfg, cross=True))')
+        self.encoder, self.mask_id, self.cross_only_steps = encoder, mask_id, cross_only_steps
+        self.mlm = mlm if mlm is not None else MLMHead(encoder.cfg, encoder.tok.weight)
+        self.step = 0  # the optimiser step, set by the training loop (the cross-attention-only phase)
+
+    def inner(self, ids, mask):
+        """Eq. 4: X^(i) = FFN(SelfAttention(X^(i-1))), bidirectional, no cross-attention -> X^N."""
+        return self.encoder.run(self.encoder.embed(ids), mask)
+
+    def crossed(self, ids, mask, memory, memory_mask):
+        """Eq. 6: S^(i) = SelfAttention(Y^(i-1)) with a causal mask, Z^(i) = CrossAttention(S^(i),
+        X^N), Y^(i) = FFN(Z^(i)) -> Y^N. X^N is detached: the two objectives train in isolation."""
+        return self.encoder.run(self.encoder.embed(ids), mask, memory=memory.detach(), memory_mask=memory_mask, causal=True)
+
+    def cross_only(self):
+        return self.step < self.cross_only_steps
+
+    def terms(self, x, x_mask, x_bar, y, y_mask, y_bar, parallel):
+        """The loss terms of masked pairs {name: mean over the chosen tokens}: Eq. 8's four and,
+        on the parallel rows, TLM. x, y: masked ids; x_bar, y_bar: their targets."""
+        with torch.no_grad() if self.cross_only() else torch.enable_grad():  # phase 1 trains CS-MLM alone
+            X, Y = self.inner(x, x_mask), self.inner(y, y_mask)
+        terms = {'is_x': mlm_loss(self.mlm, X, x_bar), 'is_y': mlm_loss(self.mlm, Y, y_bar),  # Eq. 5
+                 'cs_xy': mlm_loss(self.mlm, self.crossed(y, y_mask, X, x_mask), y_bar),  # Eq. 7: y from x
+                 'cs_yx': mlm_loss(self.mlm, self.crossed(x, x_mask, Y, y_mask), x_bar)}  # and x from y
+        rows = parallel.nonzero().squeeze(1)
+        if len(rows) and not (self.training and self.cross_only()):  # TLM (XLM): the pair as one sequence
+            ids, mask, order = concat_pairs(x[rows], x_mask[rows], y[rows], y_mask[rows])
+            targets = torch.cat([x_bar[rows], y_bar[rows]], 1).gather(1, order)
+            terms['tlm'] = mlm_loss(self.mlm, self.inner(ids, mask), targets)
+        return terms
+
+    def masked(self, batch, parallel):
+        share = torch.where(parallel, self.SHARE['para'], self.SHARE['mono']).view(-1, 1).to(batch.ids.device)
+        return bert_mask(batch.ids, share, self.mask_id)
+
+    def loss(self, pair):
+        parallel = pair.src.labels.bool()
+        (x, x_bar), (y, y_bar) = self.masked(pair.src, parallel), self.masked(pair.tgt, parallel)
+        terms = self.terms(x, pair.src.mask, x_bar, y, pair.tgt.mask, y_bar, parallel)
+        counted = ('cs_xy', 'cs_yx') if self.cross_only() else tuple(terms)
+        loss = sum(terms[name] for name in counted)
+        return loss, {'loss': loss.item(), **{name: t.item() for name, t in terms.items()}}
+
+    def frozen(self):
+        """Parameters the optimiser must leave alone at this step: in the first phase everything
+        but the new cross-attention (the paper: XLM-R frozen, cross-attention trained first)."""
+        if not self.cross_only():
+            return []
+        return [p for name, p in self.named_parameters() if not is_cross('enc.' + name.removeprefix('encoder.'))]
+
+    def forward(self, pair):
+        return self.loss(pair)
+
+
+class Veco(Baseline):
+    """VECO for understanding (Section 2.3): the pre-trained self-attention and FFN modules make
+    the encoder, the cross-attention is thrown away (train.py loads --init without it), and the
+    encoder is fine-tuned as XLM-R: on English (cross-lingual transfer) or, with
+    --translate_train_all, on English and its translations."""
+    select = 'en'  # the released run_classify.py keeps the best English dev checkpoint
+    # 2e-5: the released XNLI and SQuAD scripts, the middle of Table 6's search for the other tasks;
+    # translate-train-all: the middle of Table 6's [3e-6, 5e-6, 1e-5]
+    LR = {task: 2e-5 for task in TASKS}
+    LR_LARGE = {}
+    LR_ALL = {task: 5e-6 for task in TASKS}
+    RUN = {'xnli': {'epochs': 2, 'weight_decay': 0.0, 'warmup': 0.0},  # train_xnli.sh: batch 64
+           'xquad': {'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4},  # train_squad.sh (+ 500 warm-up steps)
+           'mlqa': {'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4}}
+    RETRIEVAL_DEPTH = 19 / 24  # run_tatoeba.sh: the states after layer 19 of 24, mean over every token
+
+
 # --method name -> (module, what it trains on: 'en' English, 'translations' English plus the
 # translations into the target languages, 'translation' those into one --train_lang)
 METHODS = {
@@ -311,4 +438,5 @@ METHODS = {
     'translate-train-all': (Baseline, 'translations'),
     'filter': (Filter, 'translations'),
     'xmixup': (XMixup, 'translations'),
+    'veco': (Veco, 'en'),  # with --translate_train_all: 'translations'; --task pretrain: VecoPretrain
 }

@@ -192,3 +192,15 @@ def padded_batch(vocab, lengths, seed=0, pad=1):
         ids[row, :n] = torch.randint(4, vocab, (n,), generator=g)
         ids[row, 0], ids[row, n - 1] = 0, 2
     return ids
+
+
+def quick_pretrained(demo_dir, out, steps=60):
+    """A briefly pre-trained demo model (VECO on demo_dir's text) -> its best.pt, for runs that
+    start from a trained encoder (X-Mixup) without the demo's full pre-training."""
+    import train
+    os.makedirs(out, exist_ok=True)
+    if not os.path.exists(os.path.join(out, 'demo-data')):
+        os.symlink(demo_dir, os.path.join(out, 'demo-data'))
+    train.main(['--method', 'veco', '--task', 'pretrain', '--demo', '--out', str(out), '--steps', str(steps),
+                '--eval_every', str(steps)])
+    return os.path.join(out, 'best.pt')

@@ -12,6 +12,7 @@ import torch
 
 import data
 import train
+from conftest import quick_pretrained
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -151,11 +152,12 @@ def test_translate_test_qa_is_scored_on_the_translations(tmp_path, demo_data):
 
 def test_ddp_with_every_parameter_unused_sometimes(tmp_path, demo_data):
     """X-Mixup's --fixed_lambda leaves no parameter without a gradient under DDP."""
+    init = quick_pretrained(demo_data, tmp_path / 'pretrained', steps=10)
     os.makedirs(tmp_path / 'x')
     os.symlink(demo_data, tmp_path / 'x' / 'demo-data')
     res = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2',
                           'train.py', '--demo', '--out', str(tmp_path / 'x'), '--task', 'pawsx', '--method', 'xmixup',
-                          '--fixed_lambda', '--epochs', '1', '--batch_size', '64'], cwd=ROOT, capture_output=True,
+                          '--fixed_lambda', '--epochs', '1', '--batch_size', '64', '--init', init], cwd=ROOT, capture_output=True,
                          text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert res.returncode == 0, res.stderr[-2000:]
 

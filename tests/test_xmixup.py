@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import data
 import layers
 import xlt
-from conftest import padded_batch
+from conftest import padded_batch, quick_pretrained
 from test_train import eval_cli, run
 
 
@@ -145,7 +145,8 @@ def test_inference_variants():
 def test_xmixup_end_to_end(tmp_path, capsys):
     demo = data.make_demo(str(tmp_path / 'demo-data'), n_train=150, n_eval=30)
     os.remove(os.path.join(demo, 'xnli', 'round-trip', 'train-en-zh-en.tsv'))
-    results = run(tmp_path / 'run', demo, '--method', 'xmixup', '--task', 'xnli', '--epochs', '4', '--p_k', '10')
+    init = quick_pretrained(demo, tmp_path / 'pretrained')
+    results = run(tmp_path / 'run', demo, '--method', 'xmixup', '--task', 'xnli', '--epochs', '4', '--p_k', '10', '--init', init)
     assert capsys.readouterr().out.count('warning: no round-trip data for xnli in zh') == 1
     logged = [json.loads(line) for line in open(tmp_path / 'run' / 'log.jsonl') if '"loss"' in line]
     assert all(0 < r['lambda'] < 0.5 for r in logged)
@@ -156,7 +157,7 @@ def test_xmixup_end_to_end(tmp_path, capsys):
     assert results['dev']['en'] > 40
     # tagging needs a source-language model's labels for T
     with pytest.raises(SystemExit, match='pass --teacher RUN'):
-        run(tmp_path / 'tag', demo, '--method', 'xmixup', '--task', 'panx', '--epochs', '1')
+        run(tmp_path / 'tag', demo, '--method', 'xmixup', '--task', 'panx', '--epochs', '1', '--init', init)
 
 
 def labelled_side(family, lengths, seed, n_labels):

@@ -1,0 +1,285 @@
+"""VECO: the variable blocks' two streams (Eq. 4-7), Eq. 8 against its terms computed by hand,
+BERT masking, the NLU assembly, XLM-R weights in the VECO model, pre-training runs that resume
+and split over processes exactly."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import data
+import layers
+import train
+import xlt
+from conftest import hf_config, naive_xlmr, padded_batch, random_hf_weights, write_hf_dir
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+V = 60  # vocabulary of the random batches: ids 4..58 are pieces, 59 is <mask>
+
+
+def model(seed=0, cross_only_steps=0):
+    torch.manual_seed(seed)
+    cfg = layers.Config(vocab_size=V, n_layer=2, n_head=2, dim=32, ffn_dim=64)
+    return xlt.VecoPretrain(layers.Encoder(cfg, cross=True), mask_id=V - 1, cross_only_steps=cross_only_steps).eval()
+
+
+def masked_pair(seed=0, parallel=(False, True, True)):
+    """x^, y^ with about a third of the pieces masked, their targets, and the row kinds."""
+    x, y = padded_batch(V - 1, [9, 6, 11], seed=seed), padded_batch(V - 1, [7, 10, 5], seed=seed + 1)
+    torch.manual_seed(seed)
+    (x_hat, x_bar), (y_hat, y_bar) = xlt.bert_mask(x, 0.35, V - 1), xlt.bert_mask(y, 0.35, V - 1)
+    return x_hat, x.ne(1), x_bar, y_hat, y.ne(1), y_bar, torch.tensor(parallel)
+
+
+def test_cs_stream_sees_only_the_past_and_is_stream_everything():
+    m = model()
+    x, xm, _, y, ym, _, _ = masked_pair()
+    X = m.inner(x, xm)
+    t = 3
+    changed = y.clone()
+    changed[:, t + 1:] = torch.where(ym[:, t + 1:], (changed[:, t + 1:] + 7) % (V - 5) + 4, changed[:, t + 1:])
+    with torch.no_grad():
+        cs, cs_changed = m.crossed(y, ym, X, xm), m.crossed(changed, ym, X, xm)
+        is_, is_changed = m.inner(y, ym), m.inner(changed, ym)
+    assert torch.allclose(cs[:, :t + 1], cs_changed[:, :t + 1], atol=1e-6)  # positions <= t: unchanged
+    assert not torch.allclose(cs[:, t + 1:], cs_changed[:, t + 1:], atol=1e-3)
+    assert not torch.allclose(is_[:, :t + 1], is_changed[:, :t + 1], atol=1e-3)  # IS-MLM is bidirectional
+    # and the CS stream reads the memory: another X^N changes every position
+    assert not torch.allclose(cs, m.crossed(y, ym, X.roll(1, 0), xm.roll(1, 0)), atol=1e-3)
+
+
+def embeddings_of(m):
+    """Record the embedding output of each call (inner(x), inner(y), crossed(y), crossed(x), tlm),
+    made leaves that require a gradient, so that a gradient can be asked of each stream alone."""
+    seen, embed = [], m.encoder.embed
+
+    def recording(ids):
+        e = embed(ids).detach().requires_grad_()
+        seen.append(e)
+        return e
+    m.encoder.embed = recording
+    return seen
+
+
+def test_cs_mlm_leaves_x_alone_and_is_mlm_leaves_the_cross_attention_alone():
+    m = model()
+    seen = embeddings_of(m)
+    terms = m.terms(*masked_pair())
+    e_x, e_y, e_y_cs = seen[0], seen[1], seen[2]
+    cross = [p for n, p in m.named_parameters() if '.cross.' in n or '.ln_cross.' in n]
+    grads = torch.autograd.grad(terms['cs_xy'], [e_x, e_y, e_y_cs] + cross, allow_unused=True, retain_graph=True)
+    assert grads[0] is None and grads[1] is None  # X^N detached: nothing flows into x^'s stream
+    assert grads[2].abs().sum() > 0 and all(g is not None and g.abs().sum() > 0 for g in grads[3:])
+    grads = torch.autograd.grad(terms['is_x'] + terms['is_y'] + terms['tlm'], cross, allow_unused=True)
+    assert all(g is None for g in grads)  # IS-MLM and TLM never pass through a cross-attention
+
+
+def mlm_ce(m, h, targets):
+    """Eq. 5 / 7 by hand: -log P of each chosen token under the MLM head, averaged over them."""
+    logits = m.mlm(h)
+    chosen = targets.ne(data.IGNORE)
+    return -logits.log_softmax(-1)[chosen].gather(1, targets[chosen][:, None]).mean()
+
+
+def by_hand(m, x, xm, x_bar, y, ym, y_bar, parallel):
+    """Eq. 8's four terms and TLM from the blocks called one by one, no VecoPretrain code."""
+    enc = m.encoder
+
+    def stream(ids, mask, memory=None, memory_mask=None):
+        h = enc.embed(ids)
+        for block in enc.blocks:
+            h = block(h, mask, memory, memory_mask, causal=memory is not None)
+        return h
+    X, Y = stream(x, xm), stream(y, ym)
+    terms = {'is_x': mlm_ce(m, X, x_bar), 'is_y': mlm_ce(m, Y, y_bar),
+             'cs_xy': mlm_ce(m, stream(y, ym, X, xm), y_bar), 'cs_yx': mlm_ce(m, stream(x, xm, Y, ym), x_bar)}
+    rows, ids, targets = parallel.nonzero().squeeze(1).tolist(), [], []
+    for r in rows:  # <s> x </s></s> y </s>: y's <s> becomes </s>
+        xr, yr = x[r][xm[r]].tolist(), y[r][ym[r]].tolist()
+        ids.append(xr + [2] + yr[1:])
+        targets.append(x_bar[r][xm[r]].tolist() + y_bar[r][ym[r]].tolist())
+    longest = max(map(len, ids))
+    ids_t = torch.tensor([i + [1] * (longest - len(i)) for i in ids])
+    targets_t = torch.tensor([t + [data.IGNORE] * (longest - len(t)) for t in targets])
+    terms['tlm'] = mlm_ce(m, stream(ids_t, ids_t.ne(1)), targets_t)
+    return terms
+
+
+def test_eq8_is_the_sum_of_its_terms_by_hand_and_symmetric():
+    m = model()
+    batch = masked_pair()
+    with torch.no_grad():
+        terms, hand = m.terms(*batch), by_hand(m, *batch)
+        assert terms.keys() == hand.keys()
+        for name in hand:
+            assert torch.allclose(terms[name], hand[name], atol=1e-5), name
+        x, xm, x_bar, y, ym, y_bar, parallel = batch
+        swapped = m.terms(y, ym, y_bar, x, xm, x_bar, parallel)
+        eq8 = lambda t: t['is_x'] + t['is_y'] + t['cs_xy'] + t['cs_yx']
+        assert torch.allclose(eq8(swapped), eq8(terms), atol=1e-6)  # Eq. 8 (TLM's order of x and y is not)
+        assert torch.allclose(swapped['cs_xy'], terms['cs_yx'], atol=1e-6)
+        # loss(): the same masks drawn again from the same seed give the sum of the terms
+        pair = data.Pair(data.Batch(batch[0], xm, parallel.long()), data.Batch(batch[3], ym, parallel.long()))
+        torch.manual_seed(5)
+        loss, logs = m.loss(pair)
+        torch.manual_seed(5)
+        (x2, xb2), (y2, yb2) = m.masked(pair.src, parallel), m.masked(pair.tgt, parallel)
+        expected = by_hand(m, x2, xm, xb2, y2, ym, yb2, parallel)
+        assert torch.allclose(loss, sum(expected.values()), atol=1e-5)
+        assert logs['tlm'] == pytest.approx(expected['tlm'].item(), abs=1e-5)
+
+
+def test_cross_only_phase_trains_the_cross_attention_alone():
+    m = model(cross_only_steps=10).train()
+    pair = data.Pair(data.Batch(*masked_pair()[0:2], torch.tensor([0, 1, 1])), data.Batch(*masked_pair()[3:5], torch.tensor([0, 1, 1])))
+    loss, logs = m.loss(pair)
+    assert 'tlm' not in logs and loss.item() == pytest.approx(logs['cs_xy'] + logs['cs_yx'], rel=1e-6)
+    frozen = {id(p) for p in m.frozen()}
+    names = [n for n, p in m.named_parameters() if id(p) not in frozen]
+    assert names and all('.cross.' in n or '.ln_cross.' in n for n in names)
+    m.step = 10
+    assert m.frozen() == [] and 'tlm' in m.loss(pair)[1]
+
+
+def test_bert_masking_shares_and_targets():
+    torch.manual_seed(0)
+    ids = torch.randint(4, 1000, (400, 128))
+    ids[:, 0], ids[:, -1], ids[:5, 60:] = 0, 2, 1  # <s>, </s>, padding: never chosen
+    pieces = ids.ge(4)
+    for share in (0.15, 0.25):
+        masked, targets = xlt.bert_mask(ids, share, 1000)
+        chosen = targets.ne(data.IGNORE)
+        assert not chosen[~pieces].any() and torch.equal(targets[chosen], ids[chosen])
+        assert abs(chosen.sum() / pieces.sum() - share) < 0.005
+        assert torch.equal(masked[~chosen], ids[~chosen])  # unchosen tokens stay, their targets are ignored
+        as_mask = masked[chosen].eq(1000).float().mean()
+        kept = masked[chosen].eq(ids[chosen]).float().mean()
+        others = masked[chosen][masked[chosen].ne(1000)]
+        assert abs(as_mask - 0.8) < 0.01 and abs(kept - 0.1) < 0.01 and others.ge(4).all()  # random: pieces
+    m = model()
+    rows = torch.randint(4, V - 1, (2000, 40))
+    kind = torch.arange(2000) % 2 == 1  # odd rows parallel: 25%, even rows monolingual: 15%
+    _, targets = m.masked(data.Batch(rows, rows.ne(1)), kind)
+    share = targets.ne(data.IGNORE).float().mean(1)
+    assert abs(share[~kind].mean() - 0.15) < 0.005 and abs(share[kind].mean() - 0.25) < 0.005
+
+
+def test_tlm_pairs_are_xlmr_pairs():
+    a, b = torch.tensor([[0, 5, 6, 2], [0, 7, 2, 1]]), torch.tensor([[0, 8, 2, 1, 1], [0, 9, 10, 11, 2]])
+    ids, mask, order = xlt.concat_pairs(a, a.ne(1), b, b.ne(1))
+    assert ids.tolist() == [[0, 5, 6, 2, 2, 8, 2, 1], [0, 7, 2, 2, 9, 10, 11, 2]]
+    assert mask.sum(1).tolist() == [7, 8]
+
+
+def test_nlu_encoder_drops_the_cross_attention_and_equals_the_is_stream(tmp_path):
+    m = model(seed=3)
+    for p in m.encoder.parameters():  # LayerNorms and biases not at their initial values
+        p.data += 0.05 * torch.randn_like(p)
+    layers.save_converted(m.encoder, m.mlm, tmp_path / 'veco.pt')
+    enc, mlm = layers.load_pretrained(str(tmp_path / 'veco.pt'))
+    assert not enc.has_cross and not any('cross' in n for n, _ in enc.named_parameters()) and mlm is not None
+    again, _ = layers.load_pretrained(str(tmp_path / 'veco.pt'), cross=True)
+    assert torch.equal(again.blocks[1].cross.qkv.weight, m.encoder.blocks[1].cross.qkv.weight)
+    x, xm = masked_pair()[:2]
+    with torch.no_grad():
+        assert torch.allclose(enc.eval()(x, xm), m.inner(x, xm), atol=1e-6)
+
+
+def test_xlmr_weights_in_the_veco_model(tmp_path):
+    cfg = hf_config(layers=2, dim=32, heads=4, ffn=64, vocab=V)
+    sd = random_hf_weights(cfg)
+    enc, mlm = layers.load_pretrained(write_hf_dir(sd, cfg, tmp_path / 'hf'), cross=True)
+    assert enc.has_cross and mlm is not None
+    for i, block in enumerate(enc.blocks):  # every XLM-R tensor used: here the first layer's query and FFN
+        p = f'roberta.encoder.layer.{i}.'
+        assert torch.equal(block.attn.qkv.weight[:32], sd[p + 'attention.self.query.weight'])
+        assert torch.equal(block.ffn.fc2.bias, sd[p + 'output.dense.bias'])
+        assert abs(block.cross.qkv.weight.std().item() - 0.02) < 0.005 and torch.equal(block.ln_cross.weight, torch.ones(32))
+    m = xlt.VecoPretrain(enc, V - 1, mlm).eval()
+    ids = padded_batch(V, [7, 12, 4])
+    hidden, logits = naive_xlmr(sd, 4, ids)
+    with torch.no_grad():
+        h = m.inner(ids, ids.ne(1))
+        real = ids.ne(1)
+        assert (h[real].double() - hidden[real]).abs().max() <= 1e-5
+        assert (m.mlm(h)[real].double() - logits[real]).abs().max() <= 1e-4
+
+
+def pretrain(out, demo_data, *args, runner=None):
+    os.makedirs(out, exist_ok=True)
+    if not os.path.exists(os.path.join(out, 'demo-data')):
+        os.symlink(demo_data, os.path.join(out, 'demo-data'))
+    common = ['--method', 'veco', '--task', 'pretrain', '--demo', '--out', str(out), '--steps', '24', '--eval_every', '12', *args]
+    if runner is None:
+        train.main(common)
+    else:
+        subprocess.run(runner + ['train.py', *common], cwd=ROOT, check=True, capture_output=True,
+                       env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    return torch.load(os.path.join(out, 'last.pt'), weights_only=True)['method']
+
+
+@pytest.fixture(scope='module')
+def demo_data(tmp_path_factory):
+    return data.make_demo(str(tmp_path_factory.mktemp('demo') / 'demo-data'), n_train=50, n_eval=20)
+
+
+def test_pretraining_ddp_equals_one_process_and_resumes_exactly(tmp_path, demo_data):
+    one = pretrain(tmp_path / 'one', demo_data, '--batch_size', '8', '--grad_accum', '2')
+    two = pretrain(tmp_path / 'two', demo_data, '--batch_size', '8',
+                   runner=[sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2'])
+    assert max((one[k] - two[k]).abs().max().item() for k in one) <= 1e-5
+    killed = subprocess.run([sys.executable, 'train.py', '--method', 'veco', '--task', 'pretrain', '--demo', '--out',
+                             str(tmp_path / 'one'), '--steps', '24', '--eval_every', '12', '--batch_size', '8',
+                             '--grad_accum', '2', '--save_every', '5', '--halt_after', '17'], cwd=ROOT, capture_output=True)
+    assert killed.returncode == 3
+    resumed = pretrain(tmp_path / 'one', demo_data, '--batch_size', '8', '--grad_accum', '2', '--save_every', '5', '--resume')
+    assert max((one[k] - resumed[k]).abs().max().item() for k in one) <= 1e-6
+    logged = [json.loads(line) for line in open(tmp_path / 'one' / 'log.jsonl')]
+    assert {'is_x', 'is_y', 'cs_xy', 'cs_yx', 'tlm'} <= {k for r in logged for k in r}
+    results = json.load(open(tmp_path / 'one' / 'results.json'))
+    assert {'mono', 'para'} == set(results['held_out']) and 'cs_shuffled' in results['held_out']['para']
+    # the checkpoint starts a fine-tuning run: the cross-attention left out
+    enc, mlm = layers.load_pretrained(str(tmp_path / 'one' / 'best.pt'))
+    assert not enc.has_cross and mlm is not None
+
+
+def one_line(argv, message):
+    with pytest.raises(SystemExit) as err:
+        train.main(argv)
+    assert str(err.value).startswith('error: ') and '\n' not in str(err.value) and message in str(err.value)
+
+
+def test_pretraining_set_up_errors_are_one_line(tmp_path, demo_data):
+    one_line(['--method', 'filter', '--task', 'pretrain', '--demo'], 'pass --method veco')
+    one_line(['--method', 'veco', '--task', 'xnli', '--steps', '10', '--demo'], '--steps belong to pre-training')
+    one_line(['--method', 'zeroshot', '--task', 'xnli', '--translate_train_all', '--demo'], 'belongs to VECO')
+    one_line(['--method', 'veco', '--task', 'pretrain', '--data_dir', str(tmp_path / 'none'), '--from_scratch',
+              '--model', 'tiny'], 'mono/<lang>.txt')
+    corpus = tmp_path / 'corpus'
+    os.makedirs(corpus / 'pretrain' / 'parallel')
+    os.symlink(os.path.join(demo_data, 'sentencepiece.bpe.model'), corpus / 'sentencepiece.bpe.model')
+    (corpus / 'pretrain' / 'parallel' / 'de-en.de').write_text('eins\nzwei\n')
+    (corpus / 'pretrain' / 'parallel' / 'de-en.en').write_text('one\n')
+    common = ['--method', 'veco', '--task', 'pretrain', '--data_dir', str(corpus), '--from_scratch', '--model', 'tiny',
+              '--out', str(tmp_path / 'run')]
+    one_line(common, 'parallel files align line by line')
+    os.remove(corpus / 'pretrain' / 'parallel' / 'de-en.en')
+    one_line(common, 'has no other side')
+    assert not os.path.exists(tmp_path / 'run' / 'config.json')
+
+
+def test_monolingual_documents_make_adjacent_segment_pairs(tmp_path, demo_data):
+    tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
+    line = 'Anna reads the book .'
+    n = len(tok.encode(line))
+    os.makedirs(tmp_path / 'pretrain' / 'mono')
+    # document 1: five lines, two per segment -> segments (1 2) (3 4) (5): one pair, the last left out;
+    # document 2: one line -> no pair
+    (tmp_path / 'pretrain' / 'mono' / 'en.txt').write_text('\n'.join([line] * 5) + '\n\n' + line + '\n')
+    items, groups = data.read_pretraining(tok, str(tmp_path), max_len=2 * n + 2)
+    assert list(groups) == ['mono:en'] and len(items) == 1
+    x, y = items[0]
+    assert x.ids == [0] + tok.encode(line) * 2 + [2] and y.ids == x.ids and x.label == 0
