@@ -641,10 +641,10 @@ def pretrain_files(data_dir):
             groups[f'mono:{name[:-4]}'] = [os.path.join(mono, name)]
     for name in sorted(os.listdir(para)) if os.path.isdir(para) else []:
         pair, _, lang = name.rpartition('.')
-        if pair.count('-') == 1 and lang == pair.split('-')[0]:
-            other = os.path.join(para, f'{pair}.{pair.split("-")[1]}')
-            groups[f'para:{pair}'] = [need(os.path.join(para, name), f'{other} needs its other side')] + [
-                need(other, f'{name} has no other side: put the translations in {pair}.{pair.split("-")[1]}')]
+        if pair.count('-') == 1 and lang == pair.split('-')[0]:  # {a}-{b}.{a}: its other side is {a}-{b}.{b}
+            b = pair.split('-')[1]
+            groups[f'para:{pair}'] = [os.path.join(para, name), need(os.path.join(para, f'{pair}.{b}'),
+                                                                    f'{name} has no other side: put its translations in {pair}.{b}')]
     if not groups:
         raise DataError(f'no pre-training text in {root}: put monolingual documents in mono/<lang>.txt and parallel '
                         'sentences in parallel/<a>-<b>.<a> and .<b> (the README\'s layout), or pass --demo')

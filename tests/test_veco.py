@@ -206,6 +206,8 @@ def test_xlmr_weights_in_the_veco_model(tmp_path):
         real = ids.ne(1)
         assert (h[real].double() - hidden[real]).abs().max() <= 1e-5
         assert (m.mlm(h)[real].double() - logits[real]).abs().max() <= 1e-4
+        plain = layers.load_pretrained(os.path.join(tmp_path, 'hf'))[0].eval()  # plain XLM-R, the same weights
+        assert (plain(ids)[real] - h[real]).abs().max() <= 1e-6
 
 
 def pretrain(out, demo_data, *args, runner=None):
@@ -283,3 +285,23 @@ def test_monolingual_documents_make_adjacent_segment_pairs(tmp_path, demo_data):
     assert list(groups) == ['mono:en'] and len(items) == 1
     x, y = items[0]
     assert x.ids == [0] + tok.encode(line) * 2 + [2] and y.ids == x.ids and x.label == 0
+
+
+def test_fine_tuning_defaults_are_vecos():
+    zero = train.parse_args(['--method', 'veco', '--task', 'xnli'])
+    assert (zero.lr, zero.epochs, zero.weight_decay, zero.warmup, zero.batch_size) == (2e-5, 2, 0.0, 0.0, 64)
+    assert train.parse_args(['--method', 'veco', '--task', 'xnli', '--translate_train_all']).lr == 5e-6
+    qa = train.parse_args(['--method', 'veco', '--task', 'xquad'])
+    assert (qa.lr, qa.epochs, qa.batch_size, qa.weight_decay) == (2e-5, 2, 16, 1e-4)
+    assert train.parse_args(['--method', 'zeroshot', '--task', 'xnli']).weight_decay == 0.01  # others keep theirs
+    pre = train.parse_args(['--method', 'veco', '--task', 'pretrain', '--init', 'x.pt', '--model', 'large'])
+    assert (pre.lr, pre.steps, pre.cross_only_steps, pre.max_len, pre.epochs) == (2e-4, 240000, 12000, 512, 120)
+
+
+def test_translate_train_all_trains_on_every_translation(demo_data):
+    args = train.parse_args(['--method', 'veco', '--task', 'pawsx', '--demo', '--translate_train_all'])
+    args.data_dir = demo_data
+    tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
+    method = xlt.METHODS['veco'][0](layers.Encoder(layers.CONFIGS['tiny']), 'pawsx')
+    items = train.training_items(args, tok, method)
+    assert len(items) == 3 * len(data.read_split(demo_data, 'pawsx', 'train'))  # English, de and zh
