@@ -259,7 +259,7 @@ def test_pretraining_set_up_errors_are_one_line(tmp_path, demo_data):
     one_line(['--method', 'veco', '--task', 'xnli', '--steps', '10', '--demo'], '--steps belong to pre-training')
     one_line(['--method', 'zeroshot', '--task', 'xnli', '--translate_train_all', '--demo'], 'belongs to VECO')
     one_line(['--method', 'veco', '--task', 'pretrain', '--data_dir', str(tmp_path / 'none'), '--from_scratch',
-              '--model', 'tiny'], 'mono/<lang>.txt')
+              '--model', 'tiny', '--out', str(tmp_path / 'nothing')], 'mono/<lang>.txt')
     corpus = tmp_path / 'corpus'
     os.makedirs(corpus / 'pretrain' / 'parallel')
     os.symlink(os.path.join(demo_data, 'sentencepiece.bpe.model'), corpus / 'sentencepiece.bpe.model')
