@@ -134,7 +134,8 @@ def position_ids(ids, pad_id):
 
 class Encoder(nn.Module):
     """Embeddings and blocks. cross=True gives every block a cross-attention (VECO), used only
-    when run() is given a memory; drop_cross() throws them away (VECO's NLU assembly)."""
+    when run() is given a memory; load_pretrained(path) leaves a checkpoint's out (VECO's NLU
+    assembly)."""
 
     def __init__(self, cfg, cross=False):
         super().__init__()
@@ -163,12 +164,6 @@ class Encoder(nn.Module):
     @property
     def has_cross(self):
         return hasattr(self.blocks[0], 'cross')
-
-    def drop_cross(self):
-        for block in self.blocks:
-            if hasattr(block, 'cross'):
-                del block.cross, block.ln_cross
-        return self
 
     def forward(self, ids, mask=None):
         """Last hidden states (B, T, H); mask defaults to the non-padding tokens."""

@@ -17,6 +17,7 @@ import os
 import random
 import sys
 import time
+from collections import defaultdict
 from contextlib import nullcontext
 
 import numpy as np
@@ -540,7 +541,7 @@ def held_out_losses(method, items, args, device):
     and CS-MLM once more with each row reading another row's X^N (cs_shuffled): far above
     cs_xy, the cross-attention uses its memory. score: minus the summed loss, higher is better."""
     method.eval()
-    sums, counts = {}, {}
+    sums, counts = defaultdict(lambda: defaultdict(float)), defaultdict(lambda: defaultdict(int))
     with torch.random.fork_rng():
         torch.manual_seed(args.seed)
         for kind in ('mono', 'para'):
@@ -554,9 +555,9 @@ def held_out_losses(method, items, args, device):
                     if len(index) > 1:
                         X, xm = method.inner(x, pair.src.mask), pair.src.mask
                         terms['cs_shuffled'] = xlt.mlm_loss(method.mlm, method.crossed(y, pair.tgt.mask, X.roll(1, 0), xm.roll(1, 0)), y_bar)
-                for name, t in terms.items():
-                    sums.setdefault(kind, {})[name] = sums.get(kind, {}).get(name, 0.0) + t.item() * len(index)
-                    counts.setdefault(kind, {})[name] = counts.get(kind, {}).get(name, 0) + len(index)
+                for name, t in terms.items():  # a mean over the kind's pairs
+                    sums[kind][name] += t.item() * len(index)
+                    counts[kind][name] += len(index)
     out = {kind: {n: v / counts[kind][n] for n, v in row.items()} for kind, row in sums.items()}
     for row in out.values():
         row['score'] = -sum(v for n, v in row.items() if n != 'cs_shuffled')
