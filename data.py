@@ -63,6 +63,10 @@ class Tokenizer:
         """Ids of `text`, no special tokens."""
         return self._ids(self.sp.encode(text))
 
+    def encode_lines(self, lines):
+        """Ids of each line, no special tokens (an empty line has none)."""
+        return [self._ids(ids) for ids in self.sp.encode(list(lines))]
+
     def encode_words(self, words):
         """Ids of each word on its own (tagging); a word with no piece becomes <unk>."""
         return [self._ids(ids) or [self.unk] for ids in self.sp.encode(list(words))]
@@ -129,8 +133,15 @@ QA_FILES = {
 }
 
 
-def is_demo(data_dir):
-    return os.path.exists(os.path.join(data_dir, 'demo.json'))
+DEMO_VERSION = 2  # raised when the demo gains files (2: translation): an older demo folder is written again
+
+
+def is_demo(data_dir, current=False):
+    path = os.path.join(data_dir, 'demo.json')
+    if not current or not os.path.exists(path):
+        return os.path.exists(path)
+    with open(path) as f:
+        return json.load(f).get('version') == DEMO_VERSION
 
 
 def languages(task, demo=False):
@@ -725,6 +736,44 @@ def pretrain_batches(groups, batch_size, n_steps, seed):
 
 
 # ----------------------------------------------------------------------------------------
+# Translation (VECO's generation task), plain text, line n of one side translating line n of
+# the other (WMT14 as the paper: test is newstest2014):
+#   translation/{src}-{tgt}/{train,valid,test}.{src}  and  .{tgt}
+# (a folder named {tgt}-{src} serves both directions).
+
+def parallel_files(data_dir, src, tgt, split):
+    """-> (source side, target side) of a split, in translation/{src}-{tgt} or {tgt}-{src}."""
+    pairs = [os.path.join(data_dir, 'translation', p) for p in (f'{src}-{tgt}', f'{tgt}-{src}')]
+    folder = next((p for p in pairs if os.path.isdir(p)), pairs[0])
+    return [need(os.path.join(folder, f'{split}.{lang}'), f'put the {split} set\'s {lang} side there, one sentence '
+                 f'a line, aligned with {split}.{src if lang == tgt else tgt} (the README\'s translation layout)')
+            for lang in (src, tgt)]
+
+
+def translation_items(tok, data_dir, src, tgt, split, lang_ids, max_len):
+    """-> [(source, target) Features]: `x </s> [src]`, and `[tgt] y` labelled `y </s>`. Training
+    and valid pairs with an empty side or more than max_len pieces on one are skipped, as the
+    released data preparation keeps 1 to 250 pieces; every test line is kept (cut to fit 512
+    positions), so that each gets a translation."""
+    paths = parallel_files(data_dir, src, tgt, split)
+    x_lines, y_lines = lines_of(paths[0]), lines_of(paths[1])
+    if len(x_lines) != len(y_lines):
+        raise DataError(f'{paths[0]} has {len(x_lines)} lines and {paths[1]} {len(y_lines)}: the sides align line by line')
+    longest, test = 512 - 2, split == 'test'
+    items, skipped = [], {'with an empty side': 0, f'longer than {max_len} pieces': 0}
+    for x, y in zip(tok.encode_lines(x_lines), tok.encode_lines(y_lines)):
+        if not test and not (x and y):
+            skipped['with an empty side'] += 1
+        elif not test and max(len(x), len(y)) > max_len:
+            skipped[f'longer than {max_len} pieces'] += 1
+        else:
+            x, y = x[:longest], y[:longest]
+            items.append((Feature(x + [tok.eos, lang_ids[0]]), Feature([lang_ids[1]] + y, y + [tok.eos])))
+    report_skipped(paths[0], len(x_lines), skipped, 'sentence pairs')
+    return items
+
+
+# ----------------------------------------------------------------------------------------
 # The demo: every task generated in the layout above, in English and two toy languages that
 # use German and Chinese words with their own word order (verb last; no spaces, place before
 # verb), so that the tiny model learns in a minute and transfer has a gap to close.
@@ -921,6 +970,16 @@ def demo_pretraining(rng, n_docs=300, n_parallel=1500):
     return files
 
 
+def demo_translation(rng, n_train=3000, n_eval=150):
+    """English -> toy German sentence pairs of every kind, for VECO's translation task."""
+    files = {}
+    for split, n in (('train', n_train), ('valid', n_eval), ('test', n_eval)):
+        said = [(rng.choice(list(DEMO_ORDER)), demo_fact(rng)) for _ in range(n)]
+        for lang in ('en', 'de'):
+            files[f'translation/en-de/{split}.{lang}'] = ''.join(demo_say(k, f, lang)[0] + '\n' for k, f in said)
+    return files
+
+
 def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
     """Write the demo data of every task and a sentencepiece model trained on it; the marker
     demo.json, written last, lists the languages."""
@@ -933,7 +992,8 @@ def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
             continue
         for split, n in (('train', n_train), ('dev', n_eval), ('test', n_eval)):
             files.update(demo_files(task, split, demo_examples(task, n, rng)))
-    files.update(demo_pretraining(random.Random(seed + 1)))  # its own draws: the tasks' data stay as they were
+    files.update(demo_pretraining(random.Random(seed + 1)))  # their own draws: the tasks' data stay as they were
+    files.update(demo_translation(random.Random(seed + 2), 3 * n_train, n_eval))
     for path, text in files.items():
         os.makedirs(os.path.join(out_dir, os.path.dirname(path)), exist_ok=True)
         atomic_write(os.path.join(out_dir, path), text)
@@ -941,7 +1001,7 @@ def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
     spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences),
                                    model_prefix=os.path.join(out_dir, 'sentencepiece.bpe'), vocab_size=600, model_type='bpe',
                                    hard_vocab_limit=False, character_coverage=1.0, minloglevel=2, num_threads=1)
-    atomic_write(os.path.join(out_dir, 'demo.json'), json.dumps({'languages': DEMO_LANGS, 'seed': seed}))
+    atomic_write(os.path.join(out_dir, 'demo.json'), json.dumps({'languages': DEMO_LANGS, 'seed': seed, 'version': DEMO_VERSION}))
     return out_dir
 
 

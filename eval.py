@@ -6,9 +6,11 @@ and the MLQA script (language-aware) for MLQA; set-based F1 for BUCC. Their quir
 on purpose, so that the same predictions get the same numbers to the last digit.
 
     python eval.py --predictions DIR --labels DIR --out scores.json
+    python eval.py --bleu HYP --ref REF [--tokenized] [--out bleu.json]
 """
 import argparse
 import json
+import math
 import os
 import re
 import string
@@ -128,6 +130,103 @@ def qa_scores(dataset, predictions, lang=None):
                 em += max(normalize_answer(pred, lang) == normalize_answer(g, lang) for g in golds)
                 f1 += max(qa_f1(pred, g, lang) for g in golds)
     return {'exact_match': 100.0 * em / total, 'f1': 100.0 * f1 / total}
+
+
+# ----------------------------------------------------------------------------------------
+# BLEU. bleu() gives the numbers of sacreBLEU 2.x's default, sacrebleu.corpus_bleu(hyps, [refs])
+# (13a tokens, 'exp' smoothing, one reference per line; tests/test_bleu.py compares the two).
+# tokenized_bleu() is multi-bleu.perl -lc, for text that is tokenised already.
+
+# mteval-v13a's rules, applied in this order to the line with a space added at each end. Each
+# pattern consumes the neighbour it tests, as mteval's do, so overlapping matches are skipped
+# ('..5' gives '. .5'; lookarounds would give '. . 5'). [0-9], not \d: only ASCII digits count.
+V13A_SYMBOL = re.compile(r'([{-~\[-` -&(-+:-@/])')  # ASCII punctuation except ' , - . becomes a token
+V13A_POINT_AFTER = re.compile(r'([^0-9])([.,])')     # '.' and ',' split unless a digit is before
+V13A_POINT_BEFORE = re.compile(r'([.,])([^0-9])')    # ... or after them (3.5 and 1,000 stay whole)
+V13A_DASH = re.compile(r'([0-9])(-)')                # '-' after a digit splits (1990-2000)
+
+
+def tokenize_13a(line):
+    """sacreBLEU's default tokenizer (mteval-v13a) -> the tokens joined by single spaces."""
+    line = line.replace('<skipped>', '').replace('-\n', '').replace('\n', ' ')
+    if '&' in line:  # in this order, so '&amp;lt;' becomes '<' but '&amp;quot;' stays '&quot;'
+        for entity, char in (('&quot;', '"'), ('&amp;', '&'), ('&lt;', '<'), ('&gt;', '>')):
+            line = line.replace(entity, char)
+    line = V13A_SYMBOL.sub(r' \1 ', f' {line} ')
+    line = V13A_POINT_AFTER.sub(r'\1 \2 ', line)
+    line = V13A_POINT_BEFORE.sub(r' \1 \2', line)
+    return ' '.join(V13A_DASH.sub(r'\1 \2 ', line).split())
+
+
+def ngrams(tokens, n):
+    return Counter(zip(*(tokens[i:] for i in range(n))))
+
+
+def bleu_stats(hyps, refs, split):
+    """Clipped n-gram matches and n-gram totals (n = 1..4) and both lengths, summed over the corpus."""
+    if len(hyps) != len(refs):
+        raise EvalError(f'{len(hyps)} hypotheses for {len(refs)} references: BLEU needs one reference per hypothesis')
+    counts, totals, sys_len, ref_len = [0] * 4, [0] * 4, 0, 0
+    for hyp, ref in zip(hyps, refs):
+        h, r = split(hyp), split(ref)
+        sys_len, ref_len = sys_len + len(h), ref_len + len(r)
+        for n in range(1, 5):
+            counts[n - 1] += sum((ngrams(h, n) & ngrams(r, n)).values())  # & keeps the smaller count: clipping
+            totals[n - 1] += max(len(h) - n + 1, 0)
+    return counts, totals, sys_len, ref_len
+
+
+def bleu_scores(counts, totals, sys_len, ref_len, smooth, signature):
+    """BLEU from the corpus statistics; smooth: sacreBLEU's 'exp' smoothing, else none."""
+    bp = 1.0 if sys_len >= ref_len else math.exp(1 - ref_len / sys_len) if sys_len else 0.0
+    precisions, halving = [], 1
+    for c, t in zip(counts, totals):
+        if c:
+            precisions.append(100 * c / t)
+        elif smooth and t and any(counts):  # 'exp': the k-th order without a match gets 1 / 2^k matches
+            halving *= 2
+            precisions.append(100 / (halving * t))
+        else:  # no n-grams of this order, or no match at all: sacreBLEU scores 0 rather than smoothing
+            precisions.append(0.0)
+    score = bp * math.exp(sum(math.log(p) for p in precisions) / 4) if all(precisions) else 0.0
+    return {'bleu': score, 'precisions': precisions, 'bp': bp, 'sys_len': sys_len, 'ref_len': ref_len,
+            'counts': counts, 'totals': totals, 'signature': signature}
+
+
+def bleu(hyps, refs, lowercase=False):
+    """Corpus BLEU (0-100) of detokenised hypotheses, one reference each, with its n-gram
+    precisions (percent), brevity penalty, lengths, counts and sacreBLEU-style signature."""
+    split = lambda line: tokenize_13a((line.lower() if lowercase else line).rstrip()).split()
+    # sacreBLEU 2.x's signature of the same numbers, with our marker where it has its version
+    signature = f'nrefs:1|case:{"lc" if lowercase else "mixed"}|eff:no|tok:13a|smooth:exp|version:xlt'
+    return bleu_scores(*bleu_stats(hyps, refs, split), smooth=True, signature=signature)
+
+
+def tokenized_bleu(hyps, refs):
+    """multi-bleu.perl -lc: lower case, whitespace tokens, no smoothing (a zero precision gives 0).
+    (Python lowercases every script; the Perl script, reading bytes, lowercases ASCII only.)"""
+    split = lambda line: line.lower().split()
+    signature = 'multi-bleu.perl -lc (whitespace tokens)'
+    return bleu_scores(*bleu_stats(hyps, refs, split), smooth=False, signature=signature)
+
+
+def bleu_files(hyp_path, ref_path, tokenized=False):
+    """BLEU of two UTF-8 text files, line i against line i (an empty line is an empty sentence)."""
+    for path in (hyp_path, ref_path):
+        if not os.path.isfile(path):
+            raise EvalError(f'{path} is not there')
+    hyps, refs = lines_of(hyp_path), lines_of(ref_path)
+    if len(hyps) != len(refs):
+        raise EvalError(f'{hyp_path} has {len(hyps)} lines, {ref_path} has {len(refs)}: '
+                        'write one hypothesis per reference line')
+    return (tokenized_bleu if tokenized else bleu)(hyps, refs)
+
+
+def bleu_line(s):
+    """The one-line summary sacreBLEU prints."""
+    ratio = s['sys_len'] / s['ref_len'] if s['ref_len'] else 0
+    return (f"BLEU = {s['bleu']:.2f} {'/'.join(f'{p:.1f}' for p in s['precisions'])} (BP = {s['bp']:.3f} "
+            f"ratio = {ratio:.3f} hyp_len = {s['sys_len']} ref_len = {s['ref_len']})")
 
 
 # ----------------------------------------------------------------------------------------
@@ -348,12 +447,32 @@ def format_table(rows):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description='Score a prediction folder in the XTREME submission layout.')
-    parser.add_argument('--predictions', required=True, help='folder with <task>/test-<lang>.<tsv|json>')
-    parser.add_argument('--labels', required=True, help='gold labels in the same layout')
-    parser.add_argument('--out', required=True, help='scores.json, with the leaderboard\'s keys')
+    parser = argparse.ArgumentParser(description='Score a prediction folder in the XTREME submission layout, '
+                                                 'or BLEU of a text file (--bleu).')
+    parser.add_argument('--predictions', help='folder with <task>/test-<lang>.<tsv|json>')
+    parser.add_argument('--labels', help='gold labels in the same layout')
+    parser.add_argument('--out', help='scores.json, with the leaderboard\'s keys (with --bleu: optional, BLEU\'s)')
     parser.add_argument('--demo', action='store_true', help='score the demo\'s languages instead of XTREME\'s')
+    parser.add_argument('--bleu', metavar='HYP', help='BLEU of this text file (one sentence per line) against --ref')
+    parser.add_argument('--ref', help='the references of --bleu, one per line')
+    parser.add_argument('--tokenized', action='store_true', help='--bleu of tokenised files as multi-bleu.perl -lc')
     args = parser.parse_args(argv)
+    if args.bleu or args.ref or args.tokenized:
+        if not (args.bleu and args.ref) or args.predictions or args.labels:
+            sys.exit('error: BLEU takes --bleu HYP --ref REF [--tokenized] [--out FILE], without --predictions/--labels')
+        try:
+            scores = bleu_files(args.bleu, args.ref, args.tokenized)
+        except (EvalError, DataError) as e:
+            sys.exit(f'error: {e}')
+        if args.out:
+            atomic_write(args.out, json.dumps(scores, indent=2))
+        print(bleu_line(scores))
+        print(scores['signature'])
+        return
+    missing = [f'--{name}' for name in ('predictions', 'labels', 'out') if not getattr(args, name)]
+    if missing:
+        sys.exit(f'error: {", ".join(missing)} missing: give --predictions DIR --labels DIR --out FILE, '
+                 'or --bleu HYP --ref REF')
     try:
         scores = score_folder(args.predictions, args.labels, args.demo)
     except (EvalError, DataError) as e:

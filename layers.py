@@ -32,6 +32,7 @@ class Config:
     dropout: float = 0.1
     attn_dropout: float = 0.1
     ln_eps: float = 1e-5
+    embed_scale: float = 1.0  # token embeddings times this (fairseq's translation models: sqrt(dim))
 
 
 CONFIGS = {
@@ -50,15 +51,17 @@ def attention_mask(mask, causal, T, S, device):
     """Boolean mask for scaled_dot_product_attention (True = may attend), or None.
     mask: (B, S) key padding mask, True on real tokens; causal: forbid keys after the query."""
     allowed = None if mask is None else mask.bool()[:, None, None, :]  # (B, 1, 1, S)
-    if causal:
-        tril = torch.ones(T, S, dtype=torch.bool, device=device).tril()
+    if causal:  # the T queries are the last T of the S positions (T < S when decoding step by step)
+        tril = torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)
         allowed = tril if allowed is None else allowed & tril
     return allowed
 
 
 class Attention(nn.Module):
     """Multi-head attention. Queries come from x, keys and values from `memory` (x itself
-    when None), so the same weights serve self-attention and cross-attention."""
+    when None), so the same weights serve self-attention and cross-attention. With a `cache`
+    dict (decoding step by step) x holds only the newest positions: self-attention appends
+    their keys and values to the cached ones, cross-attention computes memory's once."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -66,14 +69,18 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)  # one matmul for q, k and v
         self.out = nn.Linear(cfg.dim, cfg.dim)
 
-    def forward(self, x, mask=None, memory=None, causal=False, return_scores=False):
+    def forward(self, x, mask=None, memory=None, causal=False, return_scores=False, cache=None):
         B, T, D = x.shape
         if memory is None:
             q, k, v = self.qkv(x).split(D, dim=2)
+            if cache is not None and 'k' in cache:
+                k, v = torch.cat([cache['k'], k], 1), torch.cat([cache['v'], v], 1)
         else:
             w, b = self.qkv.weight, self.qkv.bias
             q = F.linear(x, w[:D], b[:D])
-            k, v = F.linear(memory, w[D:], b[D:]).split(D, dim=2)
+            k, v = (cache['k'], cache['v']) if cache and 'k' in cache else F.linear(memory, w[D:], b[D:]).split(D, dim=2)
+        if cache is not None:
+            cache['k'], cache['v'] = k, v
         q, k, v = (t.view(B, -1, self.n_head, D // self.n_head).transpose(1, 2) for t in (q, k, v))
         allowed = attention_mask(mask, causal, T, k.size(2), x.device)
         p = self.p if self.training else 0.0
@@ -111,18 +118,20 @@ class Block(nn.Module):
         self.ffn, self.ln2 = FFN(cfg), nn.LayerNorm(cfg.dim, eps=cfg.ln_eps)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def attend(self, x, mask=None, causal=False):
+    def attend(self, x, mask=None, causal=False, cache=None):
         """The self-attention sub-layer's residual sum, before its LayerNorm ln1."""
-        return x + self.drop(self.attn(x, mask, causal=causal))
+        return x + self.drop(self.attn(x, mask, causal=causal, cache=cache))
 
     def feed_forward(self, h):
         return self.ln2(h + self.drop(self.ffn(h)))
 
-    def forward(self, x, mask=None, memory=None, memory_mask=None, causal=False):
-        """memory (B, S, H): the states the cross-attention reads; None skips it."""
-        x = self.ln1(self.attend(x, mask, causal))
+    def forward(self, x, mask=None, memory=None, memory_mask=None, causal=False, cache=None):
+        """memory (B, S, H): the states the cross-attention reads; None skips it. cache: this
+        block's {'self': {...}, 'cross': {...}} keys and values when decoding step by step."""
+        part = lambda name: None if cache is None else cache.setdefault(name, {})
+        x = self.ln1(self.attend(x, mask, causal, part('self')))
         if memory is not None:
-            x = self.ln_cross(x + self.drop(self.cross(x, memory_mask, memory=memory)))
+            x = self.ln_cross(x + self.drop(self.cross(x, memory_mask, memory=memory, cache=part('cross'))))
         return self.feed_forward(x)
 
 
@@ -147,18 +156,21 @@ class Encoder(nn.Module):
         self.blocks = nn.ModuleList([Block(cfg, cross) for _ in range(cfg.n_layer)])
         self.apply(init_weights)
 
-    def embed(self, ids):
-        """Token + position embeddings of one sequence batch, positions from each row's start."""
+    def embed(self, ids, offset=0):
+        """Token + position embeddings of one sequence batch, positions from each row's start;
+        offset: how many positions came before (decoding step by step)."""
         longest = self.cfg.max_positions - self.cfg.pad_id - 1
-        if ids.size(1) > longest:
-            raise ValueError(f'sequence of {ids.size(1)} tokens is longer than the model\'s {longest}: lower --max_len')
-        return self.drop(self.ln(self.tok(ids) + self.pos(position_ids(ids, self.cfg.pad_id))))
+        if ids.size(1) + offset > longest:
+            raise ValueError(f'sequence of {ids.size(1) + offset} tokens is longer than the model\'s {longest}: lower --max_len')
+        positions = position_ids(ids, self.cfg.pad_id) + offset * ids.ne(self.cfg.pad_id)
+        return self.drop(self.ln(self.tok(ids) * self.cfg.embed_scale + self.pos(positions)))
 
-    def run(self, x, mask=None, start=0, end=None, memory=None, memory_mask=None, causal=False):
+    def run(self, x, mask=None, start=0, end=None, memory=None, memory_mask=None, causal=False, cache=None):
         """Run blocks [start, end) on hidden states x (B, T, H), each cross-attending to memory
-        when one is given; causal: each position sees only itself and those before it."""
-        for block in self.blocks[start:end]:
-            x = block(x, mask, memory, memory_mask, causal)
+        when one is given; causal: each position sees only itself and those before it; cache:
+        a dict that keeps each block's keys and values between decoding steps."""
+        for i, block in enumerate(self.blocks[start:end], start):
+            x = block(x, mask, memory, memory_mask, causal, None if cache is None else cache.setdefault(i, {}))
         return x
 
     @property

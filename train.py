@@ -2,6 +2,7 @@
 
     python train.py --method zeroshot --task xnli --demo          # built-in data, tiny model, CPU
     python train.py --method veco --task pretrain --demo          # VECO's pre-training of the demo model
+    python train.py --method veco --task translate --demo         # VECO's encoder-decoder on toy en -> de
     python train.py --method translate-train-all --task pawsx --init xlmr-base.pt \\
         --spm sentencepiece.bpe.model --data_dir data/ --out runs/pawsx
     torchrun --nproc_per_node 8 train.py ...                       # the same run on 8 GPUs (DDP)
@@ -15,6 +16,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from collections import defaultdict
@@ -37,6 +39,10 @@ import xlt
 DEMO = {'model': 'tiny', 'lr': 1e-3, 'warmup': 0.0, 'batch_size': 32, 'p_k': 50}  # epochs: 8, QA 15
 # The demo's pre-training: about a minute on a laptop CPU; segments of a sentence or two
 DEMO_PRETRAIN = {'steps': 2000, 'eval_every': 500, 'max_len': 32, 'lr': 3e-3}
+# The demo's translation: the tiny model's 2 layers make the decoder
+DEMO_TRANSLATE = {'steps': 500, 'eval_every': 125, 'lr': 1e-3, 'batch_size': 32, 'warmup': 0.1, 'dropout': 0.1,
+                  'attn_dropout': 0.0, 'label_smoothing': 0.1, 'average_last': 2, 'max_len': 64}
+STEPPED = ('pretrain', 'translate')  # tasks counted in optimiser steps (--steps, --eval_every), not epochs
 # Numeric options: option -> (test of a given value, its valid range as said to the user)
 POSITIVE, AT_LEAST_1, NON_NEGATIVE = (lambda v: v > 0, 'a number above 0'), (lambda v: v >= 1, 'at least 1'), \
     (lambda v: v >= 0, '0 or more')
@@ -46,7 +52,9 @@ NUMERIC = {'lr': POSITIVE, 'epochs': AT_LEAST_1, 'batch_size': AT_LEAST_1, 'grad
            'm': NON_NEGATIVE, 'k': NON_NEGATIVE, 'kl_weight': (lambda v: 0 <= v <= 1, 'from 0 to 1'),
            'temperature': POSITIVE, 'mixup_layer': AT_LEAST_1, 'p_k': POSITIVE, 'layer': AT_LEAST_1,
            'eval_batch_size': AT_LEAST_1, 'save_every': AT_LEAST_1, 'steps': AT_LEAST_1, 'eval_every': AT_LEAST_1,
-           'cross_only_steps': NON_NEGATIVE, 'max_len': (lambda v: 8 <= v <= 512, '8 to 512 tokens (XLM-R\'s positions)')}
+           'cross_only_steps': NON_NEGATIVE, 'max_len': (lambda v: 8 <= v <= 512, '8 to 512 tokens (XLM-R\'s positions)'),
+           'attn_dropout': SHARE, 'label_smoothing': SHARE, 'dec_layers': AT_LEAST_1, 'beam': AT_LEAST_1,
+           'lenpen': NON_NEGATIVE, 'average_last': NON_NEGATIVE}
 
 
 def fail(message):
@@ -54,21 +62,23 @@ def fail(message):
 
 
 def family(args):
-    return 'pretrain' if args.task == 'pretrain' else data.TASKS[args.task].family
+    return {'pretrain': 'pretrain', 'translate': 'translation'}.get(args.task) or data.TASKS[args.task].family
 
 
 def method_class(args):
-    return xlt.VecoPretrain if args.task == 'pretrain' else xlt.METHODS[args.method][0]
+    return {'pretrain': xlt.VecoPretrain, 'translate': xlt.VecoTranslate}.get(args.task) or xlt.METHODS[args.method][0]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--method', default='zeroshot', help=f'one of {", ".join(xlt.METHODS)}')
-    p.add_argument('--task', default='xnli', help=f'one of {", ".join(data.TASKS)}; pretrain: VECO\'s pre-training')
+    p.add_argument('--task', default='xnli', help=f'one of {", ".join(data.TASKS)}; pretrain: VECO\'s pre-training; '
+                   'translate: VECO\'s encoder-decoder on --src -> --tgt')
     p.add_argument('--demo', action='store_true', help='generated data and a tiny model: runs in a minute on a CPU')
     p.add_argument('--model', help=f'preset: {", ".join(layers.CONFIGS)} (default base; tiny with --demo)')
     p.add_argument('--init', help='converted XLM-R checkpoint (python layers.py convert) or a run\'s best.pt')
-    p.add_argument('--from_scratch', action='store_true', help='train from random weights on real data (no --init)')
+    p.add_argument('--from_scratch', action='store_true', help='train from random weights on real data (no --init); '
+                   'with --demo, also where the demo starts from its pre-trained model')
     p.add_argument('--spm', help='sentencepiece model (default: the one in --data_dir)')
     p.add_argument('--data_dir', default='data', help='XTREME data in the layout of the README')
     p.add_argument('--out', help='run folder (default runs/<task>-<method>)')
@@ -79,8 +89,9 @@ def parse_args(argv=None):
     p.add_argument('--max_len', type=int, help='max tokens per input (default 128; 384 for QA)')
     p.add_argument('--warmup', type=float, help='share of the steps with a rising learning rate (default 0.1; demo 0)')
     p.add_argument('--weight_decay', type=float, help='default 0.01 (VECO: its scripts\' values)')
-    p.add_argument('--clip', type=float, default=1.0, help='gradient norm clipping')
+    p.add_argument('--clip', type=float, help='gradient norm clipping (default 1.0; translation 0.1)')
     p.add_argument('--dropout', type=float, help='override the model\'s dropout')
+    p.add_argument('--attn_dropout', type=float, help='override the attention dropout (default: --dropout\'s value)')
     p.add_argument('--seed', type=int, default=1)
     p.add_argument('--train_lang', help='translate-train: the language whose translation to train on')
     p.add_argument('--translate_test', action='store_true', help='evaluate on the test sets translated into English')
@@ -98,10 +109,22 @@ def parse_args(argv=None):
     p.add_argument('--no_mixup_inference', action='store_true', help='X-Mixup ablation: predict from the target alone')
     p.add_argument('--translate_train_all', action='store_true', help='VECO: fine-tune on English and its '
                    'translations into every target language (default: English alone)')
-    p.add_argument('--steps', type=int, help='pre-training: optimiser steps (default 240000, Table 5; demo 2000)')
-    p.add_argument('--eval_every', type=int, help='pre-training: steps between held-out evaluations (default 2000)')
+    p.add_argument('--steps', type=int, help='pre-training and translation: optimiser steps (default 240000, '
+                   'Table 5; translation 100000)')
+    p.add_argument('--eval_every', type=int, help='pre-training and translation: steps between held-out evaluations '
+                   '(default 2000; translation 5000, each saving a checkpoint to average)')
     p.add_argument('--cross_only_steps', type=int, help='pre-training: first steps that train only the '
                    'cross-attention, the rest frozen (default: the warm-up steps from --init, 0 from scratch)')
+    p.add_argument('--src', default='en', help='translate: source language (the README\'s layout)')
+    p.add_argument('--tgt', default='de', help='translate: target language')
+    p.add_argument('--dec_layers', type=int, help='translate: decoder layers (default 6, at most the model\'s depth)')
+    p.add_argument('--dec_init', default='last', choices=('last', 'first', 'random'),
+                   help='translate: the decoder copies the last or the first pre-trained layers, or is new (Table 4)')
+    p.add_argument('--label_smoothing', type=float, help='translate: label smoothing (default 0.2)')
+    p.add_argument('--beam', type=int, default=5, help='translate: beam size')
+    p.add_argument('--lenpen', type=float, default=1.0, help='translate: length penalty, score / length ** lenpen')
+    p.add_argument('--average_last', type=int, help='translate: decode with the mean of the last N checkpoints '
+                   '(one every --eval_every steps; default 10; 0: best.pt, the lowest valid loss)')
     p.add_argument('--layer', type=int, help='retrieval: hidden layer to pool (default 7/12 of the depth)')
     p.add_argument('--eval_batch_size', type=int, default=64)
     p.add_argument('--save_every', type=int, default=200, help='steps between resume checkpoints')
@@ -113,26 +136,31 @@ def parse_args(argv=None):
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and ok(value)):
             fail(f'--{name} {value} is out of range: give {valid}')
-    if args.task not in data.TASKS and args.task != 'pretrain':
-        fail(f'unknown task {args.task!r}: choose one of {", ".join(data.TASKS)} (or pretrain, with --method veco)')
+    if args.task not in data.TASKS and args.task not in STEPPED:
+        fail(f'unknown task {args.task!r}: choose one of {", ".join(data.TASKS)} (or pretrain and translate, with --method veco)')
     if args.method not in xlt.METHODS:
         fail(f'unknown method {args.method!r}: choose one of {", ".join(xlt.METHODS)}')
-    if args.task == 'pretrain' and args.method != 'veco':
-        fail(f'--task pretrain is VECO\'s pre-training: pass --method veco (not {args.method})')
-    given = [f'--{o}' for o in ('steps', 'eval_every', 'cross_only_steps') if getattr(args, o) is not None]
-    if given and args.task != 'pretrain':
-        fail(f'{" and ".join(given)} belong to pre-training (--task pretrain); fine-tuning counts --epochs')
+    if args.task in STEPPED and args.method != 'veco':
+        fail(f'--task {args.task} is VECO\'s: pass --method veco (not {args.method})')
+    given = [f'--{o}' for o in ('steps', 'eval_every') if getattr(args, o) is not None]
+    if given and args.task not in STEPPED:
+        fail(f'{" and ".join(given)} belong to pre-training and translation; fine-tuning counts --epochs')
+    if args.cross_only_steps is not None and args.task != 'pretrain':
+        fail('--cross_only_steps belongs to pre-training (--task pretrain)')
+    if args.task == 'translate' and args.src == args.tgt:
+        fail(f'--src and --tgt are both {args.src}: translation needs two languages')
     if args.translate_train_all and args.method != 'veco':
         fail(f'--translate_train_all belongs to VECO; for {args.method} use --method translate-train-all')
     if args.translate_test and (family(args) in ('tagging', 'pretrain') or method_class(args).paired):
         fail('--translate_test needs a method that reads one text and a task whose labels survive translation '
              '(tags would need a word alignment): drop --translate_test')
-    demo = {**DEMO, **(DEMO_PRETRAIN if args.task == 'pretrain' else {})} if args.demo else {}
+    demo = {**DEMO, **{'pretrain': DEMO_PRETRAIN, 'translate': DEMO_TRANSLATE}.get(args.task, {})} if args.demo else {}
     args.model = args.model or demo.get('model', 'base')
     if args.model not in layers.CONFIGS:
         fail(f'unknown model {args.model!r}: choose one of {", ".join(layers.CONFIGS)}')
     method = method_class(args)
-    for option, value in (demo or getattr(method, 'RUN', {}).get(args.task, {})).items():  # the demo's, or the released scripts'
+    released = {**getattr(method, 'RUN', {}).get(args.task, {}), **getattr(method, 'PAIRS', {}).get(f'{args.src}-{args.tgt}', {})}
+    for option, value in (demo or released).items():  # the demo's, or the released scripts'
         if getattr(args, option, None) is None:
             setattr(args, option, value)
     if args.lr is None:
@@ -145,18 +173,24 @@ def parse_args(argv=None):
         args.batch_size, args.max_len = args.batch_size or 1024, args.max_len or 512
         if args.cross_only_steps is None:
             args.cross_only_steps = int(args.warmup * args.steps) if args.init else 0
+    if args.task == 'translate':  # steps and the rest from VecoTranslate.RUN (finetune-wmt14en2de.sh)
+        args.epochs = math.ceil(args.steps / args.eval_every)
+        args.dec_layers = args.dec_layers or min(6, layers.CONFIGS[args.model].n_layer)
     if args.epochs is None:  # the papers: 4 (2 for XQuAD and MLQA); the demo's QA needs longer than its other tasks
         qa = family(args) == 'qa'
         args.epochs = (15 if qa else 8) if args.demo else (2 if args.task in ('xquad', 'mlqa') else 4)
     if args.warmup is None:
         args.warmup = 0.1
+    if args.clip is None:
+        args.clip = 1.0
     if args.weight_decay is None:
         args.weight_decay = 0.01
     if args.batch_size is None:
         args.batch_size = 64
     if args.max_len is None:
         args.max_len = 384 if family(args) == 'qa' else 128
-    args.out = args.out or os.path.join('runs', f'{args.task}-{args.method}{"-demo" if args.demo else ""}')
+    task = f'{args.task}-{args.src}-{args.tgt}' if args.task == 'translate' else args.task
+    args.out = args.out or os.path.join('runs', f'{task}-{args.method}{"-demo" if args.demo else ""}')
     return args
 
 
@@ -178,7 +212,7 @@ def setup_distributed():
 def prepare_data(args, rank):
     if args.demo:
         args.data_dir = os.path.join(args.out, 'demo-data')
-        if rank == 0 and not data.is_demo(args.data_dir):
+        if rank == 0 and not data.is_demo(args.data_dir, current=True):
             data.make_demo(args.data_dir, seed=0)
         if dist.is_initialized():
             dist.barrier()
@@ -219,10 +253,13 @@ def build_encoder(args, tok, cross=False):
         for m in encoder.modules():
             if isinstance(m, torch.nn.Dropout):
                 m.p = args.dropout
-        encoder.cfg.dropout = encoder.cfg.attn_dropout = args.dropout
+        encoder.cfg.dropout = args.dropout
+    attn_dropout = args.dropout if args.attn_dropout is None else args.attn_dropout
+    if attn_dropout is not None:
+        encoder.cfg.attn_dropout = attn_dropout
         for m in encoder.modules():
             if isinstance(m, layers.Attention):
-                m.p = args.dropout
+                m.p = attn_dropout
     return encoder, mlm
 
 
@@ -278,11 +315,16 @@ def outputs_of(method, items, collate, args, device, rank, world):
             result = method.predict(collate([items[i] for i in index], index).to(device)).float().cpu()
         for i, r in zip(index, result):
             out[i] = r if method.family == 'classification' else r[:len(predicted(items[i]).ids)]
+    return gathered(out, len(items), world)
+
+
+def gathered(out, n, world):
+    """This process's {item position: output} -> the outputs of all n items, from every process."""
     if world > 1:
         parts = [None] * world
         dist.all_gather_object(parts, out)
         out = {k: v for part in parts for k, v in part.items()}
-    return [out[i] for i in range(len(items))]
+    return [out[i] for i in range(n)]
 
 
 def predictions(task, feats, outputs, examples):
@@ -454,10 +496,12 @@ def run(args, rank, world, device):
              'raise --batch_size or lower --grad_accum')
     os.makedirs(args.out, exist_ok=True)
     tok = prepare_data(args, rank)
-    if args.demo and not args.init and method_class(args).pretrained_start:
+    if args.demo and not args.init and not args.from_scratch and method_class(args).pretrained_start:
         args.init = demo_pretrained(args, rank, world, device)
     if args.task == 'pretrain':
         return pretrain(args, tok, rank, world, device)
+    if args.task == 'translate':
+        return translate(args, tok, rank, world, device)
     encoder = build_encoder(args, tok)[0]
     if data.TASKS[args.task].family == 'retrieval':
         preds = retrieval(args, encoder.to(device), tok, device) if rank == 0 else {}
@@ -564,6 +608,131 @@ def held_out_losses(method, items, args, device):
     return out
 
 
+def translate(args, tok, rank, world, device):
+    """VECO's encoder-decoder (--task translate) fine-tuned on --src -> --tgt for --steps steps;
+    every --eval_every steps the valid loss (best.pt: the lowest) and a checkpoint kept for
+    averaging; then the test set decoded by beam search with the mean of the last
+    --average_last checkpoints, written one line per source and scored with BLEU."""
+    pre = build_encoder(args, tok, cross=True)[0]  # --init's cross-attention kept, or new for XLM-R
+    lang_ids = (tok.vocab_size, tok.vocab_size + 1)  # [src] and [tgt]: new rows of the token embedding
+    torch.manual_seed(args.seed)
+    try:
+        encoder, decoder = xlt.assemble(pre, args.dec_layers, args.dec_init, 2, args.dropout, args.attn_dropout)
+    except ValueError as e:
+        fail(str(e))
+    method = xlt.VecoTranslate(encoder, decoder, lang_ids[1], args.label_smoothing).to(device)
+    read = lambda split: data.translation_items(tok, args.data_dir, args.src, args.tgt, split, lang_ids, args.max_len)
+    items, valid, test = read('train'), read('valid'), read('test')
+    refs = data.lines_of(data.parallel_files(args.data_dir, args.src, args.tgt, 'test')[1])
+    for name, part in (('training', items), ('valid', valid)):
+        if not part:
+            fail(f'no {name} pairs for {args.src}-{args.tgt} in {args.data_dir}/translation: the files hold no text')
+    begin(args, rank)
+    best_path, last_path = os.path.join(args.out, 'best.pt'), os.path.join(args.out, 'last.pt')
+    passes = {0: global_batches(len(items), args, 0, world * args.grad_accum)}  # shuffled passes over the pairs
+    per_pass = len(passes[0])
+
+    def batch_at(step):  # the global batch of an optimiser step: pass after pass
+        p = step // per_pass
+        if p not in passes:
+            passes.clear()
+            passes[p] = global_batches(len(items), args, p, world * args.grad_accum)
+        return passes[p][step % per_pass]
+
+    def validate():
+        save_snapshot(method, args, rank)
+        return {'valid': translation_losses(method, valid, args, device)}
+    batches_of = lambda epoch: [batch_at(s) for s in range(epoch * args.eval_every, min((epoch + 1) * args.eval_every, args.steps))]
+    snapshots = os.path.join(args.out, 'checkpoints')
+    if rank == 0 and not (args.resume or args.eval_only) and os.path.isdir(snapshots):
+        shutil.rmtree(snapshots)  # an earlier run's: not to be averaged with this one's
+    if not args.eval_only:
+        if not per_pass:
+            fail(f'--batch_size {args.batch_size} is larger than the {len(items)} training pairs: lower it')
+        train(method, items, args, device, rank, world, best_path, last_path, validate, batches_of)
+    decoded_with = final_weights(method, args, device, best_path)
+    hyps = [tok.decode(ids) for ids in decode_all(method, test, args, device, rank, world)]
+    if rank == 0:
+        folder = os.path.join(args.out, 'predictions')
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f'test.{args.src}-{args.tgt}.{args.tgt}')
+        layers.atomic_write(path, ''.join(h + '\n' for h in hyps))
+        bleu = ev.bleu(hyps, refs)
+        tokenized = ev.tokenized_bleu([ev.tokenize_13a(h) for h in hyps], [ev.tokenize_13a(r) for r in refs])
+        results = {'task': 'translate', 'method': 'veco', 'pair': f'{args.src}-{args.tgt}', 'decoded_with': decoded_with,
+                   'valid': translation_losses(method, valid, args, device), 'test': {'bleu': bleu, 'tokenized_bleu': tokenized}}
+        layers.atomic_write(os.path.join(args.out, 'results.json'), json.dumps(results, indent=2))
+        table = (f'test {args.src}-{args.tgt} ({len(hyps)} sentences, beam {args.beam}, {decoded_with})\n'
+                 f'  sacreBLEU       {bleu["bleu"]:6.2f}  {bleu["signature"]}\n'
+                 f'  tokenized BLEU  {tokenized["bleu"]:6.2f}  (13a tokens, lower case, no smoothing: multi-bleu.perl -lc)')
+        layers.atomic_write(os.path.join(args.out, 'results.txt'), table + '\n')
+        print(table)
+        print(f'translations in {path}')
+
+
+def save_snapshot(method, args, rank):
+    """The weights at this step, kept for averaging: --out/checkpoints/step<N>.pt, the last
+    --average_last of them (fairseq: --save-interval-updates, --keep-interval-updates)."""
+    if rank != 0 or not args.average_last:
+        return
+    folder = os.path.join(args.out, 'checkpoints')
+    os.makedirs(folder, exist_ok=True)
+    layers.atomic_write(os.path.join(folder, f'step{method.step + 1:07d}.pt'),
+                        {'method': method.state_dict(), 'identity': identity(args)})
+    for old in snapshots_in(folder)[:-args.average_last]:
+        os.remove(os.path.join(folder, old))
+
+
+def snapshots_in(folder):
+    """The kept checkpoints' names, oldest first (a half-written .tmp file is not one)."""
+    return sorted(f for f in os.listdir(folder) if f.startswith('step') and f.endswith('.pt')) if os.path.isdir(folder) else []
+
+
+def final_weights(method, args, device, best_path):
+    """Load the weights that decode the test set: the mean of the last --average_last
+    checkpoints, as the paper decodes, or best.pt with --average_last 0. -> what they are."""
+    folder = os.path.join(args.out, 'checkpoints')
+    kept = snapshots_in(folder)[-args.average_last:] if args.average_last else []
+    if kept:
+        total = None
+        for name in kept:  # a running sum: one checkpoint in memory at a time
+            state = load_checkpoint(os.path.join(folder, name), args, device)['method']
+            total = state if total is None else {k: total[k] + v for k, v in state.items()}
+        method.load_state_dict({k: v / len(kept) for k, v in total.items()})
+        return f'the mean of the last {len(kept)} checkpoints ({kept[0][4:-3].lstrip("0")} to {kept[-1][4:-3].lstrip("0")} steps)'
+    if not os.path.exists(best_path):
+        fail(f'{best_path} not found: --eval_only decodes a finished run in --out')
+    method.load_state_dict(load_checkpoint(best_path, args, device)['method'])
+    return 'best.pt: the lowest valid loss'
+
+
+@torch.no_grad()
+def translation_losses(method, items, args, device):
+    """The label-smoothed loss and the nll per target token of items (the valid set); score: -loss."""
+    method.eval()
+    loss = nll = tokens = 0.0
+    for index in data.length_batches([x for x, _ in items], args.eval_batch_size):
+        pair = data.collate_pairs([items[i][0] for i in index], [items[i][1] for i in index]).to(device)
+        with autocast(device):
+            smoothed, plain = method.token_losses(pair)
+        loss, nll = loss + smoothed.sum().item(), nll + plain.sum().item()
+        tokens += pair.tgt.labels.ne(data.IGNORE).sum().item()
+    return {'loss': loss / tokens, 'nll': nll / tokens, 'ppl': math.exp(nll / tokens), 'score': -loss / tokens}
+
+
+@torch.no_grad()
+def decode_all(method, items, args, device, rank, world):
+    """The best beam's token ids for every item's source, in length-sorted batches shared out over processes."""
+    method.eval()
+    out = {}
+    for index in tqdm(data.length_batches([x for x, _ in items], args.eval_batch_size)[rank::world], desc='decode',
+                      leave=False, disable=rank != 0):
+        src = data.collate([items[i][0] for i in index]).to(device)
+        with autocast(device):
+            out.update(zip(index, method.generate(src, args.beam, args.lenpen)))
+    return gathered(out, len(items), world)
+
+
 def demo_pretrained(args, rank, world, device):
     """The demo's pre-trained tiny model, VECO pre-trained on the demo's text in the folder
     pretrain-veco-demo beside --out, made first when it is not there. X-Mixup starts from a
@@ -622,7 +791,8 @@ def check_test_labels(task, path, examples):
 
 def identity(args):
     """What a checkpoint must match to be loaded into this run."""
-    return {'method': args.method, 'task': args.task, 'model': args.model}
+    task = f'{args.task} {args.src}-{args.tgt}' if args.task == 'translate' else args.task
+    return {'method': args.method, 'task': task, 'model': args.model}
 
 
 def load_checkpoint(path, args, device):
@@ -679,7 +849,7 @@ def train(method, items, args, device, rank, world, best_path, last_path, valida
     chunks = world * args.grad_accum
     batches_of = batches_of or (lambda epoch: global_batches(len(items), args, epoch, chunks))
     per_epoch = len(batches_of(0))
-    opt, sched = optimizer_and_schedule(method, args, args.steps if args.task == 'pretrain' else per_epoch * args.epochs)
+    opt, sched = optimizer_and_schedule(method, args, args.steps or per_epoch * args.epochs)
     model = DDP(method, device_ids=[device.index] if device.type == 'cuda' else None) if world > 1 else method
     state = {'step': 0, 'epoch': 0, 'best': float('-inf')}
     if args.resume and not os.path.exists(last_path) and rank == 0:
@@ -727,10 +897,12 @@ def train(method, items, args, device, rank, world, best_path, last_path, valida
             state['best'] = float(score)
             save(best_path, weights(method, args), rank)
         if log:
-            log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': {k: v if method.family == 'pretrain' else v['score'] for k, v in dev.items()},
+            log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': {k: v if method.select == 'loss' else v['score'] for k, v in dev.items()},
                                   'dev_avg': float(score)}) + '\n')
             log.flush()
         save(last_path, checkpoint(method, opt, sched, state, args), rank)
+    if dist.is_initialized():
+        dist.barrier()  # every process reads best.pt (and the kept checkpoints) only once they are written
 
 
 def weights(method, args):

@@ -6,13 +6,14 @@ loss is the mean over the batch's examples, and `predict(batch) -> outputs` (cla
 wraps a method as it is. The training loop knows nothing else; a new method is a new class.
 """
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from data import IGNORE, TASKS, Batch
-from layers import MLMHead, is_cross, mean_pool
+from layers import Encoder, MLMHead, is_cross, mean_pool
 
 
 class Head(nn.Module):
@@ -430,6 +431,150 @@ class Veco(Baseline):
     RETRIEVAL_DEPTH = 19 / 24  # run_tatoeba.sh: the states after layer 19 of 24, mean over every token
 
 
+# ---------------------------------------------------------------------------
+# VECO for generation (Section 2.3, Tables 3-4): the same blocks assembled into an
+# encoder-decoder, fine-tuned on translation as the released fairseq scripts do.
+
+def assemble(pre, n, init='last', new_tokens=0, dropout=0.1, attn_dropout=0.0):
+    """-> (encoder, decoder) from a pre-trained encoder with cross-attention. The encoder is every
+    layer's self-attention and FFN; the decoder's n layers (causal self-attention, cross-attention
+    on the encoder's output, FFN) copy the last n pre-trained layers ('last', the paper's choice),
+    the first n ('first') or none ('random', a new decoder): Table 4's rows. One token embedding,
+    grown by `new_tokens` new rows (the language tokens), serves both sides and the output layer;
+    embeddings are scaled by sqrt(dim), as fairseq's translation models do (VECO's released code)."""
+    L = pre.cfg.n_layer
+    if not 1 <= n <= L:
+        raise ValueError(f'--dec_layers {n} is not a layer count of the {L}-layer model: choose 1 to {L}')
+    cfg = replace(pre.cfg, vocab_size=pre.cfg.vocab_size + new_tokens, embed_scale=math.sqrt(pre.cfg.dim),
+                  dropout=dropout, attn_dropout=attn_dropout)
+    encoder, decoder = Encoder(cfg), Encoder(replace(cfg, n_layer=n), cross=True)
+    weights = {k: v for k, v in pre.state_dict().items() if not is_cross('enc.' + k)}
+    with torch.no_grad():
+        encoder.tok.weight[:pre.cfg.vocab_size] = weights.pop('tok.weight')  # the new rows keep their N(0, 0.02)
+    encoder.load_state_dict(weights, strict=False)
+    decoder.tok = encoder.tok  # share_all_embeddings
+    if init != 'random':
+        decoder.pos.load_state_dict(pre.pos.state_dict())
+        decoder.ln.load_state_dict(pre.ln.state_dict())
+        for i, j in enumerate(range(L - n, L) if init == 'last' else range(n)):
+            decoder.blocks[i].load_state_dict(pre.blocks[j].state_dict())
+    return encoder, decoder
+
+
+def label_smoothed_loss(logits, targets, eps):
+    """fairseq's label-smoothed cross-entropy per target token (B, T), 0 where the target is
+    IGNORE: (1 - eps) (-log p(y)) + eps / V sum_v (-log p(v)); and -log p(y) alone."""
+    logp = logits.float().log_softmax(-1)
+    real = targets.ne(IGNORE)
+    nll = -logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return ((1 - eps) * nll - eps * logp.mean(-1)) * real, nll * real
+
+
+class VecoTranslate(nn.Module):
+    """A VECO encoder-decoder (assemble) fine-tuned on translation with label-smoothed
+    cross-entropy. As the released code, the source is `x </s> [src]` and the decoder reads
+    `[tgt] y` to predict `y </s>` (the released code appends [tgt] after </s> too and stops at it;
+    we stop at </s>); the output layer is the token embedding, no bias. generate() is fairseq's
+    beam search with its length penalty."""
+    paired, round_trip, family, select, pretrained_start = True, False, 'translation', 'loss', True
+    LR = {'translate': 1e-4}  # finetune-wmt14en2{de,fr}.sh (the paper: 1e-4 / 2e-4)
+    LR_LARGE = {}
+    # finetune-wmt14en2{de,fr}.sh: 100k updates, 16k of them warm-up, then linear decay; a checkpoint
+    # every 5k updates, the last 10 averaged (inference-wmt14en2de.sh); train pairs of at most 250
+    # pieces a side (prepare-wmt14en2de.sh); dropout 0.1 and attention dropout 0 (veco_large)
+    RUN = {'translate': {'steps': 100000, 'eval_every': 5000, 'warmup': 0.16, 'weight_decay': 0.01, 'clip': 0.1,
+                         'label_smoothing': 0.2, 'average_last': 10, 'max_len': 250, 'batch_size': 2048,
+                         'dropout': 0.1, 'attn_dropout': 0.0}}
+    # 64k tokens a batch for en-de (4096 tokens x 2 accumulations x 8 GPUs), 256k for en-fr: in
+    # sentences of about 32 pieces, 2048 and 8192
+    PAIRS = {'en-de': {'dropout': 0.3, 'attn_dropout': 0.1}, 'en-fr': {'batch_size': 8192}}
+
+    def __init__(self, encoder, decoder, bos, eps=0.2):
+        super().__init__()
+        self.encoder, self.decoder, self.bos, self.eps = encoder, decoder, bos, eps  # bos: the [tgt] token
+        self.step = 0  # the optimiser step, set by the training loop (names the kept checkpoints)
+
+    def logits(self, h):
+        return F.linear(h, self.encoder.tok.weight)  # the output layer is the token embedding
+
+    def decode(self, ids, memory, memory_mask):
+        """Decoder states of the target prefixes ids (B, T); right padding needs no mask: the
+        causal mask keeps every real position off the padding after it."""
+        return self.decoder.run(self.decoder.embed(ids), None, memory=memory, memory_mask=memory_mask, causal=True)
+
+    def token_losses(self, pair):
+        """-> (label-smoothed loss, nll) per target token (B, T), 0 on padding."""
+        memory = self.encoder(pair.src.ids, pair.src.mask)
+        h = self.decode(pair.tgt.ids, memory, pair.src.mask)
+        return label_smoothed_loss(self.logits(h), pair.tgt.labels, self.eps)
+
+    def loss(self, pair):
+        """The mean over the batch's target tokens (fairseq normalises by the token count)."""
+        loss, nll = self.token_losses(pair)
+        n = pair.tgt.labels.ne(IGNORE).sum().clamp(min=1)
+        per_example = loss.sum(1) * loss.size(0) / n  # its mean is the token mean
+        return per_example.mean(), {'loss': per_example.mean().item(), 'nll': (nll.sum() / n).item()}
+
+    def forward(self, pair):
+        return self.loss(pair)
+
+    def next_log_probs(self, tokens, memory, memory_mask, cache=None):
+        """log p(next token | prefix, source) (N, V) for prefixes tokens (N, t). With a cache
+        only the newest token runs through the decoder; without, the whole prefix again."""
+        new = tokens if cache is None else tokens[:, -1:]
+        x = self.decoder.embed(new, offset=tokens.size(1) - new.size(1))
+        h = self.decoder.run(x, None, memory=memory, memory_mask=memory_mask, causal=True, cache=cache)
+        return self.logits(h[:, -1]).float().log_softmax(-1)
+
+    @torch.no_grad()
+    def generate(self, src, beam=5, lenpen=1.0, max_new=200, min_len=1, cache=True, eos=2, pad=1):
+        """Beam search as fairseq's SequenceGenerator, batched over sentences and beams. Each step
+        takes the 2K best extensions of a sentence's K hypotheses; those among the first K that
+        end in </s> are finished with the score log p / length ** lenpen (the length counts
+        </s>), the K best others go on. A sentence stops at K finished hypotheses or at max_new
+        tokens. -> the best hypothesis of each source row, token ids without </s>."""
+        K, V = beam, self.encoder.cfg.vocab_size
+        B, device = src.ids.size(0), src.ids.device
+        memory = self.encoder(src.ids, src.mask).repeat_interleave(K, 0)
+        memory_mask = src.mask.repeat_interleave(K, 0)
+        longest = self.decoder.cfg.max_positions - self.decoder.cfg.pad_id - 1
+        max_len = min(max_new, longest - 1)
+        tokens = torch.full((B * K, 1), self.bos, dtype=torch.long, device=device)
+        scores = torch.zeros(B * K, device=device)  # log p of each hypothesis so far
+        alive, finished, state = list(range(B)), [[] for _ in range(B)], {} if cache else None
+        rank = torch.arange(2 * K, device=device)
+        for step in range(max_len + 1):
+            logp = self.next_log_probs(tokens, memory, memory_mask, state)
+            logp[:, pad] = -math.inf
+            if step >= max_len:  # the last step may only end the hypothesis
+                logp[:, torch.arange(V, device=device) != eos] = -math.inf
+            elif step < min_len:
+                logp[:, eos] = -math.inf
+            n = len(alive)
+            total = (scores[:, None] + logp).view(n, K, V)
+            top, index = (total[:, :1] if step == 0 else total).reshape(n, -1).topk(2 * K)  # step 0: K equal beams
+            beams, words = index // V, index % V
+            ends = words.eq(eos) & top.ne(-math.inf)
+            for i, j in ends[:, :K].nonzero().tolist():  # at most K a sentence
+                if len(finished[alive[i]]) < K:
+                    hyp = tokens[i * K + beams[i, j], 1:].tolist()
+                    finished[alive[i]].append((top[i, j].item() / (step + 1) ** lenpen, hyp))
+            live = [i for i in range(n) if len(finished[alive[i]]) < K] if step < max_len else []
+            if not live:
+                break
+            live_rows = torch.tensor(live, device=device)
+            going = torch.where(ends, rank + 2 * K, rank)[live_rows].topk(K, largest=False).indices  # K best that go on
+            rows = (live_rows[:, None] * K + beams[live_rows].gather(1, going)).view(-1)
+            tokens = torch.cat([tokens[rows], words[live_rows].gather(1, going).view(-1, 1)], 1)
+            scores = top[live_rows].gather(1, going).view(-1)
+            memory, memory_mask = memory[rows], memory_mask[rows]
+            for block in (state or {}).values():  # the cached keys and values follow their hypotheses
+                for part in block.values():
+                    part['k'], part['v'] = part['k'][rows], part['v'][rows]
+            alive = [alive[i] for i in live]
+        return [max(hyps, key=lambda h: h[0])[1] for hyps in finished]
+
+
 # --method name -> (module, what it trains on: 'en' English, 'translations' English plus the
 # translations into the target languages, 'translation' those into one --train_lang)
 METHODS = {
@@ -438,5 +583,5 @@ METHODS = {
     'translate-train-all': (Baseline, 'translations'),
     'filter': (Filter, 'translations'),
     'xmixup': (XMixup, 'translations'),
-    'veco': (Veco, 'en'),  # with --translate_train_all: 'translations'; --task pretrain: VecoPretrain
+    'veco': (Veco, 'en'),  # --translate_train_all: 'translations'; --task pretrain / translate: VecoPretrain / VecoTranslate
 }

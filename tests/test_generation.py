@@ -1,0 +1,239 @@
+"""VECO for generation: the encoder-decoder assembled from the pre-trained blocks, label-smoothed
+cross-entropy written out by hand, beam search against greedy decoding, the cache against the
+whole prefix, fairseq's length penalty on a hand-computed case, and translation runs that
+resume, split over processes and average their checkpoints exactly."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import data
+import eval as ev
+import layers
+import train
+import xlt
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pretrained(seed=0, vocab=50, n_layer=3):
+    torch.manual_seed(seed)
+    return layers.Encoder(layers.Config(vocab_size=vocab, n_layer=n_layer, n_head=2, dim=32, ffn_dim=64), cross=True)
+
+
+def translator(seed=0, n=2, init='last', lively=False):
+    """A random VECO translator over 50 pieces + 2 language tokens (ids 50, 51). A random
+    decoder repeats its input token (the residual path and the tied output layer); lively
+    strengthens the positions, the cross-attention and </s>, so that what it says varies with
+    the step and the source and its hypotheses end at different lengths."""
+    enc, dec = xlt.assemble(pretrained(seed), n, init, new_tokens=2)
+    m = xlt.VecoTranslate(enc, dec, bos=51, eps=0.2).eval()
+    if lively:
+        with torch.no_grad():
+            dec.pos.weight.mul_(20)
+            enc.tok.weight[2] *= 3
+            for block in dec.blocks:
+                block.cross.out.weight.mul_(10)
+                block.cross.qkv.weight.mul_(3)
+    return m
+
+
+def sources(lengths=(7, 3, 11, 5), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.full((len(lengths), max(lengths)), 1)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = torch.randint(4, 50, (n,), generator=g)
+        ids[row, n - 2:n] = torch.tensor([2, 50])  # x </s> [src]
+    return data.Batch(ids, ids.ne(1))
+
+
+def test_decoder_layer_i_is_pretrained_layer_L_minus_n_plus_i():
+    pre = pretrained()
+    L = pre.cfg.n_layer
+    for init, first in (('last', L - 2), ('first', 0)):
+        enc, dec = xlt.assemble(pre, 2, init, new_tokens=2)
+        for i in range(2):
+            mine, theirs = dec.blocks[i].state_dict(), pre.blocks[first + i].state_dict()
+            assert any('cross' in k for k in mine) and set(mine) == set(theirs)
+            assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+        assert not enc.has_cross and len(enc.blocks) == L
+        assert all(torch.equal(v, pre.state_dict()[k]) for k, v in enc.state_dict().items() if k != 'tok.weight')
+        # one embedding for both sides and the output, grown by the two language tokens
+        assert dec.tok.weight is enc.tok.weight and enc.tok.weight.shape[0] == 52
+        assert torch.equal(enc.tok.weight[:50], pre.tok.weight) and enc.cfg.embed_scale == math.sqrt(32)
+    enc, dec = xlt.assemble(pre, 2, 'random', new_tokens=2)
+    assert not torch.equal(dec.blocks[1].cross.qkv.weight, pre.blocks[2].cross.qkv.weight)
+    with pytest.raises(ValueError, match='--dec_layers 4'):
+        xlt.assemble(pre, 4)
+
+
+def test_label_smoothed_loss_is_fairseqs_formula_by_hand():
+    torch.manual_seed(0)
+    logits, eps = torch.randn(2, 3, 5), 0.2
+    targets = torch.tensor([[1, 4, 0], [3, -100, -100]])
+    loss, nll = xlt.label_smoothed_loss(logits, targets, eps)
+    for b in range(2):
+        for t in range(3):
+            if targets[b, t] < 0:
+                assert loss[b, t] == 0 and nll[b, t] == 0
+                continue
+            logp = [math.log(math.exp(z) / sum(math.exp(w) for w in logits[b, t].tolist())) for z in logits[b, t].tolist()]
+            by_hand = (1 - eps) * -logp[targets[b, t]] + eps / 5 * sum(-lp for lp in logp)
+            assert abs(loss[b, t].item() - by_hand) < 1e-5 and abs(nll[b, t].item() + logp[targets[b, t]]) < 1e-5
+
+
+def test_the_training_loss_is_the_mean_over_target_tokens_and_sees_no_future_target():
+    m = translator()
+    src = sources((6, 4))
+    tgt = data.collate([data.Feature([51, 7, 8, 9], [7, 8, 9, 2]), data.Feature([51, 12], [12, 2])])
+    pair = data.Pair(src, tgt)
+    loss, nll = m.token_losses(pair)
+    assert abs(m.loss(pair)[0].item() - loss.sum().item() / 6) < 1e-6  # 4 + 2 target tokens
+    # position t's prediction does not change when a later target token does
+    changed = data.Pair(src, data.collate([data.Feature([51, 7, 30, 31], [7, 30, 31, 2]), data.Feature([51, 12], [12, 2])]))
+    memory = m.encoder(src.ids, src.mask)
+    a, b = m.decode(pair.tgt.ids, memory, src.mask), m.decode(changed.tgt.ids, memory, src.mask)
+    assert torch.allclose(a[0, :2], b[0, :2], atol=1e-6) and not torch.allclose(a[0, 2], b[0, 2])
+
+
+def greedy(m, src, max_new):
+    """Greedy decoding written plainly: the whole prefix through the decoder at every step."""
+    out = []
+    for row in range(src.ids.size(0)):
+        ids, mask = src.ids[row:row + 1], src.mask[row:row + 1]
+        memory, prefix = m.encoder(ids, mask), [51]
+        for step in range(max_new + 1):
+            logp = m.logits(m.decode(torch.tensor([prefix]), memory, mask))[0, -1].float().log_softmax(-1)
+            logp[1] = -math.inf
+            if step == 0:
+                logp[2] = -math.inf
+            if step == max_new:
+                break
+            token = logp.argmax().item()
+            if token == 2:
+                break
+            prefix.append(token)
+        out.append(prefix[1:])
+    return out
+
+
+def test_beam_one_is_greedy_and_the_cache_changes_nothing():
+    m, src = translator(seed=2, lively=True), sources()
+    want = greedy(m, src, 25)
+    assert len({len(w) for w in want}) > 1 and len({tuple(w) for w in want}) == 4  # they differ and end early
+    assert m.generate(src, beam=1, max_new=25) == want
+    assert m.generate(src, beam=1, max_new=25, cache=False) == want
+    assert m.generate(src, beam=4, max_new=25) == m.generate(src, beam=4, max_new=25, cache=False)
+    # step by step, the cached next-token distribution equals the one from the whole prefix
+    memory, prefix, state = m.encoder(src.ids, src.mask), torch.full((4, 1), 51), {}
+    for token in (9, 17, 23, 5):
+        cached = m.next_log_probs(prefix, memory, src.mask, state)
+        assert torch.allclose(cached, m.next_log_probs(prefix, memory, src.mask), atol=1e-5)
+        prefix = torch.cat([prefix, torch.full((4, 1), token)], 1)
+
+
+def test_length_penalty_ranks_finished_hypotheses_as_fairseq():
+    """Beam 2 on a model whose next-token probabilities are set by hand (ids: 2 </s>, 3-5 words,
+    0 the start). Step 0: 3 (0.6) and 4 (0.4) go on. Step 1: 3 </s> (0.6 x 0.7 = 0.42) is first
+    and finishes; 4 5 (0.36) and 3 5 (0.18) go on. Step 2: 4 5 </s> (0.36 x 0.95 = 0.342) finishes
+    the sentence's second hypothesis. Scores log p / length ** lenpen, </s> counted:
+    lenpen 1: 3 -> ln 0.42 / 2 = -0.434, 4 5 -> ln 0.342 / 3 = -0.358: 4 5 wins;
+    lenpen 0: -0.868 against -1.073: 3 wins; lenpen 0.4: -0.868 / 2^0.4 = -0.658 against
+    -1.073 / 3^0.4 = -0.692: 3 wins (a length without </s> would make it -0.868 against -0.813)."""
+    table = {(): {3: 0.6, 4: 0.4}, (3,): {2: 0.7, 5: 0.3}, (4,): {5: 0.9, 2: 0.05, 3: 0.05},
+             (3, 5): {2: 0.5, 4: 0.4, 3: 0.1}, (4, 5): {2: 0.95, 3: 0.05}}
+
+    def next_log_probs(tokens, memory, memory_mask, cache=None):
+        logp = torch.full((tokens.size(0), 8), -30.0)
+        for row, prefix in enumerate(tokens[:, 1:].tolist()):
+            for word, p in table.get(tuple(prefix), {2: 1.0}).items():
+                logp[row, word] = math.log(p)
+        return logp
+    torch.manual_seed(0)
+    enc, dec = xlt.assemble(layers.Encoder(layers.Config(vocab_size=8, n_layer=1, n_head=1, dim=8, ffn_dim=8), cross=True), 1)
+    m = xlt.VecoTranslate(enc, dec, bos=0).eval()
+    m.next_log_probs = next_log_probs
+    src = data.Batch(torch.tensor([[5, 2, 6]]), torch.ones(1, 3, dtype=torch.bool))
+    assert m.generate(src, beam=2, lenpen=1.0) == [[4, 5]]
+    assert m.generate(src, beam=2, lenpen=0.0) == [[3]]
+    assert m.generate(src, beam=2, lenpen=0.4) == [[3]]
+    assert m.generate(src, beam=1) == [[3]]  # greedy: 3, then </s> at 0.7
+
+
+@pytest.fixture(scope='module')
+def demo_data(tmp_path_factory):
+    return data.make_demo(str(tmp_path_factory.mktemp('demo') / 'demo-data'), n_train=40, n_eval=12)
+
+
+def translate(out, demo_data, *args, runner=None):
+    os.makedirs(out, exist_ok=True)
+    if not os.path.exists(os.path.join(out, 'demo-data')):
+        os.symlink(demo_data, os.path.join(out, 'demo-data'))
+    common = ['--method', 'veco', '--task', 'translate', '--demo', '--from_scratch', '--out', str(out), '--steps', '12',
+              '--eval_every', '4', '--batch_size', '8', '--average_last', '2', '--beam', '2', *args]
+    if runner is None:
+        train.main(common)
+    else:
+        subprocess.run(runner + ['train.py', *common], cwd=ROOT, check=True, capture_output=True,
+                       env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    return torch.load(os.path.join(out, 'last.pt'), weights_only=True)['method']
+
+
+def test_translation_runs_resume_split_over_processes_and_average(tmp_path, demo_data):
+    one = translate(tmp_path / 'one', demo_data, '--grad_accum', '2')
+    results = json.load(open(tmp_path / 'one' / 'results.json'))
+    hyps = open(tmp_path / 'one' / 'predictions' / 'test.en-de.de').read().split('\n')[:-1]
+    refs = open(os.path.join(demo_data, 'translation', 'en-de', 'test.de')).read().split('\n')[:-1]
+    assert len(hyps) == len(refs) == 12 and results['decoded_with'].startswith('the mean of the last 2 checkpoints (8 to 12')
+    assert sorted(os.listdir(tmp_path / 'one' / 'checkpoints')) == ['step0000008.pt', 'step0000012.pt']
+    assert results['test']['bleu']['bleu'] == ev.bleu(hyps, refs)['bleu']
+    # the decoded weights are the mean of the two kept checkpoints
+    kept = [torch.load(tmp_path / 'one' / 'checkpoints' / f, weights_only=True)['method'] for f in ('step0000008.pt', 'step0000012.pt')]
+    args = train.parse_args(['--method', 'veco', '--task', 'translate', '--demo', '--out', str(tmp_path / 'one'),
+                             '--average_last', '2'])
+    cfg = layers.Config(**{**layers.CONFIGS['tiny'].__dict__, 'vocab_size': one['encoder.tok.weight'].size(0) - 2})
+    m = xlt.VecoTranslate(*xlt.assemble(layers.Encoder(cfg, cross=True), 2, new_tokens=2), bos=0)
+    train.final_weights(m, args, torch.device('cpu'), str(tmp_path / 'one' / 'best.pt'))
+    assert not torch.equal(kept[0]['decoder.blocks.0.cross.qkv.weight'], kept[1]['decoder.blocks.0.cross.qkv.weight'])
+    assert all(torch.allclose(v, (kept[0][k] + kept[1][k]) / 2) for k, v in m.state_dict().items())
+    two = translate(tmp_path / 'two', demo_data,
+                    runner=[sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2'])
+    assert max((one[k] - two[k]).abs().max().item() for k in one) <= 1e-5
+    assert open(tmp_path / 'two' / 'predictions' / 'test.en-de.de').read().split('\n')[:-1] == hyps
+    killed = subprocess.run([sys.executable, 'train.py', '--method', 'veco', '--task', 'translate', '--demo', '--from_scratch',
+                             '--out', str(tmp_path / 'one'), '--steps', '12', '--eval_every', '4', '--batch_size', '8',
+                             '--average_last', '2', '--grad_accum', '2', '--save_every', '3', '--halt_after', '10'],
+                            cwd=ROOT, capture_output=True)
+    assert killed.returncode == 3
+    resumed = translate(tmp_path / 'one', demo_data, '--grad_accum', '2', '--save_every', '3', '--resume')
+    assert max((one[k] - resumed[k]).abs().max().item() for k in one) <= 1e-6
+    assert open(tmp_path / 'one' / 'predictions' / 'test.en-de.de').read().split('\n')[:-1] == hyps
+
+
+def one_line(argv, message):
+    with pytest.raises(SystemExit) as err:
+        train.main(argv)
+    assert str(err.value).startswith('error: ') and '\n' not in str(err.value) and message in str(err.value)
+
+
+def test_translation_set_up_errors_are_one_line(tmp_path, demo_data):
+    one_line(['--method', 'filter', '--task', 'translate', '--demo'], 'pass --method veco')
+    one_line(['--method', 'veco', '--task', 'translate', '--src', 'de', '--tgt', 'de', '--demo'], 'two languages')
+    corpus = tmp_path / 'corpus'
+    os.makedirs(corpus / 'translation' / 'en-fr')
+    os.symlink(os.path.join(demo_data, 'sentencepiece.bpe.model'), corpus / 'sentencepiece.bpe.model')
+    common = ['--method', 'veco', '--task', 'translate', '--tgt', 'fr', '--data_dir', str(corpus), '--from_scratch',
+              '--model', 'tiny', '--out', str(tmp_path / 'run')]
+    for split in ('train', 'valid', 'test'):
+        (corpus / 'translation' / 'en-fr' / f'{split}.en').write_text('one\ntwo\n')
+        (corpus / 'translation' / 'en-fr' / f'{split}.fr').write_text('un\ndeux\n')
+    one_line(common + ['--dec_layers', '3'], '--dec_layers 3 is not a layer count of the 2-layer model')
+    (corpus / 'translation' / 'en-fr' / 'valid.fr').write_text('un\n')
+    one_line(common, 'the sides align line by line')
+    os.remove(corpus / 'translation' / 'en-fr' / 'valid.fr')
+    one_line(common, 'valid.fr')
+    assert not os.path.exists(tmp_path / 'run' / 'config.json')
