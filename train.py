@@ -627,7 +627,6 @@ def translate(args, tok, rank, world, device):
     for name, part in (('training', items), ('valid', valid)):
         if not part:
             fail(f'no {name} pairs for {args.src}-{args.tgt} in {args.data_dir}/translation: the files hold no text')
-    begin(args, rank)
     best_path, last_path = os.path.join(args.out, 'best.pt'), os.path.join(args.out, 'last.pt')
     passes = {0: global_batches(len(items), args, 0, world * args.grad_accum)}  # shuffled passes over the pairs
     per_pass = len(passes[0])
@@ -643,31 +642,36 @@ def translate(args, tok, rank, world, device):
         save_snapshot(method, args, rank)
         return {'valid': translation_losses(method, valid, args, device)}
     batches_of = lambda epoch: [batch_at(s) for s in range(epoch * args.eval_every, min((epoch + 1) * args.eval_every, args.steps))]
-    snapshots = os.path.join(args.out, 'checkpoints')
-    if rank == 0 and not (args.resume or args.eval_only) and os.path.isdir(snapshots):
-        shutil.rmtree(snapshots)  # an earlier run's: not to be averaged with this one's
     if not args.eval_only:
         if not per_pass:
             fail(f'--batch_size {args.batch_size} is larger than the {len(items)} training pairs: lower it')
+        begin(args, rank)
+        if rank == 0 and not args.resume:  # an earlier run's checkpoints are not to be averaged with this one's
+            shutil.rmtree(os.path.join(args.out, 'checkpoints'), ignore_errors=True)
         train(method, items, args, device, rank, world, best_path, last_path, validate, batches_of)
     decoded_with = final_weights(method, args, device, best_path)
     hyps = [tok.decode(ids) for ids in decode_all(method, test, args, device, rank, world)]
     if rank == 0:
-        folder = os.path.join(args.out, 'predictions')
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f'test.{args.src}-{args.tgt}.{args.tgt}')
-        layers.atomic_write(path, ''.join(h + '\n' for h in hyps))
-        bleu = ev.bleu(hyps, refs)
-        tokenized = ev.tokenized_bleu([ev.tokenize_13a(h) for h in hyps], [ev.tokenize_13a(r) for r in refs])
-        results = {'task': 'translate', 'method': 'veco', 'pair': f'{args.src}-{args.tgt}', 'decoded_with': decoded_with,
-                   'valid': translation_losses(method, valid, args, device), 'test': {'bleu': bleu, 'tokenized_bleu': tokenized}}
-        layers.atomic_write(os.path.join(args.out, 'results.json'), json.dumps(results, indent=2))
-        table = (f'test {args.src}-{args.tgt} ({len(hyps)} sentences, beam {args.beam}, {decoded_with})\n'
-                 f'  sacreBLEU       {bleu["bleu"]:6.2f}  {bleu["signature"]}\n'
-                 f'  tokenized BLEU  {tokenized["bleu"]:6.2f}  (13a tokens, lower case, no smoothing: multi-bleu.perl -lc)')
-        layers.atomic_write(os.path.join(args.out, 'results.txt'), table + '\n')
-        print(table)
-        print(f'translations in {path}')
+        report_translations(args, hyps, refs, decoded_with, translation_losses(method, valid, args, device))
+
+
+def report_translations(args, hyps, refs, decoded_with, valid):
+    """The test translations, one line per source, their BLEU in results.json and the table."""
+    folder = os.path.join(args.out, 'predictions')
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f'test.{args.src}-{args.tgt}.{args.tgt}')
+    layers.atomic_write(path, ''.join(h + '\n' for h in hyps))
+    bleu = ev.bleu(hyps, refs)
+    tokenized = ev.tokenized_bleu([ev.tokenize_13a(h) for h in hyps], [ev.tokenize_13a(r) for r in refs])
+    results = {'task': 'translate', 'method': 'veco', 'pair': f'{args.src}-{args.tgt}', 'decoded_with': decoded_with,
+               'valid': valid, 'test': {'bleu': bleu, 'tokenized_bleu': tokenized}}
+    layers.atomic_write(os.path.join(args.out, 'results.json'), json.dumps(results, indent=2))
+    table = (f'test {args.src}-{args.tgt} ({len(hyps)} sentences, beam {args.beam}, {decoded_with})\n'
+             f'  sacreBLEU       {bleu["bleu"]:6.2f}  {bleu["signature"]}\n'
+             f'  tokenized BLEU  {tokenized["bleu"]:6.2f}  (13a tokens, lower case, no smoothing: multi-bleu.perl -lc)')
+    layers.atomic_write(os.path.join(args.out, 'results.txt'), table + '\n')
+    print(table)
+    print(f'translations in {path}')
 
 
 def save_snapshot(method, args, rank):

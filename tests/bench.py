@@ -5,6 +5,7 @@ against the dense matmul rate measured on the same device.
     python tests/bench.py --compare             # side by side with Hugging Face's XLM-R (same weights)
     python tests/bench.py --model tiny --steps 3
     python tests/bench.py --filter              # a FILTER step (k = m = 1) against encoding S and T apart
+    python tests/bench.py --generate            # beam search with cached keys and values against re-running the prefix
 """
 import argparse
 import os
@@ -139,6 +140,33 @@ def filter_bench(cfg, args, device):
     print(f'FILTER / separate: step {fil["step"] / base["step"]:.3f}, forward+backward {fil["fwd+bwd"] / base["fwd+bwd"]:.3f}')
 
 
+def generate_bench(cfg, args, device):
+    """Target tokens per second of VECO's beam search (beam 5, 6 decoder layers or the model's
+    depth) with cached keys and values against re-running the whole prefix every step, each
+    hypothesis held to exactly --new tokens; median of --rounds alternating runs."""
+    torch.manual_seed(0)
+    encoder, decoder = xlt.assemble(layers.Encoder(cfg, cross=True), min(6, cfg.n_layer), new_tokens=2)
+    model = xlt.VecoTranslate(encoder, decoder, bos=cfg.vocab_size + 1).to(device).eval()
+    ids = torch.randint(4, cfg.vocab_size, (args.batch, args.seq), device=device)
+    src = data.Batch(ids, torch.ones_like(ids, dtype=torch.bool))
+    times = {'cached': [], 'whole prefix': []}
+    for _ in range(args.rounds):
+        for name in times:
+            sync(device)
+            t = time.perf_counter()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == 'cuda'):
+                out = model.generate(src, beam=5, max_new=args.new, min_len=args.new, cache=name == 'cached')
+            sync(device)
+            times[name].append(time.perf_counter() - t)
+            assert all(len(o) == args.new for o in out)
+    median = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    print(f'{args.model} preset, {len(decoder.blocks)} decoder layers, {args.batch} sources of {args.seq} tokens, '
+          f'beam 5, {args.new} target tokens on {device}, {torch.get_num_threads()} threads')
+    for name, t in median.items():
+        print(f'{name:<14} {args.batch * args.new / t:>8.1f} target tokens/s ({t:.2f} s)')
+    print(f'cached / whole prefix: {median["whole prefix"] / median["cached"]:.2f}x')
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--model', default='base', choices=list(layers.CONFIGS))
@@ -148,10 +176,14 @@ def main():
     parser.add_argument('--rounds', type=int, default=2, help='alternate the models this many times')
     parser.add_argument('--compare', action='store_true', help='also time Hugging Face XLM-R on the same weights')
     parser.add_argument('--filter', action='store_true', help='FILTER k = m = 1 against encoding S and T apart')
+    parser.add_argument('--generate', action='store_true', help='beam search: cached keys and values against the whole prefix')
+    parser.add_argument('--new', type=int, default=64, help='--generate: target tokens per hypothesis')
     args = parser.parse_args()
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     if args.filter:
         return filter_bench(layers.CONFIGS[args.model], args, device)
+    if args.generate:
+        return generate_bench(layers.CONFIGS[args.model], args, device)
     amp = device.type == 'cuda'
     torch.manual_seed(0)
     cfg = layers.CONFIGS[args.model]

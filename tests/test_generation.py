@@ -212,6 +212,27 @@ def test_translation_runs_resume_split_over_processes_and_average(tmp_path, demo
     resumed = translate(tmp_path / 'one', demo_data, '--grad_accum', '2', '--save_every', '3', '--resume')
     assert max((one[k] - resumed[k]).abs().max().item() for k in one) <= 1e-6
     assert open(tmp_path / 'one' / 'predictions' / 'test.en-de.de').read().split('\n')[:-1] == hyps
+    os.remove(tmp_path / 'one' / 'predictions' / 'test.en-de.de')
+    translate(tmp_path / 'one', demo_data, '--eval_only')  # decodes the kept checkpoints again
+    assert open(tmp_path / 'one' / 'predictions' / 'test.en-de.de').read().split('\n')[:-1] == hyps
+
+
+def test_translation_pairs_and_what_is_skipped(tmp_path, demo_data):
+    tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
+    folder = tmp_path / 'translation' / 'de-en'  # the other direction's folder serves en -> de too
+    os.makedirs(folder)
+    lines = {'en': ['Anna reads the book .', '', 'Ben sees the red ball in Paris .'],
+             'de': ['Anna der Buch liest .', 'Ben', 'Ben in Paris der Ball rot sieht .']}
+    for split in ('train', 'test'):
+        for lang in ('en', 'de'):
+            (folder / f'{split}.{lang}').write_text(''.join(line + '\n' for line in lines[lang]))
+    longest = len(tok.encode(lines['en'][0]))
+    train_items = data.translation_items(tok, str(tmp_path), 'en', 'de', 'train', (600, 601), max_len=longest)
+    (x, y), = train_items  # the empty side and the longer pair are skipped
+    assert x.ids == tok.encode(lines['en'][0]) + [2, 600]
+    assert y.ids == [601] + tok.encode(lines['de'][0]) and y.label == tok.encode(lines['de'][0]) + [2]
+    test_items = data.translation_items(tok, str(tmp_path), 'en', 'de', 'test', (600, 601), max_len=longest)
+    assert len(test_items) == 3 and test_items[1][0].ids == [2, 600]  # every test line gets a translation
 
 
 def one_line(argv, message):
