@@ -43,6 +43,7 @@ DEMO_PRETRAIN = {'steps': 2000, 'eval_every': 500, 'max_len': 32, 'lr': 3e-3}
 DEMO_TRANSLATE = {'steps': 500, 'eval_every': 125, 'lr': 1e-3, 'batch_size': 32, 'warmup': 0.1, 'dropout': 0.1,
                   'attn_dropout': 0.0, 'label_smoothing': 0.1, 'average_last': 2, 'max_len': 64}
 STEPPED = ('pretrain', 'translate')  # tasks counted in optimiser steps (--steps, --eval_every), not epochs
+TRANSLATION_OPTIONS = ('src', 'tgt', 'dec_layers', 'dec_init', 'label_smoothing', 'beam', 'lenpen', 'average_last')
 # Numeric options: option -> (test of a given value, its valid range as said to the user)
 POSITIVE, AT_LEAST_1, NON_NEGATIVE = (lambda v: v > 0, 'a number above 0'), (lambda v: v >= 1, 'at least 1'), \
     (lambda v: v >= 0, '0 or more')
@@ -115,14 +116,14 @@ def parse_args(argv=None):
                    '(default 2000; translation 5000, each saving a checkpoint to average)')
     p.add_argument('--cross_only_steps', type=int, help='pre-training: first steps that train only the '
                    'cross-attention, the rest frozen (default: the warm-up steps from --init, 0 from scratch)')
-    p.add_argument('--src', default='en', help='translate: source language (the README\'s layout)')
-    p.add_argument('--tgt', default='de', help='translate: target language')
+    p.add_argument('--src', help='translate: source language (default en; the README\'s layout)')
+    p.add_argument('--tgt', help='translate: target language (default de)')
     p.add_argument('--dec_layers', type=int, help='translate: decoder layers (default 6, at most the model\'s depth)')
-    p.add_argument('--dec_init', default='last', choices=('last', 'first', 'random'),
-                   help='translate: the decoder copies the last or the first pre-trained layers, or is new (Table 4)')
+    p.add_argument('--dec_init', choices=('last', 'first', 'random'), help='translate: the decoder copies the last '
+                   '(default) or the first pre-trained layers, or is new (Table 4)')
     p.add_argument('--label_smoothing', type=float, help='translate: label smoothing (default 0.2)')
-    p.add_argument('--beam', type=int, default=5, help='translate: beam size')
-    p.add_argument('--lenpen', type=float, default=1.0, help='translate: length penalty, score / length ** lenpen')
+    p.add_argument('--beam', type=int, help='translate: beam size (default 5)')
+    p.add_argument('--lenpen', type=float, help='translate: length penalty, score / length ** lenpen (default 1)')
     p.add_argument('--average_last', type=int, help='translate: decode with the mean of the last N checkpoints '
                    '(one every --eval_every steps; default 10; 0: best.pt, the lowest valid loss)')
     p.add_argument('--layer', type=int, help='retrieval: hidden layer to pool (default 7/12 of the depth)')
@@ -147,8 +148,14 @@ def parse_args(argv=None):
         fail(f'{" and ".join(given)} belong to pre-training and translation; fine-tuning counts --epochs')
     if args.cross_only_steps is not None and args.task != 'pretrain':
         fail('--cross_only_steps belongs to pre-training (--task pretrain)')
-    if args.task == 'translate' and args.src == args.tgt:
-        fail(f'--src and --tgt are both {args.src}: translation needs two languages')
+    given = [f'--{o}' for o in TRANSLATION_OPTIONS if getattr(args, o) is not None]
+    if given and args.task != 'translate':
+        fail(f'{" and ".join(given)} belong to translation (--task translate)')
+    if args.task == 'translate':
+        args.src, args.tgt, args.dec_init = args.src or 'en', args.tgt or 'de', args.dec_init or 'last'
+        args.beam, args.lenpen = args.beam or 5, 1.0 if args.lenpen is None else args.lenpen
+        if args.src == args.tgt:
+            fail(f'--src and --tgt are both {args.src}: translation needs two languages')
     if args.translate_train_all and args.method != 'veco':
         fail(f'--translate_train_all belongs to VECO; for {args.method} use --method translate-train-all')
     if args.translate_test and (family(args) in ('tagging', 'pretrain') or method_class(args).paired):

@@ -244,6 +244,7 @@ def one_line(argv, message):
 def test_translation_set_up_errors_are_one_line(tmp_path, demo_data):
     one_line(['--method', 'filter', '--task', 'translate', '--demo'], 'pass --method veco')
     one_line(['--method', 'veco', '--task', 'translate', '--src', 'de', '--tgt', 'de', '--demo'], 'two languages')
+    one_line(['--method', 'veco', '--task', 'xnli', '--beam', '4', '--demo'], '--beam belong to translation')
     corpus = tmp_path / 'corpus'
     os.makedirs(corpus / 'translation' / 'en-fr')
     os.symlink(os.path.join(demo_data, 'sentencepiece.bpe.model'), corpus / 'sentencepiece.bpe.model')
