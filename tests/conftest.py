@@ -5,6 +5,7 @@ import io
 import json
 import os
 import struct
+import subprocess
 import sys
 
 import pytest
@@ -204,3 +205,28 @@ def quick_pretrained(demo_dir, out, steps=60):
     train.main(['--method', 'veco', '--task', 'pretrain', '--demo', '--out', str(out), '--steps', str(steps),
                 '--eval_every', str(steps)])
     return os.path.join(out, 'best.pt')
+
+
+def demo_run(out, demo_data, argv, runner=None):
+    """A demo run of train.py in `out` on demo_data (linked, not written again), in this process
+    or under `runner` (torchrun) -> the method's weights in its last.pt."""
+    import train
+    os.makedirs(out, exist_ok=True)
+    if not os.path.exists(os.path.join(out, 'demo-data')):
+        os.symlink(demo_data, os.path.join(out, 'demo-data'))
+    argv = ['--demo', '--out', str(out), *argv]
+    if runner is None:
+        train.main(argv)
+    else:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        subprocess.run(runner + ['train.py', *argv], cwd=root, check=True, capture_output=True,
+                       env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    return torch.load(os.path.join(out, 'last.pt'), weights_only=True)['method']
+
+
+def one_line(argv, message):
+    """train.py stops with one line that starts 'error: ' and says message."""
+    import train
+    with pytest.raises(SystemExit) as err:
+        train.main(argv)
+    assert str(err.value).startswith('error: ') and '\n' not in str(err.value) and message in str(err.value)

@@ -16,6 +16,7 @@ import eval as ev
 import layers
 import train
 import xlt
+from conftest import demo_run, one_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -170,17 +171,9 @@ def demo_data(tmp_path_factory):
 
 
 def translate(out, demo_data, *args, runner=None):
-    os.makedirs(out, exist_ok=True)
-    if not os.path.exists(os.path.join(out, 'demo-data')):
-        os.symlink(demo_data, os.path.join(out, 'demo-data'))
-    common = ['--method', 'veco', '--task', 'translate', '--demo', '--from_scratch', '--out', str(out), '--steps', '12',
-              '--eval_every', '4', '--batch_size', '8', '--average_last', '2', '--beam', '2', *args]
-    if runner is None:
-        train.main(common)
-    else:
-        subprocess.run(runner + ['train.py', *common], cwd=ROOT, check=True, capture_output=True,
-                       env={**os.environ, 'OMP_NUM_THREADS': '1'})
-    return torch.load(os.path.join(out, 'last.pt'), weights_only=True)['method']
+    return demo_run(out, demo_data, ['--method', 'veco', '--task', 'translate', '--from_scratch', '--steps', '12',
+                                     '--eval_every', '4', '--batch_size', '8', '--average_last', '2', '--beam', '2', *args],
+                    runner)
 
 
 def test_translation_runs_resume_split_over_processes_and_average(tmp_path, demo_data):
@@ -233,12 +226,6 @@ def test_translation_pairs_and_what_is_skipped(tmp_path, demo_data):
     assert y.ids == [601] + tok.encode(lines['de'][0]) and y.label == tok.encode(lines['de'][0]) + [2]
     test_items = data.translation_items(tok, str(tmp_path), 'en', 'de', 'test', (600, 601), max_len=longest)
     assert len(test_items) == 3 and test_items[1][0].ids == [2, 600]  # every test line gets a translation
-
-
-def one_line(argv, message):
-    with pytest.raises(SystemExit) as err:
-        train.main(argv)
-    assert str(err.value).startswith('error: ') and '\n' not in str(err.value) and message in str(err.value)
 
 
 def test_translation_set_up_errors_are_one_line(tmp_path, demo_data):

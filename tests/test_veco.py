@@ -14,7 +14,7 @@ import data
 import layers
 import train
 import xlt
-from conftest import hf_config, naive_xlmr, padded_batch, random_hf_weights, write_hf_dir
+from conftest import demo_run, hf_config, naive_xlmr, one_line, padded_batch, random_hf_weights, write_hf_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V = 60  # vocabulary of the random batches: ids 4..58 are pieces, 59 is <mask>
@@ -211,16 +211,8 @@ def test_xlmr_weights_in_the_veco_model(tmp_path):
 
 
 def pretrain(out, demo_data, *args, runner=None):
-    os.makedirs(out, exist_ok=True)
-    if not os.path.exists(os.path.join(out, 'demo-data')):
-        os.symlink(demo_data, os.path.join(out, 'demo-data'))
-    common = ['--method', 'veco', '--task', 'pretrain', '--demo', '--out', str(out), '--steps', '24', '--eval_every', '12', *args]
-    if runner is None:
-        train.main(common)
-    else:
-        subprocess.run(runner + ['train.py', *common], cwd=ROOT, check=True, capture_output=True,
-                       env={**os.environ, 'OMP_NUM_THREADS': '1'})
-    return torch.load(os.path.join(out, 'last.pt'), weights_only=True)['method']
+    return demo_run(out, demo_data, ['--method', 'veco', '--task', 'pretrain', '--steps', '24', '--eval_every', '12', *args],
+                    runner)
 
 
 @pytest.fixture(scope='module')
@@ -246,12 +238,6 @@ def test_pretraining_ddp_equals_one_process_and_resumes_exactly(tmp_path, demo_d
     # the checkpoint starts a fine-tuning run: the cross-attention left out
     enc, mlm = layers.load_pretrained(str(tmp_path / 'one' / 'best.pt'))
     assert not enc.has_cross and mlm is not None
-
-
-def one_line(argv, message):
-    with pytest.raises(SystemExit) as err:
-        train.main(argv)
-    assert str(err.value).startswith('error: ') and '\n' not in str(err.value) and message in str(err.value)
 
 
 def test_pretraining_set_up_errors_are_one_line(tmp_path, demo_data):
