@@ -55,7 +55,7 @@ NUMERIC = {'lr': POSITIVE, 'epochs': AT_LEAST_1, 'batch_size': AT_LEAST_1, 'grad
            'eval_batch_size': AT_LEAST_1, 'save_every': AT_LEAST_1, 'steps': AT_LEAST_1, 'eval_every': AT_LEAST_1,
            'cross_only_steps': NON_NEGATIVE, 'max_len': (lambda v: 8 <= v <= 512, '8 to 512 tokens (XLM-R\'s positions)'),
            'attn_dropout': SHARE, 'label_smoothing': SHARE, 'dec_layers': AT_LEAST_1, 'beam': AT_LEAST_1,
-           'lenpen': NON_NEGATIVE, 'average_last': NON_NEGATIVE}
+           'lenpen': NON_NEGATIVE, 'average_last': NON_NEGATIVE, 'conf_penalty': NON_NEGATIVE}
 
 
 def fail(message):
@@ -108,6 +108,8 @@ def parse_args(argv=None):
     p.add_argument('--fixed_lambda', action='store_true', help='X-Mixup ablation: lambda = lambda_0')
     p.add_argument('--p_k', type=float, help='X-Mixup: scheduled sampling decay rate (1000 / 1000 / 2000; demo 50)')
     p.add_argument('--no_mixup_inference', action='store_true', help='X-Mixup ablation: predict from the target alone')
+    p.add_argument('--conf_penalty', type=float, help='XLA\'s confidence penalty (Eq. 1): minus this weight times the '
+                   'entropy of the predictions (the baselines and VECO; XLA warms up with 1)')
     p.add_argument('--translate_train_all', action='store_true', help='VECO: fine-tune on English and its '
                    'translations into every target language (default: English alone)')
     p.add_argument('--steps', type=int, help='pre-training and translation: optimiser steps (default 240000, '
@@ -156,6 +158,8 @@ def parse_args(argv=None):
         args.beam, args.lenpen = args.beam or 5, 1.0 if args.lenpen is None else args.lenpen
         if args.src == args.tgt:
             fail(f'--src and --tgt are both {args.src}: translation needs two languages')
+    if args.conf_penalty is not None and (args.task in STEPPED or not issubclass(method_class(args), xlt.Baseline)):
+        fail(f'--conf_penalty belongs to fine-tuning a single text (the baselines, VECO), not to {args.method} on {args.task}')
     if args.translate_train_all and args.method != 'veco':
         fail(f'--translate_train_all belongs to VECO; for {args.method} use --method translate-train-all')
     if args.translate_test and (family(args) in ('tagging', 'pretrain') or method_class(args).paired):

@@ -55,6 +55,21 @@ def per_example_loss(family, logits, labels):
     return (F.cross_entropy(start, labels[:, 0], reduction='none') + F.cross_entropy(end, labels[:, 1], reduction='none')) / 2
 
 
+def entropy_per_example(family, logits, labels):
+    """H(p) of the predictions per example (B,), weighted as per_example_loss weights its
+    cross-entropy: per example; per labelled token for tagging; for QA the mean of the start and
+    the end distribution's entropy (padding has p = 0 and adds nothing)."""
+    dim = 1 if family == 'qa' else -1
+    logp = logits.float().log_softmax(dim)
+    h = -torch.where(logp.isfinite(), logp.exp() * logp, 0.0).sum(dim)
+    if family == 'classification':
+        return h
+    if family == 'tagging':
+        real = labels.ne(IGNORE)
+        return (h * real).sum(1) * labels.size(0) / real.sum().clamp(min=1)
+    return h.mean(-1)
+
+
 def kl_per_example(family, p_teacher, logits, first=None, T=1.0):
     """KL(p_teacher || p_student) per example (B,), both softened by the temperature T and the KL
     scaled by T^2 (as FILTER's released code: softmax(teacher / T) = p_teacher^(1/T), renormalised):
@@ -101,13 +116,18 @@ class Baseline(nn.Module):
         super().__init__()
         self.encoder, self.family = encoder, TASKS[task].family
         self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout)
+        self.conf_penalty = getattr(args, 'conf_penalty', None) or 0.0  # XLA's Eq. 1 weight (XLA: 1)
 
     def predict(self, batch):
         return self.head(self.encoder(batch.ids, batch.mask), batch.mask)
 
     def loss(self, batch):
-        loss = per_example_loss(self.family, self.predict(batch), batch.labels).mean()
-        return loss, {'loss': loss.item()}
+        logits = self.predict(batch)
+        loss, logs = per_example_loss(self.family, logits, batch.labels), {}
+        if self.conf_penalty:  # XLA's Eq. 1, the confidence penalty: CE - H(p), penalising confident predictions
+            h = entropy_per_example(self.family, logits, batch.labels)
+            loss, logs['entropy'] = loss - self.conf_penalty * h, h.mean().item()
+        return loss.mean(), {'loss': loss.mean().item(), **logs}
 
     def forward(self, batch):
         return self.loss(batch)
