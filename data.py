@@ -206,6 +206,14 @@ def lines_of(path):
     return lines[:-1] if lines and not lines[-1] else lines
 
 
+def parallel_lines(a_path, b_path):
+    """The lines of two parallel files, line n of one translating line n of the other."""
+    a, b = lines_of(a_path), lines_of(b_path)
+    if len(a) != len(b):
+        raise DataError(f'{a_path} has {len(a)} lines and {b_path} {len(b)}: parallel files align line by line')
+    return a, b
+
+
 VERBOSE = True  # warnings about skipped data; the training script turns them off on all but one process
 
 
@@ -688,9 +696,7 @@ def read_pretraining(tok, data_dir, max_len):
             docs = [[line for line in doc.split('\n') if line.strip()] for doc in read_text(paths[0]).split('\n\n')]
             pairs = segment_pairs(tok, [d for d in docs if d], max_len)
         else:
-            a, b = lines_of(paths[0]), lines_of(paths[1])
-            if len(a) != len(b):
-                raise DataError(f'{paths[0]} has {len(a)} lines and {paths[1]} {len(b)}: parallel files align line by line')
+            a, b = parallel_lines(*paths)
             keep = [n for n in range(len(a)) if a[n].strip() and b[n].strip()]
             longest = min(max_len, PARA_LEN) - 2
             pairs = [(x[:longest], y[:longest]) for x, y in zip(tok.encode_words([a[n] for n in keep]),
@@ -756,9 +762,7 @@ def translation_items(tok, data_dir, src, tgt, split, lang_ids, max_len):
     released data preparation keeps 1 to 250 pieces; every test line is kept (cut to fit 512
     positions), so that each gets a translation."""
     paths = parallel_files(data_dir, src, tgt, split)
-    x_lines, y_lines = lines_of(paths[0]), lines_of(paths[1])
-    if len(x_lines) != len(y_lines):
-        raise DataError(f'{paths[0]} has {len(x_lines)} lines and {paths[1]} {len(y_lines)}: the sides align line by line')
+    x_lines, y_lines = parallel_lines(*paths)
     longest, test = 512 - 2, split == 'test'
     items, skipped = [], {'with an empty side': 0, f'longer than {max_len} pieces': 0}
     for x, y in zip(tok.encode_lines(x_lines), tok.encode_lines(y_lines)):

@@ -242,7 +242,7 @@ def test_translation_set_up_errors_are_one_line(tmp_path, demo_data):
         (corpus / 'translation' / 'en-fr' / f'{split}.fr').write_text('un\ndeux\n')
     one_line(common + ['--dec_layers', '3'], '--dec_layers 3 is not a layer count of the 2-layer model')
     (corpus / 'translation' / 'en-fr' / 'valid.fr').write_text('un\n')
-    one_line(common, 'the sides align line by line')
+    one_line(common, 'parallel files align line by line')
     os.remove(corpus / 'translation' / 'en-fr' / 'valid.fr')
     one_line(common, 'valid.fr')
     assert not os.path.exists(tmp_path / 'run' / 'config.json')
