@@ -2,6 +2,7 @@
 import csv
 import io
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -110,6 +111,10 @@ class Tokenizer:
         """Text of ids; special tokens are dropped."""
         return self.sp.decode([0 if i == self.unk else i - 1 for i in ids if self.unk <= i < self.mask])
 
+    def word_starts(self):
+        """For every id, whether its piece begins a word ('▁...'); the special tokens do not."""
+        return [False] * 4 + [self.sp.id_to_piece(i - 1).startswith('▁') for i in range(4, self.mask)] + [False]
+
 
 class DataError(ValueError):
     """Data that cannot be read; the message is one line: the file, the line and the fix."""
@@ -133,7 +138,7 @@ QA_FILES = {
 }
 
 
-DEMO_VERSION = 2  # raised when the demo gains files (2: translation): an older demo folder is written again
+DEMO_VERSION = 3  # raised when the demo gains files (2: translation, 3: target-language tagging train sets)
 
 
 def is_demo(data_dir, current=False):
@@ -454,6 +459,18 @@ class Feature:
     context: str = None  # (None off the context), and whether this window is the token's fullest
     spans: list = None
     max_context: list = None
+
+
+def share_of(examples, share, part=0, seed=0):
+    """A random share of the examples, the same for every run: part 0 and part 1 are disjoint
+    draws while share <= 0.5 (XLA's 5% setting: English and target text that are not each
+    other's translations); share 1 keeps them all, in order."""
+    if share >= 1:
+        return examples
+    n = math.ceil(share * len(examples))
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
+    start = min(part * n, len(examples) - n)
+    return [examples[i] for i in sorted(order[start:start + n])]
 
 
 def progress(examples, what):
@@ -893,8 +910,6 @@ def demo_files(task, split, rows):
     family, files = TASKS[task].family, {}
     src_langs = ['en'] if split == 'train' else list(DEMO_LANGS)
     tsv = lambda cols: ''.join('\t'.join(c) + '\n' for c in cols)
-    tagged = lambda exs, tags=True: '\n'.join(''.join(f'{w}\t{t}\n' if tags else f'{w}\n' for w, t in zip(e['words'], e['tags']))
-                                              for e in exs)
     squad = lambda exs, blank=False: json.dumps({'version': 'demo', 'data': [{'paragraphs': [{'context': e['context'], 'qas': [
         {'id': e['id'], 'question': e['question'],
          'answers': [{'text': '', 'answer_start': 0}] if blank else e['answers']}]}]} for e in exs]}, ensure_ascii=False)
@@ -906,7 +921,7 @@ def demo_files(task, split, rows):
             if split == 'test':
                 files[f'labels/{task}/test-{lang}.tsv'] = tsv((e['label'],) for e in exs)
         elif family == 'tagging':
-            files[path] = tagged(exs, split != 'test')
+            files[path] = tagged_text(exs, split != 'test')
             if split == 'test':
                 files[f'labels/{task}/test-{lang}.tsv'] = '\n'.join(''.join(t + '\n' for t in e['tags']) for e in exs)
         elif path:
@@ -919,17 +934,22 @@ def demo_files(task, split, rows):
             if split == 'train':  # the English training data translated into `other` and back
                 rt, path = [r['rt'] for r in rows], split_path('', task, 'round-trip', other)
                 files[path] = (tsv((e['a'], e['b'], e['label']) for e in rt) if family == 'classification'
-                               else tagged(rt) if family == 'tagging' else squad(rt))
+                               else tagged_text(rt) if family == 'tagging' else squad(rt))
             orig, trans = (exs, [r[other] for r in rows]) if split == 'train' else (exs, [r['en'] for r in rows])
             path = split_path('', task, f'translate-{split}', other if split == 'train' else lang)
             if family == 'classification':
                 files[path] = tsv((o['a'], o['b'], t['a'], t['b']) + ((o['label'],) if split != 'test' else ())
                                   for o, t in zip(orig, trans))
             elif family == 'tagging':
-                files[path] = tagged(trans, split != 'test')
+                files[path] = tagged_text(trans, split != 'test')
             elif path and (split != 'dev' or task == 'mlqa'):
                 files[path] = squad(trans)  # translated with their answers, as XTREME's translate-test sets
     return files
+
+
+def tagged_text(examples, tags=True):
+    """A tagging file: a word (and its tag) a line, a blank line after each sentence."""
+    return '\n'.join(''.join(f'{w}\t{t}\n' if tags else f'{w}\n' for w, t in zip(e['words'], e['tags'])) for e in examples)
 
 
 def demo_retrieval(task, split, rng, n=100):
@@ -998,6 +1018,10 @@ def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
             files.update(demo_files(task, split, demo_examples(task, n, rng)))
     files.update(demo_pretraining(random.Random(seed + 1)))  # their own draws: the tasks' data stay as they were
     files.update(demo_translation(random.Random(seed + 2), 3 * n_train, n_eval))
+    rng_target = random.Random(seed + 3)  # the target languages' own tagged training text (XLA's unlabelled data)
+    for task in ('panx', 'udpos'):
+        rows = demo_examples(task, n_train, rng_target)
+        files.update({split_path('', task, 'train', lang): tagged_text([r[lang] for r in rows]) for lang in DEMO_LANGS[1:]})
     for path, text in files.items():
         os.makedirs(os.path.join(out_dir, os.path.dirname(path)), exist_ok=True)
         atomic_write(os.path.join(out_dir, path), text)

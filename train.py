@@ -21,6 +21,7 @@ import sys
 import time
 from collections import defaultdict
 from contextlib import nullcontext
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -55,7 +56,15 @@ NUMERIC = {'lr': POSITIVE, 'epochs': AT_LEAST_1, 'batch_size': AT_LEAST_1, 'grad
            'eval_batch_size': AT_LEAST_1, 'save_every': AT_LEAST_1, 'steps': AT_LEAST_1, 'eval_every': AT_LEAST_1,
            'cross_only_steps': NON_NEGATIVE, 'max_len': (lambda v: 8 <= v <= 512, '8 to 512 tokens (XLM-R\'s positions)'),
            'attn_dropout': SHARE, 'label_smoothing': SHARE, 'dec_layers': AT_LEAST_1, 'beam': AT_LEAST_1,
-           'lenpen': NON_NEGATIVE, 'average_last': NON_NEGATIVE, 'conf_penalty': NON_NEGATIVE}
+           'lenpen': NON_NEGATIVE, 'average_last': NON_NEGATIVE, 'conf_penalty': NON_NEGATIVE, 'xla_lr': POSITIVE,
+           'xla_batch_size': AT_LEAST_1, 'xla_epochs': AT_LEAST_1, 'posterior': (lambda v: 0 <= v <= 1, 'from 0 to 1'),
+           'aug_share': (lambda v: 0 < v <= 1, 'above 0 and at most 1'), 'alpha': (lambda v: 0 <= v <= 1, 'from 0 to 1'),
+           'train_share': (lambda v: 0 < v <= 1, 'above 0 and at most 1')}
+XLA_OPTIONS = ('xla_lr', 'xla_batch_size', 'xla_epochs', 'eta', 'distil', 'posterior', 'aug_share', 'delta', 'alpha', 'mlm',
+               'warmup_dir', 'train_share')
+XLA_TASKS = ('xnli', 'pawsx', 'panx', 'udpos')  # the paper's tasks: classification of pairs, and tagging
+# The XLA demo: warm-up as every demo, the XLA epochs at a lower rate; 100% of the demo's data
+DEMO_XLA = {'xla_lr': 1e-4, 'xla_batch_size': 32, 'train_share': 1.0, 'train_lang': 'de'}
 
 
 def fail(message):
@@ -110,6 +119,24 @@ def parse_args(argv=None):
     p.add_argument('--no_mixup_inference', action='store_true', help='X-Mixup ablation: predict from the target alone')
     p.add_argument('--conf_penalty', type=float, help='XLA\'s confidence penalty (Eq. 1): minus this weight times the '
                    'entropy of the predictions (the baselines and VECO; XLA warms up with 1)')
+    p.add_argument('--xla_lr', type=float, help='XLA: learning rate of the XLA epochs (--lr: the warm-up\'s; Table 8)')
+    p.add_argument('--xla_batch_size', type=int, help='XLA: batch size of the XLA epochs (Table 8: 16, 32)')
+    p.add_argument('--xla_epochs', type=int, help='XLA: epochs of co-teaching after the warm-up (default 3, Algorithm 1)')
+    p.add_argument('--eta', type=float, nargs='+', help='XLA: percent of the labelled samples each model keeps, per XLA '
+                   'epoch, by confidence (the last repeats; Table 8: 80 100 100 / 50 80 100 / 80 90 80)')
+    p.add_argument('--distil', choices=('confidence', 'gmm'), help='XLA: keep the top --eta percent by confidence '
+                   '(default), or the samples a 2-component GMM of the losses puts in the low-loss cluster')
+    p.add_argument('--posterior', type=float, help='XLA with --distil gmm: the least posterior of the low-loss '
+                   'component a kept sample has (default 0.5)')
+    p.add_argument('--aug_share', type=float, help='XLA: share P of a sentence\'s pieces the masked LM replaces (0.3; PAWS-X 0.4)')
+    p.add_argument('--delta', type=int, nargs='+', help='XLA: vicinal samples per sentence (3), or per part of a pair '
+                   '(2 2: successive cross, 4 samples)')
+    p.add_argument('--alpha', type=float, help='XLA: Eq. 2\'s sampling factor over the training sets (default 0.7)')
+    p.add_argument('--mlm', help='XLA: the checkpoint whose masked LM makes the vicinal samples (default --init)')
+    p.add_argument('--warmup_dir', help='XLA: folder of the three warm-up runs warmup-1..3, reused when finished '
+                   '(default --out; share one folder between target languages)')
+    p.add_argument('--train_share', type=float, help='XLA: share of the English and target training data used (XNLI, '
+                   'PAWS-X: 0.05, two disjoint random draws, as the paper\'s 5%% setting; 1 for the 100%% setting)')
     p.add_argument('--translate_train_all', action='store_true', help='VECO: fine-tune on English and its '
                    'translations into every target language (default: English alone)')
     p.add_argument('--steps', type=int, help='pre-training and translation: optimiser steps (default 240000, '
@@ -160,6 +187,18 @@ def parse_args(argv=None):
             fail(f'--src and --tgt are both {args.src}: translation needs two languages')
     if args.conf_penalty is not None and (args.task in STEPPED or not issubclass(method_class(args), xlt.Baseline)):
         fail(f'--conf_penalty belongs to fine-tuning a single text (the baselines, VECO), not to {args.method} on {args.task}')
+    given = [f'--{o}' for o in XLA_OPTIONS if getattr(args, o) is not None]
+    if given and args.method != 'xla':
+        fail(f'{" and ".join(given)} belong to XLA (--method xla)')
+    if args.method == 'xla' and args.task not in XLA_TASKS:
+        fail(f'XLA is for {", ".join(XLA_TASKS)} (the paper\'s tasks; its vicinal samples keep a pair or a '
+             f'sentence\'s words), not {args.task}')
+    if args.posterior is not None and args.distil != 'gmm':
+        fail('--posterior is the threshold of --distil gmm: add --distil gmm or drop --posterior')
+    if any(not 0 < v <= 100 for v in args.eta or []):
+        fail(f'--eta {" ".join(map(str, args.eta))} is out of range: give percents above 0 and at most 100')
+    if any(v < 1 for v in args.delta or []):
+        fail(f'--delta {" ".join(map(str, args.delta))} is out of range: give samples per sentence, at least 1')
     if args.translate_train_all and args.method != 'veco':
         fail(f'--translate_train_all belongs to VECO; for {args.method} use --method translate-train-all')
     if args.translate_test and (family(args) in ('tagging', 'pretrain') or method_class(args).paired):
@@ -171,6 +210,8 @@ def parse_args(argv=None):
         fail(f'unknown model {args.model!r}: choose one of {", ".join(layers.CONFIGS)}')
     method = method_class(args)
     released = {**getattr(method, 'RUN', {}).get(args.task, {}), **getattr(method, 'PAIRS', {}).get(f'{args.src}-{args.tgt}', {})}
+    if args.demo and args.method == 'xla':  # Table 8's augmentation and distillation, the demo's rates
+        demo = {**released, **demo, **DEMO_XLA}
     for option, value in (demo or released).items():  # the demo's, or the released scripts'
         if getattr(args, option, None) is None:
             setattr(args, option, value)
@@ -200,8 +241,19 @@ def parse_args(argv=None):
         args.batch_size = 64
     if args.max_len is None:
         args.max_len = 384 if family(args) == 'qa' else 128
+    if args.method == 'xla':
+        args.xla_epochs, args.distil, args.alpha = args.xla_epochs or 3, args.distil or 'confidence', \
+            xlt.XLA.ALPHA if args.alpha is None else args.alpha
+        args.posterior = 0.5 if args.posterior is None and args.distil == 'gmm' else args.posterior
+        pair = family(args) == 'classification'
+        if len(args.delta) != (2 if pair else 1) and not (pair and len(args.delta) == 1):
+            fail(f'--delta takes one number for {args.task} (samples per sentence), not {len(args.delta)}')
+        args.delta = args.delta * 2 if pair and len(args.delta) == 1 else args.delta
+        if not args.train_lang:
+            fail('XLA adapts to one target language: pass --train_lang (its unlabelled training text is read)')
     task = f'{args.task}-{args.src}-{args.tgt}' if args.task == 'translate' else args.task
-    args.out = args.out or os.path.join('runs', f'{task}-{args.method}{"-demo" if args.demo else ""}')
+    method = f'{args.method}-{args.train_lang}' if args.method == 'xla' else args.method
+    args.out = args.out or os.path.join('runs', f'{task}-{method}{"-demo" if args.demo else ""}')
     return args
 
 
@@ -285,6 +337,8 @@ def training_items(args, tok, method, rank=0):
     if train_on == 'translation' and args.train_lang not in target_langs(args):
         fail(f'translate-train needs --train_lang, one of {", ".join(target_langs(args))}')
     english = data.read_split(args.data_dir, args.task, 'train')
+    if getattr(args, 'train_share', None):  # XLA's warm-up on the 5% setting: its share of English
+        english = data.share_of(english, args.train_share, part=0)
     if method.paired or train_on != 'en':
         pairs = {lang: data.read_translations(args.data_dir, args.task, 'train', lang, english) for lang in langs}
     if method.paired:  # (English, translation[, round trip]); English also pairs with itself, as both released codes do
@@ -479,6 +533,7 @@ def train_step(model, items, batch, args, step, rank, world, device, collate):
 
 def save(path, obj, rank):
     if rank == 0:
+        os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
         layers.atomic_write(path, obj)
 
 
@@ -513,6 +568,8 @@ def run(args, rank, world, device):
         return pretrain(args, tok, rank, world, device)
     if args.task == 'translate':
         return translate(args, tok, rank, world, device)
+    if args.method == 'xla':
+        return xla(args, tok, rank, world, device)
     encoder = build_encoder(args, tok)[0]
     if data.TASKS[args.task].family == 'retrieval':
         preds = retrieval(args, encoder.to(device), tok, device) if rank == 0 else {}
@@ -920,6 +977,261 @@ def train(method, items, args, device, rank, world, best_path, last_path, valida
         dist.barrier()  # every process reads best.pt (and the kept checkpoints) only once they are written
 
 
+# ----------------------------------------------------------------------------------------
+# XLA (Algorithm 1): three warm-ups, then per XLA epoch vicinal samples, every model's labels,
+# and each model trained on what the other two keep and agree on.
+
+XLA_SETS = {1: ('source', 'target'), 2: ('target vicinal',),  # Algorithm 1, line 22: the sets of each epoch
+            3: ('source', 'target', 'source vicinal', 'target vicinal')}
+
+
+def xla(args, tok, rank, world, device):
+    """XLA on --train_lang (Algorithm 1): three models warmed up on English with the confidence
+    penalty (warmup-1..3), then --xla_epochs epochs, each in epoch<e>/: vicinal samples of the
+    target text (and from epoch 3 of English), each model's labels and kept samples, and each
+    model trained one epoch on what the other two keep and label alike. Every stage's result is
+    kept, so --resume goes on from the stage a crash stopped. Reports each model, their mean and
+    the ensemble that averages their probabilities; the ensemble's predictions are the run's."""
+    if not args.resume and not args.eval_only and rank == 0:  # a new run: an earlier run's stages are not its
+        for name in os.listdir(args.out):
+            if name.startswith('epoch') or (name.startswith('warmup-') and not args.warmup_dir):
+                shutil.rmtree(os.path.join(args.out, name))
+    paths = [os.path.join(args.out, f'epoch{args.xla_epochs}', f'model{m + 1}', 'best.pt') for m in range(3)]
+    if args.eval_only:
+        missing = [p for p in paths if not os.path.exists(p)]
+        if missing:
+            fail(f'{missing[0]} not found: --eval_only evaluates a finished XLA run in --out')
+        return xla_report(args, tok, paths, rank, world, device)
+    english, target = xla_data(args, tok)
+    begin(args, rank)
+    paths = [warm_up(args, m, rank, world, device) for m in range(3)]
+    sets = eval_sets(args, xla_model(args, paths[0], device))
+    dev_cache, vicinity = {}, None
+    for e in range(1, args.xla_epochs + 1):
+        folder = os.path.join(args.out, f'epoch{e}')
+        names = XLA_SETS[min(e, 3)]
+        unlabelled = {'target': target}
+        for name, feats in (('target vicinal', target), ('source vicinal', english)):
+            if name in names:
+                vicinity = vicinity or vicinity_model(args, tok, device)
+                unlabelled[name] = vicinal(args, tok, feats, vicinity, os.path.join(folder, name.replace(' ', '-') + '.pt'),
+                                           e, rank, world, device)
+        unlabelled = {name: feats for name, feats in unlabelled.items() if name in names}
+        eta = args.eta[min(e, len(args.eta)) - 1] / 100
+        labels = [labelled(args, paths[m], unlabelled, eta, os.path.join(folder, f'labels-{m + 1}.pt'), rank, world, device)
+                  for m in range(3)]
+        paths = [xla_train(args, tok, e, l, taught_by_peers(l, labels, unlabelled, english if 'source' in names else None),
+                           paths[l], sets, dev_cache, rank, world, device) for l in range(3)]
+    xla_report(args, tok, paths, rank, world, device)
+
+
+def taught_by_peers(l, labels, unlabelled, english=None):
+    """Model l's training sets of an epoch: English (when given) and, of every unlabelled set, the
+    samples its two peers j and k both keep and label alike, with that label (AGREEMENT): model l
+    never learns from its own labels. labels[m][set]: model m's {'labels', 'keep'}."""
+    j, k = [m for m in range(3) if m != l]
+    parts = {} if english is None else {'source': english}
+    for name, feats in unlabelled.items():
+        a, b = labels[j][name], labels[k][name]
+        agreed = xlt.agreement(a['keep'], a['labels'], b['keep'], b['labels']).nonzero().squeeze(1).tolist()
+        parts[name] = [replace(feats[i], label=a['labels'][i]) for i in agreed]
+    return parts
+
+
+def warm_up(args, m, rank, world, device):
+    """Model m's warm-up (Section 3.1): the zero-shot baseline on English with the confidence
+    penalty (weight 1, or --conf_penalty), seed --seed + m, into warmup-<m+1> of --warmup_dir
+    (default --out); a finished warm-up there is reused. -> its best.pt."""
+    folder = os.path.join(args.warmup_dir or args.out, f'warmup-{m + 1}')
+    if not os.path.exists(os.path.join(folder, 'results.json')):
+        if rank == 0:
+            print(f'XLA warm-up of model {m + 1}/3 (seed {args.seed + m}) in {folder}')
+        penalty = 1.0 if args.conf_penalty is None else args.conf_penalty
+        run(argparse.Namespace(**{**vars(args), 'method': 'zeroshot', 'out': folder, 'seed': args.seed + m, 'demo': False,
+                                  'conf_penalty': penalty, 'from_scratch': args.from_scratch or args.demo}), rank, world, device)
+    return os.path.join(folder, 'best.pt')
+
+
+def xla_data(args, tok):
+    """(D_s: the English training features, D_t: --train_lang's unlabelled training features).
+    D_t is the target language's own training split without its labels (tagging: XTREME ships
+    train-<lang>.tsv for PAN-X), or the target side of translate-train (XNLI, PAWS-X). With
+    --train_share below 1 the two are disjoint random draws, so they are not translations of
+    each other (the paper's 5% setting)."""
+    english = data.share_of(data.read_split(args.data_dir, args.task, 'train'), args.train_share, part=0)
+    if data.TASKS[args.task].family == 'tagging':
+        data.need(data.split_path(args.data_dir, args.task, 'train', args.train_lang),
+                  f'XLA reads the unlabelled {args.train_lang} training text of {args.task} (XTREME\'s train-<lang>.tsv)')
+        target = [dict(ex, tags=None) for ex in data.read_split(args.data_dir, args.task, 'train', args.train_lang)]
+    else:
+        pairs = data.read_translations(args.data_dir, args.task, 'train', args.train_lang)
+        target = [dict(t, label=None) for _, t in pairs if t is not None]
+    target = data.share_of(target, args.train_share, part=1)
+    return [data.make_features(tok, args.task, exs, args.max_len, train=True) for exs in (english, target)]
+
+
+def xla_model(args, path, device):
+    """An XLA model with the weights of a warm-up's or an XLA epoch's best.pt."""
+    ckpt = torch.load(path, map_location=device, weights_only=True)
+    method = xlt.XLA(layers.Encoder(layers.Config(**ckpt['config'])), args.task).to(device)
+    method.load_state_dict(ckpt['method'])
+    return method
+
+
+def vicinity_model(args, tok, device):
+    """The frozen masked LM of GEN-LM: --mlm, or the --init checkpoint's MLM head."""
+    path = args.mlm or args.init
+    if not path:
+        fail('XLA\'s vicinal samples need a masked LM: pass --mlm (a converted XLM-R checkpoint, python layers.py convert)')
+    encoder, mlm = build_encoder(argparse.Namespace(**{**vars(args), 'init': path}), tok)
+    if mlm is None:
+        fail(f'{path} has no MLM head: pass --mlm a converted XLM-R checkpoint (python layers.py convert keeps it)')
+    return encoder.to(device).eval(), mlm.to(device).eval()
+
+
+def vicinal(args, tok, feats, vicinity, path, epoch, rank, world, device):
+    """GEN-LM (Section 3.2): the vicinal samples of every feature, unlabelled, kept in `path`: --delta
+    samples of a sentence by successive max, or the delta1 x delta2 successive cross of a pair's two
+    parts; each sample replaces ceil(--aug_share x T) pieces of each part. The draws follow (--seed,
+    epoch, feature), so any number of processes makes the same samples."""
+    if args.resume and os.path.exists(path):
+        stored = torch.load(path, weights_only=True)
+        rows = stored['ids'].split(stored['lengths'].tolist())
+        return [replace(feats[i], ids=r.tolist(), label=None) for i, r in zip(stored['source'].tolist(), rows)]
+    family, (encoder, mlm) = data.TASKS[args.task].family, vicinity
+    fillable = torch.arange(encoder.cfg.vocab_size, device=device)
+    fillable = (fillable >= 4) & (fillable < tok.mask)  # not <s>, <pad>, </s>, <unk> nor <mask>
+    word_start = torch.tensor(tok.word_starts() + [False] * (encoder.cfg.vocab_size - tok.vocab_size), device=device)
+    out = {}
+    for index in tqdm(data.length_batches(feats, args.eval_batch_size)[rank::world], desc='vicinal samples', leave=False,
+                      disable=rank != 0):
+        rows, orders, made = [], [], []
+        for i in index:
+            g = torch.Generator().manual_seed(args.seed * 1_000_003 + epoch * 10_007 + i)
+            spans = xlt.parts_of(feats[i].ids, family)
+            made.append((i, spans, len(rows)))
+            for span, delta in zip(spans, args.delta):
+                for order in xlt.masking_orders(span, delta, args.aug_share, g):
+                    rows.append(feats[i].ids)
+                    orders.append(order)
+        ids = data.collate([data.Feature(r) for r in rows])
+        order = torch.nn.utils.rnn.pad_sequence([torch.tensor(o, dtype=torch.long) for o in orders], True, -1)
+        with autocast(device):
+            filled = xlt.fill_successively(encoder, mlm, ids.ids.to(device), ids.mask.to(device), order.to(device), fillable,
+                                           word_start, tok.mask).cpu()
+        for i, spans, start in made:
+            n = len(feats[i].ids)
+            samples = filled[start:start + args.delta[0], :n]
+            if len(spans) == 2:
+                samples = xlt.crossed(samples, filled[start + args.delta[0]:start + sum(args.delta), :n], spans[0])
+            out[i] = samples
+    out = gathered(out, len(feats), world)
+    source = [i for i, samples in enumerate(out) for _ in samples]
+    flat = [row for samples in out for row in samples]
+    if flat:
+        save(path, {'ids': torch.cat(flat).int(), 'lengths': torch.tensor([len(r) for r in flat]),
+                    'source': torch.tensor(source)}, rank)
+    return [replace(feats[i], ids=r.tolist(), label=None) for i, r in zip(source, flat)]
+
+
+def labelled(args, path, unlabelled, eta, store, rank, world, device):
+    """One model's labels of each unlabelled set and DISTIL's choice, kept in `store`: {set: {'labels':
+    [label per sample], 'keep': bool per sample}}, keep the top eta by confidence, or the samples
+    whose posterior of the low-loss GMM component is at least --posterior."""
+    if args.resume and os.path.exists(store):
+        return torch.load(store, weights_only=True)
+    method, out = xla_model(args, path, device), {}
+    for name, feats in unlabelled.items():
+        outputs = outputs_of(method, feats, data.collate, args, device, rank, world)
+        scored = [xlt.pseudo_labels(method.family, o, f.words) for o, f in zip(outputs, feats)]
+        labels, confidence, loss = (list(column) for column in zip(*scored)) if scored else ([], [], [])
+        keep = (xlt.top_confident(torch.tensor(confidence), eta) if args.distil == 'confidence' else
+                xlt.gmm_good(torch.tensor(loss)) >= args.posterior) if feats else torch.zeros(0, dtype=torch.bool)
+        out[name] = {'labels': labels, 'keep': keep}
+    save(store, out, rank)
+    return out
+
+
+def xla_train(args, tok, epoch, l, parts, start, sets, dev_cache, rank, world, device):
+    """Model l's XLA epoch: one pass of Eq. 2's draws over the sets in `parts`, from its weights
+    `start`, with a new optimiser (Table 8: --xla_lr, 10% warm-up); -> its best.pt (the end)."""
+    sub = argparse.Namespace(**{**vars(args), 'out': os.path.join(args.out, f'epoch{epoch}', f'model{l + 1}'), 'epochs': 1,
+                                'lr': args.xla_lr, 'batch_size': args.xla_batch_size, 'warmup': 0.1, 'seed': args.seed + l})
+    best_path, last_path = os.path.join(sub.out, 'best.pt'), os.path.join(sub.out, 'last.pt')
+    done = os.path.join(sub.out, 'results.json')
+    if args.resume and os.path.exists(done):
+        with open(done) as f:
+            return best_path if json.load(f)['better'] else start
+    os.makedirs(sub.out, exist_ok=True)
+    method = xla_model(args, start, device)
+    validate = lambda: evaluate(method, sub, tok, 'dev', device, rank, world, sets, dev_cache)[0]
+    before = target_dev(validate(), args)
+    items = [f for feats in parts.values() for f in feats]
+    sizes = [len(feats) for feats in parts.values()]
+    batches = mixture_batches(sizes, args.alpha, sub.batch_size, sub.seed * 1000 + epoch, world * args.grad_accum)
+    train(method, items, sub, device, rank, world, best_path, last_path, validate, lambda _: batches)
+    after = target_dev(validate(), args) if batches else before
+    better = after is None or before is None or after >= before  # the released code keeps a model only if better
+    if rank == 0:
+        layers.atomic_write(done, json.dumps({'kept': dict(zip(parts, sizes)), 'dev_before': before, 'dev_after': after,
+                                              'better': better}, indent=2))
+        dev = '' if after is None else f'; {args.train_lang} dev {before:.1f} -> {after:.1f}' + ('' if better else ', not better: kept the model as it was')
+        print(f'XLA epoch {epoch}, model {l + 1}: trained on ' + ', '.join(f'{n} {name}' for name, n in zip(parts, sizes)) + f' samples{dev}')
+    if dist.is_initialized():
+        dist.barrier()
+    return best_path if better else start
+
+
+def target_dev(dev, args):
+    """The --train_lang dev score XLA selects by (the paper's protocol; None without a dev set)."""
+    return dev[args.train_lang]['score'] if args.train_lang in dev else None
+
+
+def mixture_batches(sizes, alpha, batch_size, seed, chunks):
+    """An XLA epoch's global batches over the concatenated sets: sum(n_i) draws, round(q_i x sum(n_i))
+    of them from set i (Eq. 2), each set read in shuffled passes, the draws shuffled together."""
+    g, picks, offset = torch.Generator().manual_seed(seed), [], 0
+    for n, q in zip(sizes, xlt.mixing_probabilities(sizes, alpha) if sum(sizes) else sizes):
+        count = round(q * sum(sizes))
+        if n and count:
+            picks.append(torch.cat([torch.randperm(n, generator=g) for _ in range(math.ceil(count / n))])[:count] + offset)
+        offset += n
+    if not picks:
+        return []
+    order = torch.cat(picks)
+    order = order[torch.randperm(len(order), generator=g)].tolist()
+    return [b for b in (order[i:i + batch_size] for i in range(0, len(order), batch_size)) if len(b) >= chunks]
+
+
+def xla_report(args, tok, paths, rank, world, device):
+    """Dev and test of each final model, their mean and their ensemble (the run's predictions), beside
+    the warm-ups' (the zero-shot baseline with the confidence penalty)."""
+    models = [xla_model(args, p, device) for p in paths]
+    sets, runs = eval_sets(args, models[0]), {}
+    for m, (method, path) in enumerate(zip(models, paths)):
+        dev = evaluate(method, args, tok, 'dev', device, rank, world, sets)[0]
+        sub = argparse.Namespace(**{**vars(args), 'out': os.path.dirname(path)})
+        runs[f'XLA model {m + 1}'] = {'dev': dev, 'test': test_results(sub, evaluate(method, args, tok, 'test', device, rank, world, sets)[1], rank)}
+    ensemble = xlt.Ensemble(models)
+    dev = evaluate(ensemble, args, tok, 'dev', device, rank, world, sets)[0]
+    test = test_results(args, evaluate(ensemble, args, tok, 'test', device, rank, world, sets)[1], rank)
+    warm = [os.path.join(args.warmup_dir or args.out, f'warmup-{m + 1}', 'results.json') for m in range(3)]
+    rows = {}
+    if all(os.path.exists(w) for w in warm):
+        rows['warm-up (zero-shot + penalty), mean'] = mean_summary([json.load(open(w)) for w in warm])
+    summaries = {name: {split: ev.summarize({lang: s['score'] for lang, s in r[split].items()}) if r[split] else {}
+                        for split in ('dev', 'test')} for name, r in runs.items()}
+    rows.update(summaries)
+    rows['XLA mean of the models'] = mean_summary(list(summaries.values()))
+    finish(args, dev, test, rank, 'the end of the last XLA epoch; the ensemble averages the models\' probabilities', rows)
+
+
+def mean_summary(results):
+    """The per-language mean of several runs' {'dev': summary, 'test': summary}."""
+    return {split: {k: float(np.mean([r[split][k] for r in results])) for k in results[0][split]} if results[0][split] else {}
+            for split in ('dev', 'test')}
+
+
 def weights(method, args):
     """best.pt: the encoder in the converted checkpoint's layout (so --init reads it; VECO's with
     its cross-attention and MLM head), and the whole method for --eval_only."""
@@ -947,16 +1259,18 @@ def selection(method, dev):
     return float(np.mean([s['score'] for s in dev.values()])), 'best average dev score over languages'
 
 
-def finish(args, dev, test, rank, selected_by=None):
+def finish(args, dev, test, rank, selected_by=None, runs=None):
     """results.json (dev and test per language with average and transfer gap, the checkpoint's
-    selection rule) and the table."""
+    selection rule) and the table; runs: other rows {name: {'dev': summary, 'test': summary}}
+    (XLA's models), listed first."""
     if rank != 0:
         return
     summary = lambda scores: ev.summarize({lang: s['score'] for lang, s in scores.items()}) if scores else {}
     results = {'task': args.task, 'method': args.method, 'selected_by': selected_by, 'dev': summary(dev),
-               'test': summary(test), 'test_metrics': test, 'dev_metrics': dev}
+               'test': summary(test), 'test_metrics': test, 'dev_metrics': dev, **({'runs': runs} if runs else {})}
     layers.atomic_write(os.path.join(args.out, 'results.json'), json.dumps(results, indent=2))
-    rows = {f'{split} ({args.task})': results[split] for split in ('dev', 'test') if results[split]}
+    rows = {f'{split} {name}': r[split] for split in ('dev', 'test') for name, r in (runs or {}).items() if r[split]}
+    rows.update({f'{split} ({args.task}{", ensemble" if runs else ""})': results[split] for split in ('dev', 'test') if results[split]})
     table = ev.format_table(rows) if rows else 'no labels to score against: predictions written only'
     layers.atomic_write(os.path.join(args.out, 'results.txt'), table + '\n')
     print(table)

@@ -595,6 +595,155 @@ class VecoTranslate(nn.Module):
         return [max(hyps, key=lambda h: h[0])[1] for hyps in finished]
 
 
+
+# ---------------------------------------------------------------------------
+# XLA (Bari et al.; Algorithm 1): self-training on unlabelled target-language text. Three
+# models warm up on English with Eq. 1's confidence penalty (Baseline.conf_penalty); every XLA
+# epoch a frozen masked LM makes vicinal samples (Section 3.2), each model labels the data and
+# keeps what it is sure of (DISTIL, Section 3.3), and each model trains on the samples the other
+# two keep with the same labels (AGREEMENT), drawn by Eq. 2. train.py's xla() runs the stages.
+
+class XLA(Baseline):
+    """One XLA model: fine-tuned as the zero-shot baseline, on pseudo-labelled samples too."""
+    pretrained_start = True  # the demo starts from its pre-trained model, whose MLM makes the vicinal samples
+    select = 'en'  # the warm-up keeps the best English dev checkpoint; an XLA epoch is kept if the target dev rises
+    # Table 8 (XNER for panx and udpos). The warm-up (--lr, --batch_size, --epochs) and the XLA
+    # epochs (--xla_lr, --xla_batch_size); eta: the share kept per epoch in percent; share: P;
+    # delta: samples per sentence (one number) or per part of a pair (successive cross).
+    TAGGING = {'lr': 3e-5, 'batch_size': 20, 'epochs': 3, 'warmup': 0.07, 'max_len': 280, 'xla_lr': 5e-6,
+               'xla_batch_size': 16, 'eta': [80, 100, 100], 'aug_share': 0.3, 'delta': [3], 'train_share': 1.0}
+    RUN = {'panx': TAGGING, 'udpos': TAGGING,
+           'xnli': {'lr': 1e-6, 'batch_size': 32, 'epochs': 6, 'weight_decay': 0.0, 'xla_lr': 1e-6, 'xla_batch_size': 32,
+                    'eta': [50, 80, 100], 'aug_share': 0.3, 'delta': [2, 2], 'train_share': 0.05},
+           'pawsx': {'lr': 1e-6, 'batch_size': 32, 'epochs': 10, 'weight_decay': 0.0, 'xla_lr': 1e-6, 'xla_batch_size': 32,
+                     'eta': [80, 90, 80], 'aug_share': 0.4, 'delta': [2, 2], 'train_share': 0.05}}
+    ALPHA = 0.7  # Eq. 2's sampling factor (Table 8)
+
+
+def parts_of(ids, family, eos=2):
+    """The (start, end) spans masked as one part: the sentence of <s> words </s> (tagging), or
+    a and b of <s> a </s></s> b </s> (a pair: successive cross generates each part apart)."""
+    if family == 'tagging':
+        return [(1, len(ids) - 1)]
+    cut = ids.index(eos)
+    return [(1, cut), (cut + 2, len(ids) - 1)]
+
+
+def masking_orders(span, n_samples, share, generator):
+    """δ samples' choices of ceil(P * T) of a part's T positions, each its own random draw, in
+    the random order they are masked."""
+    start, end = span
+    k = math.ceil(share * (end - start))
+    return [(torch.randperm(end - start, generator=generator)[:k] + start).tolist() for _ in range(n_samples)]
+
+
+@torch.no_grad()
+def fill_successively(encoder, mlm, ids, mask, order, fillable, word_start, mask_id):
+    """Successive max (Section 3.2) on rows ids (B, T). order (B, K): each row's chosen positions,
+    -1 padded. Step s masks position order[:, s]; the frozen MLM reads the row with the earlier
+    steps' fills in place, and the most probable piece fills it: a piece that `fillable` allows
+    (no special token) and that starts a word exactly when the replaced piece did, so that words
+    keep their boundaries and tagging its tags. The replaced piece itself may win (as in the
+    released code's argmax), so a sample changes at most, not exactly, the chosen pieces."""
+    ids, rows = ids.clone(), torch.arange(len(ids), device=ids.device)
+    for s in range(order.size(1)):
+        live = order[:, s] >= 0
+        r, pos = rows[live], order[live, s]
+        old = ids[r, pos]
+        ids[r, pos] = mask_id
+        logits = mlm(encoder(ids[r], mask[r])[torch.arange(len(r)), pos]).float()
+        allowed = fillable & (word_start == word_start[old, None])
+        ids[r, pos] = logits.masked_fill(~allowed, float('-inf')).argmax(-1)
+    return ids
+
+
+def crossed(a_samples, b_samples, a_span):
+    """Successive cross: every sample of part a with every sample of part b, δ1 x δ2 rows (all
+    rows hold the same pair, so part a's positions are the same in each)."""
+    start, end = a_span
+    out = b_samples.repeat(len(a_samples), 1)
+    out[:, start:end] = a_samples[:, start:end].repeat_interleave(len(b_samples), 0)
+    return out
+
+
+def pseudo_labels(family, logits, words=None):
+    """A model's labels of unlabelled samples and DISTIL's scores: (label: the argmax class, or
+    the argmax tag of each word on its first piece and IGNORE elsewhere; confidence: max_c p_c,
+    or its mean over the words (Section 3.3); loss: the cross-entropy against that label, the
+    same mean of -log max_c p_c), for one sample's logits (C,) or (T, C)."""
+    p = logits.float().softmax(-1)
+    if family == 'classification':
+        top, label = p.max(-1)
+        return label.item(), top.item(), -top.log().item()
+    top, tags = p[words].max(-1)
+    label = torch.full((len(p),), IGNORE, dtype=torch.long)
+    label[words] = tags
+    return label.tolist(), top.mean().item(), -top.log().mean().item()
+
+
+def top_confident(confidence, eta):
+    """DISTIL by model confidence: the ceil(eta * N) samples with the highest confidence."""
+    keep = torch.zeros(len(confidence), dtype=torch.bool)
+    keep[torch.argsort(confidence, descending=True, stable=True)[:math.ceil(eta * len(confidence))]] = True
+    return keep
+
+
+def em_step(x, mu, var, pi):
+    """One EM step of a 1-D two-component Gaussian mixture (Appendix B). E: r_ik proportional to
+    pi_k N(x_i | mu_k, var_k); M: pi_k = mean_i r_ik, mu_k = sum_i r_ik x_i / sum_i r_ik,
+    var_k = sum_i r_ik (x_i - mu_k)^2 / sum_i r_ik. -> (mu, var, pi) and the E-step's r."""
+    r = responsibilities(x, mu, var, pi)
+    n = r.sum(0)
+    mu = (r * x[:, None]).sum(0) / n
+    var = (r * (x[:, None] - mu) ** 2).sum(0) / n + 1e-5  # reg_covar as the released code's sklearn GMM: no collapse to a point
+    return mu, var, n / len(x), r
+
+
+def responsibilities(x, mu, var, pi):
+    log_n = -0.5 * ((x[:, None] - mu) ** 2 / var + torch.log(2 * math.pi * var))
+    return (log_n + pi.log()).softmax(1)
+
+
+def gmm_good(losses, iters=100, init=None):
+    """DISTIL by clustering: p(z = g | loss) of each sample under a 2-component GMM of the
+    per-sample losses fitted by EM, g the component with the smaller mean (the clean samples).
+    init: the two starting means (default the smallest and the largest loss)."""
+    x = losses.double()
+    mu = torch.tensor(init if init is not None else [x.min().item(), x.max().item()], dtype=torch.float64)
+    var = torch.full((2,), max(x.var().item() if len(x) > 1 else 0.0, 1e-5), dtype=torch.float64)
+    pi = torch.full((2,), 0.5, dtype=torch.float64)
+    for _ in range(iters):
+        mu, var, pi, _ = em_step(x, mu, var, pi)
+    return responsibilities(x, mu, var, pi)[:, mu.argmin()].float()
+
+
+def agreement(keep_j, labels_j, keep_k, labels_k):
+    """AGREEMENT (Section 3.3): the samples both peers keep and label alike (every tag, for tagging)."""
+    return torch.tensor([a and b and x == y for a, b, x, y in zip(keep_j.tolist(), keep_k.tolist(), labels_j, labels_k)],
+                        dtype=torch.bool)
+
+
+def mixing_probabilities(sizes, alpha):
+    """Eq. 2: dataset i is drawn with probability q_i = f_i^alpha / sum_j f_j^alpha, where
+    f_i = n_i / sum_j n_j (alpha 1: in proportion to the sizes; 0: uniform). An empty set gets 0."""
+    n = torch.tensor(sizes, dtype=torch.float64)
+    f = torch.where(n > 0, n / n.sum(), 0.0)
+    q = torch.where(n > 0, f ** alpha, 0.0)
+    return (q / q.sum()).tolist()
+
+
+class Ensemble(nn.Module):
+    """XLA's ensemble of the three models: the mean of their probabilities (its log is returned,
+    which evaluation reads as logits: the argmax is the same)."""
+    paired = False
+
+    def __init__(self, models):
+        super().__init__()
+        self.models, self.family = nn.ModuleList(models), models[0].family
+
+    def predict(self, batch):
+        return torch.stack([m.predict(batch).float().softmax(-1) for m in self.models]).mean(0).log()
+
 # --method name -> (module, what it trains on: 'en' English, 'translations' English plus the
 # translations into the target languages, 'translation' those into one --train_lang)
 METHODS = {
@@ -604,4 +753,5 @@ METHODS = {
     'filter': (Filter, 'translations'),
     'xmixup': (XMixup, 'translations'),
     'veco': (Veco, 'en'),  # --translate_train_all: 'translations'; --task pretrain / translate: VecoPretrain / VecoTranslate
+    'xla': (XLA, 'en'),  # English for the warm-up; the XLA epochs add the target language's text (train.py xla)
 }

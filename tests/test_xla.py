@@ -1,4 +1,5 @@
 """XLA (xla.txt): the confidence penalty of the warm-up (Eq. 1), L = CE - H(p), written out by hand."""
+import argparse
 import math
 
 import pytest
@@ -64,3 +65,172 @@ def test_conf_penalty_belongs_to_single_text_fine_tuning():
     assert args.conf_penalty == 1.0
     with pytest.raises(SystemExit):
         train.parse_args(['--method', 'veco', '--task', 'translate', '--conf_penalty', '1', '--demo'])
+
+
+# ----------------------------------------------------------------------------------------
+# Distillation (Section 3.3, Appendix B), agreement and Eq. 2, each against a hand computation.
+
+def test_confidence_keeps_exactly_the_ceiling_of_eta_n_most_confident():
+    conf = torch.tensor([0.9, 0.2, 0.6, 0.95, 0.4, 0.7, 0.1])
+    for eta, want in ((0.5, {3, 0, 5, 2}), (0.8, {3, 0, 5, 2, 4, 1}), (1.0, set(range(7))), (0.01, {3})):
+        keep = xlt.top_confident(conf, eta)
+        assert keep.sum().item() == math.ceil(eta * 7) and set(keep.nonzero().squeeze(1).tolist()) == want
+
+
+def test_pseudo_labels_and_confidence_by_hand():
+    logits = torch.tensor([0.0, 2.0, 1.0])
+    p = [math.exp(v) / sum(math.exp(u) for u in (0.0, 2.0, 1.0)) for v in (0.0, 2.0, 1.0)]
+    label, conf, loss = xlt.pseudo_labels('classification', logits)
+    assert label == 1 and abs(conf - p[1]) < 1e-6 and abs(loss + math.log(p[1])) < 1e-6
+    # tagging: the argmax tag on each word's first piece, IGNORE elsewhere; confidence the mean over the words
+    logits = torch.tensor([[9.0, 0.0], [0.0, 1.0], [5.0, 0.0], [3.0, 0.0], [0.0, 0.0]])
+    label, conf, loss = xlt.pseudo_labels('tagging', logits, [1, 3])
+    top = [1 / (1 + math.exp(-1)), 1 / (1 + math.exp(-3))]
+    assert label == [-100, 1, -100, 0, -100]
+    assert abs(conf - sum(top) / 2) < 1e-6 and abs(loss + (math.log(top[0]) + math.log(top[1])) / 2) < 1e-6
+
+
+def by_hand_em_step(x, mu, var, pi):
+    normal = lambda v, m, s2: math.exp(-(v - m) ** 2 / (2 * s2)) / math.sqrt(2 * math.pi * s2)
+    r = []
+    for v in x:
+        w = [pi[k] * normal(v, mu[k], var[k]) for k in range(2)]
+        r.append([w[k] / sum(w) for k in range(2)])
+    n = [sum(row[k] for row in r) for k in range(2)]
+    mu2 = [sum(row[k] * v for row, v in zip(r, x)) / n[k] for k in range(2)]
+    var2 = [sum(row[k] * (v - mu2[k]) ** 2 for row, v in zip(r, x)) / n[k] for k in range(2)]
+    return mu2, var2, [n[k] / len(x) for k in range(2)]
+
+
+def test_em_step_matches_appendix_b_by_hand():
+    x = [0.1, 0.3, 0.2, 1.5, 1.9, 0.7]
+    mu, var, pi = [0.2, 1.0], [0.5, 0.3], [0.6, 0.4]
+    got = xlt.em_step(torch.tensor(x, dtype=torch.float64), torch.tensor(mu, dtype=torch.float64),
+                      torch.tensor(var, dtype=torch.float64), torch.tensor(pi, dtype=torch.float64))
+    for ours, hand in zip(got[:3], by_hand_em_step(x, mu, var, pi)):
+        assert torch.allclose(ours, torch.tensor(hand, dtype=torch.float64), atol=2e-5)  # var: + reg_covar 1e-5
+
+
+def test_gmm_splits_two_clusters_whatever_the_starting_order():
+    g = torch.Generator().manual_seed(0)
+    clean, noisy = 0.1 + 0.05 * torch.rand(40, generator=g), 2.0 + 0.3 * torch.rand(25, generator=g)
+    losses = torch.cat([clean, noisy])[torch.randperm(65, generator=g)]
+    truth = losses < 1.0
+    for init in (None, [2.0, 0.1], [0.1, 2.0], [losses.max().item(), losses.min().item()]):
+        good = xlt.gmm_good(losses, init=init)
+        assert torch.equal(good >= 0.5, truth)  # the low-loss component is found, not component 0
+        assert good[truth].min() > 0.99 and good[~truth].max() < 0.01
+
+
+def test_agreement_keeps_only_samples_both_keep_with_equal_labels():
+    keep_j, keep_k = torch.tensor([1, 1, 1, 0, 1], dtype=torch.bool), torch.tensor([1, 1, 0, 1, 1], dtype=torch.bool)
+    labels_j, labels_k = [0, [1, 2], 2, 1, [3, -100]], [0, [1, 0], 2, 1, [3, -100]]  # tagging: every tag must agree
+    assert xlt.agreement(keep_j, labels_j, keep_k, labels_k).tolist() == [True, False, False, False, True]
+
+
+def test_each_model_learns_from_its_two_peers_never_from_itself():
+    feats = [data.Feature([0, 10 + i, 2]) for i in range(9)]
+    # model m labels sample i with 1, except the samples i % 3 == m, which it labels 0: two peers agree
+    # only on the samples of the third model, and both label those 1 where that model says 0
+    labels = [{'target': {'labels': [0 if i % 3 == m else 1 for i in range(9)], 'keep': torch.ones(9, dtype=torch.bool)}}
+              for m in range(3)]
+    english = [data.Feature([0, 5, 2], 1)]
+    for l in range(3):
+        parts = train.taught_by_peers(l, labels, {'target': feats}, english)
+        assert parts['source'] is english
+        assert [f.ids[1] - 10 for f in parts['target']] == [i for i in range(9) if i % 3 == l]
+        assert all(f.label == 1 for f in parts['target'])  # the peers' label; its own would be 0
+    assert 'source' not in train.taught_by_peers(0, labels, {'target': feats})
+    assert train.XLA_SETS == {1: ('source', 'target'), 2: ('target vicinal',),
+                              3: ('source', 'target', 'source vicinal', 'target vicinal')}  # Algorithm 1, line 22
+
+
+def test_eq2_sampling_probabilities():
+    sizes = [1000, 100, 10, 0]
+    for alpha in (0.0, 0.3, 0.7, 1.0):
+        q = xlt.mixing_probabilities(sizes, alpha)
+        f = [n / sum(sizes) for n in sizes[:3]]
+        hand = [v ** alpha / sum(u ** alpha for u in f) for v in f] + [0.0]  # an empty set is never drawn
+        assert abs(sum(q) - 1) < 1e-12 and all(abs(a - b) < 1e-12 for a, b in zip(q, hand))
+    assert xlt.mixing_probabilities(sizes, 1.0)[:3] == pytest.approx([n / 1110 for n in sizes[:3]])  # proportional
+    assert xlt.mixing_probabilities(sizes, 0.0)[:3] == pytest.approx([1 / 3] * 3)  # uniform
+    # an epoch draws sum(n) samples, round(q_i sum(n)) from set i, in batches
+    batches = train.mixture_batches([30, 10], 0.0, 8, seed=1, chunks=1)
+    drawn = [i for b in batches for i in b]
+    assert len(drawn) == 40 and sum(i < 30 for i in drawn) == 20 and len(set(i for i in drawn if i >= 30)) == 10
+
+
+# ----------------------------------------------------------------------------------------
+# GEN-LM (Section 3.2): successive max and successive cross.
+
+class RecordingMLM(torch.nn.Module):
+    """An 'encoder' that records its inputs and an MLM head that prefers the highest id."""
+
+    def __init__(self, vocab):
+        super().__init__()
+        self.inputs, self.vocab = [], vocab
+
+    def forward(self, ids, mask):
+        self.inputs.append(ids.clone())
+        return torch.zeros(*ids.shape, 1)
+
+    def head(self, h):
+        return torch.arange(self.vocab, dtype=torch.float).expand(len(h), -1)
+
+
+def test_successive_max_fills_one_mask_at_a_time_with_the_best_allowed_piece():
+    vocab, mask_id = 20, 19
+    fillable = (torch.arange(vocab) >= 4) & (torch.arange(vocab) < mask_id)
+    word_start = torch.arange(vocab) % 2 == 0  # even ids begin words
+    ids = torch.tensor([[0, 4, 5, 6, 7, 8, 2], [0, 9, 10, 11, 2, 1, 1]])
+    order = torch.tensor([[3, 1, 4], [2, -1, -1]])
+    fake = RecordingMLM(vocab)
+    out = xlt.fill_successively(fake, fake.head, ids, ids.ne(1), order, fillable, word_start, mask_id)
+    assert len(fake.inputs) == 3
+    for s, seen in enumerate(fake.inputs):
+        assert (seen == mask_id).sum(1).tolist() == [1] * len(seen)  # one mask per row and step
+    assert fake.inputs[1][0, 3] == 18  # step 2 reads step 1's fill
+    # the best piece of the same kind: 18 for a word start (even), 17 for a continuation (odd)
+    assert out.tolist() == [[0, 18, 5, 18, 17, 8, 2], [0, 9, 18, 11, 2, 1, 1]]
+
+
+@pytest.fixture(scope='module')
+def demo_data(tmp_path_factory):
+    return data.make_demo(str(tmp_path_factory.mktemp('demo') / 'demo-data'), n_train=40, n_eval=12)
+
+
+def test_generation_changes_at_most_the_chosen_share_and_cross_makes_d1_d2(demo_data, tmp_path):
+    tok = data.Tokenizer(f'{demo_data}/sentencepiece.bpe.model')
+    torch.manual_seed(0)
+    cfg = layers.Config(**{**layers.CONFIGS['tiny'].__dict__, 'vocab_size': tok.vocab_size})
+    encoder = layers.Encoder(cfg).eval()
+    vicinity = encoder, layers.MLMHead(cfg, encoder.tok.weight).eval()
+    starts = tok.word_starts()
+    for task, delta, share in (('xnli', [2, 3], 0.3), ('panx', [3], 0.4)):
+        feats = data.make_features(tok, task, data.read_split(demo_data, task, 'dev', 'de')[:6], 128)
+        args = train.parse_args(['--method', 'xla', '--task', task, '--demo', '--delta', *map(str, delta),
+                                 '--aug_share', str(share)])
+        samples = train.vicinal(args, tok, feats, vicinity, str(tmp_path / f'{task}.pt'), 1, 0, 1, torch.device('cpu'))
+        assert len(samples) == len(feats) * math.prod(delta)  # cross: delta1 x delta2 of every pair
+        assert len(train.vicinal(argparse.Namespace(**{**vars(args), 'resume': True}), tok, feats, None,
+                                 str(tmp_path / f'{task}.pt'), 1, 0, 1, None)) == len(samples)  # read back
+        for f in feats:
+            made = [s for s in samples if s.example == f.example]
+            assert len({tuple(s.ids) for s in made}) > 1  # the samples differ from each other
+            for s in made:
+                assert s.label is None and s.words == f.words and len(s.ids) == len(f.ids)
+                changed = [t for t, (a, b) in enumerate(zip(f.ids, s.ids)) if a != b]
+                for start, end in xlt.parts_of(f.ids, data.TASKS[task].family):  # at most ceil(P x T) of each part
+                    assert sum(start <= t < end for t in changed) <= math.ceil(share * (end - start))
+                assert all(starts[f.ids[t]] == starts[s.ids[t]] and 4 <= s.ids[t] < tok.mask for t in changed)
+            if task == 'xnli':  # sample (i, j) joins part a of the i-th a-sample with part b of the j-th b-sample
+                (a0, a1), (b0, b1) = xlt.parts_of(f.ids, 'classification')
+                assert len({tuple(s.ids[a0:a1]) for s in made}) <= 2 and len({tuple(s.ids[b0:b1]) for s in made}) <= 3
+
+
+def test_successive_cross_pairs_every_a_sample_with_every_b_sample():
+    a = torch.tensor([[0, 10, 11, 2, 2, 5, 2], [0, 12, 13, 2, 2, 5, 2]])  # part a (1, 3) differs
+    b = torch.tensor([[0, 9, 9, 2, 2, 20, 2], [0, 9, 9, 2, 2, 21, 2]])  # part b (5, 6) differs
+    rows = xlt.crossed(a, b, (1, 3)).tolist()
+    assert sorted((r[1], r[5]) for r in rows) == [(10, 20), (10, 21), (12, 20), (12, 21)]
+    assert all(r[:1] + r[3:5] + r[6:] == [0, 2, 2, 2] and r[2] == r[1] + 1 for r in rows)
