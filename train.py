@@ -994,18 +994,20 @@ def xla(args, tok, rank, world, device):
     the ensemble that averages their probabilities; the ensemble's predictions are the run's."""
     if not args.resume and not args.eval_only and rank == 0:  # a new run: an earlier run's stages are not its
         for name in os.listdir(args.out):
-            if name.startswith('epoch') or (name.startswith('warmup-') and not args.warmup_dir):
+            if name.startswith(('epoch', 'model')) or (name.startswith('warmup-') and not args.warmup_dir):
                 shutil.rmtree(os.path.join(args.out, name))
-    paths = [os.path.join(args.out, f'epoch{args.xla_epochs}', f'model{m + 1}', 'best.pt') for m in range(3)]
+    if dist.is_initialized():
+        dist.barrier()  # no process may see a stage of the earlier run as done
+    final = os.path.join(args.out, 'models.json')  # the three models the run ends with
     if args.eval_only:
-        missing = [p for p in paths if not os.path.exists(p)]
-        if missing:
-            fail(f'{missing[0]} not found: --eval_only evaluates a finished XLA run in --out')
-        return xla_report(args, tok, paths, rank, world, device)
+        if not os.path.exists(final):
+            fail(f'{final} not found: --eval_only evaluates a finished XLA run in --out')
+        with open(final) as f:
+            return xla_report(args, tok, [os.path.join(args.out, p) for p in json.load(f)], rank, world, device)
     english, target = xla_data(args, tok)
     begin(args, rank)
     paths = [warm_up(args, m, rank, world, device) for m in range(3)]
-    sets = eval_sets(args, xla_model(args, paths[0], device))
+    sets = eval_sets(args, xlt.XLA)
     dev_cache, vicinity = {}, None
     for e in range(1, args.xla_epochs + 1):
         folder = os.path.join(args.out, f'epoch{e}')
@@ -1022,6 +1024,7 @@ def xla(args, tok, rank, world, device):
                   for m in range(3)]
         paths = [xla_train(args, tok, e, l, taught_by_peers(l, labels, unlabelled, english if 'source' in names else None),
                            paths[l], sets, dev_cache, rank, world, device) for l in range(3)]
+    save(final, json.dumps([os.path.relpath(p, args.out) for p in paths]), rank)
     xla_report(args, tok, paths, rank, world, device)
 
 
@@ -1114,11 +1117,11 @@ def vicinal(args, tok, feats, vicinity, path, epoch, rank, world, device):
                 for order in xlt.masking_orders(span, delta, args.aug_share, g):
                     rows.append(feats[i].ids)
                     orders.append(order)
-        ids = data.collate([data.Feature(r) for r in rows])
+        batch = data.collate([data.Feature(r) for r in rows])
         order = torch.nn.utils.rnn.pad_sequence([torch.tensor(o, dtype=torch.long) for o in orders], True, -1)
         with autocast(device):
-            filled = xlt.fill_successively(encoder, mlm, ids.ids.to(device), ids.mask.to(device), order.to(device), fillable,
-                                           word_start, tok.mask).cpu()
+            filled = xlt.fill_successively(encoder, mlm, batch.ids.to(device), batch.mask.to(device), order.to(device),
+                                           fillable, word_start, tok.mask).cpu()
         for i, spans, start in made:
             n = len(feats[i].ids)
             samples = filled[start:start + args.delta[0], :n]
@@ -1169,9 +1172,10 @@ def xla_train(args, tok, epoch, l, parts, start, sets, dev_cache, rank, world, d
     items = [f for feats in parts.values() for f in feats]
     sizes = [len(feats) for feats in parts.values()]
     batches = mixture_batches(sizes, args.alpha, sub.batch_size, sub.seed * 1000 + epoch, world * args.grad_accum)
-    train(method, items, sub, device, rank, world, best_path, last_path, validate, lambda _: batches)
-    after = target_dev(validate(), args) if batches else before
-    better = after is None or before is None or after >= before  # the released code keeps a model only if better
+    if batches:  # none when the peers agree on nothing: the model stays as it was
+        train(method, items, sub, device, rank, world, best_path, last_path, validate, lambda _: batches)
+    after = target_dev(validate(), args)
+    better = bool(batches) and (after is None or before is None or after >= before)  # as the released code: kept if better
     if rank == 0:
         layers.atomic_write(done, json.dumps({'kept': dict(zip(parts, sizes)), 'dev_before': before, 'dev_after': after,
                                               'better': better}, indent=2))
@@ -1207,11 +1211,12 @@ def xla_report(args, tok, paths, rank, world, device):
     """Dev and test of each final model, their mean and their ensemble (the run's predictions), beside
     the warm-ups' (the zero-shot baseline with the confidence penalty)."""
     models = [xla_model(args, p, device) for p in paths]
-    sets, runs = eval_sets(args, models[0]), {}
+    sets, runs = eval_sets(args, xlt.XLA), {}
     for m, (method, path) in enumerate(zip(models, paths)):
         dev = evaluate(method, args, tok, 'dev', device, rank, world, sets)[0]
-        sub = argparse.Namespace(**{**vars(args), 'out': os.path.dirname(path)})
-        runs[f'XLA model {m + 1}'] = {'dev': dev, 'test': test_results(sub, evaluate(method, args, tok, 'test', device, rank, world, sets)[1], rank)}
+        sub = argparse.Namespace(**{**vars(args), 'out': os.path.join(args.out, f'model{m + 1}')})  # its predictions
+        runs[f'XLA model {m + 1}'] = {'dev': dev, 'test': test_results(sub, evaluate(method, args, tok, 'test', device, rank, world, sets)[1], rank),
+                                      'checkpoint': os.path.relpath(path, args.out)}
     ensemble = xlt.Ensemble(models)
     dev = evaluate(ensemble, args, tok, 'dev', device, rank, world, sets)[0]
     test = test_results(args, evaluate(ensemble, args, tok, 'test', device, rank, world, sets)[1], rank)

@@ -1,6 +1,9 @@
 """XLA (xla.txt): the confidence penalty of the warm-up (Eq. 1), L = CE - H(p), written out by hand."""
 import argparse
+import json
 import math
+
+import shutil
 
 import pytest
 import torch
@@ -9,7 +12,7 @@ import data
 import layers
 import train
 import xlt
-from conftest import one_line
+from conftest import demo_run, one_line, quick_pretrained
 
 
 def by_hand_entropy(row):
@@ -234,3 +237,46 @@ def test_successive_cross_pairs_every_a_sample_with_every_b_sample():
     rows = xlt.crossed(a, b, (1, 3)).tolist()
     assert sorted((r[1], r[5]) for r in rows) == [(10, 20), (10, 21), (12, 20), (12, 21)]
     assert all(r[:1] + r[3:5] + r[6:] == [0, 2, 2, 2] and r[2] == r[1] + 1 for r in rows)
+
+
+# ----------------------------------------------------------------------------------------
+# The whole run: warm-ups, three XLA epochs, the report; a resumed run goes on where it stopped.
+
+def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages(demo_data, tmp_path, capsys):
+    init = quick_pretrained(demo_data, tmp_path / 'pre', steps=30)  # its MLM head makes the vicinal samples
+    out = tmp_path / 'xla'
+    argv = ['--method', 'xla', '--task', 'panx', '--init', init, '--epochs', '2', '--xla_lr', '1e-4']
+    demo_run(out, demo_data, argv)
+    first = json.loads((out / 'results.json').read_text())
+    assert set(first['runs']) == {'warm-up (zero-shot + penalty), mean', 'XLA model 1', 'XLA model 2', 'XLA model 3',
+                                  'XLA mean of the models'}
+    assert (out / 'predictions' / 'panx' / 'test-de.tsv').exists() and (out / 'model3' / 'predictions').exists()
+    stage = json.loads((out / 'epoch3' / 'model1' / 'results.json').read_text())
+    assert set(stage['kept']) == {'source', 'target', 'source vicinal', 'target vicinal'}
+    assert stage['kept']['source vicinal'] <= 3 * 40 and stage['kept']['source'] == 40
+    # as if killed during epoch 2, model 2: its stage and everything after it is gone
+    for path in [out / 'epoch2' / 'model2' / name for name in ('results.json', 'best.pt', 'last.pt')]:
+        path.unlink(missing_ok=True)
+    shutil.rmtree(out / 'epoch3')
+    capsys.readouterr()
+    demo_run(out, demo_data, argv + ['--resume'])
+    said = capsys.readouterr().out
+    assert 'XLA warm-up' not in said and 'XLA epoch 1' not in said and 'XLA epoch 2, model 1' not in said
+    assert 'XLA epoch 2, model 2' in said and 'XLA epoch 3, model 3' in said
+    assert json.loads((out / 'results.json').read_text())['runs'] == first['runs']  # the same run, resumed
+    (out / 'results.json').unlink()
+    demo_run(out, demo_data, argv + ['--eval_only'])  # the models the run ended with, evaluated again
+    assert json.loads((out / 'results.json').read_text())['runs'] == first['runs']
+
+
+def test_xla_refuses_what_it_cannot_do():
+    one_line(['--method', 'xla', '--task', 'xquad', '--demo'], 'XLA is for xnli, pawsx, panx, udpos')
+    one_line(['--method', 'zeroshot', '--task', 'xnli', '--eta', '50', '--demo'], '--eta belong to XLA')
+    one_line(['--method', 'xla', '--task', 'panx', '--demo', '--delta', '2', '2'], '--delta takes one number for panx')
+    one_line(['--method', 'xla', '--task', 'xnli', '--demo', '--posterior', '0.5'], '--posterior is the threshold of --distil gmm')
+    one_line(['--method', 'xla', '--task', 'xnli', '--from_scratch', '--data_dir', '/nonexistent'], 'pass --train_lang')
+    args = train.parse_args(['--method', 'xla', '--task', 'xnli', '--train_lang', 'de', '--init', 'x.pt'])
+    assert (args.lr, args.epochs, args.batch_size, args.xla_lr, args.eta, args.aug_share, args.delta, args.train_share) == \
+        (1e-6, 6, 32, 1e-6, [50, 80, 100], 0.3, [2, 2], 0.05)  # Table 8
+    args = train.parse_args(['--method', 'xla', '--task', 'panx', '--train_lang', 'de', '--distil', 'gmm'])
+    assert (args.delta, args.posterior, args.alpha, args.xla_epochs, args.max_len) == ([3], 0.5, 0.7, 3, 280)
