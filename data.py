@@ -462,9 +462,9 @@ class Feature:
 
 
 def share_of(examples, share, part=0, seed=0):
-    """A random share of the examples, the same for every run: part 0 and part 1 are disjoint
-    draws while share <= 0.5 (XLA's 5% setting: English and target text that are not each
-    other's translations); share 1 keeps them all, in order."""
+    """A random share of the examples, in order, the same draw for every run (seed 0): part 0
+    and part 1 are disjoint draws while two shares fit in the list (XLA's 5% setting: English
+    and target text that are not each other's translations); share 1 keeps them all."""
     if share >= 1:
         return examples
     n = math.ceil(share * len(examples))

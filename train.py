@@ -210,8 +210,8 @@ def parse_args(argv=None):
         fail(f'unknown model {args.model!r}: choose one of {", ".join(layers.CONFIGS)}')
     method = method_class(args)
     released = {**getattr(method, 'RUN', {}).get(args.task, {}), **getattr(method, 'PAIRS', {}).get(f'{args.src}-{args.tgt}', {})}
-    if args.demo and args.method == 'xla':  # Table 8's augmentation and distillation, the demo's rates
-        demo = {**released, **demo, **DEMO_XLA}
+    if args.demo and args.method == 'xla':  # Table 8's augmentation and distillation; the warm-up as every demo's
+        demo = {**{k: v for k, v in released.items() if k in XLA_OPTIONS}, **demo, **DEMO_XLA}
     for option, value in (demo or released).items():  # the demo's, or the released scripts'
         if getattr(args, option, None) is None:
             setattr(args, option, value)
@@ -247,7 +247,8 @@ def parse_args(argv=None):
         args.posterior = 0.5 if args.posterior is None and args.distil == 'gmm' else args.posterior
         pair = family(args) == 'classification'
         if len(args.delta) != (2 if pair else 1) and not (pair and len(args.delta) == 1):
-            fail(f'--delta takes one number for {args.task} (samples per sentence), not {len(args.delta)}')
+            fail(f'--delta takes {"one or two numbers (samples per part of a pair)" if pair else "one number (samples per sentence)"} '
+                 f'for {args.task}, not {len(args.delta)}')
         args.delta = args.delta * 2 if pair and len(args.delta) == 1 else args.delta
         if not args.train_lang:
             fail('XLA adapts to one target language: pass --train_lang (its unlabelled training text is read)')
@@ -557,9 +558,10 @@ def build_method(args, encoder, device):
 
 
 def run(args, rank, world, device):
-    if args.grad_accum < 1 or args.batch_size < world * args.grad_accum:
-        fail(f'--batch_size {args.batch_size} cannot be cut into {world} processes x --grad_accum {args.grad_accum}: '
-             'raise --batch_size or lower --grad_accum')
+    for option in ('batch_size', 'xla_batch_size') if args.method == 'xla' else ('batch_size',):
+        if getattr(args, option) < world * args.grad_accum:
+            fail(f'--{option} {getattr(args, option)} cannot be cut into {world} processes x --grad_accum {args.grad_accum}: '
+                 f'raise --{option} or lower --grad_accum')
     os.makedirs(args.out, exist_ok=True)
     tok = prepare_data(args, rank)
     if args.demo and not args.init and not args.from_scratch and method_class(args).pretrained_start:
@@ -992,36 +994,45 @@ def xla(args, tok, rank, world, device):
     model trained one epoch on what the other two keep and label alike. Every stage's result is
     kept, so --resume goes on from the stage a crash stopped. Reports each model, their mean and
     the ensemble that averages their probabilities; the ensemble's predictions are the run's."""
+    final = os.path.join(args.out, 'final-models.json')  # the three models the run ends with
+    warm = [warm_up_run(args, m) for m in range(3)]  # before anything is removed: a kept warm-up may not fit
     if not args.resume and not args.eval_only and rank == 0:  # a new run: an earlier run's stages are not its
         for name in os.listdir(args.out):
-            if name.startswith(('epoch', 'model')) or (name.startswith('warmup-') and not args.warmup_dir):
+            if os.path.isdir(os.path.join(args.out, name)) and (name.startswith(('epoch', 'model')) or
+                                                               (name.startswith('warmup-') and not args.warmup_dir)):
                 shutil.rmtree(os.path.join(args.out, name))
+        if os.path.exists(final):
+            os.remove(final)
     if dist.is_initialized():
         dist.barrier()  # no process may see a stage of the earlier run as done
-    final = os.path.join(args.out, 'models.json')  # the three models the run ends with
     if args.eval_only:
         if not os.path.exists(final):
             fail(f'{final} not found: --eval_only evaluates a finished XLA run in --out')
         with open(final) as f:
             return xla_report(args, tok, [os.path.join(args.out, p) for p in json.load(f)], rank, world, device)
     english, target = xla_data(args, tok)
+    vicinity = vicinity_model(args, tok)  # read now: a missing masked LM must not wait until epoch 2
     begin(args, rank)
-    paths = [warm_up(args, m, rank, world, device) for m in range(3)]
-    sets = eval_sets(args, xlt.XLA)
-    dev_cache, vicinity = {}, None
+    paths = [warm_up(settings, m, rank, world, device) for m, settings in enumerate(warm)]
+    sets, dev_cache = eval_sets(args, xlt.XLA), {}
     for e in range(1, args.xla_epochs + 1):
         folder = os.path.join(args.out, f'epoch{e}')
         names = XLA_SETS[min(e, 3)]
         unlabelled = {'target': target}
         for name, feats in (('target vicinal', target), ('source vicinal', english)):
             if name in names:
-                vicinity = vicinity or vicinity_model(args, tok, device)
+                vicinity = [part.to(device) for part in vicinity]
                 unlabelled[name] = vicinal(args, tok, feats, vicinity, os.path.join(folder, name.replace(' ', '-') + '.pt'),
                                            e, rank, world, device)
+                if rank == 0:
+                    print(f'XLA epoch {e}: {len(unlabelled[name])} {name} samples of {len(feats)} sentences')
         unlabelled = {name: feats for name, feats in unlabelled.items() if name in names}
         eta = args.eta[min(e, len(args.eta)) - 1] / 100
         labels = [labelled(args, paths[m], unlabelled, eta, os.path.join(folder, f'labels-{m + 1}.pt'), rank, world, device)
                   for m in range(3)]
+        for m, sets_of in enumerate(labels if rank == 0 else []):
+            print(f'XLA epoch {e}, model {m + 1} keeps ' + ', '.join(f'{int(s["keep"].sum())} of {len(s["keep"])} {name}'
+                                                                     for name, s in sets_of.items()))
         paths = [xla_train(args, tok, e, l, taught_by_peers(l, labels, unlabelled, english if 'source' in names else None),
                            paths[l], sets, dev_cache, rank, world, device) for l in range(3)]
     save(final, json.dumps([os.path.relpath(p, args.out) for p in paths]), rank)
@@ -1041,18 +1052,35 @@ def taught_by_peers(l, labels, unlabelled, english=None):
     return parts
 
 
-def warm_up(args, m, rank, world, device):
+WARM_UP_SETTINGS = ('task', 'model', 'init', 'seed', 'conf_penalty', 'train_share', 'lr', 'epochs', 'batch_size', 'max_len',
+                    'warmup', 'weight_decay', 'dropout')  # what a reused warm-up must share with the run
+
+
+def warm_up_run(args, m):
     """Model m's warm-up (Section 3.1): the zero-shot baseline on English with the confidence
-    penalty (weight 1, or --conf_penalty), seed --seed + m, into warmup-<m+1> of --warmup_dir
-    (default --out); a finished warm-up there is reused. -> its best.pt."""
+    penalty (weight 1, or --conf_penalty), seed --seed + m, in warmup-<m+1> of --warmup_dir
+    (default --out). A finished warm-up kept there must have the run's settings."""
     folder = os.path.join(args.warmup_dir or args.out, f'warmup-{m + 1}')
-    if not os.path.exists(os.path.join(folder, 'results.json')):
+    settings = argparse.Namespace(**{**vars(args), 'method': 'zeroshot', 'out': folder, 'seed': args.seed + m, 'demo': False,
+                                     'conf_penalty': 1.0 if args.conf_penalty is None else args.conf_penalty,
+                                     'from_scratch': args.from_scratch or args.demo})
+    if (args.warmup_dir or args.resume) and os.path.exists(os.path.join(folder, 'results.json')):
+        with open(os.path.join(folder, 'config.json')) as f:
+            found = json.load(f)
+        differ = [k for k in WARM_UP_SETTINGS if found.get(k) != getattr(settings, k)]
+        if differ:
+            fail(f'{folder} holds a warm-up with another {differ[0]} ({found.get(differ[0])}, not {getattr(settings, differ[0])}): '
+                 'pass another --warmup_dir, or remove that folder')
+    return settings
+
+
+def warm_up(settings, m, rank, world, device):
+    """Run a warm-up unless it has finished -> its best.pt."""
+    if not os.path.exists(os.path.join(settings.out, 'results.json')):
         if rank == 0:
-            print(f'XLA warm-up of model {m + 1}/3 (seed {args.seed + m}) in {folder}')
-        penalty = 1.0 if args.conf_penalty is None else args.conf_penalty
-        run(argparse.Namespace(**{**vars(args), 'method': 'zeroshot', 'out': folder, 'seed': args.seed + m, 'demo': False,
-                                  'conf_penalty': penalty, 'from_scratch': args.from_scratch or args.demo}), rank, world, device)
-    return os.path.join(folder, 'best.pt')
+            print(f'XLA warm-up of model {m + 1}/3 (seed {settings.seed}) in {settings.out}')
+        run(settings, rank, world, device)
+    return os.path.join(settings.out, 'best.pt')
 
 
 def xla_data(args, tok):
@@ -1061,35 +1089,41 @@ def xla_data(args, tok):
     train-<lang>.tsv for PAN-X), or the target side of translate-train (XNLI, PAWS-X). With
     --train_share below 1 the two are disjoint random draws, so they are not translations of
     each other (the paper's 5% setting)."""
-    english = data.share_of(data.read_split(args.data_dir, args.task, 'train'), args.train_share, part=0)
-    if data.TASKS[args.task].family == 'tagging':
+    english, tagging = data.read_split(args.data_dir, args.task, 'train'), data.TASKS[args.task].family == 'tagging'
+    if tagging:
         data.need(data.split_path(args.data_dir, args.task, 'train', args.train_lang),
                   f'XLA reads the unlabelled {args.train_lang} training text of {args.task} (XTREME\'s train-<lang>.tsv)')
         target = [dict(ex, tags=None) for ex in data.read_split(args.data_dir, args.task, 'train', args.train_lang)]
-    else:
-        pairs = data.read_translations(args.data_dir, args.task, 'train', args.train_lang)
+    else:  # drawn from the pairs, so that the draw is disjoint from English's where translations are missing
+        pairs = data.share_of(data.read_translations(args.data_dir, args.task, 'train', args.train_lang, english), args.train_share, part=1)
         target = [dict(t, label=None) for _, t in pairs if t is not None]
-    target = data.share_of(target, args.train_share, part=1)
+    english = data.share_of(english, args.train_share, part=0)
+    if tagging:  # the two languages' own training sets: each its own draw
+        target = data.share_of(target, args.train_share, part=1)
     return [data.make_features(tok, args.task, exs, args.max_len, train=True) for exs in (english, target)]
 
 
 def xla_model(args, path, device):
-    """An XLA model with the weights of a warm-up's or an XLA epoch's best.pt."""
+    """An XLA model with the weights of a warm-up's or an XLA epoch's best.pt (of this task and preset)."""
     ckpt = torch.load(path, map_location=device, weights_only=True)
+    found = ckpt.get('identity', {})
+    if (found.get('task'), found.get('model')) != (args.task, args.model):
+        fail(f'{path} holds {found.get("method")} on {found.get("task")} with the {found.get("model")} preset, not '
+             f'{args.task} with {args.model}: use another --out or --warmup_dir')
     method = xlt.XLA(layers.Encoder(layers.Config(**ckpt['config'])), args.task).to(device)
     method.load_state_dict(ckpt['method'])
     return method
 
 
-def vicinity_model(args, tok, device):
-    """The frozen masked LM of GEN-LM: --mlm, or the --init checkpoint's MLM head."""
+def vicinity_model(args, tok):
+    """The frozen masked LM of GEN-LM (on the CPU until used): --mlm, or the --init checkpoint's MLM head."""
     path = args.mlm or args.init
     if not path:
         fail('XLA\'s vicinal samples need a masked LM: pass --mlm (a converted XLM-R checkpoint, python layers.py convert)')
     encoder, mlm = build_encoder(argparse.Namespace(**{**vars(args), 'init': path}), tok)
     if mlm is None:
         fail(f'{path} has no MLM head: pass --mlm a converted XLM-R checkpoint (python layers.py convert keeps it)')
-    return encoder.to(device).eval(), mlm.to(device).eval()
+    return encoder.eval(), mlm.eval()
 
 
 def vicinal(args, tok, feats, vicinity, path, epoch, rank, world, device):
@@ -1157,7 +1191,8 @@ def labelled(args, path, unlabelled, eta, store, rank, world, device):
 
 def xla_train(args, tok, epoch, l, parts, start, sets, dev_cache, rank, world, device):
     """Model l's XLA epoch: one pass of Eq. 2's draws over the sets in `parts`, from its weights
-    `start`, with a new optimiser (Table 8: --xla_lr, 10% warm-up); -> its best.pt (the end)."""
+    `start`, with a new optimiser (Table 8: --xla_lr, 10% warm-up) -> the epoch's weights if the
+    --train_lang dev score did not fall, else `start` (the model goes on as it was)."""
     sub = argparse.Namespace(**{**vars(args), 'out': os.path.join(args.out, f'epoch{epoch}', f'model{l + 1}'), 'epochs': 1,
                                 'lr': args.xla_lr, 'batch_size': args.xla_batch_size, 'warmup': 0.1, 'seed': args.seed + l})
     best_path, last_path = os.path.join(sub.out, 'best.pt'), os.path.join(sub.out, 'last.pt')
@@ -1226,9 +1261,10 @@ def xla_report(args, tok, paths, rank, world, device):
         rows['warm-up (zero-shot + penalty), mean'] = mean_summary([json.load(open(w)) for w in warm])
     summaries = {name: {split: ev.summarize({lang: s['score'] for lang, s in r[split].items()}) if r[split] else {}
                         for split in ('dev', 'test')} for name, r in runs.items()}
-    rows.update(summaries)
+    rows.update({name: dict(s, checkpoint=runs[name]['checkpoint']) for name, s in summaries.items()})
     rows['XLA mean of the models'] = mean_summary(list(summaries.values()))
-    finish(args, dev, test, rank, 'the end of the last XLA epoch; the ensemble averages the models\' probabilities', rows)
+    finish(args, dev, test, rank, 'each model\'s last XLA epoch that kept the --train_lang dev score (or its warm-up: '
+           'the best English dev); the ensemble averages the models\' probabilities', rows)
 
 
 def mean_summary(results):

@@ -606,7 +606,7 @@ class VecoTranslate(nn.Module):
 class XLA(Baseline):
     """One XLA model: fine-tuned as the zero-shot baseline, on pseudo-labelled samples too."""
     pretrained_start = True  # the demo starts from its pre-trained model, whose MLM makes the vicinal samples
-    select = 'en'  # the warm-up keeps the best English dev checkpoint; an XLA epoch is kept if the target dev rises
+    select = 'en'  # the warm-up keeps the best English dev checkpoint; an XLA epoch is kept unless the target dev falls
     # Table 8 (XNER for panx and udpos). The warm-up (--lr, --batch_size, --epochs) and the XLA
     # epochs (--xla_lr, --xla_batch_size); eta: the share kept per epoch in percent; share: P;
     # delta: samples per sentence (one number) or per part of a pair (successive cross).
@@ -683,8 +683,8 @@ def pseudo_labels(family, logits, words=None):
 
 def top_confident(confidence, eta):
     """DISTIL by model confidence: the ceil(eta * N) samples with the highest confidence."""
-    keep = torch.zeros(len(confidence), dtype=torch.bool)
-    keep[torch.argsort(confidence, descending=True, stable=True)[:math.ceil(eta * len(confidence))]] = True
+    keep = torch.zeros(len(confidence), dtype=torch.bool)  # (the round: 0.07 x 100 is 7.000000000000001)
+    keep[torch.argsort(confidence, descending=True, stable=True)[:math.ceil(round(eta * len(confidence), 6))]] = True
     return keep
 
 

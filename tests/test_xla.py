@@ -1,9 +1,11 @@
-"""XLA (xla.txt): the confidence penalty of the warm-up (Eq. 1), L = CE - H(p), written out by hand."""
+"""XLA (xla.txt), each piece against a computation by hand: the warm-up's confidence penalty
+(Eq. 1), distillation by confidence and by a GMM (Appendix B), agreement, Eq. 2, successive max
+and cross; then the whole run, its resume, and two processes against one."""
 import argparse
 import json
 import math
-
 import shutil
+import sys
 
 import pytest
 import torch
@@ -78,6 +80,7 @@ def test_confidence_keeps_exactly_the_ceiling_of_eta_n_most_confident():
     for eta, want in ((0.5, {3, 0, 5, 2}), (0.8, {3, 0, 5, 2, 4, 1}), (1.0, set(range(7))), (0.01, {3})):
         keep = xlt.top_confident(conf, eta)
         assert keep.sum().item() == math.ceil(eta * 7) and set(keep.nonzero().squeeze(1).tolist()) == want
+    assert xlt.top_confident(torch.rand(100), 7 / 100).sum() == 7  # 0.07 x 100 is 7, not 8
 
 
 def test_pseudo_labels_and_confidence_by_hand():
@@ -215,8 +218,9 @@ def test_generation_changes_at_most_the_chosen_share_and_cross_makes_d1_d2(demo_
                                  '--aug_share', str(share)])
         samples = train.vicinal(args, tok, feats, vicinity, str(tmp_path / f'{task}.pt'), 1, 0, 1, torch.device('cpu'))
         assert len(samples) == len(feats) * math.prod(delta)  # cross: delta1 x delta2 of every pair
-        assert len(train.vicinal(argparse.Namespace(**{**vars(args), 'resume': True}), tok, feats, None,
-                                 str(tmp_path / f'{task}.pt'), 1, 0, 1, None)) == len(samples)  # read back
+        again = train.vicinal(argparse.Namespace(**{**vars(args), 'resume': True}), tok, feats, None,
+                              str(tmp_path / f'{task}.pt'), 1, 0, 1, None)  # read back as written
+        assert [(s.ids, s.example, s.words) for s in again] == [(s.ids, s.example, s.words) for s in samples]
         for f in feats:
             made = [s for s in samples if s.example == f.example]
             assert len({tuple(s.ids) for s in made}) > 1  # the samples differ from each other
@@ -226,9 +230,11 @@ def test_generation_changes_at_most_the_chosen_share_and_cross_makes_d1_d2(demo_
                 for start, end in xlt.parts_of(f.ids, data.TASKS[task].family):  # at most ceil(P x T) of each part
                     assert sum(start <= t < end for t in changed) <= math.ceil(share * (end - start))
                 assert all(starts[f.ids[t]] == starts[s.ids[t]] and 4 <= s.ids[t] < tok.mask for t in changed)
-            if task == 'xnli':  # sample (i, j) joins part a of the i-th a-sample with part b of the j-th b-sample
+            if task == 'xnli':  # row i x 3 + j joins part a of a-sample i with part b of b-sample j
                 (a0, a1), (b0, b1) = xlt.parts_of(f.ids, 'classification')
-                assert len({tuple(s.ids[a0:a1]) for s in made}) <= 2 and len({tuple(s.ids[b0:b1]) for s in made}) <= 3
+                a, b = [s.ids[a0:a1] for s in made], [s.ids[b0:b1] for s in made]
+                assert all(a[r] == a[r - r % 3] and b[r] == b[r % 3] for r in range(6))
+                assert all(s.ids[:a0] + s.ids[a1:b0] + s.ids[b1:] == f.ids[:a0] + f.ids[a1:b0] + f.ids[b1:] for s in made)
 
 
 def test_successive_cross_pairs_every_a_sample_with_every_b_sample():
@@ -261,18 +267,35 @@ def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages
     capsys.readouterr()
     demo_run(out, demo_data, argv + ['--resume'])
     said = capsys.readouterr().out
-    assert 'XLA warm-up' not in said and 'XLA epoch 1' not in said and 'XLA epoch 2, model 1' not in said
-    assert 'XLA epoch 2, model 2' in said and 'XLA epoch 3, model 3' in said
+    trained = lambda e, m: f'XLA epoch {e}, model {m}: trained on' in said
+    assert 'XLA warm-up' not in said and not any(trained(1, m) for m in (1, 2, 3)) and not trained(2, 1)
+    assert trained(2, 2) and trained(3, 3)
     assert json.loads((out / 'results.json').read_text())['runs'] == first['runs']  # the same run, resumed
     (out / 'results.json').unlink()
     demo_run(out, demo_data, argv + ['--eval_only'])  # the models the run ended with, evaluated again
     assert json.loads((out / 'results.json').read_text())['runs'] == first['runs']
+    # warm-ups kept for other runs are reused only with the same settings
+    one_line(['--demo', '--out', str(out), *argv, '--warmup_dir', str(out), '--conf_penalty', '0.5'],
+             'holds a warm-up with another conf_penalty (1.0, not 0.5)')
+    assert (out / 'final-models.json').exists()  # the refused run removed nothing
+    capsys.readouterr()
+    demo_run(out, demo_data, argv)  # a new run in a used folder starts over
+    assert 'XLA warm-up of model 1/3' in capsys.readouterr().out
+    assert json.loads((out / 'results.json').read_text())['runs'] == first['runs']
+
+
+def test_share_of_draws_disjoint_parts_in_order():
+    rows = list(range(100))
+    a, b = data.share_of(rows, 0.05, part=0), data.share_of(rows, 0.05, part=1)
+    assert len(a) == len(b) == 5 and not set(a) & set(b) and a == sorted(a) and b == sorted(b)
+    assert a == data.share_of(rows, 0.05, part=0) and data.share_of(rows, 1.0, part=1) == rows
+    assert len(data.share_of(rows, 0.5, part=1)) == 50 and not set(data.share_of(rows, 0.5)) & set(data.share_of(rows, 0.5, part=1))
 
 
 def test_xla_refuses_what_it_cannot_do():
     one_line(['--method', 'xla', '--task', 'xquad', '--demo'], 'XLA is for xnli, pawsx, panx, udpos')
     one_line(['--method', 'zeroshot', '--task', 'xnli', '--eta', '50', '--demo'], '--eta belong to XLA')
-    one_line(['--method', 'xla', '--task', 'panx', '--demo', '--delta', '2', '2'], '--delta takes one number for panx')
+    one_line(['--method', 'xla', '--task', 'panx', '--demo', '--delta', '2', '2'], '--delta takes one number (samples per sentence) for panx')
     one_line(['--method', 'xla', '--task', 'xnli', '--demo', '--posterior', '0.5'], '--posterior is the threshold of --distil gmm')
     one_line(['--method', 'xla', '--task', 'xnli', '--from_scratch', '--data_dir', '/nonexistent'], 'pass --train_lang')
     args = train.parse_args(['--method', 'xla', '--task', 'xnli', '--train_lang', 'de', '--init', 'x.pt'])
@@ -280,3 +303,20 @@ def test_xla_refuses_what_it_cannot_do():
         (1e-6, 6, 32, 1e-6, [50, 80, 100], 0.3, [2, 2], 0.05)  # Table 8
     args = train.parse_args(['--method', 'xla', '--task', 'panx', '--train_lang', 'de', '--distil', 'gmm'])
     assert (args.delta, args.posterior, args.alpha, args.xla_epochs, args.max_len) == ([3], 0.5, 0.7, 3, 280)
+
+
+def test_xla_under_two_processes_makes_the_samples_one_process_makes(demo_data, tmp_path):
+    init = quick_pretrained(demo_data, tmp_path / 'pre', steps=30)
+    out = tmp_path / 'ddp'
+    argv = ['--method', 'xla', '--task', 'panx', '--init', init, '--epochs', '1', '--xla_epochs', '2', '--xla_batch_size', '8']
+    demo_run(out, demo_data, argv, runner=[sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2'])
+    assert 'XLA model 3' in json.loads((out / 'results.json').read_text())['runs']
+    # GEN-LM sharded over two processes and gathered = GEN-LM in one (the draws follow the sentence)
+    args = train.parse_args(['--demo', '--out', str(out), *argv])
+    args.data_dir = demo_data
+    tok = data.Tokenizer(f'{demo_data}/sentencepiece.bpe.model')
+    target = train.xla_data(args, tok)[1]
+    one = train.vicinal(args, tok, target, train.vicinity_model(args, tok), str(tmp_path / 'one.pt'), 2, 0, 1, torch.device('cpu'))
+    two = torch.load(out / 'epoch2' / 'target-vicinal.pt', weights_only=True)
+    assert [s.ids for s in one] == [r.tolist() for r in two['ids'].split(two['lengths'].tolist())]
+    assert [s.example for s in one] == [target[i].example for i in two['source'].tolist()]
