@@ -1018,7 +1018,7 @@ def xla(args, tok, rank, world, device):
     for e in range(1, args.xla_epochs + 1):
         folder = os.path.join(args.out, f'epoch{e}')
         names = XLA_SETS[min(e, 3)]
-        unlabelled = {'target': target}
+        unlabelled = {'target': target} if 'target' in names else {}  # the sets the models label this epoch
         for name, feats in (('target vicinal', target), ('source vicinal', english)):
             if name in names:
                 vicinity = [part.to(device) for part in vicinity]
@@ -1026,7 +1026,6 @@ def xla(args, tok, rank, world, device):
                                            e, rank, world, device)
                 if rank == 0:
                     print(f'XLA epoch {e}: {len(unlabelled[name])} {name} samples of {len(feats)} sentences')
-        unlabelled = {name: feats for name, feats in unlabelled.items() if name in names}
         eta = args.eta[min(e, len(args.eta)) - 1] / 100
         labels = [labelled(args, paths[m], unlabelled, eta, os.path.join(folder, f'labels-{m + 1}.pt'), rank, world, device)
                   for m in range(3)]
