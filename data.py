@@ -608,7 +608,8 @@ class Batch:
     first: torch.Tensor = None  # tagging: (B, T), True on each word's first sub-word
 
     def to(self, device):
-        move = lambda t: None if t is None else t.to(device, non_blocking=True)
+        pin = torch.device(device).type == 'cuda'  # page-locked: the copy runs while the device computes
+        move = lambda t: None if t is None else (t.pin_memory() if pin else t).to(device, non_blocking=True)
         return Batch(move(self.ids), move(self.mask), move(self.labels), self.index, move(self.first))
 
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 import torch.nn.functional as F
 
 
@@ -154,6 +155,7 @@ class Encoder(nn.Module):
         self.ln = nn.LayerNorm(cfg.dim, eps=cfg.ln_eps)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([Block(cfg, cross) for _ in range(cfg.n_layer)])
+        self.grad_checkpoint = False  # True: keep only each block's input in training, recompute the rest in backward
         self.apply(init_weights)
 
     def embed(self, ids, offset=0):
@@ -170,7 +172,11 @@ class Encoder(nn.Module):
         when one is given; causal: each position sees only itself and those before it; cache:
         a dict that keeps each block's keys and values between decoding steps."""
         for i, block in enumerate(self.blocks[start:end], start):
-            x = block(x, mask, memory, memory_mask, causal, None if cache is None else cache.setdefault(i, {}))
+            if self.grad_checkpoint and torch.is_grad_enabled() and cache is None:  # activation checkpointing:
+                # the block runs again in backward, with the same dropout masks (the RNG state is replayed)
+                x = torch.utils.checkpoint.checkpoint(block, x, mask, memory, memory_mask, causal, use_reentrant=False)
+            else:
+                x = block(x, mask, memory, memory_mask, causal, None if cache is None else cache.setdefault(i, {}))
         return x
 
     @property
@@ -182,6 +188,14 @@ class Encoder(nn.Module):
         if mask is None:
             mask = ids.ne(self.cfg.pad_id)
         return self.run(self.embed(ids), mask)
+
+
+def compile_blocks(encoder):
+    """torch.compile each block in place (parameter names unchanged, so checkpoints stay as they
+    are), for any sequence length: the first batches of each shape compile."""
+    for block in encoder.blocks:
+        block.compile(dynamic=True)
+    return encoder
 
 
 def mean_pool(h, mask):

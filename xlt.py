@@ -1,7 +1,7 @@
 """Task heads, losses and one small module per cross-lingual transfer method.
 
 Every method has the same shape: `loss(batch) -> (loss, logs)` on a training batch, where the
-loss is the mean over the batch's examples, and `predict(batch) -> outputs` (class logits
+loss is the mean over the batch's examples (logs: detached tensors, read only when logged), and `predict(batch) -> outputs` (class logits
 (B, C), tag logits (B, T, C), or span logits (B, T, 2)). `forward` is `loss`, so that DDP
 wraps a method as it is. The training loop knows nothing else; a new method is a new class.
 """
@@ -126,8 +126,8 @@ class Baseline(nn.Module):
         loss, logs = per_example_loss(self.family, logits, batch.labels), {}
         if self.conf_penalty:  # XLA's Eq. 1, the confidence penalty: CE - H(p), penalising confident predictions
             h = entropy_per_example(self.family, logits, batch.labels)
-            loss, logs['entropy'] = loss - self.conf_penalty * h, h.mean().item()
-        return loss.mean(), {'loss': loss.mean().item(), **logs}
+            loss, logs['entropy'] = loss - self.conf_penalty * h, h.mean().detach()
+        return loss.mean(), {'loss': loss.mean().detach(), **logs}
 
     def forward(self, batch):
         return self.loss(batch)
@@ -187,11 +187,11 @@ class Filter(nn.Module):
         loss_t = 0.0 if self.family == 'tagging' else per_example_loss(self.family, p_t, pair.tgt.labels)
         if self.p_teacher is None:  # the teacher: L_s + L_t (Algorithm 1, lines 1-8)
             loss = loss_s + loss_t
-            return loss.mean(), {'loss': loss.mean().item()}
+            return loss.mean(), {'loss': loss.mean().detach()}
         lam = 0.0 if self.family == 'tagging' else 1 - self.kl_weight
         kl = teacher_kl(self.family, self.p_teacher, pair.tgt, p_t, self.T)
         loss = loss_s + lam * loss_t + (1 - lam) * kl  # Eq. 6
-        return loss.mean(), {'loss': loss.mean().item(), 'kl': kl.mean().item()}
+        return loss.mean(), {'loss': loss.mean().detach(), 'kl': kl.mean().detach()}
 
     def forward(self, pair):
         return self.loss(pair)
@@ -322,8 +322,8 @@ class XMixup(nn.Module):
         loss = task + mse  # Eq. 7's representation consistency
         if self.family == 'classification':  # Eq. 7's prediction consistency, KL(p_S || p_T)
             loss = loss + kl_per_example(self.family, p_s.float().softmax(-1), p_t)
-        return loss.mean(), {'loss': loss.mean().item(), 'lambda': lam.mean().item(), 'p_star': self.p_star(),
-                             'real_source': real.float().mean().item(), 'mse': mse.mean().item()}
+        return loss.mean(), {'loss': loss.mean().detach(), 'lambda': lam.mean().detach(), 'p_star': self.p_star(),
+                             'real_source': real.float().mean(), 'mse': mse.mean().detach()}
 
     def forward(self, pair):
         return self.loss(pair)
@@ -421,7 +421,7 @@ class VecoPretrain(nn.Module):
         terms = self.terms(x, pair.src.mask, x_bar, y, pair.tgt.mask, y_bar, parallel)
         counted = ('cs_xy', 'cs_yx') if self.cross_only() else tuple(terms)
         loss = sum(terms[name] for name in counted)
-        return loss, {'loss': loss.item(), **{name: t.item() for name, t in terms.items()}}
+        return loss, {'loss': loss.detach(), **{name: t.detach() for name, t in terms.items()}}
 
     def frozen(self):
         """Parameters the optimiser must leave alone at this step: in the first phase everything
@@ -533,7 +533,7 @@ class VecoTranslate(nn.Module):
         loss, nll = self.token_losses(pair)
         n = pair.tgt.labels.ne(IGNORE).sum().clamp(min=1)
         per_example = loss.sum(1) * loss.size(0) / n  # its mean is the token mean
-        return per_example.mean(), {'loss': per_example.mean().item(), 'nll': (nll.sum() / n).item()}
+        return per_example.mean(), {'loss': per_example.mean().detach(), 'nll': (nll.sum() / n).detach()}
 
     def forward(self, pair):
         return self.loss(pair)

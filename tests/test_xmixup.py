@@ -154,7 +154,6 @@ def test_xmixup_end_to_end(tmp_path, capsys):
     scores = eval_cli(tmp_path / 'run', demo)['xnli']
     assert {k: v for k, v in results['test'].items() if k != 'gap'} == pytest.approx(
         {**scores['accuracy'], 'avg': scores['avg_accuracy']}, abs=1e-9)
-    assert results['dev']['en'] > 40
     # tagging needs a source-language model's labels for T
     with pytest.raises(SystemExit, match='pass --teacher RUN'):
         run(tmp_path / 'tag', demo, '--method', 'xmixup', '--task', 'panx', '--epochs', '1', '--init', init)

@@ -1,0 +1,60 @@
+"""Length-grouped batches, the padding they save, and activation checkpointing (speed itself is
+measured in tests/bench.py, never in a test)."""
+import argparse
+import random
+
+import torch
+
+import layers
+import train
+
+
+def args_of(group=True, batch_size=8, seed=3):
+    return argparse.Namespace(seed=seed, batch_size=batch_size, group_by_length=group)
+
+
+def test_grouped_batches_hold_similar_lengths_and_every_item_once():
+    rng = random.Random(0)
+    lengths = [rng.randint(5, 120) for _ in range(1000)]
+    grouped = train.global_batches(1000, args_of(), 0, 1, lengths)
+    plain = train.global_batches(1000, args_of(group=False), 0, 1, lengths)
+    assert sorted(i for b in grouped for i in b) == list(range(1000)) == sorted(i for b in plain for i in b)
+    # without grouping: the permutation of (seed, epoch) cut in order, the papers' random batches
+    order = torch.randperm(1000, generator=torch.Generator().manual_seed(3 * 1000)).tolist()
+    assert plain == [order[i:i + 8] for i in range(0, 1000, 8)]
+    # with it: each mega-batch of 50 batches of that permutation sorted by length in steps of 8, then cut
+    first = sorted(order[:400], key=lambda i: lengths[i] // 8)
+    assert {tuple(first[i:i + 8]) for i in range(0, 400, 8)} <= {tuple(b) for b in grouped}
+    assert grouped != sorted(grouped, key=lambda b: lengths[b[0]])  # the batches are shuffled, not in length order
+    # the padding by hand: each micro-batch padded to its longest item
+    share = lambda batches, parts: train.pad_share(lengths, batches, parts)
+    by_hand = lambda batches: 1 - sum(lengths[i] for b in batches for i in b) / sum(len(b) * max(lengths[i] for i in b) for b in batches)
+    assert abs(share(plain, 1) - by_hand(plain)) < 1e-12 and abs(share(plain, 2) - by_hand([h for b in plain for h in (b[:4], b[4:])])) < 1e-12
+    assert share(grouped, 1) < 0.1 < 0.3 < share(plain, 1)  # the issue's bar: below 10%
+
+
+def test_the_split_is_the_same_for_any_number_of_processes():
+    lengths = [random.Random(i).randint(5, 60) for i in range(203)]
+    one, four = (train.global_batches(203, args_of(), 2, chunks, lengths) for chunks in (1, 4))
+    assert four == [b for b in one if len(b) >= 4]  # only a last batch too small for 4 processes is dropped
+
+
+def test_gradient_checkpointing_gives_the_same_gradients_and_keeps_less():
+    cfg = layers.Config(vocab_size=50, n_layer=3, n_head=2, dim=32, ffn_dim=64)  # dropout 0.1 on: the masks must replay
+    ids = torch.randint(4, 50, (4, 12))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1, 8:] = False
+    grads, kept = [], []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        enc = layers.Encoder(cfg).train()
+        enc.grad_checkpoint = checkpointing
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t, lambda t: t):
+            torch.manual_seed(1)
+            loss = (enc(ids, mask) ** 2).sum()
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in enc.named_parameters() if p.grad is not None})
+        kept.append(sum(saved))
+    assert grads[0].keys() == grads[1].keys() and all(torch.allclose(grads[0][n], grads[1][n], atol=1e-6) for n in grads[0])
+    assert kept[1] < kept[0] / 2  # activations kept for backward: the blocks' inputs, not everything inside them
