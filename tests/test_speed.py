@@ -22,8 +22,8 @@ def test_grouped_batches_hold_similar_lengths_and_every_item_once():
     # without grouping: the permutation of (seed, epoch) cut in order, the papers' random batches
     order = torch.randperm(1000, generator=torch.Generator().manual_seed(3 * 1000)).tolist()
     assert plain == [order[i:i + 8] for i in range(0, 1000, 8)]
-    # with it: each mega-batch of 50 batches of that permutation sorted by length in steps of 8, then cut
-    first = sorted(order[:400], key=lambda i: lengths[i] // 8)
+    # with it: each mega-batch of 50 batches of that permutation sorted by length in steps of BUCKET, then cut
+    first = sorted(order[:400], key=lambda i: lengths[i] // train.BUCKET)
     assert {tuple(first[i:i + 8]) for i in range(0, 400, 8)} <= {tuple(b) for b in grouped}
     assert grouped != sorted(grouped, key=lambda b: lengths[b[0]])  # the batches are shuffled, not in length order
     # the padding by hand: each micro-batch padded to its longest item
