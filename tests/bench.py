@@ -6,8 +6,11 @@ against the dense matmul rate measured on the same device.
     python tests/bench.py --model tiny --steps 3
     python tests/bench.py --filter              # a FILTER step (k = m = 1) against encoding S and T apart
     python tests/bench.py --generate            # beam search with cached keys and values against re-running the prefix
+    python tests/bench.py --pipeline --compare  # a pass of training steps on XNLI-like lengths: ours against the released way
+    python tests/bench.py --memory              # peak memory of a training step (each model in a process of its own)
 """
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -19,6 +22,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import data  # noqa: E402
 import layers  # noqa: E402
+import train  # noqa: E402
 import xlt  # noqa: E402
 
 
@@ -70,10 +74,15 @@ def reference_model(path, device):
     return Reference(XLMRobertaModel.from_pretrained(path, add_pooling_layer=False, attn_implementation='sdpa')).to(device)
 
 
-def timed_steps(model, ids, mask, steps, train, device, amp):
+def optimizer(model, head, name):
+    """Ours: the engine's fused AdamW (train.py); the reference: torch's AdamW with its defaults."""
+    return torch.optim.AdamW(list(model.parameters()) + list(head.parameters()), lr=1e-5, fused=name == 'ours')
+
+
+def timed_steps(model, ids, mask, steps, train, device, amp, name='ours'):
     """Seconds per step over `steps` steps after two warm-up steps."""
     head = torch.nn.Linear(model_dim(model), 3).to(device)
-    opt = torch.optim.AdamW(list(model.parameters()) + list(head.parameters()), lr=1e-5) if train else None
+    opt = optimizer(model, head, name) if train else None
     labels = torch.randint(0, 3, (ids.size(0),), device=device)
     model.train(train)
     times = []
@@ -167,6 +176,80 @@ def generate_bench(cfg, args, device):
     print(f'cached / whole prefix: {median["whole prefix"] / median["cached"]:.2f}x')
 
 
+def xnli_lengths(n, args):
+    """n pair lengths in XLM-R pieces, cut to 128: sampled from a real XNLI training file when
+    --data_dir (XTREME's layout) and --spm are given, else the stand-in below."""
+    g = torch.Generator().manual_seed(0)
+    if args.data_dir:
+        tok = data.Tokenizer(args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model'))
+        rows = data.read_split(args.data_dir, 'xnli', 'train')
+        picked = torch.randperm(len(rows), generator=g)[:n].tolist()
+        return [len(f.ids) for f in data.make_features(tok, 'xnli', [rows[i] for i in picked], 128)], 'XNLI train-en.tsv'
+    # no XNLI text here: a log-normal with median 40 pieces and sigma 0.45 (mean 44, 95% below 84), a
+    # stand-in for English premise + hypothesis pairs, to be checked against the real file with --data_dir
+    lengths = (torch.randn(n, generator=g) * 0.45 + math.log(40)).exp().round().clamp(8, 128).int().tolist()
+    return lengths, 'the log-normal stand-in (median 40, sigma 0.45)'
+
+
+def pipeline_bench(models, cfg, args, device):
+    """Real tokens/s over one pass of training steps (--examples pairs, batch --batch): ours, the
+    engine's batches grouped by length and each padded to its longest, against the released
+    scripts' way, random batches each padded to 128 (XTREME's run_classify: pad_to_max_length),
+    on the same examples; alternating, the median of --rounds."""
+    lengths, source = xnli_lengths(args.examples, args)
+    ids = [torch.randint(4, cfg.vocab_size, (n,)) for n in lengths]
+    grouped = train.global_batches(len(ids), argparse.Namespace(seed=0, batch_size=args.batch, group_by_length=True), 0, 1, lengths)
+    plain = train.global_batches(len(ids), argparse.Namespace(seed=0, batch_size=args.batch, group_by_length=False), 0, 1, lengths)
+    ways = {'ours': (grouped, None), 'released way': (plain, 128)}
+    names = {'ours': 'ours', 'released way': 'reference (HF)' if 'reference (HF)' in models else 'ours'}
+    times = {way: [] for way in ways}
+    for _ in range(args.rounds):
+        for way, (batches, pad_to) in ways.items():
+            model = models[names[way]]
+            head = torch.nn.Linear(model_dim(model), 3).to(device)
+            opt, labels = optimizer(model, head, names[way]), torch.zeros(args.batch, dtype=torch.long, device=device)
+            model.train()
+            sync(device)
+            t = time.perf_counter()
+            for batch in batches:
+                x = torch.nn.utils.rnn.pad_sequence([ids[i] for i in batch], batch_first=True, padding_value=1)
+                if pad_to:
+                    x = F.pad(x, (0, pad_to - x.size(1)), value=1)
+                x = x.to(device)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == 'cuda'):
+                    loss = F.cross_entropy(head(model(x, x.ne(1))[:, 0]).float(), labels[:len(batch)])
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            sync(device)
+            times[way].append(time.perf_counter() - t)
+    real = sum(lengths)
+    print(f'{args.model} preset, {len(lengths)} pairs in batches of {args.batch} on {device}, {torch.get_num_threads()} threads; '
+          f'lengths from {source}: mean {real / len(lengths):.1f} pieces')
+    for way, (batches, pad_to) in ways.items():
+        median = sorted(times[way])[len(times[way]) // 2]
+        padded = sum(len(b) * (pad_to or max(lengths[i] for i in b)) for b in batches)
+        print(f'{way:<14} ({names[way]}) {real / median:>9.0f} real tokens/s   padding {1 - real / padded:6.1%}   ({median:.1f} s)')
+        times[way] = median
+    print(f'ours / released way: {times["released way"] / times["ours"]:.2f}x')
+
+
+def peak_memory(args):
+    """Peak resident memory of one base training step at --batch x --seq for ours and the reference,
+    each in a fresh process (CPU: the process's maximum RSS, weights and optimiser included)."""
+    import json
+    import subprocess
+    for name in ('ours', 'reference (HF)'):
+        code = (f'import sys, resource, json, torch; sys.argv = ["bench", "--model", "{args.model}", "--batch", "{args.batch}", '
+                f'"--seq", "{args.seq}", "--steps", "1", "--rounds", "1", "--compare", "--only", "{name}"]; '
+                'sys.path.insert(0, "tests"); import bench; bench.main(); '
+                'print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))')
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        out = subprocess.run([sys.executable, '-c', code], cwd=root, capture_output=True, text=True, check=True).stdout
+        print(f'{name:<16} peak {json.loads(out.strip().splitlines()[-1]) / 2 ** 20:.2f} GB '
+              f'({args.model}, training steps at batch {args.batch} x {args.seq})')
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--model', default='base', choices=list(layers.CONFIGS))
@@ -178,12 +261,21 @@ def main():
     parser.add_argument('--filter', action='store_true', help='FILTER k = m = 1 against encoding S and T apart')
     parser.add_argument('--generate', action='store_true', help='beam search: cached keys and values against the whole prefix')
     parser.add_argument('--new', type=int, default=64, help='--generate: target tokens per hypothesis')
+    parser.add_argument('--pipeline', action='store_true', help='a pass of training steps on XNLI-like lengths: grouped '
+                        'batches against random batches padded to 128 (with --compare, the reference model for the latter)')
+    parser.add_argument('--examples', type=int, default=256, help='--pipeline: training pairs in the pass')
+    parser.add_argument('--data_dir', help='--pipeline: XTREME data, to draw the lengths from xnli/train-en.tsv')
+    parser.add_argument('--spm', help='--pipeline with --data_dir: the sentencepiece model (default: in --data_dir)')
+    parser.add_argument('--memory', action='store_true', help='peak memory of a training step, ours and the reference')
+    parser.add_argument('--only', help=argparse.SUPPRESS)  # --memory: time one model alone
     args = parser.parse_args()
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     if args.filter:
         return filter_bench(layers.CONFIGS[args.model], args, device)
     if args.generate:
         return generate_bench(layers.CONFIGS[args.model], args, device)
+    if args.memory:
+        return peak_memory(args)
     amp = device.type == 'cuda'
     torch.manual_seed(0)
     cfg = layers.CONFIGS[args.model]
@@ -198,25 +290,34 @@ def main():
                 vocab_size=cfg.vocab_size, hidden_size=cfg.dim, num_hidden_layers=cfg.n_layer,
                 num_attention_heads=cfg.n_head, intermediate_size=cfg.ffn_dim, max_position_embeddings=cfg.max_positions,
                 type_vocab_size=1, pad_token_id=cfg.pad_id)).save_pretrained(tmp)
-            models['ours'] = Ours(layers.load_pretrained(tmp)[0]).to(device)
-            models['reference (HF)'] = reference_model(tmp, device)
+            if args.only in (None, 'ours'):
+                models['ours'] = Ours(layers.load_pretrained(tmp)[0]).to(device)
+            if args.only in (None, 'reference (HF)'):
+                models['reference (HF)'] = reference_model(tmp, device)
         else:
             models['ours'] = Ours(layers.Encoder(cfg)).to(device)
+    if args.pipeline:
+        return pipeline_bench(models, cfg, args, device)
     peak = matmul_flops(device)
     fpt = flops_per_token(cfg, args.seq)
     tokens = args.batch * args.seq
     results = {name: {'train': [], 'infer': []} for name in models}
     for _ in range(args.rounds):  # interleaved, so that both see the same machine
         for name, model in models.items():
-            results[name]['train'].append(timed_steps(model, ids, mask, args.steps, True, device, amp))
-            results[name]['infer'].append(timed_steps(model, ids, mask, args.steps, False, device, amp))
+            results[name]['train'].append(timed_steps(model, ids, mask, args.steps, True, device, amp, name))
+            results[name]['infer'].append(timed_steps(model, ids, mask, args.steps, False, device, amp, name))
     print(f'{args.model} preset, batch {args.batch} x {args.seq} on {device}, {torch.get_num_threads()} threads; '
           f'measured matmul rate {peak / 1e9:.1f} GFLOP/s')
     print(f'{"model":<16} {"train tok/s":>12} {"train MFU":>10} {"infer tok/s":>12} {"infer MFU":>10}')
-    for name, r in results.items():
-        train, infer = min(r['train']), min(r['infer'])
+    for name, r in results.items():  # the median of the alternating rounds
+        train, infer = sorted(r['train'])[len(r['train']) // 2], sorted(r['infer'])[len(r['infer']) // 2]
         print(f'{name:<16} {tokens / train:>12.0f} {3 * fpt * tokens / train / peak:>10.1%} '
               f'{tokens / infer:>12.0f} {fpt * tokens / infer / peak:>10.1%}')
+        results[name] = train, infer
+    if len(results) == 2:
+        (ours_t, ours_i), (ref_t, ref_i) = results.values()
+        print(f'ours / reference: train {ref_t / ours_t:.2f}x, inference {ref_i / ours_i:.2f}x (medians of {args.rounds} '
+              'alternating rounds)')
 
 
 if __name__ == '__main__':
