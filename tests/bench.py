@@ -229,7 +229,8 @@ def pipeline_bench(models, cfg, args, device):
     for way, (batches, pad_to) in ways.items():
         median = sorted(times[way])[len(times[way]) // 2]
         padded = sum(len(b) * (pad_to or max(lengths[i] for i in b)) for b in batches)
-        print(f'{way:<14} ({names[way]}) {real / median:>9.0f} real tokens/s   padding {1 - real / padded:6.1%}   ({median:.1f} s)')
+        label = f'{way} ({names[way]})'
+        print(f'{label:<30} {real / median:>9.0f} real tokens/s   padding {1 - real / padded:6.1%}   ({median:.1f} s)')
         times[way] = median
     print(f'ours / released way: {times["released way"] / times["ours"]:.2f}x')
 
@@ -239,14 +240,15 @@ def peak_memory(args):
     each in a fresh process (CPU: the process's maximum RSS, weights and optimiser included)."""
     import json
     import subprocess
-    for name in ('ours', 'reference (HF)'):
+    for name, extra in (('ours', ''), ('ours', '"--grad_checkpoint", '), ('reference (HF)', '')):
         code = (f'import sys, resource, json, torch; sys.argv = ["bench", "--model", "{args.model}", "--batch", "{args.batch}", '
-                f'"--seq", "{args.seq}", "--steps", "1", "--rounds", "1", "--compare", "--only", "{name}"]; '
+                f'"--seq", "{args.seq}", "--steps", "1", "--rounds", "1", "--compare", {extra}"--only", "{name}"]; '
                 'sys.path.insert(0, "tests"); import bench; bench.main(); '
                 'print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))')
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         out = subprocess.run([sys.executable, '-c', code], cwd=root, capture_output=True, text=True, check=True).stdout
-        print(f'{name:<16} peak {json.loads(out.strip().splitlines()[-1]) / 2 ** 20:.2f} GB '
+        name += ' + --grad_checkpoint' if extra else ''
+        print(f'{name:<30} peak {json.loads(out.strip().splitlines()[-1]) / 2 ** 20:.2f} GB '
               f'({args.model}, training steps at batch {args.batch} x {args.seq})')
 
 
@@ -268,6 +270,7 @@ def main():
     parser.add_argument('--spm', help='--pipeline with --data_dir: the sentencepiece model (default: in --data_dir)')
     parser.add_argument('--memory', action='store_true', help='peak memory of a training step, ours and the reference')
     parser.add_argument('--only', help=argparse.SUPPRESS)  # --memory: time one model alone
+    parser.add_argument('--grad_checkpoint', action='store_true', help='ours with activation checkpointing')
     args = parser.parse_args()
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     if args.filter:
@@ -292,6 +295,7 @@ def main():
                 type_vocab_size=1, pad_token_id=cfg.pad_id)).save_pretrained(tmp)
             if args.only in (None, 'ours'):
                 models['ours'] = Ours(layers.load_pretrained(tmp)[0]).to(device)
+                models['ours'].enc.grad_checkpoint = args.grad_checkpoint
             if args.only in (None, 'reference (HF)'):
                 models['reference (HF)'] = reference_model(tmp, device)
         else:
