@@ -1015,7 +1015,7 @@ def train(method, items, args, device, rank, world, best_path, last_path, valida
             state['step'] += 1
             bar.update()
             since.append(logs)
-            if state['step'] % args.log_every == 0 or state['step'] % per_epoch == 0:  # the one host sync
+            if state['step'] % args.log_every == 0 or batch is batches[-1]:  # the one host sync (and each epoch's end)
                 logs = {k: float(sum(s[k] for s in since if k in s)) / sum(k in s for s in since)  # each one's mean
                         for k in dict.fromkeys(k for s in since for k in s)}  # over the steps since the last line
                 since = []
