@@ -158,8 +158,10 @@ def parse_args(argv=None):
     p.add_argument('--average_last', type=int, help='translate: decode with the mean of the last N checkpoints '
                    '(one every --eval_every steps; default 10; 0: best.pt, the lowest valid loss)')
     p.add_argument('--layer', type=int, help='retrieval: hidden layer to pool (default 7/12 of the depth)')
-    p.add_argument('--group_by_length', action=argparse.BooleanOptionalAction, help='training batches of similar lengths, '
-                   'little padding (default; the demo: random batches, as the papers\' scripts)')
+    p.add_argument('--group_by_length', action='store_true', default=None, help='training batches of similar lengths, '
+                   'little padding (the default but in the demo)')
+    p.add_argument('--no_group_by_length', dest='group_by_length', action='store_false', default=None,
+                   help='random training batches, as the papers\' scripts (the demo\'s default)')
     p.add_argument('--grad_checkpoint', action='store_true', help='activation checkpointing: recompute each block in '
                    'backward instead of keeping its activations (less memory, about a third more compute)')
     p.add_argument('--eval_batch_size', type=int, default=64)
@@ -526,12 +528,13 @@ def optimizer_and_schedule(method, args, total_steps):
 MEGA = 50  # length grouping sorts mega-batches of this many batches
 BUCKET = 4  # by length in steps of this many tokens, not token by token: where length tells the label (the
 # demo's XNLI: 19, 20 and 22 tokens, one label each), batches of one length hold one label and the tiny
-# model stalls more often (exactly sorted: 4 of seeds 1-6 stall at 64% English; in steps of 4: 2, as random)
+# model stalls more often (at 64% English: exactly sorted 4 of seeds 1-6, in steps of 4 2 of 6; random 3 of 1-12)
 
 
 def item_length(item):
-    """Tokens of a training item: a feature's, or the sum over a pair's sides."""
-    return sum(len(f.ids) for f in item) if isinstance(item, tuple) else len(item.ids)
+    """The tokens of each side of a training item: (n,) for a feature, one per side for a pair
+    (each side of a batch is padded on its own)."""
+    return tuple(len(f.ids) for f in item) if isinstance(item, tuple) else (len(item.ids),)
 
 
 def global_batches(n, args, epoch, chunks, lengths=None):
@@ -548,7 +551,7 @@ def cut_batches(order, size, chunks, g, lengths=None):
     items of similar length and pads little, and the split depends on no process count. A last
     batch too small to give every process and micro-step an item is dropped."""
     if lengths is not None:  # lengths within BUCKET tokens keep their random order (and mix their labels)
-        mega, key = size * MEGA, lambda i: lengths[i] // BUCKET
+        mega, key = size * MEGA, lambda i: tuple(n // BUCKET for n in lengths[i])  # a pair: by one side, then the other
         order = [i for s in range(0, len(order), mega) for i in sorted(order[s:s + mega], key=key)]
     batches = [order[i:i + size] for i in range(0, len(order), size)]
     if lengths is not None:
@@ -558,13 +561,12 @@ def cut_batches(order, size, chunks, g, lengths=None):
 
 def pad_share(lengths, batches, parts):
     """The share of padding tokens in an epoch's micro-batches (each global batch cut into
-    `parts`, as train_step cuts it; each padded to its longest item)."""
+    `parts`, as train_step cuts it; each side padded to its longest item). lengths: item_length's."""
     real = padded = 0
     for batch in batches:
         for chunk in np.array_split(np.array(batch), parts):
-            if len(chunk):
-                real += sum(lengths[i] for i in chunk)
-                padded += len(chunk) * max(lengths[i] for i in chunk)
+            for side in zip(*(lengths[i] for i in chunk)):
+                real, padded = real + sum(side), padded + len(side) * max(side)
     return 1 - real / max(padded, 1)
 
 
@@ -993,10 +995,12 @@ def train(method, items, args, device, rank, world, best_path, last_path, valida
         ckpt = load_checkpoint(last_path, args, device)
         method.load_state_dict(ckpt['method'])
         opt.load_state_dict(ckpt['optimizer'])
+        for group in opt.param_groups:
+            group['fused'] = True  # a checkpoint of an older run restores its per-tensor AdamW otherwise
         sched.load_state_dict(ckpt['schedule'])
         state = ckpt['state']
         torch.set_rng_state(ckpt['rng'])
-    log = open(os.path.join(args.out, 'log.jsonl'), 'a' if state['step'] else 'w') if rank == 0 else None
+    log = open_log(os.path.join(args.out, 'log.jsonl'), state['step']) if rank == 0 else None
     started, since = time.time(), []  # the logs of the steps since the last line: tensors, read only when written
     while state['epoch'] < args.epochs:
         batches = batches_of(state['epoch'])
@@ -1272,7 +1276,7 @@ def xla_train(args, tok, epoch, l, parts, start, sets, dev_cache, rank, world, d
     before = target_dev(validate(), args)
     items = [f for feats in parts.values() for f in feats]
     sizes = [len(feats) for feats in parts.values()]
-    lengths = [len(f.ids) for f in items] if args.group_by_length else None
+    lengths = [item_length(f) for f in items] if args.group_by_length else None
     batches = mixture_batches(sizes, args.alpha, sub.batch_size, sub.seed * 1000 + epoch, world * args.grad_accum, lengths)
     if batches:  # none when the peers agree on nothing: the model stays as it was
         train(method, items, sub, device, rank, world, best_path, last_path, validate, lambda _: batches)
@@ -1338,6 +1342,17 @@ def mean_summary(results):
     """The per-language mean of several runs' {'dev': summary, 'test': summary}."""
     return {split: {k: float(np.mean([r[split][k] for r in results])) for k in results[0][split]} if results[0][split] else {}
             for split in ('dev', 'test')}
+
+
+def open_log(path, step):
+    """log.jsonl for appending from `step`: a resumed run drops the lines written after its
+    checkpoint, which it trains again, so the log reads as one run."""
+    kept = []
+    if step and os.path.exists(path):
+        with open(path) as f:
+            kept = [line for line in f if json.loads(line)['step'] <= step]
+    layers.atomic_write(path, ''.join(kept))
+    return open(path, 'a')
 
 
 def weights(method, args):

@@ -76,7 +76,7 @@ def reference_model(path, device):
 
 def optimizer(model, head, name):
     """Ours: the engine's fused AdamW (train.py); the reference: torch's AdamW with its defaults."""
-    return torch.optim.AdamW(list(model.parameters()) + list(head.parameters()), lr=1e-5, fused=name == 'ours')
+    return torch.optim.AdamW(list(model.parameters()) + list(head.parameters()), lr=1e-5, fused=name.startswith('ours'))
 
 
 def timed_steps(model, ids, mask, steps, train, device, amp, name='ours'):
@@ -198,8 +198,9 @@ def pipeline_bench(models, cfg, args, device):
     on the same examples; alternating, the median of --rounds."""
     lengths, source = xnli_lengths(args.examples, args)
     ids = [torch.randint(4, cfg.vocab_size, (n,)) for n in lengths]
-    grouped = train.global_batches(len(ids), argparse.Namespace(seed=0, batch_size=args.batch, group_by_length=True), 0, 1, lengths)
-    plain = train.global_batches(len(ids), argparse.Namespace(seed=0, batch_size=args.batch, group_by_length=False), 0, 1, lengths)
+    sides = [(n,) for n in lengths]
+    grouped = train.global_batches(len(ids), argparse.Namespace(seed=0, batch_size=args.batch, group_by_length=True), 0, 1, sides)
+    plain = train.global_batches(len(ids), argparse.Namespace(seed=0, batch_size=args.batch, group_by_length=False), 0, 1, sides)
     ways = {'ours': (grouped, None), 'released way': (plain, 128)}
     names = {'ours': 'ours', 'released way': 'reference (HF)' if 'reference (HF)' in models else 'ours'}
     times = {way: [] for way in ways}
@@ -232,7 +233,28 @@ def pipeline_bench(models, cfg, args, device):
         label = f'{way} ({names[way]})'
         print(f'{label:<30} {real / median:>9.0f} real tokens/s   padding {1 - real / padded:6.1%}   ({median:.1f} s)')
         times[way] = median
-    print(f'ours / released way: {times["released way"] / times["ours"]:.2f}x')
+    print(f'ours / released way: {times["released way"] / times["ours"]:.2f}x; random batches each padded to their '
+          f'longest would pad {train.pad_share([(n,) for n in lengths], plain, 1):.1%}')
+
+
+def optimizer_bench(cfg, args):
+    """Seconds per AdamW step over the preset's encoder parameters (random gradients)."""
+    torch.manual_seed(0)
+    enc = layers.Encoder(cfg)
+    for p in enc.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    times = {'default': [], 'fused': []}
+    for _ in range(args.rounds):
+        for name in times:
+            opt = torch.optim.AdamW(enc.parameters(), lr=1e-5, fused=name == 'fused')
+            opt.step()  # the moments' first allocation
+            t = time.perf_counter()
+            for _ in range(args.steps):
+                opt.step()
+            times[name].append((time.perf_counter() - t) / args.steps)
+    n = sum(p.numel() for p in enc.parameters())
+    for name, t in times.items():
+        print(f'AdamW {name:<8} {sorted(t)[len(t) // 2]:.3f} s a step ({n / 1e6:.0f}M parameters, {torch.get_num_threads()} threads)')
 
 
 def peak_memory(args):
@@ -271,6 +293,9 @@ def main():
     parser.add_argument('--memory', action='store_true', help='peak memory of a training step, ours and the reference')
     parser.add_argument('--only', help=argparse.SUPPRESS)  # --memory: time one model alone
     parser.add_argument('--grad_checkpoint', action='store_true', help='ours with activation checkpointing')
+    parser.add_argument('--compile', action='store_true', help='ours with compiled blocks (layers.compile_blocks)')
+    parser.add_argument('--optimizer', action='store_true', help='an AdamW step on the preset\'s parameters: '
+                        'torch\'s default against the fused one (train.py\'s)')
     args = parser.parse_args()
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     if args.filter:
@@ -279,6 +304,8 @@ def main():
         return generate_bench(layers.CONFIGS[args.model], args, device)
     if args.memory:
         return peak_memory(args)
+    if args.optimizer:
+        return optimizer_bench(layers.CONFIGS[args.model], args)
     amp = device.type == 'cuda'
     torch.manual_seed(0)
     cfg = layers.CONFIGS[args.model]
@@ -300,6 +327,9 @@ def main():
                 models['reference (HF)'] = reference_model(tmp, device)
         else:
             models['ours'] = Ours(layers.Encoder(cfg)).to(device)
+        if args.compile:  # both, compiled and not, side by side
+            models['ours, compiled'] = Ours(layers.compile_blocks(layers.Encoder(cfg))).to(device)
+            models['ours, compiled'].load_state_dict(models['ours'].state_dict())
     if args.pipeline:
         return pipeline_bench(models, cfg, args, device)
     peak = matmul_flops(device)
@@ -318,10 +348,10 @@ def main():
         print(f'{name:<16} {tokens / train:>12.0f} {3 * fpt * tokens / train / peak:>10.1%} '
               f'{tokens / infer:>12.0f} {fpt * tokens / infer / peak:>10.1%}')
         results[name] = train, infer
-    if len(results) == 2:
-        (ours_t, ours_i), (ref_t, ref_i) = results.values()
-        print(f'ours / reference: train {ref_t / ours_t:.2f}x, inference {ref_i / ours_i:.2f}x (medians of {args.rounds} '
-              'alternating rounds)')
+    first = next(iter(results))
+    for name in list(results)[1:]:
+        (t0, i0), (t1, i1) = results[first], results[name]
+        print(f'{first} / {name}: train {t1 / t0:.2f}x, inference {i1 / i0:.2f}x (medians of {args.rounds} alternating rounds)')
 
 
 if __name__ == '__main__':

@@ -80,7 +80,7 @@ def test_ddp_on_two_processes_equals_one_process(tmp_path, demo_data):
 
 
 def test_killed_run_resumes_exactly(tmp_path, demo_data):
-    common = ['--task', 'udpos', '--epochs', '2', '--save_every', '5', '--group_by_length']  # grouped: the real runs' batches
+    common = ['--task', 'udpos', '--epochs', '2', '--save_every', '5', '--log_every', '3', '--group_by_length']  # grouped: the real runs' batches
     whole = run(tmp_path / 'whole', demo_data, *common)
     os.makedirs(tmp_path / 'cut')
     os.symlink(demo_data, tmp_path / 'cut' / 'demo-data')
@@ -91,6 +91,13 @@ def test_killed_run_resumes_exactly(tmp_path, demo_data):
     a, b = final_weights(tmp_path / 'whole'), final_weights(tmp_path / 'cut')
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
     assert resumed['test'] == pytest.approx(whole['test'], abs=1e-6)
+    # the log reads as one run: the lines after the checkpoint (step 42) were dropped and written again once
+    steps = lambda out: [(r['step'], 'dev' in r) for r in map(json.loads, open(out / 'log.jsonl'))]
+    assert steps(tmp_path / 'cut') == steps(tmp_path / 'whole')
+    logged = [json.loads(line) for line in open(tmp_path / 'whole' / 'log.jsonl')]
+    per_epoch = logged[-1]['step'] // 2
+    assert [r['step'] for r in logged if 'loss' in r] == sorted(set(range(3, 2 * per_epoch + 1, 3)) | {per_epoch, 2 * per_epoch})
+    assert all(0 <= r['pad_share'] < 0.1 for r in logged if 'dev' in r)  # grouped: little padding
 
 
 def one_line_failure(capsys, argv, message):
