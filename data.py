@@ -653,13 +653,6 @@ def length_batches(features, batch_size):
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def padding_share(features, batches):
-    """Fraction of padding among all tokens of the given batches."""
-    real = sum(len(features[i].ids) for b in batches for i in b)
-    total = sum(len(b) * max(len(features[i].ids) for i in b) for b in batches)
-    return 1 - real / total
-
-
 # ----------------------------------------------------------------------------------------
 # Pre-training text (VECO), one sentence or paragraph a line:
 #   pretrain/mono/{lang}.txt        monolingual documents, a blank line between two (CC-100's layout)
