@@ -1107,7 +1107,7 @@ def xla(args, tok, rank, world, device):
         paths = [xla_train(args, tok, e, l, taught_by_peers(l, labels, unlabelled, english if 'source' in names else None),
                            paths[l], sets, dev_cache, rank, world, device) for l in range(3)]
     save(final, json.dumps([os.path.relpath(p, args.out) for p in paths]), rank)
-    xla_report(args, tok, paths, rank, world, device)
+    xla_report(args, tok, paths, rank, world, device, sets, dev_cache)
 
 
 def taught_by_peers(l, labels, unlabelled, english=None):
@@ -1314,19 +1314,21 @@ def mixture_batches(sizes, alpha, batch_size, seed, chunks, lengths=None):
     return cut_batches(order[torch.randperm(len(order), generator=g)].tolist(), batch_size, chunks, g, lengths)
 
 
-def xla_report(args, tok, paths, rank, world, device):
+def xla_report(args, tok, paths, rank, world, device, sets=None, dev_cache=None):
     """Dev and test of each final model, their mean and their ensemble (the run's predictions), beside
-    the warm-ups' (the zero-shot baseline with the confidence penalty)."""
+    the warm-ups' (the zero-shot baseline with the confidence penalty). sets, dev_cache: the run's,
+    read once (eval_sets) and tokenised once (evaluate's cache), when it has them."""
     models = [xla_model(args, p, device) for p in paths]
-    sets, runs = eval_sets(args, xlt.XLA), {}
+    sets, runs = sets or eval_sets(args, xlt.XLA), {}
+    caches = {'dev': {} if dev_cache is None else dev_cache, 'test': {}}  # one per split: evaluate keys them by language
+    scored = lambda method, split: evaluate(method, args, tok, split, device, rank, world, sets, caches[split])
     for m, (method, path) in enumerate(zip(models, paths)):
-        dev = evaluate(method, args, tok, 'dev', device, rank, world, sets)[0]
         sub = argparse.Namespace(**{**vars(args), 'out': os.path.join(args.out, f'model{m + 1}')})  # its predictions
-        runs[f'XLA model {m + 1}'] = {'dev': dev, 'test': test_results(sub, evaluate(method, args, tok, 'test', device, rank, world, sets)[1], rank),
+        runs[f'XLA model {m + 1}'] = {'dev': scored(method, 'dev')[0], 'test': test_results(sub, scored(method, 'test')[1], rank),
                                       'checkpoint': os.path.relpath(path, args.out)}
     ensemble = xlt.Ensemble(models)
-    dev = evaluate(ensemble, args, tok, 'dev', device, rank, world, sets)[0]
-    test = test_results(args, evaluate(ensemble, args, tok, 'test', device, rank, world, sets)[1], rank)
+    dev = scored(ensemble, 'dev')[0]
+    test = test_results(args, scored(ensemble, 'test')[1], rank)
     warm = [os.path.join(args.warmup_dir or args.out, f'warmup-{m + 1}', 'results.json') for m in range(3)]
     rows = {}
     if all(os.path.exists(w) for w in warm):
