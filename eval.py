@@ -6,6 +6,8 @@ and the MLQA script (language-aware) for MLQA; set-based F1 for BUCC. Their quir
 on purpose, so that the same predictions get the same numbers to the last digit.
 
     python eval.py --predictions DIR --labels DIR --out scores.json
+    python eval.py --collect RUN [RUN ...] --out DIR [--labels DIR]
+    python eval.py --plot RUN [RUN ...] [--out DIR]
     python eval.py --bleu HYP --ref REF [--tokenized] [--out bleu.json]
 """
 import argparse
@@ -13,6 +15,7 @@ import json
 import math
 import os
 import re
+import shutil
 import string
 import sys
 import unicodedata
@@ -20,7 +23,7 @@ from collections import Counter
 
 import torch
 
-from data import GROUPS, TASKS, DataError, Feature, collate, languages, length_batches, lines_of, read_text
+from data import GROUPS, TASKS, DataError, Feature, collate, is_demo, languages, length_batches, lines_of, read_text
 from layers import atomic_write, mean_pool
 
 
@@ -302,12 +305,12 @@ def task_scores(task, per_lang):
     return out
 
 
-def score_folder(pred_dir, label_dir, demo=False):
-    """The leaderboard's JSON for a submission folder: tasks present in both folders, then the
-    group scores and all_task where every task they need is there. demo: the demo's languages."""
+def score_folder(pred_dir, label_dir, demo=False, tasks=TASKS):
+    """The leaderboard's JSON for a submission folder: tasks present in both folders (of `tasks`),
+    then the group scores and all_task where every task they need is there. demo: the demo's languages."""
     detailed = {}
     for task in TASKS:
-        if os.path.isdir(os.path.join(pred_dir, task)) and os.path.isdir(os.path.join(label_dir, task)):
+        if task in tasks and os.path.isdir(os.path.join(pred_dir, task)) and os.path.isdir(os.path.join(label_dir, task)):
             name = lambda d, lang: os.path.join(d, task, f'test-{lang}.{suffix(task)}')
             detailed[task] = task_scores(task, {lang: score_file(task, name(pred_dir, lang), name(label_dir, lang), lang)
                                                 for lang in languages(task, demo)})
@@ -446,44 +449,202 @@ def format_table(rows):
     return '\n'.join(lines)
 
 
+METRIC_NAMES = {'accuracy': 'accuracy', 'f1': 'F1', 'em_f1': 'mean of EM and F1'}
+
+
+def xtreme_table(scores, demo=False):
+    """score_folder's JSON as the leaderboard shows it: each task's languages and average (QA's
+    the mean of EM and F1, both given), then the four groups and the overall score."""
+    lines = []
+    for task in (t for t in TASKS if t in scores):
+        s = scores[task]
+        metrics = [m for m, v in s.items() if isinstance(v, dict)]
+        head = f'{task} ({METRIC_NAMES[TASKS[task].metric]}): {s["avg_metric"]:.1f}'
+        if 'exact_match' in s:
+            head += f' (EM {s["avg_exact_match"]:.1f}, F1 {s["avg_f1"]:.1f})'
+        lines.append(head)
+        langs = [lang for lang in languages(task, demo) if lang in s[metrics[0]]]
+        for i in range(0, len(langs), 14):  # rows of 14 languages fit 100 columns
+            row = langs[i:i + 14]
+            lines.append('  ' + ''.join(f'{lang:>7}' for lang in row))
+            lines.append('  ' + ''.join(f'{main_score({m: s[m][lang] for m in metrics}):7.1f}' for lang in row))
+    groups = [f'{g} {scores[g]:.1f}' for g in (*GROUPS, 'all_task') if g in scores]
+    if groups:
+        lines.append('groups: ' + ', '.join(groups).replace('all_task', 'XTREME score'))
+    return '\n'.join(lines)
+
+
+def run_tasks(run):
+    """The tasks whose test predictions a finished run folder holds (<run>/predictions/<task>/)."""
+    tasks = [t for t in TASKS if os.path.isdir(os.path.join(run, 'predictions', t))]
+    if not tasks:
+        raise EvalError(f'{run} holds no predictions/<task> folder: pass the --out folders of finished runs')
+    return tasks
+
+
+def collect(runs, out, demo=False):
+    """Gathers the test predictions of finished runs (one per task) into one submission folder in
+    the leaderboard layout, written whole and then moved into place. -> the gaps, a line each: a
+    task no run gives, a language without its file."""
+    found = {}
+    for run in runs:
+        for task in run_tasks(run):
+            if task in found:
+                raise EvalError(f'{found[task]} and {run} both hold {task} predictions: pass one run per task')
+            found[task] = run
+    if os.path.exists(out) and (not os.path.isdir(out) or set(os.listdir(out)) - set(TASKS)):
+        raise EvalError(f'{out} exists and is not a submission folder (only task folders): give a new --out')
+    gaps, tmp = [], f'{out}.tmp{os.getpid()}'
+    for task in TASKS:
+        if task not in found:
+            gaps.append(f'{task}: no run holds its predictions')
+            continue
+        os.makedirs(os.path.join(tmp, task))
+        for lang in languages(task, demo):
+            name = f'test-{lang}.{suffix(task)}'
+            src = os.path.join(found[task], 'predictions', task, name)
+            if os.path.isfile(src):
+                shutil.copyfile(src, os.path.join(tmp, task, name))
+            else:
+                gaps.append(f'{task}: no {lang} predictions ({src} not found)')
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return gaps
+
+
+def plot(runs, out):
+    """PNG figures of finished runs, several runs overlaid: the training loss, each epoch's dev
+    scores (per language for one run, the average for several) and the test scores per language
+    with English's score and the transfer gap marked. -> the files written."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise EvalError('--plot draws with matplotlib, which is not installed: pip install matplotlib') from None
+    matplotlib.use('Agg')  # files only, no window
+    import matplotlib.pyplot as plt
+    names = [os.path.basename(os.path.normpath(r)) for r in runs]
+    names = names if len(set(names)) == len(names) else [os.path.normpath(r) for r in runs]
+    logs = [[json.loads(line) for line in lines_of(p)] if os.path.exists(p := os.path.join(r, 'log.jsonl')) else []
+            for r in runs]
+    results = [json.loads(read_text(p)) if os.path.exists(p := os.path.join(r, 'results.json')) else {} for r in runs]
+    os.makedirs(out, exist_ok=True)
+    written = []
+
+    def save(fig, ax, name, xlabel, ylabel):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize='small')
+        fig.tight_layout()
+        path = os.path.join(out, name)
+        fig.savefig(f'{path}.tmp.png', dpi=120)
+        plt.close(fig)
+        os.replace(f'{path}.tmp.png', path)
+        written.append(path)
+
+    if any(any('loss' in r for r in log) for log in logs):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name, log in zip(names, logs):
+            ax.plot([r['step'] for r in log if 'loss' in r], [r['loss'] for r in log if 'loss' in r], label=name)
+        save(fig, ax, 'loss.png', 'step', 'training loss')
+    if any(any('dev' in r for r in log) for log in logs):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name, log in zip(names, logs):
+            epochs = [r for r in log if 'dev' in r]
+            langs = list(dict.fromkeys(lang for r in epochs for lang in r['dev']))
+            for lang in langs if len(runs) == 1 else []:
+                ax.plot([r['epoch'] for r in epochs if lang in r['dev']], [r['dev'][lang] for r in epochs if lang in r['dev']],
+                        marker='o', lw=2 if lang == 'en' else 1, label=lang)
+            mean = [sum(r['dev'].values()) / len(r['dev']) for r in epochs]
+            ax.plot([r['epoch'] for r in epochs], mean, 'k--' if len(runs) == 1 else '-', marker='s',
+                    label='average' if len(runs) == 1 else name)
+        ax.xaxis.get_major_locator().set_params(integer=True)  # epochs
+        save(fig, ax, 'dev.png', 'epoch', 'dev score' + (' per language' if len(runs) == 1 else ', average over languages'))
+    tests = [{k: v for k, v in r.get('test', {}).items() if k not in ('avg', 'gap')} for r in results]
+    if any(tests):
+        langs = list(dict.fromkeys(lang for t in tests for lang in t))
+        langs = ['en'] * ('en' in langs) + [lang for lang in langs if lang != 'en']
+        fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(langs) * len(runs)), 4))
+        width = 0.8 / len(runs)
+        for i, (name, t, r) in enumerate(zip(names, tests, results)):
+            bars = ax.bar([x + i * width for x in range(len(langs))], [t.get(lang, 0) for lang in langs], width,
+                          label=name + (f' (gap {r["test"]["gap"]:.1f})' if 'gap' in r.get('test', {}) else ''))
+            if 'en' in t:
+                ax.axhline(t['en'], color=bars.patches[0].get_facecolor(), ls='--', lw=1)  # English's score
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(langs))], langs)
+        ax.set_title('test per language; dashed: English, gap: English minus the other languages\' mean', fontsize='small')
+        save(fig, ax, 'test.png', 'language', 'test score')
+    if not written:
+        raise EvalError(f'nothing to plot in {", ".join(runs)}: no log.jsonl or results.json there (a finished run\'s --out)')
+    return written
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description='Score a prediction folder in the XTREME submission layout, '
-                                                 'or BLEU of a text file (--bleu).')
+    parser = argparse.ArgumentParser(description='Score a prediction folder in the XTREME submission layout, gather '
+                                                 'finished runs into one (--collect), plot runs (--plot), or BLEU of a '
+                                                 'text file (--bleu).')
     parser.add_argument('--predictions', help='folder with <task>/test-<lang>.<tsv|json>')
-    parser.add_argument('--labels', help='gold labels in the same layout')
-    parser.add_argument('--out', help='scores.json, with the leaderboard\'s keys (with --bleu: optional, BLEU\'s)')
-    parser.add_argument('--demo', action='store_true', help='score the demo\'s languages instead of XTREME\'s')
+    parser.add_argument('--labels', help='gold labels in the same layout (with --collect: optional)')
+    parser.add_argument('--out', help='scores.json, with the leaderboard\'s keys (--collect: the submission folder; '
+                                      '--plot: the figures\' folder, default RUN/plots; --bleu: optional, BLEU\'s)')
+    parser.add_argument('--collect', nargs='+', metavar='RUN', help='finished run folders, one per task: their test '
+                                                                     'predictions become one submission folder (--out)')
+    parser.add_argument('--plot', nargs='+', metavar='RUN', help='PNG figures of these runs (several: overlaid); '
+                                                                  'needs matplotlib')
+    parser.add_argument('--demo', action='store_true', help='score the demo\'s languages instead of XTREME\'s '
+                                                            '(--collect: the default when every run is a demo run)')
     parser.add_argument('--bleu', metavar='HYP', help='BLEU of this text file (one sentence per line) against --ref')
     parser.add_argument('--ref', help='the references of --bleu, one per line')
     parser.add_argument('--tokenized', action='store_true', help='--bleu of tokenised files as multi-bleu.perl -lc')
     args = parser.parse_args(argv)
-    if args.bleu or args.ref or args.tokenized:
-        if not (args.bleu and args.ref) or args.predictions or args.labels:
-            sys.exit('error: BLEU takes --bleu HYP --ref REF [--tokenized] [--out FILE], without --predictions/--labels')
-        try:
-            scores = bleu_files(args.bleu, args.ref, args.tokenized)
-        except (EvalError, DataError) as e:
-            sys.exit(f'error: {e}')
-        if args.out:
-            atomic_write(args.out, json.dumps(scores, indent=2))
-        print(bleu_line(scores))
-        print(scores['signature'])
-        return
-    missing = [f'--{name}' for name in ('predictions', 'labels', 'out') if not getattr(args, name)]
-    if missing:
-        sys.exit(f'error: {", ".join(missing)} missing: give --predictions DIR --labels DIR --out FILE, '
-                 'or --bleu HYP --ref REF')
+    modes = [name for name in ('bleu', 'collect', 'plot', 'predictions') if getattr(args, name)]
+    if len(modes) > 1:
+        sys.exit(f'error: --{" and --".join(modes)} are different modes: give one')
     try:
+        if args.bleu or args.ref or args.tokenized:
+            return bleu_main(args)
+        if args.plot:
+            for path in plot(args.plot, args.out or os.path.join(args.plot[0], 'plots')):
+                print(f'wrote {path}')
+            return
+        if args.collect:
+            return collect_main(args)
+        missing = [f'--{name}' for name in ('predictions', 'labels', 'out') if not getattr(args, name)]
+        if missing:
+            sys.exit(f'error: {", ".join(missing)} missing: give --predictions DIR --labels DIR --out FILE, '
+                     '--collect RUN [RUN ...] --out DIR, --plot RUN [RUN ...] or --bleu HYP --ref REF')
         scores = score_folder(args.predictions, args.labels, args.demo)
     except (EvalError, DataError) as e:
         sys.exit(f'error: {e}')
     if not scores:
         sys.exit(f'error: no task folder is in both {args.predictions} and {args.labels}: expected e.g. xnli/test-en.tsv')
     atomic_write(args.out, json.dumps(scores, indent=2, ensure_ascii=False))
-    rows = {t: {'avg': s['avg_metric']} for t, s in scores.items() if isinstance(s, dict)}
-    rows.update({g: {'avg': scores[g]} for g in (*GROUPS, 'all_task') if g in scores})
-    print(format_table(rows))
+    print(xtreme_table(scores, args.demo))
 
+
+def bleu_main(args):
+    if not (args.bleu and args.ref) or args.predictions or args.labels:
+        sys.exit('error: BLEU takes --bleu HYP --ref REF [--tokenized] [--out FILE], without --predictions/--labels')
+    scores = bleu_files(args.bleu, args.ref, args.tokenized)
+    if args.out:
+        atomic_write(args.out, json.dumps(scores, indent=2))
+    print(bleu_line(scores))
+    print(scores['signature'])
+
+
+def collect_main(args):
+    """--collect: the submission folder, its gaps (a line each) and, given --labels, its XTREME table."""
+    if not args.out:
+        sys.exit('error: --collect needs --out DIR, the submission folder to write')
+    demo = args.demo or all(is_demo(os.path.join(run, 'demo-data')) for run in args.collect)
+    gaps = collect(args.collect, args.out, demo)
+    for gap in gaps:
+        print(f'missing: {gap}')
+    print(f'submission in {args.out}: {len(TASKS) - len({g.split(":")[0] for g in gaps})} of {len(TASKS)} tasks complete')
+    if args.labels:
+        complete = [t for t in TASKS if not any(g.startswith(f'{t}:') for g in gaps)]
+        print(xtreme_table(score_folder(args.out, args.labels, demo, complete), demo))
 
 if __name__ == '__main__':
     main()

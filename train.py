@@ -19,6 +19,7 @@ import random
 import shutil
 import sys
 import time
+import zipfile
 from collections import defaultdict
 from contextlib import nullcontext
 from dataclasses import replace
@@ -172,6 +173,8 @@ def parse_args(argv=None):
                    'compile; outputs as without, to 1e-5)')
     p.add_argument('--resume', action='store_true', help='continue from --out/last.pt')
     p.add_argument('--eval_only', action='store_true', help='evaluate --out/best.pt (or --init) without training')
+    p.add_argument('--dry_run', action='store_true', help='check the options and that every file the run reads is '
+                   'there, print the plan, and stop: nothing is trained or written')
     p.add_argument('--halt_after', type=int, help=argparse.SUPPRESS)  # tests: die abruptly after this many steps
     args = p.parse_args(argv)
     for name, (ok, valid) in NUMERIC.items():  # before the defaults: 0 must not read as 'not given'
@@ -273,6 +276,98 @@ def parse_args(argv=None):
 
 
 # ----------------------------------------------------------------------------------------
+# --dry_run: the files a run reads, checked, and its plan, without reading a tensor.
+
+METHOD_OPTIONS = {'filter': ('m', 'k', 'kl_weight', 'temperature'), 'xmixup': ('mixup_layer', 'p_k', 'fixed_lambda',
+                  'no_mixup_inference'), 'xla': ('train_lang', 'warmup_dir') + XLA_OPTIONS,
+                  'veco': ('translate_train_all', 'cross_only_steps') + TRANSLATION_OPTIONS}
+SELECTED_BY = {'en': 'the best English dev score', 'average': 'the best average dev score over languages',
+               'loss': 'the lowest held-out loss'}
+
+
+def planned_files(args):
+    """-> [(path, what it is, needed)] of the data a run reads, in the README's layout; not
+    needed: read where it is there (dev sets, test labels, round trips)."""
+    d, task, files = args.data_dir, args.task, []
+    add = lambda path, what, needed=True: files.append((path, what, needed))
+    add(args.spm or os.path.join(d, 'sentencepiece.bpe.model'), 'the sentencepiece model (or pass --spm)')
+    if task == 'pretrain':
+        return files + [(p, 'pre-training text', True) for paths in data.pretrain_files(d).values() for p in paths]
+    if task == 'translate':
+        return files + [(p, 'parallel text', True) for split in ('train', 'valid', 'test')
+                        for p in data.parallel_files(d, args.src, args.tgt, split)]
+    family, langs = data.TASKS[task].family, data.languages(task, data.is_demo(d))
+    get = f'python data.py download --task {task} --out {d}'
+    if family == 'retrieval':
+        return files + [(f'{data.split_path(d, task, "test", lang)}.{side}', get, True) for lang in langs for side in (lang, 'en')]
+    method, train_on = method_class(args), 'translations' if args.translate_train_all else xlt.METHODS[args.method][1]
+    if not args.eval_only:
+        add(data.split_path(d, task, 'train'), get)
+        translated = {'translation': [args.train_lang], 'translations': [lang for lang in langs if lang != 'en']}.get(train_on, [])
+        if args.method == 'xla':
+            translated = [args.train_lang] if family == 'classification' else []
+            if family == 'tagging':
+                add(data.split_path(d, task, 'train', args.train_lang), f'XLA reads the unlabelled {args.train_lang} '
+                    f'training text (XTREME\'s train-{args.train_lang}.tsv)')
+        for lang in translated:
+            add(data.split_path(d, task, 'translate-train', lang), data.TRANSLATIONS)
+            if method.round_trip:
+                add(data.split_path(d, task, 'round-trip', lang), 'X-Mixup\'s round trip (the real English where missing)', False)
+    for split in ('dev', 'test'):
+        for lang in langs:
+            path = data.split_path(d, task, split, lang)
+            if path is None or (split == 'dev' and not os.path.exists(path)):
+                continue  # no dev set in this language: the run evaluates what there is
+            add(path, get)
+            if lang != 'en' and (method.paired or args.translate_test):
+                add(data.split_path(d, task, f'translate-{split}', lang), data.TRANSLATIONS)
+    for lang in langs:
+        add(os.path.join(d, 'labels', task, f'test-{lang}.{ev.suffix(task)}'), 'test labels (scored when there)', False)
+    return files
+
+
+def dry_run(args, world):
+    """Checks what can be checked without reading a tensor (options, files, checkpoints' format)
+    and prints the plan. A missing file is one line naming it and how to get it."""
+    check_batches(args, world)
+    check_init(args)
+    for option in ('init', 'mlm'):
+        path = getattr(args, option, None)
+        if path and not (os.path.isfile(path) and zipfile.is_zipfile(path)):
+            fail(f'--{option} {path} is {"not a torch checkpoint" if os.path.isfile(path) else "not there"}: '
+                 'pass a file that python layers.py convert wrote, or a run\'s best.pt')
+    if args.teacher and not os.path.isfile(os.path.join(args.teacher, 'results.json')):
+        fail(f'--teacher {args.teacher} is not a finished run (no results.json): train the teacher first')
+    files = [] if args.demo else planned_files(args)
+    lost = [(path, what) for path, what, needed in files if needed and not os.path.isfile(path)]
+    for path, what in lost[1:]:
+        print(f'not found: {path}')
+    if lost:
+        fail(f'{lost[0][0]} not found{f" (and {len(lost) - 1} more, listed above)" if len(lost) > 1 else ""}: {lost[0][1]}')
+    found = [path for path, _, _ in files if os.path.isfile(path)]
+    method = method_class(args)
+    steps = f'{args.steps} steps, held-out loss every {args.eval_every}' if args.task in STEPPED else f'{args.epochs} epochs'
+    per_process = f' = {world} processes x {args.grad_accum} x {args.batch_size // (world * args.grad_accum)}' \
+        if world * args.grad_accum > 1 else ''
+    options = [f'{o} {" ".join(map(str, v)) if isinstance(v, list) else v}' for o in METHOD_OPTIONS.get(args.method, ())
+               if (v := getattr(args, o, None)) not in (None, False)]
+    stages = ('a FILTER teacher into --out/teacher, then the student' if args.method == 'filter' else 'a zero-shot '
+              'teacher into --out/teacher, then X-Mixup') if args.self_teach else f'taught by {args.teacher}' if args.teacher \
+        else f'3 warm-ups (in {args.warmup_dir or args.out}), then {args.xla_epochs} XLA epochs' if args.method == 'xla' else 'one'
+    print(f'dry run of {args.method} on {args.task}, into {args.out}: nothing is trained or written')
+    start = 'the demo\'s pre-trained model (made first when missing)' if args.demo and method.pretrained_start \
+        and not args.from_scratch else 'random weights'
+    print(f'  model      {args.model}, from {args.init or start}')
+    print(f'  data       {"generated into the run folder (--demo)" if args.demo else f"{args.data_dir}: {len(found)} files there"}'
+          f'{"" if args.demo else f", {len(files) - len(found)} optional ones not"}')
+    print(f'  training   {"none (--eval_only), " if args.eval_only else f"{steps}, global batch {args.batch_size}{per_process}, "}'
+          f'{"" if args.eval_only else f"lr {args.lr:g}, warm-up {args.warmup:g}, weight decay {args.weight_decay:g}, "}'
+          f'max_len {args.max_len}, seed {args.seed}')
+    print(f'  method     {", ".join(options) or "its defaults"}; stages: {stages}')
+    print(f'  kept       {SELECTED_BY[method.select]}' + (', each XLA epoch unless the --train_lang dev score falls'
+                                                            if args.method == 'xla' else ''))
+
+# ----------------------------------------------------------------------------------------
 # Set-up: processes, data, model.
 
 def setup_distributed():
@@ -318,10 +413,7 @@ def build_encoder(args, tok, cross=False):
             fail(f'--init {args.init} is a {got.n_layer} x {got.dim} model, not the {args.model} preset '
                  f'({want.n_layer} x {want.dim}): pass the --model it was made for')
     else:
-        if not (args.demo or args.from_scratch):
-            fail(f'no --init: this would train XLM-R {args.model} from random weights for hours. Get xlm-roberta-'
-                 f'{args.model} (Hugging Face) or fairseq\'s XLM-R, convert it with python layers.py convert SRC '
-                 f'xlmr-{args.model}.pt and pass --init xlmr-{args.model}.pt (or --from_scratch to mean it)')
+        check_init(args)
         torch.manual_seed(args.seed)
         encoder = layers.Encoder(layers.Config(**{**cfg.__dict__, 'vocab_size': tok.vocab_size}), cross)
     if encoder.cfg.vocab_size != tok.vocab_size:
@@ -595,8 +687,18 @@ def save(path, obj, rank):
         layers.atomic_write(path, obj)
 
 
+START = time.time()  # when main() began, for the total time a run reports
+
+
 def main(argv=None):
+    global START
+    START = time.time()
     args = parse_args(argv)
+    if args.dry_run:
+        try:
+            return dry_run(args, int(os.environ.get('WORLD_SIZE', 1)))
+        except (data.DataError, FileNotFoundError) as e:
+            fail(str(e))
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 matmuls outside autocast
     rank, world, device = setup_distributed()
     data.VERBOSE = rank == 0  # warnings about skipped data, once
@@ -615,11 +717,23 @@ def build_method(args, encoder, device):
         fail(str(e))
 
 
-def run(args, rank, world, device):
+def check_batches(args, world):
     for option in ('batch_size', 'xla_batch_size') if args.method == 'xla' else ('batch_size',):
         if getattr(args, option) < world * args.grad_accum:
             fail(f'--{option} {getattr(args, option)} cannot be cut into {world} processes x --grad_accum {args.grad_accum}: '
                  f'raise --{option} or lower --grad_accum')
+
+
+def check_init(args):
+    """Real data needs pre-trained weights, unless --from_scratch says otherwise."""
+    if not (args.init or args.demo or args.from_scratch):
+        fail(f'no --init: this would train XLM-R {args.model} from random weights for hours. Get xlm-roberta-'
+             f'{args.model} (Hugging Face) or fairseq\'s XLM-R, convert it with python layers.py convert SRC '
+             f'xlmr-{args.model}.pt and pass --init xlmr-{args.model}.pt (or --from_scratch to mean it)')
+
+
+def run(args, rank, world, device):
+    check_batches(args, world)
     os.makedirs(args.out, exist_ok=True)
     tok = prepare_data(args, rank)
     if args.demo and not args.init and not args.from_scratch and method_class(args).pretrained_start:
@@ -1003,6 +1117,7 @@ def train(method, items, args, device, rank, world, best_path, last_path, valida
         torch.set_rng_state(ckpt['rng'])
     log = open_log(os.path.join(args.out, 'log.jsonl'), state['step']) if rank == 0 else None
     started, since = time.time(), []  # the logs of the steps since the last line: tensors, read only when written
+    epoch_loss = []  # (mean loss, steps) of each log line of this epoch, for its printed line
     while state['epoch'] < args.epochs:
         batches = batches_of(state['epoch'])
         bar = tqdm(total=len(batches), initial=state['step'] % per_epoch, desc=f'epoch {state["epoch"] + 1}/{args.epochs}',
@@ -1023,6 +1138,7 @@ def train(method, items, args, device, rank, world, best_path, last_path, valida
             if state['step'] % args.log_every == 0 or batch is batches[-1]:  # the one host sync (and each epoch's end)
                 logs = {k: float(sum(s[k] for s in since if k in s)) / sum(k in s for s in since)  # each one's mean
                         for k in dict.fromkeys(k for s in since for k in s)}  # over the steps since the last line
+                epoch_loss.append((logs['loss'], len(since)))
                 since = []
                 bar.set_postfix(loss=f'{logs["loss"]:.3f}')
                 if log:
@@ -1042,6 +1158,9 @@ def train(method, items, args, device, rank, world, best_path, last_path, valida
         if score > state['best']:
             state['best'] = float(score)
             save(best_path, weights(method, args), rank)
+        if rank == 0:
+            print(epoch_line(state, args, epoch_loss, dev, method.select, time.time() - started), flush=True)
+        epoch_loss = []
         if log:
             log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': {k: v if method.select == 'loss' else v['score'] for k, v in dev.items()},
                                   'dev_avg': float(score), 'pad_share': round(padding, 4)}) + '\n')
@@ -1347,6 +1466,24 @@ def mean_summary(results):
             for split in ('dev', 'test')}
 
 
+def epoch_line(state, args, epoch_loss, dev, select, seconds):
+    """The line printed at an epoch's end: where the run is, its training loss, the dev average
+    and the best score so far by the run's selection rule."""
+    loss = sum(l * n for l, n in epoch_loss) / max(1, sum(n for _, n in epoch_loss))
+    line = f'epoch {state["epoch"]}/{args.epochs}  step {state["step"]}  train loss {loss:.4f}'
+    if dev and select == 'loss':
+        line += f'  held-out loss {-np.mean([s["score"] for s in dev.values()]):.4f}  best {-state["best"]:.4f}'
+    elif dev:
+        average = np.mean([s['score'] for s in dev.values()])
+        line += f'  dev avg {average:.1f}' + (f'  dev en {dev["en"]["score"]:.1f}' if select == 'en' and 'en' in dev else '')
+        line += f'  best {state["best"]:.1f} ({"en" if select == "en" and "en" in dev else "avg"})'
+    return line + f'  {clock(seconds)}'
+
+
+def clock(seconds):
+    return time.strftime('%H:%M:%S', time.gmtime(seconds))
+
+
 def open_log(path, step):
     """log.jsonl for appending from `step`: a resumed run drops the lines written after its
     checkpoint, which it trains again, so the log reads as one run."""
@@ -1400,7 +1537,9 @@ def finish(args, dev, test, rank, selected_by=None, runs=None):
     table = ev.format_table(rows) if rows else 'no labels to score against: predictions written only'
     layers.atomic_write(os.path.join(args.out, 'results.txt'), table + '\n')
     print(table)
-    print(f'results in {args.out}/results.json; predictions in {args.out}/predictions/')
+    print(f'results in {args.out}/results.json and results.txt, predictions in {args.out}/predictions/'
+          f'{", the kept model in best.pt" if os.path.exists(os.path.join(args.out, "best.pt")) else ""}; '
+          f'{clock(time.time() - START)} in all')
 
 
 if __name__ == '__main__':

@@ -1,0 +1,248 @@
+"""From runs to the papers' tables: the printed progress, --collect into one submission that
+eval.py scores as each run scored itself, --plot, --dry_run of every command of the README's
+reproduction table, and the equation index naming only code that exists."""
+import contextlib
+import importlib
+import io
+import json
+import os
+import re
+import shutil
+import sys
+
+import pytest
+import torch
+
+import data
+import eval as ev
+import train
+from conftest import demo_run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+    """Demo runs of all nine tasks: PAN-X trained for 2 epochs (its printed output kept), the other
+    eight evaluating its encoder with fresh heads (--eval_only --init), which is enough to score."""
+    root = tmp_path_factory.mktemp('runs')
+    demo = data.make_demo(str(root / 'demo-data'))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        demo_run(root / 'panx', demo, ['--task', 'panx', '--epochs', '2'])
+        for task in data.TASKS:
+            if task != 'panx':
+                demo_run(root / task, demo, ['--task', task, '--eval_only', '--init', str(root / 'panx' / 'best.pt')])
+    return root, demo, printed.getvalue()
+
+
+def test_each_epoch_prints_one_line_and_the_run_ends_with_its_table(runs):
+    root, _, printed = runs
+    log = [json.loads(line) for line in open(root / 'panx' / 'log.jsonl')]
+    epochs = [line for line in printed.splitlines() if line.startswith('epoch ')]
+    assert len(epochs) == 2
+    records = [r for r in log if 'dev' in r]
+    for n, (line, record) in enumerate(zip(epochs, records), 1):
+        start = records[n - 2]['step'] if n > 1 else 0
+        steps = [r for r in log if 'loss' in r and start < r['step'] <= record['step']]  # this epoch's lines
+        bounds = [start] + [r['step'] for r in steps]
+        loss = sum(r['loss'] * (b - a) for r, a, b in zip(steps, bounds, bounds[1:])) / (record['step'] - start)
+        assert f'epoch {n}/2  step {record["step"]}  ' in line
+        assert f'train loss {loss:.4f}' in line  # each line's mean weighted by its steps: the epoch's mean
+        assert f'dev avg {sum(record["dev"].values()) / 3:.1f}  dev en {record["dev"]["en"]:.1f}' in line
+        assert f'best {max(r["dev"]["en"] for r in log if "dev" in r and r["epoch"] <= n):.1f} (en)' in line
+    results = json.load(open(root / 'panx' / 'results.json'))
+    tail = printed.split(epochs[-1])[1]
+    assert f'{results["test"]["de"]:7.1f}' in tail and 'the kept model in best.pt' in tail
+    assert re.search(r'\d\d:\d\d:\d\d in all', tail)
+
+
+def run_eval(argv):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        ev.main(argv)
+    return out.getvalue()
+
+
+def test_collect_makes_a_submission_that_scores_as_the_runs(runs, tmp_path):
+    root, demo, _ = runs
+    folders = [str(root / task) for task in data.TASKS]
+    printed = run_eval(['--collect', *folders, '--out', str(tmp_path / 'sub'), '--labels', os.path.join(demo, 'labels')])
+    assert 'missing' not in printed and '9 of 9 tasks complete' in printed
+    run_eval(['--predictions', str(tmp_path / 'sub'), '--labels', os.path.join(demo, 'labels'), '--demo',
+              '--out', str(tmp_path / 'scores.json')])
+    scores = json.load(open(tmp_path / 'scores.json'))
+    for task in data.TASKS:
+        own = json.load(open(root / task / 'results.json'))['test']
+        per_lang = {lang: ev.main_score({m: v[lang] for m, v in scores[task].items() if isinstance(v, dict)})
+                    for lang in data.languages(task, demo=True)}
+        assert per_lang == pytest.approx({k: v for k, v in own.items() if k not in ('avg', 'gap')}, abs=1e-9)
+        assert scores[task]['avg_metric'] == pytest.approx(own['avg'], abs=1e-9)
+        assert f'{task} (' in printed  # the table has every task, then the groups and the overall score
+    overall = sum(scores[t]['avg_metric'] for t in data.TASKS) / 9
+    assert f'XTREME score {overall:.1f}' in printed
+
+
+def test_collect_reports_each_gap_and_scores_only_complete_tasks(runs, tmp_path):
+    root, demo, _ = runs
+    shutil.copytree(root / 'xnli', tmp_path / 'xnli', symlinks=True)
+    os.remove(tmp_path / 'xnli' / 'predictions' / 'xnli' / 'test-de.tsv')
+    printed = run_eval(['--collect', str(tmp_path / 'xnli'), str(root / 'panx'), '--out', str(tmp_path / 'sub'),
+                        '--labels', os.path.join(demo, 'labels')])
+    missing = [line for line in printed.splitlines() if line.startswith('missing: ')]
+    assert len(missing) == 8 and 'missing: xnli: no de predictions' in printed  # 7 tasks without a run, 1 language
+    assert 'panx (F1)' in printed and 'xnli (' not in printed
+    with pytest.raises(SystemExit, match='both hold panx predictions'):
+        run_eval(['--collect', str(root / 'panx'), str(root / 'panx'), '--out', str(tmp_path / 'other')])
+
+
+def is_png(path):
+    with open(path, 'rb') as f:
+        return f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+def test_plot_writes_the_figures(runs, tmp_path):
+    plt = pytest.importorskip('matplotlib.pyplot')
+    root, _, _ = runs
+    printed = run_eval(['--plot', str(root / 'panx')])
+    for name in ('loss.png', 'dev.png', 'test.png'):
+        path = root / 'panx' / 'plots' / name
+        assert is_png(path) and plt.imread(str(path)).shape[0] > 100 and str(path) in printed
+    run_eval(['--plot', str(root / 'panx'), str(root / 'xnli'), '--out', str(tmp_path / 'both')])
+    assert is_png(tmp_path / 'both' / 'test.png')  # the evaluation-only run has test scores but no log
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(runs, monkeypatch, tmp_path):
+    root, _, _ = runs
+    monkeypatch.setitem(sys.modules, 'matplotlib', None)  # import matplotlib now raises ImportError
+    with pytest.raises(SystemExit) as err:
+        run_eval(['--plot', str(root / 'panx'), '--out', str(tmp_path / 'figures')])
+    assert str(err.value).count('\n') == 0 and 'pip install matplotlib' in str(err.value)
+    assert not os.path.exists(tmp_path / 'figures')
+
+
+# ----------------------------------------------------------------------------------------
+# The README's reproduction table: every command passes --dry_run on the README's data layout.
+
+def section(title):
+    start = README.index(f'\n## {title}')
+    end = README.find('\n## ', start + 1)
+    return README[start:end if end > 0 else None]
+
+
+def reproduction_commands():
+    """Every train.py command of the README's reproduction section, `for X in ...; do` loops
+    unrolled: (processes, argv)."""
+    text = section('Reproducing the papers').replace('\\\n', ' ')
+    commands, loop = [], None
+    for line in text.splitlines():
+        if m := re.match(r'\s*for (\w+) in ([\w ]+); do$', line):
+            loop = m.group(1), m.group(2).split()
+        elif line.strip() == 'done':
+            loop = None
+        elif m := re.match(r'\s*(?:torchrun (?:--nnodes (\d+) )?--nproc_per_node (\d+) )?(?:python )?train\.py (.*?)\s*(?:#.*)?$', line):
+            world = int(m.group(1) or 1) * int(m.group(2) or 1)
+            for value in loop[1] if loop else [None]:
+                text_ = m.group(3).replace(f'${loop[0]}', value) if loop else m.group(3)
+                commands.append((world, text_.split()))
+    return commands
+
+
+def write_layout(root, langs_of):
+    """Tiny files under the names of the README's Data section (not the package's own paths)."""
+    files = ['sentencepiece.bpe.model', 'squad/train-v1.1.json', 'squad/dev-v1.1.json',
+             'tydiqa/tydiqa-goldp-v1.1-train/tydiqa.goldp.en.train.json']
+    for task in ('xnli', 'pawsx'):
+        files += [f'{task}/train-en.tsv'] + [f'{task}/{s}-{lang}.tsv' for lang in langs_of(task) for s in ('dev', 'test')]
+        files += [f'{task}/translate-train/en-{lang}-translated.tsv' for lang in langs_of(task)]
+        files += [f'{task}/translate-{s}/{s}-{lang}-en-translated.tsv' for lang in langs_of(task) for s in ('dev', 'test')]
+        files += [f'{task}/round-trip/train-en-{lang}-en.tsv' for lang in langs_of(task)]
+    for task in ('udpos', 'panx'):
+        files += [f'{task}/train-{lang}.tsv' for lang in langs_of(task)]  # English, and XLA's target text
+        files += [f'{task}/{s}-{lang}.tsv' for lang in langs_of(task) for s in ('dev', 'test')]
+        files += [f'{task}/translate-train/train-en-{lang}.tsv' for lang in langs_of(task)]
+        files += [f'{task}/translate-{s}/{s}-{lang}-en.tsv' for lang in langs_of(task) for s in ('dev', 'test')]
+    for lang in langs_of('xquad'):
+        files += [f'xquad/xquad.{lang}.json', f'squad/translate-train/squad.translate.train.en-{lang}.json',
+                  f'xquad/translate-test/xquad.translate.test.{lang}-en.json']
+    for lang in langs_of('mlqa'):
+        files += [f'mlqa/MLQA_V1/{s}/{s}-context-{lang}-question-{lang}.json' for s in ('dev', 'test')]
+        files += [f'squad/translate-train/squad.translate.train.en-{lang}.json',
+                  f'mlqa/translate-test/mlqa.translate.test.{lang}-en.json', f'mlqa/translate-dev/mlqa.translate.dev.{lang}-en.json']
+    for lang in langs_of('tydiqa'):
+        files += [f'tydiqa/tydiqa-goldp-v1.1-dev/tydiqa.goldp.{lang}.dev.json',
+                  f'tydiqa/translate-train/tydiqa.translate.train.en-{lang}.json',
+                  f'tydiqa/translate-test/tydiqa.translate.test.{lang}-en.json']
+    files += [f'bucc2018/{lang}-en.test.{side}' for lang in langs_of('bucc2018') for side in (lang, 'en')]
+    files += [f'tatoeba/{lang}-en.{side}' for lang in langs_of('tatoeba') for side in (lang, 'en')]
+    files += ['pretrain/mono/en.txt', 'pretrain/parallel/en-de.en', 'pretrain/parallel/en-de.de']
+    files += [f'translation/en-{t}/{s}.{lang}' for t in ('de', 'fr') for s in ('train', 'valid', 'test') for lang in ('en', t)]
+    for name in files:
+        os.makedirs(os.path.dirname(os.path.join(root, name)) or root, exist_ok=True)
+        open(os.path.join(root, name), 'w').write('x\n')
+
+
+def test_every_reproduction_command_passes_dry_run(tmp_path, monkeypatch, capsys):
+    commands = reproduction_commands()
+    assert len(commands) >= 30  # every method and task of the table
+    monkeypatch.chdir(tmp_path)
+    write_layout('data', lambda task: data.TASKS[task].langs)
+    for name in {arg for _, argv in commands for arg in argv if arg.endswith('.pt')}:
+        os.makedirs(os.path.dirname(name) or '.', exist_ok=True)
+        torch.save({}, name)  # a torch checkpoint's format: the dry run reads no tensor
+    for world, argv in commands:
+        monkeypatch.setenv('WORLD_SIZE', str(world))
+        for teacher in argv[argv.index('--teacher') + 1:][:1] if '--teacher' in argv else []:
+            os.makedirs(teacher, exist_ok=True)
+            open(os.path.join(teacher, 'results.json'), 'w').write('{}')
+        train.main([*argv, '--dry_run'])
+        out = capsys.readouterr().out
+        assert out.startswith('dry run of ') and 'nothing is trained or written' in out, argv
+    assert sorted(os.listdir('runs')) == ['xnli-veco-tta', 'xquad-veco-tta']  # only the .pt files written above
+
+
+def test_dry_run_names_a_missing_file_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write_layout('data', lambda task: data.TASKS[task].langs)
+    torch.save({}, 'xlmr-large.pt')
+    os.remove('data/xnli/translate-test/test-sw-en-translated.tsv')
+    with pytest.raises(SystemExit) as err:
+        train.main(['--method', 'filter', '--task', 'xnli', '--model', 'large', '--init', 'xlmr-large.pt', '--dry_run'])
+    assert str(err.value).startswith('error: data/xnli/translate-test/test-sw-en-translated.tsv not found: ')
+    open('not-a-checkpoint.pt', 'w').write('101')
+    with pytest.raises(SystemExit, match='not a torch checkpoint'):
+        train.main(['--task', 'xnli', '--model', 'large', '--init', 'not-a-checkpoint.pt', '--dry_run'])
+
+
+# ----------------------------------------------------------------------------------------
+# The equation index: every numbered equation the code implements, and only real code.
+
+INDEX_PAPERS = {'FILTER': 6, 'X-Mixup': 13, 'VECO': 8, 'XLA': 9}  # the papers' numbered equations
+
+
+def index_rows():
+    """(paper, equation numbers or 'Algorithm 1', the implementing cell) of the README's equation index."""
+    rows = []
+    for line in section('Equation index').splitlines():
+        cells = [c.strip() for c in line.strip().strip('|').split('|')]
+        if len(cells) >= 4 and cells[0] in INDEX_PAPERS:
+            eq = cells[1].split(' (')[0]
+            rows.append((cells[0], [int(n) for n in re.findall(r'\d+', eq)] if eq.startswith('Eq.') else eq, cells[-1]))
+    return rows
+
+
+def test_equation_index_covers_the_papers_and_names_only_existing_code():
+    rows = index_rows()
+    for paper, n in INDEX_PAPERS.items():
+        assert sorted(x for p, eq, _ in rows if p == paper and isinstance(eq, list) for x in eq) == list(range(1, n + 1)), paper
+    assert {p for p, eq, _ in rows if eq == 'Algorithm 1'} == {'FILTER', 'XLA'}  # the papers with an algorithm
+    for paper, eq, cell in rows:
+        names = re.findall(r'`(\w+)\.py: ([\w.]+)`', cell)
+        assert names or cell.startswith('not implemented'), (paper, eq)
+        for module, name in names:
+            obj = importlib.import_module(module)
+            for part in name.split('.'):
+                assert hasattr(obj, part), f'{paper} {eq}: {module}.py has no {name}'
+                obj = getattr(obj, part)
+            assert callable(obj), f'{paper} {eq}: {module}.{name}'
