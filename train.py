@@ -344,28 +344,31 @@ def dry_run(args, world):
         print(f'not found: {path}')
     if lost:
         fail(f'{lost[0][0]} not found{f" (and {len(lost) - 1} more, listed above)" if len(lost) > 1 else ""}: {lost[0][1]}')
-    found = [path for path, _, _ in files if os.path.isfile(path)]
-    method = method_class(args)
-    steps = f'{args.steps} steps, held-out loss every {args.eval_every}' if args.task in STEPPED else f'{args.epochs} epochs'
-    per_process = f' = {world} processes x {args.grad_accum} x {args.batch_size // (world * args.grad_accum)}' \
-        if world * args.grad_accum > 1 else ''
-    options = [f'{o} {" ".join(map(str, v)) if isinstance(v, list) else v}' for o in METHOD_OPTIONS.get(args.method, ())
-               if (v := getattr(args, o, None)) not in (None, False)]
-    stages = ('a FILTER teacher into --out/teacher, then the student' if args.method == 'filter' else 'a zero-shot '
-              'teacher into --out/teacher, then X-Mixup') if args.self_teach else f'taught by {args.teacher}' if args.teacher \
-        else f'3 warm-ups (in {args.warmup_dir or args.out}), then {args.xla_epochs} XLA epochs' if args.method == 'xla' else 'one'
-    print(f'dry run of {args.method} on {args.task}, into {args.out}: nothing is trained or written')
+    found, method = [path for path, _, _ in files if os.path.isfile(path)], method_class(args)
+    if args.method == 'xla':
+        stages = f'3 warm-ups (in {args.warmup_dir or args.out}), then {args.xla_epochs} XLA epochs'
+    elif args.self_teach:
+        stages = f'a {"FILTER" if args.method == "filter" else "zero-shot"} teacher into {args.out}/teacher, then the student'
+    else:
+        stages = f'the student of the teacher {args.teacher}' if args.teacher else 'one'
     start = 'the demo\'s pre-trained model (made first when missing)' if args.demo and method.pretrained_start \
         and not args.from_scratch else 'random weights'
-    print(f'  model      {args.model}, from {args.init or start}')
-    print(f'  data       {"generated into the run folder (--demo)" if args.demo else f"{args.data_dir}: {len(found)} files there"}'
-          f'{"" if args.demo else f", {len(files) - len(found)} optional ones not"}')
-    print(f'  training   {"none (--eval_only), " if args.eval_only else f"{steps}, global batch {args.batch_size}{per_process}, "}'
-          f'{"" if args.eval_only else f"lr {args.lr:g}, warm-up {args.warmup:g}, weight decay {args.weight_decay:g}, "}'
-          f'max_len {args.max_len}, seed {args.seed}')
-    print(f'  method     {", ".join(options) or "its defaults"}; stages: {stages}')
-    print(f'  kept       {SELECTED_BY[method.select]}' + (', each XLA epoch unless the --train_lang dev score falls'
-                                                            if args.method == 'xla' else ''))
+    plan = {'model': f'{args.model}, from {args.init or start}',
+            'data': 'generated into the run folder (--demo)' if args.demo else
+            f'{args.data_dir}: {len(found)} files found, {len(files) - len(found)} optional ones missing',
+            'training': 'none (--eval_only)' if args.eval_only else
+            f'{f"{args.steps} steps" if args.task in STEPPED else f"{args.epochs} epochs"}, global batch {args.batch_size} '
+            f'({world} processes x {args.grad_accum} micro-batches), lr {args.lr:g}, warm-up {args.warmup:g}, '
+            f'weight decay {args.weight_decay:g}, up to {args.max_len} tokens, seed {args.seed}',
+            'method': ', '.join(f'{o} {" ".join(map(str, v)) if isinstance(v, list) else v}' for o in METHOD_OPTIONS.get(
+                args.method, ()) if (v := getattr(args, o, None)) not in (None, False)) or 'its defaults',
+            'stages': stages,
+            'kept': SELECTED_BY[method.select] + (', and each XLA epoch unless the --train_lang dev score falls'
+                                                  if args.method == 'xla' else '')}
+    print(f'dry run of {args.method} on {args.task} into {args.out}: nothing is trained or written')
+    for name, value in plan.items():
+        print(f'  {name:<9} {value}')
+
 
 # ----------------------------------------------------------------------------------------
 # Set-up: processes, data, model.
