@@ -1,9 +1,11 @@
 """Text to tensors: XLM-R's tokenizer, the XTREME tasks, their files and batches."""
+import argparse
 import csv
 import io
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -473,9 +475,15 @@ def share_of(examples, share, part=0, seed=0):
     return [examples[i] for i in sorted(order[start:start + n])]
 
 
+def bar(iterable=None, quiet=False, **kwargs):
+    """A tqdm progress bar, drawn by one process and only on a terminal (a log file would get
+    every redraw)."""
+    return tqdm(iterable, disable=quiet or not VERBOSE or not sys.stderr.isatty(), **kwargs)
+
+
 def progress(examples, what):
     """A progress bar over a long list (a real training set); none for small ones."""
-    return tqdm(examples, desc=what, leave=False, disable=len(examples) < 5000)
+    return bar(examples, quiet=len(examples) < 5000, desc=what, leave=False)
 
 
 def truncate_pair(a, b, budget):
@@ -702,7 +710,7 @@ def read_pretraining(tok, data_dir, max_len):
     """-> (items, {group: item positions}): items are (x, y) Feature pairs, <s> x </s> and
     <s> y </s>, labelled 1 on parallel pairs and 0 on adjacent monolingual segments."""
     items, groups = [], {}
-    for group, paths in tqdm(pretrain_files(data_dir).items(), desc='pre-training text', disable=not VERBOSE):
+    for group, paths in bar(pretrain_files(data_dir).items(), desc='pre-training text'):
         if group.startswith('mono:'):
             docs = [[line for line in doc.split('\n') if line.strip()] for doc in read_text(paths[0]).split('\n\n')]
             pairs = segment_pairs(tok, [d for d in docs if d], max_len)
@@ -1097,8 +1105,15 @@ def download(task, out):
         raise DataError('PAN-X has no direct download: get AmazonPhotos.zip as XTREME\'s README says, then convert '
                         'each {lang}-{split} file to panx/{split}-{lang}.tsv (word<TAB>tag, "lang:" prefix removed)')
     raw = os.path.join(out, 'downloads', task)
+    made = [p for p in (out, os.path.dirname(raw), raw) if not os.path.exists(p)]
     os.makedirs(raw, exist_ok=True)
-    files = [fetch(url, raw) for url in SOURCES[task]]
+    try:
+        files = [fetch(url, raw) for url in SOURCES[task]]
+    except DataError:
+        for folder in reversed(made):  # a failed download leaves no empty folders behind
+            if not os.listdir(folder):
+                os.rmdir(folder)
+        raise
     unpacked = os.path.join(raw, 'raw')
     rows_of = lambda path: list(csv.reader(open(path, encoding='utf-8'), delimiter='\t', quoting=csv.QUOTE_NONE))[1:]
     if task == 'xnli':
@@ -1207,22 +1222,34 @@ def convert_qa(task, files, unpacked, out):
             test_file(lang, load(glob_files(unpacked, f'tydiqa-goldp-dev-{name}.json')[0]))
 
 
+DOWNLOAD_HELP = """Fetch one XTREME task from its official sources (the files XTREME's download_data.sh
+fetches) and write it in the layout train.py reads (the README's Data section), test labels
+under labels/ where they are public. Archives are kept in OUT/downloads/TASK, so a second run
+does not fetch them again. PAN-X has no direct download (the command says what to do), and
+XTREME's translations, which FILTER and X-Mixup need, are fetched with gsutil (the README).
+
+example:
+  python data.py download --task xnli --out data/"""
+
+
 def main(argv=None):
-    import argparse
-    parser = argparse.ArgumentParser(description='Get XTREME data, or write the demo data.')
-    sub = parser.add_subparsers(dest='cmd', required=True)
-    get = sub.add_parser('download', help='fetch a task from its official sources into the layout read here')
-    get.add_argument('--task', required=True, choices=list(TASKS))
-    get.add_argument('--out', required=True)
-    demo = sub.add_parser('demo', help='write the generated demo data of every task')
-    demo.add_argument('--out', required=True)
-    demo.add_argument('--seed', type=int, default=0)
+    from layers import Parser
+    parser = Parser(description='XTREME data in the layout train.py reads, or the generated demo data.')
+    sub = parser.add_subparsers(dest='cmd', required=True, metavar='{download,demo}')
+    get = sub.add_parser('download', help='fetch a task from its official sources into the layout read here',
+                         description=DOWNLOAD_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    get.add_argument('--task', required=True, choices=list(TASKS), help=f'one of {", ".join(TASKS)}')
+    get.add_argument('--out', required=True, help='the data folder (train.py --data_dir), e.g. data/')
+    demo = sub.add_parser('demo', help='write the generated demo data of every task',
+                          description='Write the demo\'s generated data of all nine tasks, with its sentencepiece model, '
+                                      'in the same layout (train.py --demo makes it in the run folder by itself).')
+    demo.add_argument('--out', required=True, help='the folder to write, e.g. demo/')
+    demo.add_argument('--seed', type=int, default=0, help='the generator\'s seed (default 0, the demo\'s)')
     args = parser.parse_args(argv)
     try:
         download(args.task, args.out) if args.cmd == 'download' else print(make_demo(args.out, args.seed))
     except DataError as e:
         raise SystemExit(f'error: {e}')
-
 
 if __name__ == '__main__':
     main()

@@ -474,24 +474,38 @@ def xtreme_table(scores, demo=False):
     return '\n'.join(lines)
 
 
-def run_tasks(run):
-    """The tasks whose test predictions a finished run folder holds (<run>/predictions/<task>/)."""
-    tasks = [t for t in TASKS if os.path.isdir(os.path.join(run, 'predictions', t))]
-    if not tasks:
-        raise EvalError(f'{run} holds no predictions/<task> folder: pass the --out folders of finished runs')
-    return tasks
+def finished_task(run):
+    """The task of a finished run folder (its results.json), whose test predictions it holds."""
+    path = os.path.join(run, 'results.json')
+    if not os.path.isfile(path):
+        raise EvalError(f'{run} is not a finished run (no results.json): pass the --out folders of finished runs')
+    results = json.loads(read_text(path))
+    task = results.get('task')
+    if task not in TASKS or not os.path.isdir(os.path.join(run, 'predictions', task)):
+        raise EvalError(f'{run} holds no test predictions of an XTREME task (predictions/<task>/): it cannot be submitted')
+    config = os.path.join(run, 'config.json')
+    if TASKS[task].family == 'qa' and os.path.isfile(config) and json.loads(read_text(config)).get('translate_test'):
+        raise EvalError(f'{run} is a translate-test run: its answers are English, which the leaderboard does not score')
+    return task
+
+
+def run_is_demo(run):
+    """Was the run on the demo's data (its --data_dir, or the demo data in its folder)?"""
+    config = os.path.join(run, 'config.json')
+    data_dir = json.loads(read_text(config)).get('data_dir', '') if os.path.isfile(config) else ''
+    return is_demo(data_dir) or is_demo(os.path.join(run, 'demo-data'))
 
 
 def collect(runs, out, demo=False):
     """Gathers the test predictions of finished runs (one per task) into one submission folder in
     the leaderboard layout, written whole and then moved into place. -> the gaps, a line each: a
     task no run gives, a language without its file."""
-    found = {}
+    out, found = os.path.normpath(out), {}
     for run in runs:
-        for task in run_tasks(run):
-            if task in found:
-                raise EvalError(f'{found[task]} and {run} both hold {task} predictions: pass one run per task')
-            found[task] = run
+        task = finished_task(run)
+        if task in found:
+            raise EvalError(f'{found[task]} and {run} both hold {task} predictions: pass one run per task')
+        found[task] = run
     if os.path.exists(out) and (not os.path.isdir(out) or set(os.listdir(out)) - set(TASKS)):
         raise EvalError(f'{out} exists and is not a submission folder (only task folders): give a new --out')
     gaps, tmp = [], f'{out}.tmp{os.getpid()}'
@@ -507,9 +521,10 @@ def collect(runs, out, demo=False):
                 shutil.copyfile(src, os.path.join(tmp, task, name))
             else:
                 gaps.append(f'{task}: no {lang} predictions ({src} not found)')
-    if os.path.exists(out):
-        shutil.rmtree(out)
+    if os.path.exists(out):  # the old submission goes only once the new one is complete
+        os.replace(out, f'{out}.old{os.getpid()}')
     os.replace(tmp, out)
+    shutil.rmtree(f'{out}.old{os.getpid()}', ignore_errors=True)
     return gaps
 
 
@@ -548,20 +563,23 @@ def plot(runs, out):
         for name, log in zip(names, logs):
             ax.plot([r['step'] for r in log if 'loss' in r], [r['loss'] for r in log if 'loss' in r], label=name)
         save(fig, ax, 'loss.png', 'step', 'training loss')
-    if any(any('dev' in r for r in log) for log in logs):
+    # each epoch's dev scores; pre-training and translation log held-out losses (kinds of pair: score = minus the loss)
+    dev = [[(r['epoch'], {k: v if isinstance(v, (int, float)) else -v['score'] for k, v in r['dev'].items()})
+            for r in log if r.get('dev')] for log in logs]
+    loss = any(isinstance(v, dict) for log in logs for r in log for v in r.get('dev', {}).values())
+    if any(dev):
         fig, ax = plt.subplots(figsize=(7, 4))
-        for name, log in zip(names, logs):
-            epochs = [r for r in log if 'dev' in r]
-            langs = list(dict.fromkeys(lang for r in epochs for lang in r['dev']))
-            for lang in langs if len(runs) == 1 else []:
-                ax.plot([r['epoch'] for r in epochs if lang in r['dev']], [r['dev'][lang] for r in epochs if lang in r['dev']],
-                        marker='o', lw=2 if lang == 'en' else 1, label=lang)
-            mean = [sum(r['dev'].values()) / len(r['dev']) for r in epochs]
-            ax.plot([r['epoch'] for r in epochs], mean, 'k--' if len(runs) == 1 else '-', marker='s',
-                    label='average' if len(runs) == 1 else name)
+        for name, epochs in zip(names, dev):
+            for lang in dict.fromkeys(k for _, d in epochs for k in d) if len(runs) == 1 else ():
+                ax.plot([e for e, d in epochs if lang in d], [d[lang] for e, d in epochs if lang in d], marker='o',
+                        lw=2 if lang == 'en' else 1, label=lang)
+            ax.plot([e for e, _ in epochs], [sum(d.values()) / len(d) for _, d in epochs], 'k--' if len(runs) == 1 else '-',
+                    marker='s', label='average' if len(runs) == 1 else name)
         ax.xaxis.get_major_locator().set_params(integer=True)  # epochs
-        save(fig, ax, 'dev.png', 'epoch', 'dev score' + (' per language' if len(runs) == 1 else ', average over languages'))
-    tests = [{k: v for k, v in r.get('test', {}).items() if k not in ('avg', 'gap')} for r in results]
+        save(fig, ax, 'dev.png', 'epoch', 'held-out loss' if loss else 'dev score per language' if len(runs) == 1 else
+             'dev score, average over languages')
+    tests = [{k: v for k, v in r.get('test', {}).items() if k not in ('avg', 'gap') and isinstance(v, (int, float))}
+             for r in results]
     if any(tests):
         langs = list(dict.fromkeys(lang for t in tests for lang in t))
         langs = ['en'] * ('en' in langs) + [lang for lang in langs if lang != 'en']
@@ -575,6 +593,10 @@ def plot(runs, out):
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(langs))], langs)
         ax.set_title('test per language; dashed: English, gap: English minus the other languages\' mean', fontsize='small')
         save(fig, ax, 'test.png', 'language', 'test score')
+    for run, log in zip(runs, logs):
+        if not log:
+            print(f'{run}: no log.jsonl (an evaluation, or a run of stages such as XLA, whose logs are in its '
+                  'stage folders): no training figures from it')
     if not written:
         raise EvalError(f'nothing to plot in {", ".join(runs)}: no log.jsonl or results.json there (a finished run\'s --out)')
     return written
@@ -615,7 +637,7 @@ def main(argv=None):
             sys.exit(f'error: {", ".join(missing)} missing: give --predictions DIR --labels DIR --out FILE, '
                      '--collect RUN [RUN ...] --out DIR, --plot RUN [RUN ...] or --bleu HYP --ref REF')
         scores = score_folder(args.predictions, args.labels, args.demo)
-    except (EvalError, DataError) as e:
+    except (EvalError, DataError, OSError) as e:
         sys.exit(f'error: {e}')
     if not scores:
         sys.exit(f'error: no task folder is in both {args.predictions} and {args.labels}: expected e.g. xnli/test-en.tsv')
@@ -637,14 +659,18 @@ def collect_main(args):
     """--collect: the submission folder, its gaps (a line each) and, given --labels, its XTREME table."""
     if not args.out:
         sys.exit('error: --collect needs --out DIR, the submission folder to write')
-    demo = args.demo or all(is_demo(os.path.join(run, 'demo-data')) for run in args.collect)
+    kinds = {run_is_demo(run) for run in args.collect}
+    if len(kinds) > 1:
+        sys.exit('error: some runs are on the demo\'s data and some on XTREME\'s: collect one kind')
+    demo = args.demo or kinds == {True}
     gaps = collect(args.collect, args.out, demo)
     for gap in gaps:
         print(f'missing: {gap}')
     print(f'submission in {args.out}: {len(TASKS) - len({g.split(":")[0] for g in gaps})} of {len(TASKS)} tasks complete')
     if args.labels:
         complete = [t for t in TASKS if not any(g.startswith(f'{t}:') for g in gaps)]
-        print(xtreme_table(score_folder(args.out, args.labels, demo, complete), demo))
+        scores = score_folder(args.out, args.labels, demo, complete)
+        print(xtreme_table(scores, demo) if scores else f'no labels in {args.labels} for the complete tasks')
 
 if __name__ == '__main__':
     main()

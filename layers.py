@@ -335,17 +335,35 @@ def read_safetensors(path):
     return sd
 
 
+CHECKPOINTS = ('a checkpoint is a file python layers.py convert wrote, a run\'s best.pt, a Hugging Face XLM-R folder '
+               '(config.json with model.safetensors or pytorch_model.bin) or fairseq\'s model.pt')
+
+
+def check_format(path):
+    """Raise CheckpointError unless path can be a checkpoint, from its first bytes alone: a folder,
+    a safetensors file, a PyTorch zip or (older fairseq files) a pickle."""
+    if not os.path.exists(path):
+        raise CheckpointError(f'checkpoint {path} not found: {CHECKPOINTS}')
+    if os.path.isfile(path) and not path.endswith('.safetensors'):
+        with open(path, 'rb') as f:
+            head = f.read(2)
+        if head[:2] != b'PK' and head[:1] != b'\x80':
+            raise CheckpointError(f'{path} is {"empty" if not head else "not a PyTorch file"}: {CHECKPOINTS}')
+
+
 def torch_load(path):
     """torch.load that never runs arbitrary pickled code: tensors, containers and argparse.Namespace
     (fairseq's saved arguments) only."""
+    check_format(path)
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location='cpu', weights_only=True)
     except Exception as e:  # torch reports refused globals as UnpicklingError, with a long explanation
         found = re.search(r'(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)', str(e))
-        what = f'a pickled {found.group(1)} object, which is not allowed' if found else str(e).splitlines()[0]
-        raise CheckpointError(f'cannot load {path}: it holds {what}; '
-                              'convert it on a trusted machine to plain tensors (python layers.py convert)')
+        if found:
+            raise CheckpointError(f'{path} holds a pickled {found.group(1)} object, which is not allowed (loading '
+                                  'it could run code): on a machine you trust, save its tensors alone with torch.save') from None
+        raise CheckpointError(f'{path} is not a PyTorch file (torch.load cannot read it): {CHECKPOINTS}') from None
 
 
 def config_from(sd, meta):
@@ -367,19 +385,21 @@ def read_checkpoint(path):
     if os.path.isdir(path):
         files = [f for f in ('model.safetensors', 'pytorch_model.bin', 'model.pt', 'checkpoint.pt') if os.path.exists(os.path.join(path, f))]
         if not files:
-            raise CheckpointError(f'{path} holds no model.safetensors, pytorch_model.bin or model.pt')
+            raise CheckpointError(f'{path} holds no model.safetensors, pytorch_model.bin or model.pt: {CHECKPOINTS}')
         path = os.path.join(path, files[0])
-    if not os.path.isfile(path):
-        raise CheckpointError(f'checkpoint {path} not found: give an XLM-R directory, model.pt or a converted file')
+    check_format(path)
     obj = read_safetensors(path) if path.endswith('.safetensors') else torch_load(path)
-    if not isinstance(obj, dict):
-        raise CheckpointError(f'{path} holds a {type(obj).__name__}, not a state dict')
-    if 'encoder' in obj and 'config' in obj:  # ours
+    hf = isinstance(obj, dict) and any('word_embeddings' in k for k in obj)
+    if not isinstance(obj, dict) or not (hf or 'model' in obj or {'encoder', 'config'} <= set(obj)):
+        what = f'a dict with the keys {", ".join(map(str, list(obj)[:4]))}{" ..." if len(obj) > 4 else ""}' if isinstance(obj, dict) \
+            else f'a {type(obj).__name__}'
+        raise CheckpointError(f'{path} holds {what}, not XLM-R weights: {CHECKPOINTS}')
+    if not hf and 'encoder' in obj and 'config' in obj:  # ours
         sd = {f'enc.{k}': v for k, v in obj['encoder'].items()}
         sd.update({f'mlm.{k}': v for k, v in (obj.get('mlm') or {}).items()})
         fold_tied(sd)
         return Config(**obj['config']), sd, []
-    if 'model' in obj:  # fairseq: {'model': state dict, 'args': Namespace or 'cfg': {'model': ...}}
+    if not hf:  # fairseq: {'model': state dict, 'args': Namespace or 'cfg': {'model': ...}}
         args = obj.get('args') or (obj.get('cfg') or {}).get('model') or {}
         meta = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
         sd, unknown = rename(obj['model'], FAIRSEQ_NAMES, ('decoder.', 'encoder.'))
@@ -451,12 +471,32 @@ def save_converted(enc, mlm, path):
                         'mlm': None if mlm is None else {k: v for k, v in mlm.state_dict().items() if k != 'weight'}})
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage mistakes are one line, as every other mistake here."""
+
+    def error(self, message):
+        raise SystemExit(f'error: {message} ({self.prog} --help lists the options)')
+
+
+CONVERT_HELP = """Convert XLM-R weights into this project's checkpoint (a config and plain tensors), which
+train.py --init reads. SRC is one of:
+  a Hugging Face folder: config.json with model.safetensors or pytorch_model.bin
+      (e.g. git clone https://huggingface.co/FacebookAI/xlm-roberta-large);
+  fairseq's model.pt (e.g. from xlmr.large.tar.gz), old or new style;
+  a file this command wrote, or a run's best.pt (checked and written again).
+Every tensor is checked against the model; files are read without running pickled code.
+
+example:
+  python layers.py convert xlm-roberta-large/ xlmr-large.pt"""
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description='Convert XLM-R weights (Hugging Face or fairseq) to this project\'s format.')
-    sub = parser.add_subparsers(dest='cmd', required=True)
-    conv = sub.add_parser('convert', help='SRC (HF directory or file, fairseq model.pt) -> OUT')
-    conv.add_argument('src')
-    conv.add_argument('out')
+    parser = Parser(description='XLM-R checkpoints for this project.')
+    sub = parser.add_subparsers(dest='cmd', required=True, metavar='convert')
+    conv = sub.add_parser('convert', help='XLM-R weights (Hugging Face or fairseq) -> this project\'s checkpoint',
+                          description=CONVERT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    conv.add_argument('src', help='a Hugging Face folder or weights file, or fairseq\'s model.pt')
+    conv.add_argument('out', help='the checkpoint to write, e.g. xlmr-large.pt')
     args = parser.parse_args(argv)
     try:
         enc, mlm = load_pretrained(args.src)
@@ -466,7 +506,6 @@ def main(argv=None):
     n = sum(p.numel() for p in enc.parameters())
     print(f'wrote {args.out}: {enc.cfg.n_layer} layers x {enc.cfg.dim}, {n / 1e6:.1f}M parameters'
           f'{", with MLM head" if mlm is not None else ""}')
-
 
 if __name__ == '__main__':
     main()

@@ -19,7 +19,6 @@ import random
 import shutil
 import sys
 import time
-import zipfile
 from collections import defaultdict
 from contextlib import nullcontext
 from dataclasses import replace
@@ -28,7 +27,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from tqdm import tqdm
 
 import data
 import eval as ev
@@ -173,6 +171,8 @@ def parse_args(argv=None):
                    'compile; outputs as without, to 1e-5)')
     p.add_argument('--resume', action='store_true', help='continue from --out/last.pt')
     p.add_argument('--eval_only', action='store_true', help='evaluate --out/best.pt (or --init) without training')
+    p.add_argument('--overwrite', action='store_true', help='replace a finished run of other settings in --out '
+                   '(without it such a folder is refused)')
     p.add_argument('--dry_run', action='store_true', help='check the options and that every file the run reads is '
                    'there, print the plan, and stop: nothing is trained or written')
     p.add_argument('--halt_after', type=int, help=argparse.SUPPRESS)  # tests: die abruptly after this many steps
@@ -269,10 +269,20 @@ def parse_args(argv=None):
         args.delta = args.delta * 2 if pair and len(args.delta) == 1 else args.delta
         if not args.train_lang:
             fail('XLA adapts to one target language: pass --train_lang (its unlabelled training text is read)')
-    task = f'{args.task}-{args.src}-{args.tgt}' if args.task == 'translate' else args.task
-    method = f'{args.method}-{args.train_lang}' if args.method == 'xla' else args.method
-    args.out = args.out or os.path.join('runs', f'{task}-{method}{"-demo" if args.demo else ""}')
+    args.stage = 'student' if args.self_teach or args.teacher else None  # teacher and warm-up runs set theirs
+    args.out = args.out or os.path.join('runs', default_folder(args))
     return args
+
+
+def default_folder(args):
+    """A run's default folder names every choice that changes what it is: task, method, target
+    language, translations, self-teaching, translate-test, a preset or seed not the default, the demo."""
+    parts = [f'{args.task}-{args.src}-{args.tgt}' if args.task == 'translate' else args.task, args.method]
+    parts += [args.train_lang] if args.method in ('translate-train', 'xla') and args.train_lang else []
+    parts += ['translate-train-all'] * args.translate_train_all + ['self-teach'] * bool(args.self_teach or args.teacher)
+    parts += ['translate-test'] * args.translate_test + [args.model] * (args.model != ('tiny' if args.demo else 'base'))
+    parts += [f'seed{args.seed}'] * (args.seed != 1) + ['demo'] * args.demo
+    return '-'.join(parts)
 
 
 # ----------------------------------------------------------------------------------------
@@ -288,18 +298,24 @@ SELECTED_BY = {'en': 'the best English dev score', 'average': 'the best average 
 def planned_files(args):
     """-> [(path, what it is, needed)] of the data a run reads, in the README's layout; not
     needed: read where it is there (dev sets, test labels, round trips)."""
+    spm = (args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model'), 'XLM-R\'s sentencepiece model: put it '
+           'there or pass --spm', True)
+    return data_files(args) + [spm]
+
+
+def data_files(args):
     d, task, files = args.data_dir, args.task, []
     add = lambda path, what, needed=True: files.append((path, what, needed))
-    add(args.spm or os.path.join(d, 'sentencepiece.bpe.model'), 'the sentencepiece model (or pass --spm)')
     if task == 'pretrain':
-        return files + [(p, 'pre-training text', True) for paths in data.pretrain_files(d).values() for p in paths]
+        return [(p, 'pre-training text', True) for paths in data.pretrain_files(d).values() for p in paths]
     if task == 'translate':
-        return files + [(p, 'parallel text', True) for split in ('train', 'valid', 'test')
-                        for p in data.parallel_files(d, args.src, args.tgt, split)]
+        return [(p, 'parallel text', True) for split in ('train', 'valid', 'test') for p in data.parallel_files(d, args.src, args.tgt, split)]
     family, langs = data.TASKS[task].family, data.languages(task, data.is_demo(d))
     get = f'python data.py download --task {task} --out {d}'
-    if family == 'retrieval':
-        return files + [(f'{data.split_path(d, task, "test", lang)}.{side}', get, True) for lang in langs for side in (lang, 'en')]
+    if family == 'retrieval':  # BUCC's threshold comes from its dev pairs and their gold alignment
+        return [(f'{data.split_path(d, task, split, lang)}.{side}', get, True) for lang in langs
+                for split, sides in (('test', (lang, 'en')), ('dev', (lang, 'en', 'gold') if task == 'bucc2018' else ()))
+                for side in sides]
     method, train_on = method_class(args), 'translations' if args.translate_train_all else xlt.METHODS[args.method][1]
     if not args.eval_only:
         add(data.split_path(d, task, 'train'), get)
@@ -310,7 +326,8 @@ def planned_files(args):
                 add(data.split_path(d, task, 'train', args.train_lang), f'XLA reads the unlabelled {args.train_lang} '
                     f'training text (XTREME\'s train-{args.train_lang}.tsv)')
         for lang in translated:
-            add(data.split_path(d, task, 'translate-train', lang), data.TRANSLATIONS)
+            add(data.split_path(d, task, 'translate-train', lang), f'{task} needs translate-train files for {lang}; '
+                f'{data.TRANSLATIONS}')
             if method.round_trip:
                 add(data.split_path(d, task, 'round-trip', lang), 'X-Mixup\'s round trip (the real English where missing)', False)
     for split in ('dev', 'test'):
@@ -320,30 +337,91 @@ def planned_files(args):
                 continue  # no dev set in this language: the run evaluates what there is
             add(path, get)
             if lang != 'en' and (method.paired or args.translate_test):
-                add(data.split_path(d, task, f'translate-{split}', lang), data.TRANSLATIONS)
+                add(data.split_path(d, task, f'translate-{split}', lang), f'{args.method} needs translate-{split} files '
+                    f'for {lang}; {data.TRANSLATIONS}')
     for lang in langs:
         add(os.path.join(d, 'labels', task, f'test-{lang}.{ev.suffix(task)}'), 'test labels (scored when there)', False)
     return files
 
 
-def dry_run(args, world):
-    """Checks what can be checked without reading a tensor (options, files, checkpoints' format)
-    and prints the plan. A missing file is one line naming it and how to get it."""
+RUN_FREE = ('out', 'resume', 'eval_only', 'dry_run', 'overwrite', 'data_dir', 'spm', 'warmup_dir', 'eval_batch_size',
+            'save_every', 'log_every', 'compile', 'grad_accum', 'grad_checkpoint', 'halt_after', 'stage')  # results alike
+
+
+def check(args, world):
+    """Everything that can be checked before anything is created: the options against each other,
+    the model and the processes, every file the run reads, --init's and --mlm's format, the
+    teacher, and that --out holds no finished run of other settings. -> the data files
+    [(path, what, needed)]."""
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        fail(f'--out {args.out} is a file: give a folder for the run (it is made when missing)')
     check_batches(args, world)
-    check_init(args)
-    for option in ('init', 'mlm'):
-        path = getattr(args, option, None)
-        if path and not (os.path.isfile(path) and zipfile.is_zipfile(path)):
-            fail(f'--{option} {path} is {"not a torch checkpoint" if os.path.isfile(path) else "not there"}: '
-                 'pass a file that python layers.py convert wrote, or a run\'s best.pt')
-    if args.teacher and not os.path.isfile(os.path.join(args.teacher, 'results.json')):
-        fail(f'--teacher {args.teacher} is not a finished run (no results.json): train the teacher first')
+    check_options(args)
     files = [] if args.demo else planned_files(args)
     lost = [(path, what) for path, what, needed in files if needed and not os.path.isfile(path)]
+    if lost and len(lost) == sum(needed for _, _, needed in files):
+        fail(f'{args.data_dir} holds no {args.task} data (no {lost[0][0]}): {lost[0][1]}, or pass --demo (methods '
+             f'that read translations: {data.TRANSLATIONS})')
     for path, what in lost[1:]:
         print(f'not found: {path}')
     if lost:
         fail(f'{lost[0][0]} not found{f" (and {len(lost) - 1} more, listed above)" if len(lost) > 1 else ""}: {lost[0][1]}')
+    check_init(args)
+    for option in ('init', 'mlm'):
+        if getattr(args, option, None):
+            try:
+                layers.check_format(getattr(args, option))
+            except layers.CheckpointError as e:
+                fail(f'--{option}: {e}')
+    for name in ('results.json', 'config.json', 'best.pt') if args.teacher else ():
+        if not os.path.isfile(os.path.join(args.teacher, name)):
+            fail(f'--teacher {args.teacher} is not a finished run (no {name}): train the teacher first')
+    if args.eval_only and args.method != 'xla' and not (args.init or os.path.exists(os.path.join(args.out, 'best.pt'))):
+        fail(f'{args.out}/best.pt not found: --eval_only evaluates a finished run in --out (or the --init weights)')
+    for m in range(3) if args.method == 'xla' else ():
+        warm_up_run(args, m)  # a kept warm-up of other settings stops the run here
+    check_finished(args)
+    return files
+
+
+def check_options(args):
+    """The rules between options that argparse cannot see, and the method's own (layer counts),
+    tried on a weightless model."""
+    method, family_ = method_class(args), family(args)
+    if (args.self_teach or args.teacher) and not (args.method == 'filter' or (args.method == 'xmixup' and family_ == 'tagging')):
+        fail('--self_teach and --teacher belong to FILTER, and to X-Mixup on tagging (udpos, panx)')
+    if args.method == 'xmixup' and family_ == 'tagging' and not (args.self_teach or args.teacher):
+        fail('X-Mixup on tagging learns T from a source-language model\'s labels: pass --teacher RUN '
+             '(a finished zeroshot run) or --self_teach to train one first')
+    if xlt.METHODS[args.method][1] == 'translation' and family_ not in ('retrieval', 'pretrain', 'translation'):
+        langs = [lang for lang in data.languages(args.task, args.demo or data.is_demo(args.data_dir)) if lang != 'en']
+        if args.train_lang not in langs:
+            fail(f'translate-train needs --train_lang, one of {", ".join(langs)}')
+    if args.task not in STEPPED and family_ != 'retrieval':  # the method's checks, on a model of the depth, narrow
+        cfg = replace(layers.CONFIGS[args.model], dim=8, n_head=1, ffn_dim=8, vocab_size=8)
+        try:
+            method(layers.Encoder(cfg), args.task, args)
+        except ValueError as e:
+            fail(str(e))
+
+
+def check_finished(args):
+    """A finished run in --out is replaced only by a run of the same settings, or with --overwrite."""
+    config = os.path.join(args.out, 'config.json')
+    if args.overwrite or not (os.path.exists(config) and os.path.exists(os.path.join(args.out, 'results.json'))):
+        return
+    with open(config) as f:
+        found = json.load(f)
+    now = json.loads(json.dumps(vars(args)))
+    differ = [k for k in now if k not in RUN_FREE and k in found and found[k] != now[k]]
+    if differ:
+        more = f', and {len(differ) - 1} more' if len(differ) > 1 else ''
+        fail(f'{args.out} holds a finished run with --{differ[0]} {found[differ[0]]} (this run: {now[differ[0]]}{more}): '
+             'give another --out, or add --overwrite to replace it')
+
+
+def plan(args, world, files):
+    """The run in a few named lines, for the banner and --dry_run."""
     found, method = [path for path, _, _ in files if os.path.isfile(path)], method_class(args)
     if args.method == 'xla':
         stages = f'3 warm-ups (in {args.warmup_dir or args.out}), then {args.xla_epochs} XLA epochs'
@@ -353,20 +431,24 @@ def dry_run(args, world):
         stages = f'the student of the teacher {args.teacher}' if args.teacher else 'one'
     start = 'the demo\'s pre-trained model (made first when missing)' if args.demo and method.pretrained_start \
         and not args.from_scratch else 'random weights'
-    plan = {'model': f'{args.model}, from {args.init or start}',
+    return {'model': f'{args.model}, from {args.init or start}',
             'data': 'generated into the run folder (--demo)' if args.demo else
             f'{args.data_dir}: {len(found)} files found, {len(files) - len(found)} optional ones missing',
-            'training': 'none (--eval_only)' if args.eval_only else
-            f'{f"{args.steps} steps" if args.task in STEPPED else f"{args.epochs} epochs"}, global batch {args.batch_size} '
-            f'({world} processes x {args.grad_accum} micro-batches), lr {args.lr:g}, warm-up {args.warmup:g}, '
+            'training': 'none (--eval_only)' if args.eval_only else 'none (retrieval: mean-pooled states, nearest '
+            'neighbours)' if family(args) == 'retrieval' else
+            f'{f"{args.steps} steps" if args.task in STEPPED else f"{args.epochs} epochs"}, global batch {args.batch_size}'
+            f'{f" ({world} processes x {args.grad_accum} micro-batches)" if world * args.grad_accum > 1 else ""}, lr {args.lr:g}, warm-up {args.warmup:g}, '
             f'weight decay {args.weight_decay:g}, up to {args.max_len} tokens, seed {args.seed}',
             'method': ', '.join(f'{o} {" ".join(map(str, v)) if isinstance(v, list) else v}' for o in METHOD_OPTIONS.get(
                 args.method, ()) if (v := getattr(args, o, None)) not in (None, False)) or 'its defaults',
             'stages': stages,
-            'kept': SELECTED_BY[method.select] + (', and each XLA epoch unless the --train_lang dev score falls'
-                                                  if args.method == 'xla' else '')}
-    print(f'dry run of {args.method} on {args.task} into {args.out}: nothing is trained or written')
-    for name, value in plan.items():
+            'kept': 'nothing trained' if family(args) == 'retrieval' else SELECTED_BY[method.select] +
+            (', and each XLA epoch unless the --train_lang dev score falls' if args.method == 'xla' else '')}
+
+
+def show(title, rows):
+    print(title)
+    for name, value in rows.items():
         print(f'  {name:<9} {value}')
 
 
@@ -488,7 +570,7 @@ def outputs_of(method, items, collate, args, device, rank, world):
     predicted = lambda item: item[1] if isinstance(item, tuple) else item  # paired: the target side
     batches = data.length_batches([predicted(item) for item in items], args.eval_batch_size)
     mine, out = batches[rank::world], {}
-    for index in tqdm(mine, desc='eval', leave=False, disable=rank != 0):
+    for index in data.bar(mine, desc='eval', leave=False):
         with autocast(device):
             result = method.predict(collate([items[i] for i in index], index).to(device)).float().cpu()
         for i, r in zip(index, result):
@@ -697,20 +779,52 @@ def main(argv=None):
     global START
     START = time.time()
     args = parse_args(argv)
-    if args.dry_run:
+    if args.dry_run:  # under torchrun: every process checks, the first prints
+        world = int(os.environ.get('WORLD_SIZE', 1))
         try:
-            return dry_run(args, int(os.environ.get('WORLD_SIZE', 1)))
+            files = check(args, world)
         except (data.DataError, FileNotFoundError) as e:
             fail(str(e))
+        if os.environ.get('RANK', '0') == '0':
+            show(f'dry run of {args.method} on {args.task} into {args.out}: nothing is trained or written',
+                 plan(args, world, files))
+        return
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 matmuls outside autocast
     rank, world, device = setup_distributed()
     data.VERBOSE = rank == 0  # warnings about skipped data, once
+    fresh = rank == 0 and not os.path.exists(args.out)
     try:
         run(args, rank, world, device)
     except (data.DataError, ev.EvalError, layers.CheckpointError, FileNotFoundError) as e:
+        discard_if_unbegun(args.out, fresh)
         fail(str(e))
+    except SystemExit:
+        discard_if_unbegun(args.out, fresh)
+        raise
+    except KeyboardInterrupt:
+        discard_if_unbegun(args.out, fresh)
+        raise SystemExit(f'error: {interrupted(args.out)}' if rank == 0 else 130)
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def discard_if_unbegun(folder, fresh):
+    """A run that stops before it began (no config.json in its folder or below) leaves nothing
+    behind: the folder this process made goes, with any demo data in it."""
+    if fresh and os.path.isdir(folder) and not any('config.json' in names for _, _, names in os.walk(folder)):
+        shutil.rmtree(folder)
+
+
+def interrupted(folder):
+    """Ctrl-C's line: the last checkpoint, and how to go on from it."""
+    if not os.path.isdir(folder):
+        return 'interrupted before the run began: nothing was written'
+    found = [os.path.join(d, 'last.pt') for d, _, names in os.walk(folder) if 'last.pt' in names]
+    if not found:
+        return f'interrupted before the first checkpoint in {folder}: run the same command again'
+    last = max(found, key=os.path.getmtime)
+    step = torch.load(last, mmap=True, weights_only=True)['state']['step']  # mapped: no need to read the weights
+    return f'interrupted: the last checkpoint is step {step} ({last}); run the same command with --resume to go on from it'
 
 
 def build_method(args, encoder, device):
@@ -736,7 +850,11 @@ def check_init(args):
 
 
 def run(args, rank, world, device):
-    check_batches(args, world)
+    files = check(args, world)
+    if rank == 0:
+        status = 'evaluating' if args.eval_only else 'resuming' if args.resume else 'a new run'
+        show(f'{args.method} on {args.task}{f" ({args.stage})" if args.stage else ""} in {args.out}: {status}',
+             plan(args, world, files))
     os.makedirs(args.out, exist_ok=True)
     tok = prepare_data(args, rank)
     if args.demo and not args.init and not args.from_scratch and method_class(args).pretrained_start:
@@ -749,6 +867,7 @@ def run(args, rank, world, device):
         return xla(args, tok, rank, world, device)
     encoder = build_encoder(args, tok)[0]
     if data.TASKS[args.task].family == 'retrieval':
+        begin(args, rank)
         preds = retrieval(args, encoder.to(device), tok, device) if rank == 0 else {}
         return finish(args, {}, test_results(args, preds, rank), rank)
     torch.manual_seed(args.seed)  # the head's initialisation follows --seed, with --init too
@@ -760,11 +879,8 @@ def run(args, rank, world, device):
         if not items:
             fail(f'no training examples for {args.task} in {args.data_dir}')
         begin(args, rank)
-        if (args.self_teach or args.teacher) and (args.method != 'xmixup' or method.family == 'tagging'):
+        if args.self_teach or args.teacher:
             method.p_teacher = teacher_probabilities(args, tok, rank, world, device, method, items)
-        elif args.method == 'xmixup' and method.family == 'tagging':
-            fail('X-Mixup on tagging learns T from a source-language model\'s labels: pass --teacher RUN '
-                 '(a finished zeroshot run) or --self_teach to train one first')
         dev_cache = {}
         validate = lambda: evaluate(method, args, tok, 'dev', device, rank, world, sets, dev_cache)[0]
         train(method, items, args, device, rank, world, best_path, last_path, validate)
@@ -821,7 +937,7 @@ def pretrain(args, tok, rank, world, device):
             {'task': 'pretrain', 'method': 'veco', 'selected_by': selection(method, losses)[1], 'held_out': losses}, indent=2))
         layers.atomic_write(os.path.join(args.out, 'results.txt'), table + '\n')
         print(table)
-        print(f'pre-trained model in {best_path}: fine-tune it with --init {best_path}')
+        print(f'pre-trained model in {best_path}: fine-tune it with --init {best_path}; {clock(time.time() - START)} in all')
 
 
 @torch.no_grad()
@@ -921,7 +1037,7 @@ def report_translations(args, hyps, refs, decoded_with, valid):
              f'  tokenized BLEU  {tokenized["bleu"]:6.2f}  (13a tokens, lower case, no smoothing: multi-bleu.perl -lc)')
     layers.atomic_write(os.path.join(args.out, 'results.txt'), table + '\n')
     print(table)
-    print(f'translations in {path}')
+    print(f'translations in {path}; {clock(time.time() - START)} in all')
 
 
 def save_snapshot(method, args, rank):
@@ -979,8 +1095,8 @@ def decode_all(method, items, args, device, rank, world):
     """The best beam's token ids for every item's source, in length-sorted batches shared out over processes."""
     method.eval()
     out = {}
-    for index in tqdm(data.length_batches([x for x, _ in items], args.eval_batch_size)[rank::world], desc='decode',
-                      leave=False, disable=rank != 0):
+    for index in data.bar(data.length_batches([x for x, _ in items], args.eval_batch_size)[rank::world], desc='decode',
+                          leave=False):
         src = data.collate([items[i][0] for i in index]).to(device)
         with autocast(device):
             out.update(zip(index, method.generate(src, args.beam, args.lenpen)))
@@ -1063,8 +1179,6 @@ def teacher_probabilities(args, tok, rank, world, device, method, items):
     written to --out/p_teacher.pt, then read back. FILTER's self-teaching (Algorithm 1): a FILTER
     teacher; X-Mixup on tagging: a source-language (zero-shot) model. The teacher is trained
     first into --out/teacher with --self_teach, or is the finished run --teacher."""
-    if not hasattr(method, 'p_teacher'):
-        fail(f'--self_teach and --teacher belong to FILTER and X-Mixup, not to {args.method}')
     predicted = [item[1] for item in items]
     path = os.path.join(args.out, 'p_teacher.pt')
     stored = torch.load(path, weights_only=True) if os.path.exists(path) else None
@@ -1077,7 +1191,7 @@ def teacher_probabilities(args, tok, rank, world, device, method, items):
         if args.teacher:
             fail(f'{folder} is not a finished run (no results.json): train the teacher first')
         teacher_args = {**vars(args), 'method': method.teacher_method, 'out': folder, 'self_teach': False,
-                        'teacher': None, 'demo': False, 'from_scratch': args.from_scratch or args.demo}
+                        'teacher': None, 'demo': False, 'from_scratch': args.from_scratch or args.demo, 'stage': 'teacher'}
         run(argparse.Namespace(**teacher_args), rank, world, device)  # the same data and settings
     with open(os.path.join(folder, 'config.json')) as f:
         config = json.load(f)
@@ -1123,8 +1237,7 @@ def train(method, items, args, device, rank, world, best_path, last_path, valida
     epoch_loss = []  # (mean loss, steps) of each log line of this epoch, for its printed line
     while state['epoch'] < args.epochs:
         batches = batches_of(state['epoch'])
-        bar = tqdm(total=len(batches), initial=state['step'] % per_epoch, desc=f'epoch {state["epoch"] + 1}/{args.epochs}',
-                   disable=rank != 0)
+        bar = data.bar(total=len(batches), initial=state['step'] % per_epoch, desc=f'epoch {state["epoch"] + 1}/{args.epochs}')
         for batch in batches[state['step'] % per_epoch:]:
             method.train()
             method.step = state['step']  # methods with schedules (X-Mixup's p*) read it
@@ -1256,7 +1369,7 @@ def warm_up_run(args, m):
     folder = os.path.join(args.warmup_dir or args.out, f'warmup-{m + 1}')
     settings = argparse.Namespace(**{**vars(args), 'method': 'zeroshot', 'out': folder, 'seed': args.seed + m, 'demo': False,
                                      'conf_penalty': 1.0 if args.conf_penalty is None else args.conf_penalty,
-                                     'from_scratch': args.from_scratch or args.demo})
+                                     'from_scratch': args.from_scratch or args.demo, 'stage': f'warm-up {m + 1} of 3'})
     if (args.warmup_dir or args.resume) and os.path.exists(os.path.join(folder, 'results.json')):
         with open(os.path.join(folder, 'config.json')) as f:
             found = json.load(f)
@@ -1333,8 +1446,8 @@ def vicinal(args, tok, feats, vicinity, path, epoch, rank, world, device):
     fillable = (fillable >= 4) & (fillable < tok.mask)  # not <s>, <pad>, </s>, <unk> nor <mask>
     word_start = torch.tensor(tok.word_starts() + [False] * (encoder.cfg.vocab_size - tok.vocab_size), device=device)
     out = {}
-    for index in tqdm(data.length_batches(feats, args.eval_batch_size)[rank::world], desc='vicinal samples', leave=False,
-                      disable=rank != 0):
+    for index in data.bar(data.length_batches(feats, args.eval_batch_size)[rank::world], desc='vicinal samples',
+                          leave=False):
         rows, orders, made = [], [], []
         for i in index:
             g = torch.Generator().manual_seed(args.seed * 1_000_003 + epoch * 10_007 + i)
@@ -1484,7 +1597,8 @@ def epoch_line(state, args, epoch_loss, dev, select, seconds):
 
 
 def clock(seconds):
-    return time.strftime('%H:%M:%S', time.gmtime(seconds))
+    s = int(seconds)
+    return f'{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}'
 
 
 def open_log(path, step):
@@ -1536,8 +1650,14 @@ def finish(args, dev, test, rank, selected_by=None, runs=None):
                'test': summary(test), 'test_metrics': test, 'dev_metrics': dev, **({'runs': runs} if runs else {})}
     layers.atomic_write(os.path.join(args.out, 'results.json'), json.dumps(results, indent=2))
     rows = {f'{split} {name}': r[split] for split in ('dev', 'test') for name, r in (runs or {}).items() if r[split]}
-    rows.update({f'{split} ({args.task}{", ensemble" if runs else ""})': results[split] for split in ('dev', 'test') if results[split]})
+    label = f'{args.task}{f", {args.stage}" if args.stage else ""}{", ensemble" if runs else ""}'
+    rows.update({f'{split} ({label})': results[split] for split in ('dev', 'test') if results[split]})
+    qa = args.task in data.TASKS and data.TASKS[args.task].family == 'qa'
+    for split, scores in (('dev', dev), ('test', test)) if qa else ():  # the score's two halves
+        rows.update({f'{split} {name}': ev.summarize({lang: s[metric] for lang, s in scores.items()})
+                     for metric, name in (('exact_match', 'EM'), ('f1', 'F1')) if scores})
     table = ev.format_table(rows) if rows else 'no labels to score against: predictions written only'
+    table += '\nQA: each score is the mean of exact match (EM) and F1' if qa and rows else ''
     layers.atomic_write(os.path.join(args.out, 'results.txt'), table + '\n')
     print(table)
     print(f'results in {args.out}/results.json and results.txt, predictions in {args.out}/predictions/'

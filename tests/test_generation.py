@@ -199,7 +199,7 @@ def test_translation_runs_resume_split_over_processes_and_average(tmp_path, demo
     assert open(tmp_path / 'two' / 'predictions' / 'test.en-de.de').read().split('\n')[:-1] == hyps
     killed = subprocess.run([sys.executable, 'train.py', '--method', 'veco', '--task', 'translate', '--demo', '--from_scratch',
                              '--out', str(tmp_path / 'one'), '--steps', '12', '--eval_every', '4', '--batch_size', '8',
-                             '--average_last', '2', '--grad_accum', '2', '--save_every', '3', '--halt_after', '10'],
+                             '--average_last', '2', '--beam', '2', '--grad_accum', '2', '--save_every', '3', '--halt_after', '10'],
                             cwd=ROOT, capture_output=True)
     assert killed.returncode == 3
     resumed = translate(tmp_path / 'one', demo_data, '--grad_accum', '2', '--save_every', '3', '--resume')

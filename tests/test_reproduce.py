@@ -55,7 +55,7 @@ def test_each_epoch_prints_one_line_and_the_run_ends_with_its_table(runs):
     results = json.load(open(root / 'panx' / 'results.json'))
     tail = printed.split(epochs[-1])[1]
     assert f'{results["test"]["de"]:7.1f}' in tail and 'the kept model in best.pt' in tail
-    assert re.search(r'\d\d:\d\d:\d\d in all', tail)
+    assert re.search(r'\d+:\d\d:\d\d in all', tail)
 
 
 def run_eval(argv):
@@ -175,6 +175,7 @@ def write_layout(root, langs_of):
                   f'tydiqa/translate-train/tydiqa.translate.train.en-{lang}.json',
                   f'tydiqa/translate-test/tydiqa.translate.test.{lang}-en.json']
     files += [f'bucc2018/{lang}-en.test.{side}' for lang in langs_of('bucc2018') for side in (lang, 'en')]
+    files += [f'bucc2018/{lang}-en.dev.{side}' for lang in langs_of('bucc2018') for side in (lang, 'en', 'gold')]
     files += [f'tatoeba/{lang}-en.{side}' for lang in langs_of('tatoeba') for side in (lang, 'en')]
     files += ['pretrain/mono/en.txt', 'pretrain/parallel/en-de.en', 'pretrain/parallel/en-de.de']
     files += [f'translation/en-{t}/{s}.{lang}' for t in ('de', 'fr') for s in ('train', 'valid', 'test') for lang in ('en', t)]
@@ -185,21 +186,28 @@ def write_layout(root, langs_of):
 
 def test_every_reproduction_command_passes_dry_run(tmp_path, monkeypatch, capsys):
     commands = reproduction_commands()
-    assert len(commands) >= 30  # every method and task of the table
+    assert len(commands) >= 80  # every method and task of the table, loops unrolled
     monkeypatch.chdir(tmp_path)
     write_layout('data', lambda task: data.TASKS[task].langs)
+    made = set()  # what the runs before a command would have left: the checkpoints and teachers it reads
     for name in {arg for _, argv in commands for arg in argv if arg.endswith('.pt')}:
         os.makedirs(os.path.dirname(name) or '.', exist_ok=True)
         torch.save({}, name)  # a torch checkpoint's format: the dry run reads no tensor
-    for world, argv in commands:
-        monkeypatch.setenv('WORLD_SIZE', str(world))
+        made.add(name)
+    for _, argv in commands:
         for teacher in argv[argv.index('--teacher') + 1:][:1] if '--teacher' in argv else []:
             os.makedirs(teacher, exist_ok=True)
-            open(os.path.join(teacher, 'results.json'), 'w').write('{}')
+            for name in ('results.json', 'config.json', 'best.pt'):  # a finished run's files
+                open(os.path.join(teacher, name), 'w').write('{}')
+                made.add(os.path.join(teacher, name))
+    outs = [train.parse_args(argv).out for _, argv in commands]
+    assert len(set(outs)) == len(outs)  # no two commands write the same folder
+    for world, argv in commands:
+        monkeypatch.setenv('WORLD_SIZE', str(world))
         train.main([*argv, '--dry_run'])
         out = capsys.readouterr().out
         assert out.startswith('dry run of ') and 'nothing is trained or written' in out, argv
-    assert sorted(os.listdir('runs')) == ['xnli-veco-tta', 'xquad-veco-tta']  # only the .pt files written above
+    assert {os.path.join(d, f) for d, _, names in os.walk('runs') for f in names} == {p for p in made if p.startswith('runs')}
 
 
 def test_dry_run_names_a_missing_file_in_one_line(tmp_path, monkeypatch, capsys):
@@ -211,7 +219,7 @@ def test_dry_run_names_a_missing_file_in_one_line(tmp_path, monkeypatch, capsys)
         train.main(['--method', 'filter', '--task', 'xnli', '--model', 'large', '--init', 'xlmr-large.pt', '--dry_run'])
     assert str(err.value).startswith('error: data/xnli/translate-test/test-sw-en-translated.tsv not found: ')
     open('not-a-checkpoint.pt', 'w').write('101')
-    with pytest.raises(SystemExit, match='not a torch checkpoint'):
+    with pytest.raises(SystemExit, match='not-a-checkpoint.pt is not a PyTorch file'):
         train.main(['--task', 'xnli', '--model', 'large', '--init', 'not-a-checkpoint.pt', '--dry_run'])
 
 

@@ -112,7 +112,7 @@ def test_bad_set_ups_stop_with_one_line(tmp_path, demo_data, capsys):
     one_line_failure(capsys, ['--method', 'magic'], "unknown method 'magic': choose one of zeroshot")
     one_line_failure(capsys, ['--task', 'panx', '--translate_test'], 'tags would need a word alignment): drop --translate_test')
     one_line_failure(capsys, ['--data_dir', str(tmp_path / 'nowhere'), '--out', str(tmp_path / 'o')],
-                     'data folder')
+                     'nowhere holds no xnli data')
     broken = tmp_path / 'broken'
     shutil.copytree(demo_data, broken)
     os.remove(broken / 'xnli' / 'translate-train' / 'en-zh-translated.tsv')
@@ -147,8 +147,10 @@ def test_set_up_errors_before_training(tmp_path, demo_data, capsys):
                               '--out', str(tmp_path / 'f')], 'dev-zh-en-translated.tsv not found: filter needs translate-dev')
     assert not os.path.exists(tmp_path / 'f' / 'log.jsonl')  # stopped before any training
     run(tmp_path / 'zs', demo_data, '--task', 'xnli', '--epochs', '1')
-    with pytest.raises(SystemExit, match='holds zeroshot on xnli with the tiny preset, not filter on xnli'):
+    with pytest.raises(SystemExit, match='zs holds a finished run with --method zeroshot .this run: filter'):
         run(tmp_path / 'zs', demo_data, '--task', 'xnli', '--method', 'filter', '--eval_only')
+    with pytest.raises(SystemExit, match='holds zeroshot on xnli with the tiny preset, not filter on xnli'):
+        run(tmp_path / 'zs', demo_data, '--task', 'xnli', '--method', 'filter', '--eval_only', '--overwrite')
 
 
 def test_translate_test_qa_is_scored_on_the_translations(tmp_path, demo_data):
