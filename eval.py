@@ -24,7 +24,7 @@ from collections import Counter
 import torch
 
 from data import GROUPS, TASKS, DataError, Feature, collate, is_demo, languages, length_batches, lines_of, read_text
-from layers import atomic_write, mean_pool
+from layers import Parser, atomic_write, mean_pool
 
 
 class EvalError(ValueError):
@@ -543,6 +543,8 @@ def plot(runs, out):
     logs = [[json.loads(line) for line in lines_of(p)] if os.path.exists(p := os.path.join(r, 'log.jsonl')) else []
             for r in runs]
     results = [json.loads(read_text(p)) if os.path.exists(p := os.path.join(r, 'results.json')) else {} for r in runs]
+    if not any(logs) and not any(r.get('test') for r in results):
+        raise EvalError(f'nothing to plot in {", ".join(runs)}: no log.jsonl or results.json there (a finished run\'s --out)')
     os.makedirs(out, exist_ok=True)
     written = []
 
@@ -597,13 +599,11 @@ def plot(runs, out):
         if not log:
             print(f'{run}: no log.jsonl (an evaluation, or a run of stages such as XLA, whose logs are in its '
                   'stage folders): no training figures from it')
-    if not written:
-        raise EvalError(f'nothing to plot in {", ".join(runs)}: no log.jsonl or results.json there (a finished run\'s --out)')
     return written
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description='Score a prediction folder in the XTREME submission layout, gather '
+    parser = Parser(description='Score a prediction folder in the XTREME submission layout, gather '
                                                  'finished runs into one (--collect), plot runs (--plot), or BLEU of a '
                                                  'text file (--bleu).')
     parser.add_argument('--predictions', help='folder with <task>/test-<lang>.<tsv|json>')

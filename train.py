@@ -81,7 +81,7 @@ def method_class(args):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = layers.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--method', default='zeroshot', help=f'one of {", ".join(xlt.METHODS)}')
     p.add_argument('--task', default='xnli', help=f'one of {", ".join(data.TASKS)}; pretrain: VECO\'s pre-training; '
                    'translate: VECO\'s encoder-decoder on --src -> --tgt')
@@ -312,10 +312,12 @@ def data_files(args):
         return [(p, 'parallel text', True) for split in ('train', 'valid', 'test') for p in data.parallel_files(d, args.src, args.tgt, split)]
     family, langs = data.TASKS[task].family, data.languages(task, data.is_demo(d))
     get = f'python data.py download --task {task} --out {d}'
+    labels = [(os.path.join(d, 'labels', task, f'test-{lang}.{ev.suffix(task)}'), 'test labels (scored when there)', False)
+              for lang in langs]
     if family == 'retrieval':  # BUCC's threshold comes from its dev pairs and their gold alignment
         return [(f'{data.split_path(d, task, split, lang)}.{side}', get, True) for lang in langs
                 for split, sides in (('test', (lang, 'en')), ('dev', (lang, 'en', 'gold') if task == 'bucc2018' else ()))
-                for side in sides]
+                for side in sides] + labels
     method, train_on = method_class(args), 'translations' if args.translate_train_all else xlt.METHODS[args.method][1]
     if not args.eval_only:
         add(data.split_path(d, task, 'train'), get)
@@ -339,9 +341,7 @@ def data_files(args):
             if lang != 'en' and (method.paired or args.translate_test):
                 add(data.split_path(d, task, f'translate-{split}', lang), f'{args.method} needs translate-{split} files '
                     f'for {lang}; {data.TRANSLATIONS}')
-    for lang in langs:
-        add(os.path.join(d, 'labels', task, f'test-{lang}.{ev.suffix(task)}'), 'test labels (scored when there)', False)
-    return files
+    return files + labels
 
 
 RUN_FREE = ('out', 'resume', 'eval_only', 'dry_run', 'overwrite', 'data_dir', 'spm', 'warmup_dir', 'eval_batch_size',
@@ -792,26 +792,34 @@ def main(argv=None):
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 matmuls outside autocast
     rank, world, device = setup_distributed()
     data.VERBOSE = rank == 0  # warnings about skipped data, once
-    fresh = rank == 0 and not os.path.exists(args.out)
+    fresh = first_missing(args.out) if rank == 0 else None  # what this run makes, and removes if it fails at once
     try:
         run(args, rank, world, device)
     except (data.DataError, ev.EvalError, layers.CheckpointError, FileNotFoundError) as e:
-        discard_if_unbegun(args.out, fresh)
+        discard_if_unbegun(fresh)
         fail(str(e))
     except SystemExit:
-        discard_if_unbegun(args.out, fresh)
+        discard_if_unbegun(fresh)
         raise
     except KeyboardInterrupt:
-        discard_if_unbegun(args.out, fresh)
+        discard_if_unbegun(fresh)
         raise SystemExit(f'error: {interrupted(args.out)}' if rank == 0 else 130)
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
-def discard_if_unbegun(folder, fresh):
+def first_missing(path):
+    """The outermost folder of path that does not exist yet (None if path does)."""
+    path, missing = os.path.abspath(path), None
+    while not os.path.exists(path):
+        path, missing = os.path.dirname(path), path
+    return missing
+
+
+def discard_if_unbegun(folder):
     """A run that stops before it began (no config.json in its folder or below) leaves nothing
-    behind: the folder this process made goes, with any demo data in it."""
-    if fresh and os.path.isdir(folder) and not any('config.json' in names for _, _, names in os.walk(folder)):
+    behind: the folders this process made go, with any demo data in them."""
+    if folder and os.path.isdir(folder) and not any('config.json' in names for _, _, names in os.walk(folder)):
         shutil.rmtree(folder)
 
 

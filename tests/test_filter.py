@@ -109,10 +109,14 @@ def test_kl_is_against_stored_target_probabilities(task):
     assert logs['kl'] == pytest.approx(float(expected), rel=1e-4)
 
 
-def test_self_teaching_end_to_end(tmp_path):
+def test_self_teaching_end_to_end(tmp_path, capsys):
     demo = data.make_demo(str(tmp_path / 'demo-data'), n_train=150, n_eval=30)
     results = run(tmp_path / 'st', demo, '--method', 'filter', '--task', 'xnli', '--self_teach', '--epochs', '3')
     teacher, stored = tmp_path / 'st' / 'teacher', tmp_path / 'st' / 'p_teacher.pt'
+    printed = capsys.readouterr().out  # each stage says what it is, in its banner and its table
+    assert printed.index(f'filter on xnli (student) in {tmp_path / "st"}: a new run') \
+        < printed.index(f'filter on xnli (teacher) in {teacher}: a new run') < printed.index('dev (xnli, teacher)') \
+        < printed.index('dev (xnli, student)')
     probs = torch.load(stored, weights_only=True)
     assert len(probs) == 450 and all(torch.allclose(p.sum(), torch.tensor(1.0)) for p in probs)  # 150 x (en, de, zh)
     assert os.path.exists(teacher / 'results.json') and os.path.exists(tmp_path / 'st' / 'results.json')

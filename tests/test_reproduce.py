@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -31,17 +32,20 @@ def runs(tmp_path_factory):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         demo_run(root / 'panx', demo, ['--task', 'panx', '--epochs', '2'])
+        demo_run(root / 'tydiqa', demo, ['--task', 'tydiqa', '--epochs', '1'])  # QA, and no dev set
         for task in data.TASKS:
-            if task != 'panx':
+            if task not in ('panx', 'tydiqa'):
                 demo_run(root / task, demo, ['--task', task, '--eval_only', '--init', str(root / 'panx' / 'best.pt')])
+        demo_run(root / 'pretrain', demo, ['--method', 'veco', '--task', 'pretrain', '--steps', '4', '--eval_every', '2'])
     return root, demo, printed.getvalue()
 
 
 def test_each_epoch_prints_one_line_and_the_run_ends_with_its_table(runs):
     root, _, printed = runs
     log = [json.loads(line) for line in open(root / 'panx' / 'log.jsonl')]
-    epochs = [line for line in printed.splitlines() if line.startswith('epoch ')]
-    assert len(epochs) == 2
+    epochs = [line for line in printed.splitlines() if line.startswith('epoch ')][:3]  # PAN-X's, then TyDiQA's
+    assert [line[:9] for line in epochs] == ['epoch 1/2', 'epoch 2/2', 'epoch 1/1']
+    epochs = epochs[:2]
     records = [r for r in log if 'dev' in r]
     for n, (line, record) in enumerate(zip(epochs, records), 1):
         start = records[n - 2]['step'] if n > 1 else 0
@@ -53,7 +57,7 @@ def test_each_epoch_prints_one_line_and_the_run_ends_with_its_table(runs):
         assert f'dev avg {sum(record["dev"].values()) / 3:.1f}  dev en {record["dev"]["en"]:.1f}' in line
         assert f'best {max(r["dev"]["en"] for r in log if "dev" in r and r["epoch"] <= n):.1f} (en)' in line
     results = json.load(open(root / 'panx' / 'results.json'))
-    tail = printed.split(epochs[-1])[1]
+    tail = printed.split(epochs[-1])[1].split('tydiqa')[0]
     assert f'{results["test"]["de"]:7.1f}' in tail and 'the kept model in best.pt' in tail
     assert re.search(r'\d+:\d\d:\d\d in all', tail)
 
@@ -80,8 +84,52 @@ def test_collect_makes_a_submission_that_scores_as_the_runs(runs, tmp_path):
         assert per_lang == pytest.approx({k: v for k, v in own.items() if k not in ('avg', 'gap')}, abs=1e-9)
         assert scores[task]['avg_metric'] == pytest.approx(own['avg'], abs=1e-9)
         assert f'{task} (' in printed  # the table has every task, then the groups and the overall score
-    overall = sum(scores[t]['avg_metric'] for t in data.TASKS) / 9
-    assert f'XTREME score {overall:.1f}' in printed
+    # the printed table: each task's languages with the run's own scores, then the groups by hand
+    lines = printed.splitlines()
+    for task in data.TASKS:
+        own = json.load(open(root / task / 'results.json'))['test']
+        at = next(i for i, line in enumerate(lines) if line.startswith(f'{task} ('))
+        assert lines[at].split(': ')[1].startswith(f'{own["avg"]:.1f}')
+        assert dict(zip(lines[at + 1].split(), lines[at + 2].split())) == {k: f'{v:.1f}' for k, v in own.items()
+                                                                           if k not in ('avg', 'gap')}
+    avg = {t: json.load(open(root / t / 'results.json'))['test']['avg'] for t in data.TASKS}
+    groups = {'classification': ('pawsx', 'xnli'), 'tagging': ('udpos', 'panx'), 'qa': ('xquad', 'mlqa', 'tydiqa'),
+              'retrieval': ('bucc2018', 'tatoeba')}
+    expected = [f'{g} {sum(avg[t] for t in ts) / len(ts):.1f}' for g, ts in groups.items()]
+    assert lines[-1] == 'groups: ' + ', '.join(expected) + f', XTREME score {sum(avg.values()) / 9:.1f}'
+
+
+def test_qa_results_give_em_and_f1_per_language(runs, tmp_path):
+    root, demo, _ = runs
+    run_eval(['--predictions', str(root / 'tydiqa' / 'predictions'), '--labels', os.path.join(demo, 'labels'), '--demo',
+              '--out', str(tmp_path / 'scores.json')])
+    official = json.load(open(tmp_path / 'scores.json'))['tydiqa']
+    rows = {line.split('  ')[0]: line.split()[2:] for line in open(root / 'tydiqa' / 'results.txt') if line.startswith('test ')}
+    langs = data.languages('tydiqa', demo=True)
+    assert rows['test EM'][:len(langs)] == [f'{official["exact_match"][lang]:.1f}' for lang in langs]
+    assert rows['test F1'][:len(langs)] == [f'{official["f1"][lang]:.1f}' for lang in langs]
+    assert 'QA: each score is the mean of exact match (EM) and F1' in open(root / 'tydiqa' / 'results.txt').read()
+
+
+def test_collect_replaces_a_submission_and_refuses_unfinished_runs(runs, tmp_path):
+    root, demo, _ = runs
+    run_eval(['--collect', str(root / 'xnli'), '--out', str(tmp_path / 'sub')])
+    run_eval(['--collect', str(root / 'panx'), '--out', str(tmp_path / 'sub') + '/'])  # the trailing slash too
+    assert sorted(os.listdir(tmp_path)) == ['sub'] and os.listdir(tmp_path / 'sub') == ['panx']  # replaced whole
+    shutil.copytree(root / 'xnli', tmp_path / 'stopped', symlinks=True)
+    os.remove(tmp_path / 'stopped' / 'results.json')  # a run started again and stopped: its predictions are stale
+    with pytest.raises(SystemExit, match='stopped is not a finished run .no results.json.'):
+        run_eval(['--collect', str(tmp_path / 'stopped'), '--out', str(tmp_path / 'other')])
+
+
+def test_epoch_line_and_clock_by_hand():
+    state, args = {'epoch': 2, 'step': 40, 'best': 71.0}, SimpleNamespace(epochs=4)
+    dev = {'en': {'score': 80.0}, 'de': {'score': 60.0}, 'zh': {'score': 52.0}}
+    line = train.epoch_line(state, args, [(1.0, 10), (0.4, 10), (0.1, 5)], dev, 'average', 3725)
+    assert line == 'epoch 2/4  step 40  train loss 0.5800  dev avg 64.0  best 71.0 (avg)  1:02:05'  # (10 + 4 + 0.5) / 25
+    held_out = {'mono': {'score': -3.0}, 'para': {'score': -5.0}}
+    line = train.epoch_line({**state, 'best': -3.5}, args, [(2.0, 4)], held_out, 'loss', 90000)
+    assert line == 'epoch 2/4  step 40  train loss 2.0000  held-out loss 4.0000  best 3.5000  25:00:00'
 
 
 def test_collect_reports_each_gap_and_scores_only_complete_tasks(runs, tmp_path):
@@ -109,8 +157,12 @@ def test_plot_writes_the_figures(runs, tmp_path):
     for name in ('loss.png', 'dev.png', 'test.png'):
         path = root / 'panx' / 'plots' / name
         assert is_png(path) and plt.imread(str(path)).shape[0] > 100 and str(path) in printed
-    run_eval(['--plot', str(root / 'panx'), str(root / 'xnli'), '--out', str(tmp_path / 'both')])
-    assert is_png(tmp_path / 'both' / 'test.png')  # the evaluation-only run has test scores but no log
+    printed = run_eval(['--plot', str(root / 'panx'), str(root / 'xnli'), '--out', str(tmp_path / 'both')])
+    assert is_png(tmp_path / 'both' / 'test.png') and 'xnli: no log.jsonl' in printed  # evaluation only: test scores
+    run_eval(['--plot', str(root / 'pretrain'), '--out', str(tmp_path / 'pretrain')])  # held-out losses, no test
+    run_eval(['--plot', str(root / 'tydiqa'), '--out', str(tmp_path / 'tydiqa')])  # no dev set
+    assert sorted(os.listdir(tmp_path / 'pretrain')) == ['dev.png', 'loss.png']
+    assert sorted(os.listdir(tmp_path / 'tydiqa')) == ['loss.png', 'test.png']
 
 
 def test_plot_without_matplotlib_says_how_to_install_it(runs, monkeypatch, tmp_path):
@@ -233,7 +285,7 @@ def index_rows():
     """(paper, equation numbers or 'Algorithm 1', the implementing cell) of the README's equation index."""
     rows = []
     for line in section('Equation index').splitlines():
-        cells = [c.strip() for c in line.strip().strip('|').split('|')]
+        cells = [c.strip() for c in re.split(r'(?<!\\)\|', line.strip().strip('|'))]  # '\|' is a pipe in a cell
         if len(cells) >= 4 and cells[0] in INDEX_PAPERS:
             eq = cells[1].split(' (')[0]
             rows.append((cells[0], [int(n) for n in re.findall(r'\d+', eq)] if eq.startswith('Eq.') else eq, cells[-1]))
@@ -254,3 +306,27 @@ def test_equation_index_covers_the_papers_and_names_only_existing_code():
                 assert hasattr(obj, part), f'{paper} {eq}: {module}.py has no {name}'
                 obj = getattr(obj, part)
             assert callable(obj), f'{paper} {eq}: {module}.{name}'
+
+
+@pytest.mark.parametrize('argv', [
+    ['--method', 'filter', '--task', 'xnli'], ['--method', 'xmixup', '--task', 'pawsx'],
+    ['--method', 'translate-train-all', '--task', 'panx'], ['--task', 'mlqa', '--translate_test'],
+    ['--task', 'bucc2018'], ['--method', 'veco', '--task', 'pretrain', '--steps', '2', '--eval_every', '2']])
+def test_the_dry_run_checks_exactly_the_files_a_run_reads(tmp_path, monkeypatch, argv):
+    """A real run on data in the README's layout (the demo's files, without --demo) opens every
+    file the dry run requires, and no file of the data folder the dry run does not list."""
+    import builtins
+    demo = data.make_demo(str(tmp_path / 'data'), n_train=40, n_eval=8)
+    argv = [*argv, '--data_dir', demo, '--model', 'tiny', '--from_scratch', '--epochs', '1', '--out', str(tmp_path / 'run')]
+    planned = {os.path.realpath(p): needed for p, _, needed in train.planned_files(train.parse_args(argv))}
+    opened, real_open = set(), builtins.open
+    def recording_open(file, *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and os.path.realpath(file).startswith(os.path.realpath(demo)):
+            opened.add(os.path.realpath(file))
+        return real_open(file, *args, **kwargs)
+    monkeypatch.setattr(builtins, 'open', recording_open)
+    with contextlib.redirect_stdout(io.StringIO()):
+        train.main(argv)
+    spm = os.path.realpath(os.path.join(demo, 'sentencepiece.bpe.model'))  # read by sentencepiece's own code
+    assert opened <= set(planned)
+    assert {p for p, needed in planned.items() if needed and p != spm} <= opened

@@ -1,0 +1,148 @@
+"""The command line as a user meets it: twenty mistakes, each one line on stderr and nothing left
+behind; Ctrl-C says how to go on; default folders keep runs apart and a finished run of other
+settings is not replaced silently; errors name the real problem; progress bars only on a terminal."""
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+import data
+import layers
+import train
+from conftest import demo_run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+    """A folder as a user has it: a finished demo run, a file, an empty folder, files that are not
+    checkpoints (text, empty, a torch file holding a list)."""
+    root = tmp_path_factory.mktemp('user')
+    demo_run(root / 'finished', data.make_demo(str(root / 'demo-data')), ['--task', 'pawsx', '--epochs', '1'])
+    (root / 'notes.txt').write_text('a file\n')
+    (root / 'empty').mkdir()
+    (root / 'bad.pt').write_text('101\n')
+    (root / 'empty.pt').write_text('')
+    torch.save([1, 2], root / 'list.pt')
+    return root
+
+
+MISTAKES = [  # (the command, what its one line must say)
+    ('train.py --task xnlii', "unknown task 'xnlii'"),
+    ('train.py --method filtr --demo', "unknown method 'filtr'"),
+    ('train.py --demo --lr -1', '--lr -1.0 is out of range'),
+    ('train.py --demo --epochs 0', '--epochs 0 is out of range'),
+    ('train.py --demo --colour red', 'unrecognized arguments: --colour red'),
+    ('train.py --demo --out notes.txt', '--out notes.txt is a file'),
+    ('train.py --data_dir nowhere', 'nowhere holds no xnli data'),
+    ('train.py --data_dir empty', 'empty holds no xnli data'),
+    ('train.py --demo --init bad.pt', 'bad.pt is not a PyTorch file: a checkpoint is'),
+    ('train.py --demo --init empty.pt', 'empty.pt is empty: a checkpoint is'),
+    ('train.py --demo --init list.pt', 'list.pt holds a list, not XLM-R weights'),  # found only once demo data is made
+    ('train.py --demo --model huge', "unknown model 'huge'"),
+    ('train.py --demo --batch_size 1 --grad_accum 2', 'cannot be cut into 1 processes x --grad_accum 2'),
+    ('train.py --demo --method translate-train', 'translate-train needs --train_lang, one of de, zh'),
+    ('train.py --demo --method zeroshot --self_teach', '--self_teach and --teacher belong to FILTER'),
+    ('train.py --demo --method filter --k 9', '--k 9 + --m 1 does not fit'),
+    ('train.py --demo --task pawsx --out finished --lr 5e-4', 'finished holds a finished run with --lr 0.001'),
+    ('train.py --demo --eval_only --out nothing-here', 'best.pt not found: --eval_only evaluates a finished run'),
+    ('eval.py --collect empty --out submission', 'empty is not a finished run (no results.json)'),
+    ('data.py download --task panx --out data', 'PAN-X has no direct download'),
+    ('layers.py convert bad.pt xlmr.pt', 'bad.pt is not a PyTorch file'),
+]
+
+
+def files_under(folder):
+    return {os.path.join(d, f) for d, _, names in os.walk(folder) for f in names} | {d for d, _, _ in os.walk(folder)}
+
+
+def test_twenty_user_mistakes_each_end_in_one_line_and_leave_nothing(workdir):
+    before = files_under(workdir)
+    run = lambda command: subprocess.run([sys.executable, os.path.join(ROOT, command.split()[0]), *command.split()[1:]],
+                                         cwd=workdir, capture_output=True, text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(run, [command for command, _ in MISTAKES]))
+    assert len(done) >= 20
+    for (command, message), res in zip(MISTAKES, done):
+        assert res.returncode != 0, command
+        assert res.stderr.count('\n') == 1 and res.stderr.startswith('error: '), (command, res.stderr[-500:])
+        assert message in res.stderr and 'Traceback' not in res.stderr, (command, res.stderr)
+    assert files_under(workdir) == before  # no run folder, demo data, submission or download folder left
+
+
+def test_ctrl_c_names_the_last_checkpoint_and_how_to_resume(tmp_path):
+    proc = subprocess.Popen([sys.executable, 'train.py', '--demo', '--task', 'pawsx', '--epochs', '50', '--save_every', '5',
+                             '--out', str(tmp_path / 'run')], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    deadline = time.time() + 120
+    while not os.path.exists(tmp_path / 'run' / 'last.pt') and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    step = torch.load(tmp_path / 'run' / 'last.pt', weights_only=True)['state']['step']
+    assert proc.returncode != 0 and err.count('\n') == 1 and 'Traceback' not in err
+    assert f'the last checkpoint is step {step} ({tmp_path / "run" / "last.pt"})' in err and '--resume' in err
+
+
+def test_default_folders_keep_apart_what_changes_the_result():
+    folder = lambda *argv: train.parse_args(['--task', 'xnli', *argv]).out
+    runs = [folder('--method', 'filter'), folder('--method', 'filter', '--self_teach'), folder('--translate_test'),
+            folder(), folder('--seed', '2'), folder('--model', 'large'), folder('--method', 'translate-train', '--train_lang', 'de'),
+            folder('--method', 'veco', '--translate_train_all'), folder('--demo')]
+    assert len(set(runs)) == len(runs)
+    assert runs[:5] == ['runs/xnli-filter', 'runs/xnli-filter-self-teach', 'runs/xnli-zeroshot-translate-test',
+                        'runs/xnli-zeroshot', 'runs/xnli-zeroshot-seed2']
+
+
+def test_a_finished_run_is_replaced_only_with_its_settings_or_overwrite(workdir, tmp_path, capsys):
+    out = tmp_path / 'run'
+    demo_run(out, os.path.join(workdir, 'demo-data'), ['--task', 'pawsx', '--epochs', '1'])
+    first = json.load(open(out / 'results.json'))
+    with pytest.raises(SystemExit, match='holds a finished run with --epochs 1 .this run: 2.: give another --out, or add --overwrite'):
+        demo_run(out, os.path.join(workdir, 'demo-data'), ['--task', 'pawsx', '--epochs', '2'])
+    assert json.load(open(out / 'results.json')) == first
+    demo_run(out, os.path.join(workdir, 'demo-data'), ['--task', 'pawsx', '--epochs', '2', '--overwrite'])
+    assert json.load(open(out / 'config.json'))['epochs'] == 2
+    assert len([line for line in open(out / 'log.jsonl') if '"dev"' in line]) == 2  # the new run's log alone
+    printed = capsys.readouterr().out
+    assert 'zeroshot on pawsx in ' in printed and ': a new run\n  model     tiny, from random weights' in printed
+
+
+@pytest.mark.parametrize('content,message', [
+    (b'101\n', 'is not a PyTorch file'), (b'', 'is empty'), ([1, 2], 'holds a list, not XLM-R weights'),
+    ({'method': {}, 'optimizer': {}}, 'holds a dict with the keys method, optimizer, not XLM-R weights')])
+def test_a_file_that_is_not_a_checkpoint_is_named_as_such(tmp_path, content, message):
+    path = tmp_path / 'x.pt'
+    path.write_bytes(content) if isinstance(content, bytes) else torch.save(content, path)
+    with pytest.raises(layers.CheckpointError) as err:
+        layers.load_pretrained(str(path))
+    assert message in str(err.value) and 'a checkpoint is a file python layers.py convert wrote' in str(err.value)
+    assert 'convert it' not in str(err.value)  # convert would give the same advice back
+
+
+def test_progress_bars_only_on_a_terminal(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    for stream, shown in ((io.StringIO(), False), (Terminal(), True)):
+        monkeypatch.setattr(sys, 'stderr', stream)
+        bar = data.bar(range(3), desc='x', file=stream)
+        list(bar)
+        bar.close()
+        assert ('3/3' in stream.getvalue()) == shown
+
+
+@pytest.mark.parametrize('command', ['data.py download --help', 'layers.py convert --help'])
+def test_the_other_commands_explain_themselves(command):
+    res = subprocess.run([sys.executable, *command.split()], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0 and 'example:\n  python ' + command.split()[0] in res.stdout
+    assert res.stdout.count('\n') > 12  # what it does, what it takes and writes, an example
