@@ -529,9 +529,10 @@ def collect(runs, out, demo=False):
 
 
 def plot(runs, out):
-    """PNG figures of finished runs, several runs overlaid: the training loss, each epoch's dev
-    scores (per language for one run, the average for several) and the test scores per language
-    with English's score and the transfer gap marked. -> the files written."""
+    """PNG figures of finished runs, several runs overlaid: loss.png (training loss by step),
+    dev.png (each epoch's dev scores: per language for one run, the average for several; held-out
+    losses for pre-training and translation) and test.png (test scores per language, English's
+    dashed, the transfer gap in the legend). -> the files written."""
     try:
         import matplotlib
     except ImportError:
@@ -547,59 +548,65 @@ def plot(runs, out):
         raise EvalError(f'nothing to plot in {", ".join(runs)}: no log.jsonl or results.json there (a finished run\'s --out)')
     os.makedirs(out, exist_ok=True)
     written = []
-
-    def save(fig, ax, name, xlabel, ylabel):
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize='small')
-        fig.tight_layout()
-        path = os.path.join(out, name)
-        fig.savefig(f'{path}.tmp.png', dpi=120)
+    for name, draw in (('loss.png', plot_loss), ('dev.png', plot_dev), ('test.png', plot_test)):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        if draw(ax, names, logs, results):
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize='small')
+            fig.tight_layout()
+            path = os.path.join(out, name)
+            fig.savefig(f'{path}.tmp.png', dpi=120)
+            os.replace(f'{path}.tmp.png', path)
+            written.append(path)
         plt.close(fig)
-        os.replace(f'{path}.tmp.png', path)
-        written.append(path)
-
-    if any(any('loss' in r for r in log) for log in logs):
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for name, log in zip(names, logs):
-            ax.plot([r['step'] for r in log if 'loss' in r], [r['loss'] for r in log if 'loss' in r], label=name)
-        save(fig, ax, 'loss.png', 'step', 'training loss')
-    # each epoch's dev scores; pre-training and translation log held-out losses (kinds of pair: score = minus the loss)
-    dev = [[(r['epoch'], {k: v if isinstance(v, (int, float)) else -v['score'] for k, v in r['dev'].items()})
-            for r in log if r.get('dev')] for log in logs]
-    loss = any(isinstance(v, dict) for log in logs for r in log for v in r.get('dev', {}).values())
-    if any(dev):
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for name, epochs in zip(names, dev):
-            for lang in dict.fromkeys(k for _, d in epochs for k in d) if len(runs) == 1 else ():
-                ax.plot([e for e, d in epochs if lang in d], [d[lang] for e, d in epochs if lang in d], marker='o',
-                        lw=2 if lang == 'en' else 1, label=lang)
-            ax.plot([e for e, _ in epochs], [sum(d.values()) / len(d) for _, d in epochs], 'k--' if len(runs) == 1 else '-',
-                    marker='s', label='average' if len(runs) == 1 else name)
-        ax.xaxis.get_major_locator().set_params(integer=True)  # epochs
-        save(fig, ax, 'dev.png', 'epoch', 'held-out loss' if loss else 'dev score per language' if len(runs) == 1 else
-             'dev score, average over languages')
-    tests = [{k: v for k, v in r.get('test', {}).items() if k not in ('avg', 'gap') and isinstance(v, (int, float))}
-             for r in results]
-    if any(tests):
-        langs = list(dict.fromkeys(lang for t in tests for lang in t))
-        langs = ['en'] * ('en' in langs) + [lang for lang in langs if lang != 'en']
-        fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(langs) * len(runs)), 4))
-        width = 0.8 / len(runs)
-        for i, (name, t, r) in enumerate(zip(names, tests, results)):
-            bars = ax.bar([x + i * width for x in range(len(langs))], [t.get(lang, 0) for lang in langs], width,
-                          label=name + (f' (gap {r["test"]["gap"]:.1f})' if 'gap' in r.get('test', {}) else ''))
-            if 'en' in t:
-                ax.axhline(t['en'], color=bars.patches[0].get_facecolor(), ls='--', lw=1)  # English's score
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(langs))], langs)
-        ax.set_title('test per language; dashed: English, gap: English minus the other languages\' mean', fontsize='small')
-        save(fig, ax, 'test.png', 'language', 'test score')
     for run, log in zip(runs, logs):
         if not log:
             print(f'{run}: no log.jsonl (an evaluation, or a run of stages such as XLA, whose logs are in its '
                   'stage folders): no training figures from it')
     return written
+
+
+def plot_loss(ax, names, logs, results):
+    for name, log in zip(names, logs):
+        ax.plot([r['step'] for r in log if 'loss' in r], [r['loss'] for r in log if 'loss' in r], label=name)
+    ax.set(xlabel='step', ylabel='training loss')
+    return any('loss' in r for log in logs for r in log)
+
+
+def plot_dev(ax, names, logs, results):
+    """Pre-training and translation log held-out losses per kind of pair: {kind: {..., score: -loss}}."""
+    dev = [[(r['epoch'], {k: v if isinstance(v, (int, float)) else -v['score'] for k, v in r['dev'].items()})
+            for r in log if r.get('dev')] for log in logs]
+    one = len(names) == 1
+    for name, epochs in zip(names, dev):
+        for lang in dict.fromkeys(k for _, d in epochs for k in d) if one else ():
+            ax.plot([e for e, d in epochs if lang in d], [d[lang] for e, d in epochs if lang in d], marker='o',
+                    lw=2 if lang == 'en' else 1, label=lang)
+        ax.plot([e for e, _ in epochs], [sum(d.values()) / len(d) for _, d in epochs], 'k--' if one else '-', marker='s',
+                label='average' if one else name)
+    loss = any(isinstance(v, dict) for log in logs for r in log for v in r.get('dev', {}).values())
+    ax.set(xlabel='epoch', ylabel='held-out loss' if loss else 'dev score per language' if one else
+           'dev score, average over languages')
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    return any(dev)
+
+
+def plot_test(ax, names, logs, results):
+    tests = [{k: v for k, v in r.get('test', {}).items() if k not in ('avg', 'gap') and isinstance(v, (int, float))}
+             for r in results]
+    langs = list(dict.fromkeys(lang for t in tests for lang in t))
+    langs = ['en'] * ('en' in langs) + [lang for lang in langs if lang != 'en']
+    ax.figure.set_figwidth(max(7, 0.35 * len(langs) * len(names)))
+    width = 0.8 / len(names)
+    for i, (name, t, r) in enumerate(zip(names, tests, results)):
+        bars = ax.bar([x + i * width for x in range(len(langs))], [t.get(lang, 0) for lang in langs], width,
+                      label=name + (f' (gap {r["test"]["gap"]:.1f})' if 'gap' in r.get('test', {}) else ''))
+        if 'en' in t:
+            ax.axhline(t['en'], color=bars.patches[0].get_facecolor(), ls='--', lw=1)  # English's score
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(langs))], langs)
+    ax.set(xlabel='language', ylabel='test score')
+    ax.set_title('test per language; dashed: English, gap: English minus the other languages\' mean', fontsize='small')
+    return any(tests)
 
 
 def main(argv=None):
