@@ -55,7 +55,10 @@ class Tokenizer:
     def __init__(self, path):
         if not os.path.isfile(path):
             raise FileNotFoundError(f'sentencepiece model {path} not found: pass --spm with XLM-R\'s sentencepiece.bpe.model')
-        self.sp = spm.SentencePieceProcessor(model_file=path)
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=path)
+        except (RuntimeError, OSError):
+            raise DataError(f'{path} is not a sentencepiece model: pass --spm with XLM-R\'s sentencepiece.bpe.model') from None
         self.mask = self.sp.get_piece_size() + 1
         self.vocab_size = self.mask + 1
 
@@ -1070,12 +1073,13 @@ def fetch(url, folder):
         try:
             with urllib.request.urlopen(url, timeout=30) as r, open(path + '.part', 'wb') as f:
                 shutil.copyfileobj(r, f)
+            os.replace(path + '.part', path)
         except OSError as e:
-            if os.path.exists(path + '.part'):
-                os.remove(path + '.part')
             raise DataError(f'cannot download {url} ({getattr(e, "reason", e)}): without network, download on a '
                             f'machine that has it and copy the folder here')
-        os.replace(path + '.part', path)
+        finally:  # a failed or interrupted download leaves no part file
+            if os.path.exists(path + '.part'):
+                os.remove(path + '.part')
     if path.endswith(('.zip', '.tar.gz', '.tgz', '.tar.bz2')):
         shutil.unpack_archive(path, os.path.join(folder, 'raw'))
     return path
@@ -1226,7 +1230,8 @@ DOWNLOAD_HELP = """Fetch one XTREME task from its official sources (the files XT
 fetches) and write it in the layout train.py reads (the README's Data section), test labels
 under labels/ where they are public. Archives are kept in OUT/downloads/TASK, so a second run
 does not fetch them again. PAN-X has no direct download (the command says what to do), and
-XTREME's translations, which FILTER and X-Mixup need, are fetched with gsutil (the README).
+XTREME's translations, which translate-train(-all), --translate_test, FILTER, X-Mixup and VECO's
+translate-train-all read, are fetched with gsutil (the README).
 
 example:
   python data.py download --task xnli --out data/"""
@@ -1248,8 +1253,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         download(args.task, args.out) if args.cmd == 'download' else print(make_demo(args.out, args.seed))
-    except DataError as e:
+    except (DataError, OSError) as e:
         raise SystemExit(f'error: {e}')
+    except KeyboardInterrupt:
+        raise SystemExit('error: interrupted: run the same command again (what was fetched is kept)')
 
 if __name__ == '__main__':
     main()

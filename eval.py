@@ -644,11 +644,11 @@ def main(argv=None):
             sys.exit(f'error: {", ".join(missing)} missing: give --predictions DIR --labels DIR --out FILE, '
                      '--collect RUN [RUN ...] --out DIR, --plot RUN [RUN ...] or --bleu HYP --ref REF')
         scores = score_folder(args.predictions, args.labels, args.demo)
+        if not scores:
+            sys.exit(f'error: no task folder is in both {args.predictions} and {args.labels}: expected e.g. xnli/test-en.tsv')
+        atomic_write(args.out, json.dumps(scores, indent=2, ensure_ascii=False))
     except (EvalError, DataError, OSError) as e:
         sys.exit(f'error: {e}')
-    if not scores:
-        sys.exit(f'error: no task folder is in both {args.predictions} and {args.labels}: expected e.g. xnli/test-en.tsv')
-    atomic_write(args.out, json.dumps(scores, indent=2, ensure_ascii=False))
     print(xtreme_table(scores, args.demo))
 
 

@@ -501,7 +501,7 @@ def main(argv=None):
     try:
         enc, mlm = load_pretrained(args.src)
         save_converted(enc, mlm, args.out)
-    except CheckpointError as e:
+    except (CheckpointError, OSError) as e:
         sys.exit(f'error: {e}')
     n = sum(p.numel() for p in enc.parameters())
     print(f'wrote {args.out}: {enc.cfg.n_layer} layers x {enc.cfg.dim}, {n / 1e6:.1f}M parameters'

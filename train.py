@@ -69,7 +69,7 @@ DEMO_XLA = {'xla_lr': 1e-4, 'xla_batch_size': 32, 'train_share': 1.0, 'train_lan
 
 
 def fail(message):
-    raise SystemExit(f'error: {message}')
+    raise SystemExit(f'error: {message}' if os.environ.get('RANK', '0') == '0' else 1)  # one line, from one process
 
 
 def family(args):
@@ -92,7 +92,8 @@ def parse_args(argv=None):
                    'with --demo, also where the demo starts from its pre-trained model')
     p.add_argument('--spm', help='sentencepiece model (default: the one in --data_dir)')
     p.add_argument('--data_dir', default='data', help='XTREME data in the layout of the README')
-    p.add_argument('--out', help='run folder (default runs/<task>-<method>)')
+    p.add_argument('--out', help='run folder (default runs/<task>-<method>, plus each choice that changes the '
+                   'result: runs/xnli-filter-self-teach-large-seed2)')
     p.add_argument('--lr', type=float, help='peak learning rate (default: per task, from the papers)')
     p.add_argument('--epochs', type=int, help='default 4 (2 for xquad and mlqa)')
     p.add_argument('--batch_size', type=int, help='global batch size, over all processes (default 64)')
@@ -103,7 +104,7 @@ def parse_args(argv=None):
     p.add_argument('--clip', type=float, help='gradient norm clipping (default 1.0; translation 0.1)')
     p.add_argument('--dropout', type=float, help='override the model\'s dropout')
     p.add_argument('--attn_dropout', type=float, help='override the attention dropout (default: --dropout\'s value)')
-    p.add_argument('--seed', type=int, default=1)
+    p.add_argument('--seed', type=int, default=1, help='seed of the head, the batches and dropout (default 1)')
     p.add_argument('--train_lang', help='translate-train: the language whose translation to train on')
     p.add_argument('--translate_test', action='store_true', help='evaluate on the test sets translated into English')
     p.add_argument('--m', type=int, help='FILTER: local layers (default 1)')
@@ -163,7 +164,7 @@ def parse_args(argv=None):
                    help='random training batches, as the papers\' scripts (the demo\'s default)')
     p.add_argument('--grad_checkpoint', action='store_true', help='activation checkpointing: recompute each block in '
                    'backward instead of keeping its activations (less memory, about a third more compute)')
-    p.add_argument('--eval_batch_size', type=int, default=64)
+    p.add_argument('--eval_batch_size', type=int, default=64, help='examples per evaluation batch')
     p.add_argument('--save_every', type=int, default=200, help='steps between resume checkpoints')
     p.add_argument('--log_every', type=int, default=10, help='steps between lines of log.jsonl (each the mean of its '
                    'steps; the only time the loop waits for the device)')
@@ -271,7 +272,15 @@ def parse_args(argv=None):
             fail('XLA adapts to one target language: pass --train_lang (its unlabelled training text is read)')
     args.stage = 'student' if args.self_teach or args.teacher else None  # teacher and warm-up runs set theirs
     args.out = args.out or os.path.join('runs', default_folder(args))
+    if args.demo and not args.init and not args.from_scratch and method.pretrained_start:
+        args.init = demo_start(args.out)  # made by the run when missing; recorded alike by every run of the folder
     return args
+
+
+def demo_start(out):
+    """The demo's pre-trained tiny model: VECO pre-trained on the demo's text, in
+    pretrain-veco-demo beside the run folder."""
+    return os.path.join(os.path.dirname(os.path.abspath(out)), 'pretrain-veco-demo', 'best.pt')
 
 
 def default_folder(args):
@@ -344,49 +353,66 @@ def data_files(args):
     return files + labels
 
 
-RUN_FREE = ('out', 'resume', 'eval_only', 'dry_run', 'overwrite', 'data_dir', 'spm', 'warmup_dir', 'eval_batch_size',
-            'save_every', 'log_every', 'compile', 'grad_accum', 'grad_checkpoint', 'halt_after', 'stage')  # results alike
-
-
 def check(args, world):
-    """Everything that can be checked before anything is created: the options against each other,
-    the model and the processes, every file the run reads, --init's and --mlm's format, the
-    teacher, and that --out holds no finished run of other settings. -> the data files
-    [(path, what, needed)]."""
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        fail(f'--out {args.out} is a file: give a folder for the run (it is made when missing)')
+    """Everything that can be checked before anything is created: --out and --data_dir, the
+    options against each other, the model and the processes, every file the run reads, the
+    sentencepiece model, --init's and --mlm's format, the teacher, and what --out holds.
+    -> the data files [(path, what, needed)]."""
+    parent = os.path.dirname(first_missing(args.out) or os.path.abspath(args.out))
+    if os.path.exists(args.out) and not os.path.isdir(args.out) or not os.path.isdir(parent):
+        fail(f'--out {args.out}: {args.out if os.path.exists(args.out) else parent} is a file; give a folder for the run')
+    if not os.access(parent if not os.path.exists(args.out) else args.out, os.W_OK):
+        fail(f'--out {args.out} cannot be written here: give a folder you can write to')
+    if not args.demo and os.path.isfile(args.data_dir):
+        fail(f'--data_dir {args.data_dir} is a file: give the data folder (the README\'s layout)')
     check_batches(args, world)
     check_options(args)
     files = [] if args.demo else planned_files(args)
+    data_needed = [path for path, _, needed in files[:-1] if needed]  # the last is the sentencepiece model
     lost = [(path, what) for path, what, needed in files if needed and not os.path.isfile(path)]
-    if lost and len(lost) == sum(needed for _, _, needed in files):
-        fail(f'{args.data_dir} holds no {args.task} data (no {lost[0][0]}): {lost[0][1]}, or pass --demo (methods '
-             f'that read translations: {data.TRANSLATIONS})')
+    if data_needed and all(not os.path.isfile(p) for p in data_needed):
+        hint = f' ({args.method} reads translations too: {data.TRANSLATIONS})' if any(
+            data.TRANSLATIONS in what for _, what, _ in files) else ''
+        fail(f'{args.data_dir} holds no {args.task} data (no {lost[0][0]}): {lost[0][1]}, or pass --demo{hint}')
     for path, what in lost[1:]:
         print(f'not found: {path}')
     if lost:
         fail(f'{lost[0][0]} not found{f" (and {len(lost) - 1} more, listed above)" if len(lost) > 1 else ""}: {lost[0][1]}')
+    if files:
+        data.Tokenizer(files[-1][0])  # a file that is not a sentencepiece model stops here, not after a folder is made
     check_init(args)
-    for option in ('init', 'mlm'):
-        if getattr(args, option, None):
+    for path in (args.init, getattr(args, 'mlm', None), args.teacher and os.path.join(args.teacher, 'best.pt')):
+        if path and not (args.demo and path == demo_start(args.out)):
             try:
-                layers.check_format(getattr(args, option))
+                layers.check_format(path)
             except layers.CheckpointError as e:
-                fail(f'--{option}: {e}')
-    for name in ('results.json', 'config.json', 'best.pt') if args.teacher else ():
-        if not os.path.isfile(os.path.join(args.teacher, name)):
-            fail(f'--teacher {args.teacher} is not a finished run (no {name}): train the teacher first')
+                fail(f'--teacher {args.teacher}: {e}' if args.teacher and path.startswith(args.teacher) else str(e))
+    if args.teacher:
+        check_teacher(args)
     if args.eval_only and args.method != 'xla' and not (args.init or os.path.exists(os.path.join(args.out, 'best.pt'))):
         fail(f'{args.out}/best.pt not found: --eval_only evaluates a finished run in --out (or the --init weights)')
+    if args.resume and not any('config.json' in names for _, _, names in os.walk(args.out)):
+        fail(f'nothing to resume in {args.out} (no run began there): drop --resume to start a new run, or give the '
+             'folder of the stopped run')
     for m in range(3) if args.method == 'xla' else ():
         warm_up_run(args, m)  # a kept warm-up of other settings stops the run here
     check_finished(args)
     return files
 
 
+def check_teacher(args):
+    config = os.path.join(args.teacher, 'config.json')
+    for name in ('results.json', 'config.json'):
+        if not os.path.isfile(os.path.join(args.teacher, name)):
+            fail(f'--teacher {args.teacher} is not a finished run (no {name}): train the teacher first')
+    task = read_config(config).get('task')
+    if task != args.task:
+        fail(f'the teacher {args.teacher} was trained on {task}, not {args.task}: give a {args.task} run')
+
+
 def check_options(args):
     """The rules between options that argparse cannot see, and the method's own (layer counts),
-    tried on a weightless model."""
+    tried on a narrow model of the preset's depth."""
     method, family_ = method_class(args), family(args)
     if (args.self_teach or args.teacher) and not (args.method == 'filter' or (args.method == 'xmixup' and family_ == 'tagging')):
         fail('--self_teach and --teacher belong to FILTER, and to X-Mixup on tagging (udpos, panx)')
@@ -397,7 +423,7 @@ def check_options(args):
         langs = [lang for lang in data.languages(args.task, args.demo or data.is_demo(args.data_dir)) if lang != 'en']
         if args.train_lang not in langs:
             fail(f'translate-train needs --train_lang, one of {", ".join(langs)}')
-    if args.task not in STEPPED and family_ != 'retrieval':  # the method's checks, on a model of the depth, narrow
+    if args.task not in STEPPED and family_ != 'retrieval':
         cfg = replace(layers.CONFIGS[args.model], dim=8, n_head=1, ffn_dim=8, vocab_size=8)
         try:
             method(layers.Encoder(cfg), args.task, args)
@@ -405,19 +431,39 @@ def check_options(args):
             fail(str(e))
 
 
-def check_finished(args):
-    """A finished run in --out is replaced only by a run of the same settings, or with --overwrite."""
-    config = os.path.join(args.out, 'config.json')
-    if args.overwrite or not (os.path.exists(config) and os.path.exists(os.path.join(args.out, 'results.json'))):
-        return
-    with open(config) as f:
-        found = json.load(f)
+RUN_FREE = ('out', 'resume', 'eval_only', 'dry_run', 'overwrite', 'data_dir', 'spm', 'warmup_dir', 'eval_batch_size',
+            'save_every', 'log_every', 'compile', 'grad_accum', 'grad_checkpoint', 'halt_after', 'stage')  # results alike
+EVALUATION = ('method', 'task', 'model', 'translate_test', 'max_len', 'layer', 'no_mixup_inference', 'beam', 'lenpen',
+              'average_last')  # what --eval_only's results depend on
+
+
+def read_config(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        fail(f'{path} is not a run\'s config (not valid JSON): remove it, or give another folder')
+
+
+def differences(found, args, keys=None):
+    """The settings of args that differ from a run's config.json (found), paths compared as files."""
     now = json.loads(json.dumps(vars(args)))
-    differ = [k for k in now if k not in RUN_FREE and k in found and found[k] != now[k]]
+    same = lambda a, b: a == b or (isinstance(a, str) and isinstance(b, str) and os.path.realpath(a) == os.path.realpath(b))
+    return [k for k in keys or now if k not in RUN_FREE and k in found and k in now and not same(found[k], now[k])]
+
+
+def check_finished(args):
+    """A finished run in --out (or the stopped one --resume goes on with) is replaced only by a run
+    of the same settings, or with --overwrite; --eval_only compares what its results depend on."""
+    config = os.path.join(args.out, 'config.json')
+    if args.overwrite or not os.path.exists(config) or not (args.resume or os.path.exists(os.path.join(args.out, 'results.json'))):
+        return
+    found = read_config(config)
+    differ = differences(found, args, EVALUATION if args.eval_only else None)
     if differ:
-        more = f', and {len(differ) - 1} more' if len(differ) > 1 else ''
-        fail(f'{args.out} holds a finished run with --{differ[0]} {found[differ[0]]} (this run: {now[differ[0]]}{more}): '
-             'give another --out, or add --overwrite to replace it')
+        now, more = vars(args), f', and {len(differ) - 1} more' if len(differ) > 1 else ''
+        fail(f'{args.out} holds a {"stopped" if args.resume else "finished"} run with --{differ[0]} {found[differ[0]]} '
+             f'(this run: {now[differ[0]]}{more}): give another --out, or add --overwrite to replace it')
 
 
 def plan(args, world, files):
@@ -429,14 +475,13 @@ def plan(args, world, files):
         stages = f'a {"FILTER" if args.method == "filter" else "zero-shot"} teacher into {args.out}/teacher, then the student'
     else:
         stages = f'the student of the teacher {args.teacher}' if args.teacher else 'one'
-    start = 'the demo\'s pre-trained model (made first when missing)' if args.demo and method.pretrained_start \
-        and not args.from_scratch else 'random weights'
-    return {'model': f'{args.model}, from {args.init or start}',
+    made = ' (the demo\'s pre-trained model, made first)' if args.demo and args.init and not os.path.exists(args.init) else ''
+    return {'model': f'{args.model}, from {args.init or "random weights"}{made}',
             'data': 'generated into the run folder (--demo)' if args.demo else
             f'{args.data_dir}: {len(found)} files found, {len(files) - len(found)} optional ones missing',
             'training': 'none (--eval_only)' if args.eval_only else 'none (retrieval: mean-pooled states, nearest '
             'neighbours)' if family(args) == 'retrieval' else
-            f'{f"{args.steps} steps" if args.task in STEPPED else f"{args.epochs} epochs"}, global batch {args.batch_size}'
+            f'{f"{args.steps} steps" if args.task in STEPPED else f"{args.epochs} epoch(s)"}, global batch {args.batch_size}'
             f'{f" ({world} processes x {args.grad_accum} micro-batches)" if world * args.grad_accum > 1 else ""}, lr {args.lr:g}, warm-up {args.warmup:g}, '
             f'weight decay {args.weight_decay:g}, up to {args.max_len} tokens, seed {args.seed}',
             'method': ', '.join(f'{o} {" ".join(map(str, v)) if isinstance(v, list) else v}' for o in METHOD_OPTIONS.get(
@@ -784,18 +829,18 @@ def main(argv=None):
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 matmuls outside autocast
     rank, world, device = setup_distributed()
     data.VERBOSE = rank == 0  # warnings about skipped data, once
-    fresh = first_missing(args.out) if rank == 0 else None  # what this run makes, and removes if it fails at once
+    made = (first_missing(args.out) or first_missing(os.path.join(args.out, 'demo-data'))) if rank == 0 else None
     try:
         run(args, rank, world, device)
-    except (data.DataError, ev.EvalError, layers.CheckpointError, FileNotFoundError) as e:
-        discard_if_unbegun(fresh)
-        fail(str(e))
+    except (data.DataError, ev.EvalError, layers.CheckpointError, OSError) as e:
+        discard_if_unbegun(args.out, made)
+        fail(f'{e.filename}: {e.strerror}' if isinstance(e, OSError) and e.strerror else str(e))
     except SystemExit:
-        discard_if_unbegun(fresh)
+        discard_if_unbegun(args.out, made)
         raise
     except KeyboardInterrupt:
-        discard_if_unbegun(fresh)
-        raise SystemExit(f'error: {interrupted(args.out)}' if rank == 0 else 130)
+        discard_if_unbegun(args.out, made)
+        fail(interrupted(args))
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -808,22 +853,34 @@ def first_missing(path):
     return missing
 
 
-def discard_if_unbegun(folder):
+def discard_if_unbegun(out, made):
     """A run that stops before it began (no config.json in its folder or below) leaves nothing
-    behind: the folders this process made go, with any demo data in them."""
-    if folder and os.path.isdir(folder) and not any('config.json' in names for _, _, names in os.walk(folder)):
-        shutil.rmtree(folder)
+    behind: what this process made goes (the run folder and the parents it made, or the demo
+    data in a folder that was there), and nothing else."""
+    if not made or not os.path.isdir(made) or any('config.json' in names for _, _, names in os.walk(out)):
+        return
+    path = made if made == os.path.join(os.path.abspath(out), 'demo-data') else os.path.abspath(out)
+    shutil.rmtree(path)
+    while path != made and not os.listdir(os.path.dirname(path)):  # parents made for it, if nothing else is in them
+        path = os.path.dirname(path)
+        os.rmdir(path)
 
 
-def interrupted(folder):
-    """Ctrl-C's line: the last checkpoint, and how to go on from it."""
-    if not os.path.isdir(folder):
+def interrupted(args):
+    """Ctrl-C's line: the last checkpoint this run wrote, and how to go on from it."""
+    if args.eval_only:
+        return 'interrupted while evaluating: nothing was changed; run the same command again'
+    if not os.path.isdir(args.out):
         return 'interrupted before the run began: nothing was written'
-    found = [os.path.join(d, 'last.pt') for d, _, names in os.walk(folder) if 'last.pt' in names]
+    found = [os.path.join(d, 'last.pt') for d, _, names in os.walk(args.out) if 'last.pt' in names]
+    found = [p for p in found if os.path.getmtime(p) >= START]  # not an earlier run's
     if not found:
-        return f'interrupted before the first checkpoint in {folder}: run the same command again'
+        return f'interrupted before the first checkpoint in {args.out}: run the same command again'
     last = max(found, key=os.path.getmtime)
-    step = torch.load(last, mmap=True, weights_only=True)['state']['step']  # mapped: no need to read the weights
+    try:
+        step = torch.load(last, mmap=True, weights_only=True)['state']['step']  # mapped: the weights are not read
+    except Exception:
+        return f'interrupted: the last checkpoint is {last}; run the same command with --resume to go on from it'
     return f'interrupted: the last checkpoint is step {step} ({last}); run the same command with --resume to go on from it'
 
 
@@ -857,8 +914,8 @@ def run(args, rank, world, device):
              plan(args, world, files))
     os.makedirs(args.out, exist_ok=True)
     tok = prepare_data(args, rank)
-    if args.demo and not args.init and not args.from_scratch and method_class(args).pretrained_start:
-        args.init = demo_pretrained(args, rank, world, device)
+    if args.demo and args.init == demo_start(args.out) and not os.path.exists(args.init):
+        demo_pretrained(args, rank, world, device)
     if args.task == 'pretrain':
         return pretrain(args, tok, rank, world, device)
     if args.task == 'translate':
@@ -895,9 +952,10 @@ def run(args, rank, world, device):
 
 
 def begin(args, rank):
-    """All input read: the run begins, and results of an earlier run in --out are no longer its."""
+    """All input read: the run begins, and results of an earlier run in --out are no longer its. A
+    new run (not --resume) also drops the earlier run's checkpoints and stored teacher labels."""
     if rank == 0:
-        for name in ('results.json', 'results.txt'):
+        for name in ('results.json', 'results.txt') + ('last.pt', 'best.pt', 'p_teacher.pt') * (not args.resume):
             if os.path.exists(os.path.join(args.out, name)):
                 os.remove(os.path.join(args.out, name))
         layers.atomic_write(os.path.join(args.out, 'config.json'), json.dumps(vars(args), indent=2))
@@ -1102,16 +1160,14 @@ def decode_all(method, items, args, device, rank, world):
 
 
 def demo_pretrained(args, rank, world, device):
-    """The demo's pre-trained tiny model, VECO pre-trained on the demo's text in the folder
-    pretrain-veco-demo beside --out, made first when it is not there. X-Mixup starts from a
+    """Make the demo's pre-trained tiny model (demo_start). X-Mixup starts from a
     trained encoder, as from XLM-R: from random weights Eq. 7's MSE collapses the last LayerNorm
     (equal representations) before the task loss takes hold."""
-    folder = os.path.join(os.path.dirname(os.path.abspath(args.out)), 'pretrain-veco-demo')
-    if not os.path.exists(os.path.join(folder, 'results.json')):
-        if rank == 0:
-            print(f'{args.method} starts from a pre-trained model: pre-training the demo model into {folder} first')
-        run(parse_args(['--method', 'veco', '--task', 'pretrain', '--demo', '--out', folder]), rank, world, device)
-    return os.path.join(folder, 'best.pt')
+    folder = os.path.dirname(demo_start(args.out))
+    if rank == 0:
+        print(f'{args.method} starts from a pre-trained model: pre-training the demo model into {folder} first')
+    run(parse_args(['--method', 'veco', '--task', 'pretrain', '--demo', '--out', folder] + ['--resume'] * args.resume),
+        rank, world, device)
 
 
 def eval_sets(args, method):
@@ -1179,15 +1235,14 @@ def teacher_probabilities(args, tok, rank, world, device, method, items):
         method.family == 'classification' or len(p) == len(f.ids) for p, f in zip(probs, predicted))
     if stored is not None and aligned(stored):
         return stored
-    folder = args.teacher or os.path.join(args.out, 'teacher')
-    if not os.path.exists(os.path.join(folder, 'results.json')):  # check() found a --teacher finished
-        teacher_args = {**vars(args), 'method': method.teacher_method, 'out': folder, 'self_teach': False,
-                        'teacher': None, 'demo': False, 'from_scratch': args.from_scratch or args.demo, 'stage': 'teacher'}
-        run(argparse.Namespace(**teacher_args), rank, world, device)  # the same data and settings
-    with open(os.path.join(folder, 'config.json')) as f:
-        config = json.load(f)
-    if config.get('task') != args.task:
-        fail(f'the teacher {folder} was trained on {config.get("task")}, not {args.task}: give a {args.task} run')
+    folder = args.teacher or os.path.join(args.out, 'teacher')  # check() found a --teacher finished
+    own = argparse.Namespace(**{**vars(args), 'method': method.teacher_method, 'out': folder, 'self_teach': False,
+                                'teacher': None, 'demo': False, 'from_scratch': args.from_scratch or args.demo,
+                                'stage': 'teacher', 'overwrite': True})  # the same data and settings
+    if not args.teacher and (not os.path.exists(os.path.join(folder, 'results.json'))
+                             or differences(read_config(os.path.join(folder, 'config.json')), own)):
+        run(own, rank, world, device)  # a teacher of other settings is trained again
+    config = read_config(os.path.join(folder, 'config.json'))
     t_args = argparse.Namespace(**{**vars(args), **{k: config.get(k) for k in ('method', 'task', 'model', 'm', 'k', 'mixup_layer')}})
     ckpt = load_checkpoint(os.path.join(folder, 'best.pt'), t_args, device)
     teacher = build_method(t_args, layers.Encoder(layers.Config(**ckpt['config'])), device)

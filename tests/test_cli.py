@@ -41,7 +41,15 @@ MISTAKES = [  # (the command, what its one line must say)
     ('train.py --demo --lr -1', '--lr -1.0 is out of range'),
     ('train.py --demo --epochs 0', '--epochs 0 is out of range'),
     ('train.py --demo --colour red', 'unrecognized arguments: --colour red'),
-    ('train.py --demo --out notes.txt', '--out notes.txt is a file'),
+    ('train.py --demo --out notes.txt', '--out notes.txt: notes.txt is a file'),
+    ('train.py --demo --out notes.txt/run', 'notes.txt is a file; give a folder for the run'),
+    ('train.py --data_dir notes.txt', '--data_dir notes.txt is a file'),
+    ('train.py --data_dir empty --spm demo-data/sentencepiece.bpe.model', 'empty holds no xnli data'),
+    ('train.py --data_dir demo-data --spm notes.txt --from_scratch --model tiny', 'notes.txt is not a sentencepiece model'),
+    ('train.py --demo --spm notes.txt', 'notes.txt is not a sentencepiece model'),  # found once the demo data is made
+    ('train.py --demo --task pawsx --resume --out nothing-here', 'nothing to resume in nothing-here'),
+    ('train.py --demo --method filter --task xnli --teacher finished', 'the teacher finished was trained on pawsx, not xnli'),
+    ('eval.py --predictions finished/predictions --labels demo-data/labels --out notes.txt/s.json --demo', 'Not a directory'),
     ('train.py --data_dir nowhere', 'nowhere holds no xnli data'),
     ('train.py --data_dir empty', 'empty holds no xnli data'),
     ('train.py --demo --init bad.pt', 'bad.pt is not a PyTorch file: a checkpoint is'),
@@ -64,13 +72,13 @@ def files_under(folder):
     return {os.path.join(d, f) for d, _, names in os.walk(folder) for f in names} | {d for d, _, _ in os.walk(folder)}
 
 
-def test_twenty_user_mistakes_each_end_in_one_line_and_leave_nothing(workdir):
+def test_user_mistakes_each_end_in_one_line_and_leave_nothing(workdir):
     before = files_under(workdir)
     run = lambda command: subprocess.run([sys.executable, os.path.join(ROOT, command.split()[0]), *command.split()[1:]],
                                          cwd=workdir, capture_output=True, text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     with ThreadPoolExecutor(2) as pool:
         done = list(pool.map(run, [command for command, _ in MISTAKES]))
-    assert len(done) >= 20
+    assert len(done) >= 20  # the issue's twenty and their neighbours
     for (command, message), res in zip(MISTAKES, done):
         assert res.returncode != 0, command
         assert res.stderr.count('\n') == 1 and res.stderr.startswith('error: '), (command, res.stderr[-500:])
@@ -110,6 +118,9 @@ def test_a_finished_run_is_replaced_only_with_its_settings_or_overwrite(workdir,
     with pytest.raises(SystemExit, match='holds a finished run with --epochs 1 .this run: 2.: give another --out, or add --overwrite'):
         demo_run(out, os.path.join(workdir, 'demo-data'), ['--task', 'pawsx', '--epochs', '2'])
     assert json.load(open(out / 'results.json')) == first
+    demo_run(out, os.path.join(workdir, 'demo-data'), ['--task', 'pawsx', '--eval_only'])  # no training options to repeat
+    with pytest.raises(SystemExit, match='holds a finished run with --translate_test False .this run: True.'):
+        demo_run(out, os.path.join(workdir, 'demo-data'), ['--task', 'pawsx', '--eval_only', '--translate_test'])
     demo_run(out, os.path.join(workdir, 'demo-data'), ['--task', 'pawsx', '--epochs', '2', '--overwrite'])
     assert json.load(open(out / 'config.json'))['epochs'] == 2
     assert len([line for line in open(out / 'log.jsonl') if '"dev"' in line]) == 2  # the new run's log alone
@@ -146,3 +157,26 @@ def test_the_other_commands_explain_themselves(command):
     res = subprocess.run([sys.executable, *command.split()], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0 and 'example:\n  python ' + command.split()[0] in res.stdout
     assert res.stdout.count('\n') > 12  # what it does, what it takes and writes, an example
+
+
+def test_a_demo_from_the_pre_trained_model_runs_again_evaluates_and_resumes(tmp_path):
+    """The demo's pre-trained start is the same --init for every run of a folder: the same command
+    again replaces its run, --eval_only evaluates it, and --resume goes on."""
+    from conftest import quick_pretrained
+    demo = data.make_demo(str(tmp_path / 'demo-data'), n_train=60, n_eval=10)
+    quick_pretrained(demo, tmp_path / 'pretrain-veco-demo', steps=10)  # where the demo keeps its pre-trained model
+    argv = ['--method', 'xmixup', '--task', 'pawsx', '--epochs', '1']
+    for extra in ([], [], ['--eval_only'], ['--resume']):
+        demo_run(tmp_path / 'xmixup', demo, argv + extra)
+    config = json.load(open(tmp_path / 'xmixup' / 'config.json'))
+    assert config['init'] == str(tmp_path / 'pretrain-veco-demo' / 'best.pt')
+
+
+def test_overwrite_trains_a_teacher_of_the_new_settings(workdir, tmp_path):
+    demo = os.path.join(workdir, 'demo-data')
+    argv = ['--method', 'filter', '--task', 'pawsx', '--self_teach', '--epochs', '1']
+    demo_run(tmp_path / 'st', demo, argv)
+    first = torch.load(tmp_path / 'st' / 'p_teacher.pt', weights_only=True)
+    demo_run(tmp_path / 'st', demo, argv + ['--lr', '5e-4', '--overwrite'])
+    assert json.load(open(tmp_path / 'st' / 'teacher' / 'config.json'))['lr'] == 5e-4  # the teacher was trained again
+    assert not all(torch.equal(a, b) for a, b in zip(first, torch.load(tmp_path / 'st' / 'p_teacher.pt', weights_only=True)))

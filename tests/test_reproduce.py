@@ -236,11 +236,12 @@ def write_layout(root, langs_of):
         open(os.path.join(root, name), 'w').write('x\n')
 
 
-def test_every_reproduction_command_passes_dry_run(tmp_path, monkeypatch, capsys):
+def test_every_reproduction_command_passes_dry_run(tmp_path, monkeypatch, capsys, spm_path):
     commands = reproduction_commands()
     assert len(commands) >= 80  # every method and task of the table, loops unrolled
     monkeypatch.chdir(tmp_path)
     write_layout('data', lambda task: data.TASKS[task].langs)
+    shutil.copy(spm_path, 'data/sentencepiece.bpe.model')  # the dry run reads it
     made = set()  # what the runs before a command would have left: the checkpoints and teachers it reads
     for name in {arg for _, argv in commands for arg in argv if arg.endswith('.pt')}:
         os.makedirs(os.path.dirname(name) or '.', exist_ok=True)
@@ -248,10 +249,11 @@ def test_every_reproduction_command_passes_dry_run(tmp_path, monkeypatch, capsys
         made.add(name)
     for _, argv in commands:
         for teacher in argv[argv.index('--teacher') + 1:][:1] if '--teacher' in argv else []:
-            os.makedirs(teacher, exist_ok=True)
-            for name in ('results.json', 'config.json', 'best.pt'):  # a finished run's files
-                open(os.path.join(teacher, name), 'w').write('{}')
-                made.add(os.path.join(teacher, name))
+            os.makedirs(teacher, exist_ok=True)  # a finished run of the task
+            open(os.path.join(teacher, 'results.json'), 'w').write('{}')
+            open(os.path.join(teacher, 'config.json'), 'w').write(json.dumps({'task': argv[argv.index('--task') + 1]}))
+            torch.save({}, os.path.join(teacher, 'best.pt'))
+            made |= {os.path.join(teacher, name) for name in ('results.json', 'config.json', 'best.pt')}
     outs = [train.parse_args(argv).out for _, argv in commands]
     assert len(set(outs)) == len(outs)  # no two commands write the same folder
     for world, argv in commands:
@@ -262,9 +264,10 @@ def test_every_reproduction_command_passes_dry_run(tmp_path, monkeypatch, capsys
     assert {os.path.join(d, f) for d, _, names in os.walk('runs') for f in names} == {p for p in made if p.startswith('runs')}
 
 
-def test_dry_run_names_a_missing_file_in_one_line(tmp_path, monkeypatch, capsys):
+def test_dry_run_names_a_missing_file_in_one_line(tmp_path, monkeypatch, capsys, spm_path):
     monkeypatch.chdir(tmp_path)
     write_layout('data', lambda task: data.TASKS[task].langs)
+    shutil.copy(spm_path, 'data/sentencepiece.bpe.model')
     torch.save({}, 'xlmr-large.pt')
     os.remove('data/xnli/translate-test/test-sw-en-translated.tsv')
     with pytest.raises(SystemExit) as err:

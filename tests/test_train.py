@@ -262,8 +262,8 @@ def test_real_data_without_init_needs_from_scratch(tmp_path, demo_data, capsys):
 
 
 def test_messages_say_where_translations_are(tmp_path, demo_data, capsys):
-    one_line_failure(capsys, ['--data_dir', str(tmp_path / 'nowhere'), '--out', str(tmp_path / 'o')],
-                     'gs://xtreme_translations/')
+    one_line_failure(capsys, ['--method', 'filter', '--data_dir', str(tmp_path / 'nowhere'), '--out', str(tmp_path / 'o')],
+                     'filter reads translations too: get XTREME\'s translations with gsutil -m cp -r gs://xtreme_translations/')
     broken = tmp_path / 'broken'
     shutil.copytree(demo_data, broken)
     os.remove(broken / 'pawsx' / 'translate-train' / 'en-de-translated.tsv')
