@@ -1417,9 +1417,8 @@ def warm_up_run(args, m):
                                      'conf_penalty': 1.0 if args.conf_penalty is None else args.conf_penalty,
                                      'from_scratch': args.from_scratch or args.demo, 'stage': f'warm-up {m + 1} of 3'})
     if (args.warmup_dir or args.resume) and os.path.exists(os.path.join(folder, 'results.json')):
-        with open(os.path.join(folder, 'config.json')) as f:
-            found = json.load(f)
-        differ = [k for k in WARM_UP_SETTINGS if found.get(k) != getattr(settings, k)]
+        found = read_config(os.path.join(folder, 'config.json'))
+        differ = differences({k: found.get(k) for k in WARM_UP_SETTINGS}, settings, WARM_UP_SETTINGS)
         if differ:
             fail(f'{folder} holds a warm-up with another {differ[0]} ({found.get(differ[0])}, not {getattr(settings, differ[0])}): '
                  'pass another --warmup_dir, or remove that folder')
