@@ -300,8 +300,8 @@ def default_folder(args):
 METHOD_OPTIONS = {'filter': ('m', 'k', 'kl_weight', 'temperature'), 'xmixup': ('mixup_layer', 'p_k', 'fixed_lambda',
                   'no_mixup_inference'), 'xla': ('train_lang', 'warmup_dir') + XLA_OPTIONS,
                   'veco': ('translate_train_all', 'cross_only_steps') + TRANSLATION_OPTIONS}
-SELECTED_BY = {'en': 'the best English dev score', 'average': 'the best average dev score over languages',
-               'loss': 'the lowest held-out loss'}
+SELECTED_BY = {'en': 'best English dev score', 'average': 'best average dev score over languages',
+               'loss': 'lowest held-out loss'}  # the checkpoint each method.select keeps
 
 
 def planned_files(args):
@@ -487,7 +487,7 @@ def plan(args, world, files):
             'method': ', '.join(f'{o} {" ".join(map(str, v)) if isinstance(v, list) else v}' for o in METHOD_OPTIONS.get(
                 args.method, ()) if (v := getattr(args, o, None)) not in (None, False)) or 'its defaults',
             'stages': stages,
-            'kept': 'nothing trained' if family(args) == 'retrieval' else SELECTED_BY[method.select] +
+            'kept': 'nothing trained' if family(args) == 'retrieval' else 'the ' + SELECTED_BY[method.select] +
             (', and each XLA epoch unless the --train_lang dev score falls' if args.method == 'xla' else '')}
 
 
@@ -1675,11 +1675,9 @@ def selection(method, dev):
     average over the dev languages (as their papers select)."""
     if not dev:
         return None, 'last epoch (no dev set)'
-    if method.select == 'loss':
-        return float(np.mean([s['score'] for s in dev.values()])), 'lowest held-out MLM loss (Eq. 8 + TLM)'
     if method.select == 'en' and 'en' in dev:
-        return dev['en']['score'], 'best English dev score'
-    return float(np.mean([s['score'] for s in dev.values()])), 'best average dev score over languages'
+        return dev['en']['score'], SELECTED_BY['en']
+    return float(np.mean([s['score'] for s in dev.values()])), SELECTED_BY['loss' if method.select == 'loss' else 'average']
 
 
 def finish(args, dev, test, rank, selected_by=None, runs=None):
