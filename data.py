@@ -13,7 +13,7 @@ import sentencepiece as spm
 import torch
 from tqdm import tqdm
 
-from layers import atomic_write
+from layers import Parser, atomic_write
 
 
 @dataclass(frozen=True)
@@ -1238,7 +1238,6 @@ example:
 
 
 def main(argv=None):
-    from layers import Parser
     parser = Parser(description='XTREME data in the layout train.py reads, or the generated demo data.')
     sub = parser.add_subparsers(dest='cmd', required=True, metavar='{download,demo}')
     get = sub.add_parser('download', help='fetch a task from its official sources into the layout read here',

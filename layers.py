@@ -353,8 +353,7 @@ def check_format(path):
 
 def torch_load(path):
     """torch.load that never runs arbitrary pickled code: tensors, containers and argparse.Namespace
-    (fairseq's saved arguments) only."""
-    check_format(path)
+    (fairseq's saved arguments) only; read_checkpoint has checked its first bytes."""
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location='cpu', weights_only=True)

@@ -330,7 +330,7 @@ def data_files(args):
     method, train_on = method_class(args), 'translations' if args.translate_train_all else xlt.METHODS[args.method][1]
     if not args.eval_only:
         add(data.split_path(d, task, 'train'), get)
-        translated = {'translation': [args.train_lang], 'translations': [lang for lang in langs if lang != 'en']}.get(train_on, [])
+        translated = {'translation': [args.train_lang], 'translations': target_langs(args)}.get(train_on, [])
         if args.method == 'xla':
             translated = [args.train_lang] if family == 'classification' else []
             if family == 'tagging':
@@ -381,17 +381,17 @@ def check(args, world):
     if files:
         data.Tokenizer(files[-1][0])  # a file that is not a sentencepiece model stops here, not after a folder is made
     check_init(args)
-    for path in (args.init, getattr(args, 'mlm', None), args.teacher and os.path.join(args.teacher, 'best.pt')):
+    for path in (args.init, getattr(args, 'mlm', None)):
         if path and not (args.demo and path == demo_start(args.out)):
             try:
                 layers.check_format(path)
             except layers.CheckpointError as e:
-                fail(f'--teacher {args.teacher}: {e}' if args.teacher and path.startswith(args.teacher) else str(e))
+                fail(str(e))
     if args.teacher:
         check_teacher(args)
     if args.eval_only and args.method != 'xla' and not (args.init or os.path.exists(os.path.join(args.out, 'best.pt'))):
         fail(f'{args.out}/best.pt not found: --eval_only evaluates a finished run in --out (or the --init weights)')
-    if args.resume and not any('config.json' in names for _, _, names in os.walk(args.out)):
+    if args.resume and not began(args.out):
         fail(f'nothing to resume in {args.out} (no run began there): drop --resume to start a new run, or give the '
              'folder of the stopped run')
     for m in range(3) if args.method == 'xla' else ():
@@ -401,11 +401,15 @@ def check(args, world):
 
 
 def check_teacher(args):
-    config = os.path.join(args.teacher, 'config.json')
-    for name in ('results.json', 'config.json'):
+    """--teacher is a finished run of this task with a readable best.pt."""
+    for name in ('results.json', 'config.json', 'best.pt'):
         if not os.path.isfile(os.path.join(args.teacher, name)):
             fail(f'--teacher {args.teacher} is not a finished run (no {name}): train the teacher first')
-    task = read_config(config).get('task')
+    try:
+        layers.check_format(os.path.join(args.teacher, 'best.pt'))
+    except layers.CheckpointError as e:
+        fail(f'--teacher {args.teacher}: {e}')
+    task = read_config(os.path.join(args.teacher, 'config.json')).get('task')
     if task != args.task:
         fail(f'the teacher {args.teacher} was trained on {task}, not {args.task}: give a {args.task} run')
 
@@ -420,7 +424,7 @@ def check_options(args):
         fail('X-Mixup on tagging learns T from a source-language model\'s labels: pass --teacher RUN '
              '(a finished zeroshot run) or --self_teach to train one first')
     if xlt.METHODS[args.method][1] == 'translation' and family_ not in ('retrieval', 'pretrain', 'translation'):
-        langs = [lang for lang in data.languages(args.task, args.demo or data.is_demo(args.data_dir)) if lang != 'en']
+        langs = target_langs(args)
         if args.train_lang not in langs:
             fail(f'translate-train needs --train_lang, one of {", ".join(langs)}')
     if args.task not in STEPPED and family_ != 'retrieval':
@@ -561,7 +565,7 @@ def build_encoder(args, tok, cross=False):
 
 
 def target_langs(args):
-    return [lang for lang in data.languages(args.task, data.is_demo(args.data_dir)) if lang != 'en']
+    return [lang for lang in data.languages(args.task, args.demo or data.is_demo(args.data_dir)) if lang != 'en']
 
 
 def training_items(args, tok, method, rank=0):
@@ -853,11 +857,16 @@ def first_missing(path):
     return missing
 
 
+def began(folder):
+    """Did a run begin in folder, or in a stage below it (its config.json is written by begin())?"""
+    return any('config.json' in names for _, _, names in os.walk(folder))
+
+
 def discard_if_unbegun(out, made):
     """A run that stops before it began (no config.json in its folder or below) leaves nothing
     behind: what this process made goes (the run folder and the parents it made, or the demo
     data in a folder that was there), and nothing else."""
-    if not made or not os.path.isdir(made) or any('config.json' in names for _, _, names in os.walk(out)):
+    if not made or not os.path.isdir(made) or began(out):
         return
     path = made if made == os.path.join(os.path.abspath(out), 'demo-data') else os.path.abspath(out)
     shutil.rmtree(path)
