@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -87,18 +86,23 @@ def test_user_mistakes_each_end_in_one_line_and_leave_nothing(workdir):
 
 
 def test_ctrl_c_names_the_last_checkpoint_and_how_to_resume(tmp_path):
+    """A real SIGINT once the first epoch's line is out (an event, not a sleep). The child gets
+    SIGINT's default action back: a shell that starts pytest in the background (`cmd &` in a
+    script) hands its children SIGINT ignored, and Python then never raises KeyboardInterrupt."""
     proc = subprocess.Popen([sys.executable, 'train.py', '--demo', '--task', 'pawsx', '--epochs', '50', '--save_every', '5',
-                             '--out', str(tmp_path / 'run')], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
-    deadline = time.time() + 120
-    while not os.path.exists(tmp_path / 'run' / 'last.pt') and time.time() < deadline:
-        time.sleep(0.1)
-    time.sleep(0.5)
+                             '--out', str(tmp_path / 'run')], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    for line in proc.stdout:  # last.pt is written every 5 steps, so it exists before epoch 1 ends
+        if line.startswith('epoch 1/50 '):
+            break
     proc.send_signal(signal.SIGINT)
-    err = proc.communicate(timeout=60)[1]
+    out, err = proc.communicate(timeout=600)
+    assert line.startswith('epoch 1/50 '), out + err
     step = torch.load(tmp_path / 'run' / 'last.pt', weights_only=True)['state']['step']
     assert proc.returncode != 0 and err.count('\n') == 1 and 'Traceback' not in err
     assert f'the last checkpoint is step {step} ({tmp_path / "run" / "last.pt"})' in err and '--resume' in err
+    assert 'epoch 50/50' not in out
 
 
 def test_default_folders_keep_apart_what_changes_the_result():

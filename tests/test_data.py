@@ -16,7 +16,7 @@ import train
 from conftest import SCRIPTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MOCK = os.path.join(ROOT, '..', 'shared', 'xtreme-mock')
+MOCK = os.path.join(ROOT, 'tests', 'fixtures', 'xtreme-mock')
 MOCK_QA = sorted(glob.glob(os.path.join(MOCK, 'labels', '*', 'test-*.json')))
 
 

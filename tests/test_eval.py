@@ -12,11 +12,11 @@ import eval as ev
 from data import Feature
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MOCK = os.path.join(ROOT, '..', 'shared', 'xtreme-mock')
+MOCK = os.path.join(ROOT, 'tests', 'fixtures', 'xtreme-mock')
 
 
 def published_scores():
-    """The table of ../shared/xtreme-mock/README.md: {task: {avg_<metric>: value}} and the group line."""
+    """The table of tests/fixtures/xtreme-mock/README.md: {task: {avg_<metric>: value}} and the group line."""
     text = open(os.path.join(MOCK, 'README.md'), encoding='utf-8').read()
     tasks = {}
     for task, cells in re.findall(r'^\| (\w+) \| ([a-z_].*?) \|$', text, re.M):

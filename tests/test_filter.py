@@ -106,7 +106,7 @@ def test_kl_is_against_stored_target_probabilities(task):
         expected = torch.cat(expected).sum() / sum(lengths)
     else:
         expected = torch.stack([e.mean() for e in expected]).mean()
-    assert logs['kl'] == pytest.approx(float(expected), rel=1e-4)
+    assert logs['kl'].item() == pytest.approx(float(expected), rel=1e-4)
 
 
 def test_self_teaching_end_to_end(tmp_path, capsys):

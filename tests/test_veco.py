@@ -129,14 +129,14 @@ def test_eq8_is_the_sum_of_its_terms_by_hand_and_symmetric():
         (x2, xb2), (y2, yb2) = m.masked(pair.src, parallel), m.masked(pair.tgt, parallel)
         expected = by_hand(m, x2, xm, xb2, y2, ym, yb2, parallel)
         assert torch.allclose(loss, sum(expected.values()), atol=1e-5)
-        assert logs['tlm'] == pytest.approx(expected['tlm'].item(), abs=1e-5)
+        assert logs['tlm'].item() == pytest.approx(expected['tlm'].item(), abs=1e-5)
 
 
 def test_cross_only_phase_trains_the_cross_attention_alone():
     m = model(cross_only_steps=10).train()
     pair = data.Pair(data.Batch(*masked_pair()[0:2], torch.tensor([0, 1, 1])), data.Batch(*masked_pair()[3:5], torch.tensor([0, 1, 1])))
     loss, logs = m.loss(pair)
-    assert 'tlm' not in logs and loss.item() == pytest.approx(logs['cs_xy'] + logs['cs_yx'], rel=1e-6)
+    assert 'tlm' not in logs and loss.item() == pytest.approx((logs['cs_xy'] + logs['cs_yx']).item(), rel=1e-6)
     frozen = {id(p) for p in m.frozen()}
     names = [n for n, p in m.named_parameters() if id(p) not in frozen]
     assert names and all('.cross.' in n or '.ln_cross.' in n for n in names)
