@@ -608,6 +608,102 @@ def pair_features(tok, task, pairs, max_len=None, train=False):
 
 
 # ----------------------------------------------------------------------------------------
+# What a run reads: the files of a task, and the examples a method trains and is evaluated on.
+
+def task_files(data_dir, task, translated=(), round_trip=False, translations=False, train=True, reader='the run'):
+    """-> [(path, what, needed)] of a task in the README's layout: the English training file
+    (train), the translate-train files of the languages `translated` (with their round trips,
+    read where they are), every dev and test file, and with translations the translate-dev and
+    translate-test files of the target languages (reader: who reads them, for the message). Not
+    needed: read where it is there."""
+    family, langs, files = TASKS[task].family, languages(task, is_demo(data_dir)), []
+    add = lambda path, what, needed=True: files.append((path, what, needed))
+    get = f'python data.py download --task {task} --out {data_dir}'
+    if family == 'retrieval':  # BUCC's threshold comes from its dev pairs and their gold alignment
+        return [(f'{split_path(data_dir, task, split, lang)}.{side}', get, True) for lang in langs
+                for split, sides in (('test', (lang, 'en')), ('dev', (lang, 'en', 'gold') if task == 'bucc2018' else ()))
+                for side in sides]
+    if train:
+        add(split_path(data_dir, task, 'train'), get)
+        for lang in translated:
+            add(split_path(data_dir, task, 'translate-train', lang), f'{task} needs translate-train files for {lang}; '
+                f'{TRANSLATIONS}')
+            if round_trip:
+                add(split_path(data_dir, task, 'round-trip', lang), 'X-Mixup\'s round trip (the real English where missing)', False)
+    for split in ('dev', 'test'):
+        for lang in langs:
+            path = split_path(data_dir, task, split, lang)
+            if path is None or (split == 'dev' and not os.path.exists(path)):
+                continue  # no dev set in this language: the run evaluates what there is
+            add(path, get)
+            if lang != 'en' and translations:
+                add(split_path(data_dir, task, f'translate-{split}', lang), f'{reader} needs translate-{split} files for '
+                    f'{lang}; {TRANSLATIONS}')
+    return files
+
+
+def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round_trip=False, max_len=None, share=None):
+    """The training features of a method: English ('en'; a share of it), English's translations
+    into langs without English ('translation') or with it ('translations'); for a paired method
+    tuples (English, translation[, round trip]), English also paired with itself, as both released
+    codes do."""
+    english = read_split(data_dir, task, 'train')
+    if share:  # XLA's warm-up on the 5% setting: its share of English
+        english = share_of(english, share, part=0)
+    pairs = {lang: read_translations(data_dir, task, 'train', lang, english) for lang in langs}
+    if not paired:
+        translated = [t for lang in langs for _, t in pairs[lang] if t is not None]
+        return make_features(tok, task, (english if trains_on != 'translation' else []) + translated, max_len, train=True)
+    tuples, missing = [(e, e) + ((e,) if round_trip else ()) for e in english], []
+    for lang in langs:
+        trip = read_round_trip(data_dir, task, lang, pairs[lang]) if round_trip else None
+        if round_trip and trip is None:
+            missing.append(lang)
+        tuples += [(e, t) + ((r,) if round_trip else ()) for (e, t), r in zip(pairs[lang], trip or [e for e, _ in pairs[lang]])
+                   if t is not None]
+    if missing:
+        warn(f'no round-trip data for {task} in {", ".join(missing)} (see the README): scheduled sampling feeds the '
+             'real English text there')
+    return pair_features(tok, task, tuples, max_len, train=True)
+
+
+def evaluation_set(data_dir, task, split, lang, translate_test=False, paired=False):
+    """(examples scored against, model inputs, [(English translation, input)] for paired methods
+    or None). translate-test reads the English translations (QA is then scored on the
+    translations' own answers, as XTREME does); English examples pair with themselves, and so does
+    an example whose translation is missing."""
+    if translate_test and lang != 'en':
+        pairs = read_translations(data_dir, task, split, lang)
+        english = [t or o for o, t in pairs]  # an example without a translation is read as it is
+        gold, inputs = (english if TASKS[task].family == 'qa' else [o for o, _ in pairs]), english
+    else:
+        gold = inputs = read_split(data_dir, task, split, lang)
+    if not paired:
+        return gold, inputs, None
+    if lang == 'en':
+        return gold, inputs, [(ex, ex) for ex in inputs]
+    return gold, inputs, [(t or ex, ex) for ex, t in read_translations(data_dir, task, split, lang, inputs)]
+
+
+def self_training_sets(tok, data_dir, task, lang, share, max_len):
+    """XLA's (D_s: the English training features, D_t: lang's unlabelled training features). D_t
+    is the target language's own training split without its labels (tagging: XTREME ships
+    train-<lang>.tsv for PAN-X), or the target side of translate-train (XNLI, PAWS-X). With share
+    below 1 the two are disjoint random draws, so they are not translations of each other (the
+    paper's 5% setting)."""
+    english, tagging = read_split(data_dir, task, 'train'), TASKS[task].family == 'tagging'
+    if tagging:
+        target = [dict(ex, tags=None) for ex in read_split(data_dir, task, 'train', lang)]
+    else:  # drawn from the pairs, so that the draw is disjoint from English's where translations are missing
+        pairs = share_of(read_translations(data_dir, task, 'train', lang, english), share, part=1)
+        target = [dict(t, label=None) for _, t in pairs if t is not None]
+    english = share_of(english, share, part=0)
+    if tagging:  # the two languages' own training sets: each its own draw
+        target = share_of(target, share, part=1)
+    return [make_features(tok, task, exs, max_len, train=True) for exs in (english, target)]
+
+
+# ----------------------------------------------------------------------------------------
 # Batches: padded to their own longest sequence.
 
 @dataclass
@@ -656,6 +752,50 @@ def collate(features, index=None, pad_id=1):
 
 def collate_pairs(src, tgt, index=None, pad_id=1, alt=None):
     return Pair(collate(src, index, pad_id), collate(tgt, index, pad_id), alt and collate(alt, index, pad_id))
+
+
+MEGA = 50  # length grouping sorts mega-batches of this many batches
+BUCKET = 4  # by length in steps of this many tokens, not token by token: where length tells the label (the
+# demo's XNLI: 19, 20 and 22 tokens, one label each), batches of one length hold one label and the tiny
+# model stalls more often (at 64% English: exactly sorted 4 of seeds 1-6, in steps of 4 2 of 6; random 3 of 1-12)
+
+
+def item_length(item):
+    """The tokens of each side of a training item: (n,) for a feature, one per side for a pair
+    (each side of a batch is padded on its own)."""
+    return tuple(len(f.ids) for f in item) if isinstance(item, tuple) else (len(item.ids),)
+
+
+def global_batches(n, batch_size, seed, chunks, lengths=None):
+    """An epoch's global batches of n items from a permutation fixed by seed, grouped by the
+    items' lengths when lengths are given (else random batches, as the papers' scripts)."""
+    g = torch.Generator().manual_seed(seed)
+    return cut_batches(torch.randperm(n, generator=g).tolist(), batch_size, chunks, g, lengths)
+
+
+def cut_batches(order, size, chunks, g, lengths=None):
+    """Batches of `size` items in `order`. With lengths, each mega-batch of MEGA batches is
+    sorted by length (in BUCKET steps) before it is cut, and the batches are then shuffled by g:
+    a batch holds items of similar length and pads little, and the split depends on no process
+    count. A last batch too small to give every process and micro-step (chunks) an item is dropped."""
+    if lengths is not None:  # lengths within BUCKET tokens keep their random order (and mix their labels)
+        mega, key = size * MEGA, lambda i: tuple(n // BUCKET for n in lengths[i])  # a pair: by one side, then the other
+        order = [i for s in range(0, len(order), mega) for i in sorted(order[s:s + mega], key=key)]
+    batches = [order[i:i + size] for i in range(0, len(order), size)]
+    if lengths is not None:
+        batches = [batches[j] for j in torch.randperm(len(batches), generator=g).tolist()]
+    return [b for b in batches if len(b) >= chunks]
+
+
+def pad_share(lengths, batches, parts):
+    """The share of padding tokens in an epoch's micro-batches (each global batch cut into
+    `parts`, as the training step cuts it; each side padded to its longest item). lengths: item_length's."""
+    real = padded = 0
+    for batch in batches:
+        for chunk in np.array_split(np.array(batch), parts):
+            for side in zip(*(lengths[i] for i in chunk)):
+                real, padded = real + sum(side), padded + len(side) * max(side)
+    return 1 - real / max(padded, 1)
 
 
 def length_batches(features, batch_size):

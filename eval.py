@@ -23,7 +23,8 @@ from collections import Counter
 
 import torch
 
-from data import GROUPS, TASKS, DataError, Feature, collate, is_demo, languages, length_batches, lines_of, read_text
+from data import (GROUPS, TASKS, DataError, Feature, collate, is_demo, languages, length_batches, lines_of, read_retrieval,
+                  read_text, word_predictions)
 from layers import Parser, atomic_write, mean_pool
 
 
@@ -342,8 +343,67 @@ def write_predictions(folder, task, lang, preds):
     return path
 
 
+def score_predictions(folder, labels, task, preds):
+    """Write a run's test predictions {lang: predictions} into folder in the leaderboard layout and
+    score each file against labels/<task>/test-<lang>.* where there is one -> {lang: scores}."""
+    scores = {}
+    for lang, p in preds.items():
+        path = write_predictions(folder, task, lang, p)
+        gold = os.path.join(labels, task, f'test-{lang}.{suffix(task)}')
+        if os.path.exists(gold):
+            s = score_file(task, path, gold, lang)
+            scores[lang] = dict(s, score=main_score(s))
+    return scores
+
+
+def check_labels(task, path, examples):
+    """A test label file, where there is one, must be scorable against the test set: one label (or
+    tag sentence) per example, from the label set, or every question's answers."""
+    if not os.path.exists(path):
+        return
+    family = TASKS[task].family
+    if family == 'qa':
+        found = {qa['id'] for article in read_qa_file(path) for p in article.get('paragraphs', []) for qa in p.get('qas', [])}
+        lost = [ex['id'] for ex in examples if ex['id'] not in found]
+        if lost:
+            raise EvalError(f'{path} has no answers for {len(lost)} test questions (the first: {lost[0]}): use the labels '
+                            'of this test set')
+        return
+    labels = read_tag_file(path) if family == 'tagging' else read_lines(path)
+    if len(labels) != len(examples):
+        raise EvalError(f'{path} has {len(labels)} labelled examples for {len(examples)} in the test set: use the labels '
+                        'of this test set')
+    allowed = set(TASKS[task].labels)
+    bad = next((n for n, row in enumerate(labels, 1) for label in (row if family == 'tagging' else [row]) if label not in allowed), None)
+    if bad:
+        raise EvalError(f'{path}: example {bad} has a label outside {", ".join(TASKS[task].labels)}; fix the file')
+
+
 # ----------------------------------------------------------------------------------------
 # From model outputs to predictions.
+
+def predictions(task, feats, outputs, examples):
+    """Model outputs -> predictions in the leaderboard's form."""
+    info = TASKS[task]
+    if info.family == 'classification':
+        return [info.labels[o.argmax().item()] for o in outputs]
+    if info.family == 'tagging':
+        words = word_predictions(feats, [o.argmax(-1).tolist() for o in outputs], len(examples))
+        return [[info.labels[i] for i in w] for w in words]
+    return decode_qa(feats, [o[:, 0] for o in outputs], [o[:, 1] for o in outputs])
+
+
+def scores_of(task, lang, examples, preds):
+    """Scores of predictions against the examples' own labels -> {metric: value}, plus 'score'."""
+    family = TASKS[task].family
+    if family == 'classification':
+        s = accuracy([ex['label'] for ex in examples], preds)
+    elif family == 'tagging':
+        s = chunk_f1([ex['tags'] for ex in examples], preds)
+    else:
+        s = qa_scores([{'paragraphs': [{'qas': examples}]}], preds, lang if task == 'mlqa' else None)
+    return dict(s, score=main_score(s))
+
 
 def decode_qa(windows, start_logits, end_logits, max_answer_len=30):
     """Best answer per question over all its windows -> {question id: answer text}.
@@ -378,6 +438,19 @@ def embed_texts(encoder, tok, texts, layer, batch_size, device):
         b = collate([feats[i] for i in index]).to(device)
         out[index] = mean_pool(encoder.run(encoder.embed(b.ids), b.mask, 0, layer), b.mask).float().cpu()
     return out
+
+
+def retrieve(data_dir, task, embed):
+    """bucc2018 / tatoeba test predictions {lang: ...} from embed(texts) (mean-pooled states):
+    cosine nearest neighbours; the BUCC threshold is chosen on each language's dev gold pairs."""
+    preds = {}
+    for lang in languages(task, is_demo(data_dir)):
+        src, eng, _ = read_retrieval(data_dir, task, 'test', lang)
+        if task == 'tatoeba':  # for every English sentence, the line of its source sentence
+            preds[lang] = nearest(embed(eng), embed(src))[0].tolist()
+        else:
+            preds[lang] = bucc_mine(embed, src, eng, bucc_dev_threshold(embed, *read_retrieval(data_dir, task, 'dev', lang)))
+    return preds
 
 
 def nearest(queries, keys):

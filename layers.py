@@ -13,6 +13,7 @@ import os
 import re
 import struct
 import sys
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
@@ -389,11 +390,14 @@ def read_checkpoint(path):
     check_format(path)
     obj = read_safetensors(path) if path.endswith('.safetensors') else torch_load(path)
     hf = isinstance(obj, dict) and any('word_embeddings' in k for k in obj)
-    if not isinstance(obj, dict) or not (hf or 'model' in obj or {'encoder', 'config'} <= set(obj)):
+    if not isinstance(obj, dict) or not (hf or 'model' in obj or obj.get('format') == FORMAT):
         what = f'a dict with the keys {", ".join(map(str, list(obj)[:4]))}{" ..." if len(obj) > 4 else ""}' if isinstance(obj, dict) \
             else f'a {type(obj).__name__}'
         raise CheckpointError(f'{path} holds {what}, not XLM-R weights: {CHECKPOINTS}')
-    if not hf and 'encoder' in obj and 'config' in obj:  # ours
+    if not hf and obj.get('format') == FORMAT:  # ours: a converted checkpoint or a run's best.pt
+        if 'encoder' not in obj:
+            raise CheckpointError(f'{path} holds {", ".join(obj["meta"]["holds"])}, no encoder: give a converted '
+                                  'checkpoint or a run\'s best.pt')
         sd = {f'enc.{k}': v for k, v in obj['encoder'].items()}
         sd.update({f'mlm.{k}': v for k, v in (obj.get('mlm') or {}).items()})
         fold_tied(sd)
@@ -464,10 +468,42 @@ def atomic_write(path, obj):
             os.remove(tmp)
 
 
-def save_converted(enc, mlm, path):
-    """The project's own checkpoint: config + plain tensors, readable with weights_only=True."""
-    atomic_write(path, {'config': asdict(enc.cfg), 'encoder': enc.state_dict(),
-                        'mlm': None if mlm is None else {k: v for k, v in mlm.state_dict().items() if k != 'weight'}})
+FORMAT = 'xlt-checkpoint-1'
+
+
+def save_checkpoint(path, meta, **parts):
+    """The project's one checkpoint format, written atomically: {'format', 'meta', and the parts}.
+    meta: what it is ('method', 'task', 'model' (the preset), 'settings': the run's options);
+    'holds' lists the parts. config + encoder (+ mlm): the weights --init reads (a converted
+    XLM-R, a run's best.pt); method: the whole method's state; optimizer, schedule, state, rng: a
+    resume point (last.pt)."""
+    atomic_write(path, {'format': FORMAT, 'meta': dict(meta, holds=sorted(parts)), **parts})
+
+
+def load_checkpoint(path, expect=None):
+    """Read a checkpoint of the project's format (never unpickling an object). expect: the meta
+    entries it must match ('method', 'task', 'model'), else a CheckpointError naming both."""
+    check_format(path)
+    ckpt = torch_load(path)
+    if not isinstance(ckpt, dict) or ckpt.get('format') != FORMAT:
+        raise CheckpointError(f'{path} is not a checkpoint of this project (a run\'s best.pt or last.pt): use another --out')
+    meta = ckpt['meta']
+    if expect and any(meta.get(k) != v for k, v in expect.items()):
+        raise CheckpointError(f'{path} holds {meta.get("method")} on {meta.get("task")} with the {meta.get("model")} '
+                              f'preset, not {expect.get("method", "a run")} on {expect.get("task")}'
+                              f'{" with " + expect["model"] if "model" in expect else ""}: use another --out')
+    return ckpt
+
+
+def encoder_parts(encoder, mlm=None):
+    """The parts of a checkpoint that --init reads: the config, the encoder, the MLM head."""
+    return {'config': asdict(encoder.cfg), 'encoder': encoder.state_dict(),
+            'mlm': None if mlm is None else {k: v for k, v in mlm.state_dict().items() if k != 'weight'}}
+
+
+def autocast(device):
+    """bf16 autocast on a GPU; full precision on the CPU."""
+    return torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else nullcontext()
 
 
 class Parser(argparse.ArgumentParser):
@@ -499,7 +535,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         enc, mlm = load_pretrained(args.src)
-        save_converted(enc, mlm, args.out)
+        save_checkpoint(args.out, {'method': None, 'task': None, 'model': None, 'source': args.src}, **encoder_parts(enc, mlm))
     except (CheckpointError, OSError) as e:
         sys.exit(f'error: {e}')
     n = sum(p.numel() for p in enc.parameters())

@@ -1,19 +1,138 @@
-"""Task heads, losses and one small module per cross-lingual transfer method.
+"""The cross-lingual transfer methods: task heads, losses, and one class per method, each with
+its options, its released defaults and, where it has stages, its procedure.
 
-Every method has the same shape: `loss(batch) -> (loss, logs)` on a training batch, where the
-loss is the mean over the batch's examples (logs: detached tensors, read only when logged), and `predict(batch) -> outputs` (class logits
-(B, C), tag logits (B, T, C), or span logits (B, T, 2)). `forward` is `loss`, so that DDP
-wraps a method as it is. The training loop knows nothing else; a new method is a new class.
+`Method` below is the protocol: everything train.py, data.py and eval.py use of a method is an
+attribute or a hook of that class, with a default there. A new method is one new class and one
+entry in METHODS (the README's "Adding a method"). Methods read data through data.py and write
+nothing: the run object train.py hands to a procedure keeps what must survive a crash.
 """
 import math
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import data
+import eval as ev
 from data import IGNORE, TASKS, Batch
-from layers import Encoder, MLMHead, is_cross, mean_pool
+from layers import CONFIGS, Encoder, MLMHead, autocast, is_cross, mean_pool
+
+
+class Option(NamedTuple):
+    """A command-line option (train.py builds the command line from every class's OPTIONS): --name,
+    its type (int, float, str; bool: a flag), help, the valid range (a test of a given value, the
+    range in words), nargs ('+': a list), choices, and the default when it is not given."""
+    name: str
+    type: object = float
+    help: str = ''
+    valid: tuple = None
+    nargs: str = None
+    choices: tuple = None
+    default: object = None
+
+
+POSITIVE, AT_LEAST_1, NON_NEGATIVE = (lambda v: v > 0, 'a number above 0'), (lambda v: v >= 1, 'at least 1'), \
+    (lambda v: v >= 0, '0 or more')
+SHARE, UNIT = (lambda v: 0 <= v < 1, 'at least 0 and below 1'), (lambda v: 0 <= v <= 1, 'from 0 to 1')
+PART = (lambda v: 0 < v <= 1, 'above 0 and at most 1')
+
+
+class Method(nn.Module):
+    """The protocol between a method and the trainer, with its defaults.
+
+    What it trains on and how it is fed:
+      trains_on   'en': English; 'translation': English translated into --train_lang;
+                  'translations': English and its translations into every target language
+      paired      batches are data.Pair (English, its translation): loss and predict read pairs
+      round_trip  a paired method also reads English's round trip through the target (Pair.alt)
+    How it is trained and kept:
+      select      the checkpoint kept: 'en' best English dev, 'average' best dev average, 'loss'
+      LR, LR_LARGE  peak learning rate per task (LR_LARGE: XLM-R large's, where it differs)
+      ADAM        {preset: ((beta1, beta2), eps)} where AdamW's (0.9, 0.999), 1e-8 do not hold
+      RUN         the released scripts' other defaults per task: {task: {option: value}}
+      DEMO        the method's changes to the demo's settings
+      OPTIONS     its command-line options (Option); an option may belong to several methods
+      TASKS       the tasks it runs
+      pretrained_start  the demo starts from the demo's pre-trained model, not random weights
+      KEEPS       what --eval_only evaluates in a finished run's folder
+      RETRIEVAL_DEPTH  retrieval pools the layer at this share of the depth
+    Hooks (class methods):
+      resolve(args)    the class that runs (VECO: pre-training, translation, translate-train-all),
+                       one of the class and its variants()
+      configure(args, demo)  fill options left unset, raise ValueError on what cannot run
+      released(args)   the released scripts' defaults for this run (RUN)
+      reads(args)      [(path, what, needed)]: files read beyond the task's own
+      stages(args)     {name: option changes}: runs made first (a teacher, warm-ups)
+      folder(args)     the default run folder's name, in parts
+      procedure(run)   the run itself, given the trainer's train.Run
+    and on an instance: loss(batch) -> (mean loss, logs), predict(batch) -> outputs (class logits
+    (B, C), tag logits (B, T, C) or span logits (B, T, 2)), frozen() -> the parameters the
+    optimiser leaves alone this step; `step` is the optimiser step, set by the training loop.
+    `forward` is `loss`, so that DDP wraps a method as it is."""
+    NAME = None
+    trains_on, paired, round_trip, select, pretrained_start = 'en', False, False, 'en', False
+    LR, LR_LARGE, ADAM, RUN, DEMO, OPTIONS = {}, {}, {}, {}, {}, ()
+    TASKS = tuple(TASKS)
+    KEEPS = 'best.pt'
+    RETRIEVAL_DEPTH = 7 / 12  # XTREME's choice
+
+    def __init__(self):
+        super().__init__()
+        self.step, self.p_teacher = 0, None
+
+    @classmethod
+    def resolve(cls, args):
+        return cls
+
+    @classmethod
+    def variants(cls):
+        return ()
+
+    @classmethod
+    def configure(cls, args, demo=None):
+        """Fill the options left unset with the demo's settings (demo) or the released scripts'
+        (released), the learning rate from LR; raise ValueError on what cannot run."""
+        for option, value in (cls.released(args) if demo is None else demo).items():
+            if getattr(args, option, None) is None:
+                setattr(args, option, value)
+        if args.lr is None:
+            args.lr = {**cls.LR, **(cls.LR_LARGE if args.model == 'large' else {})}.get(args.task, 2e-5)
+
+    @classmethod
+    def released(cls, args):
+        return cls.RUN.get(args.task, {})
+
+    @classmethod
+    def reads(cls, args):
+        return []
+
+    @classmethod
+    def stages(cls, args):
+        return {}
+
+    @classmethod
+    def folder(cls, args):
+        return [args.task, args.method]
+
+    @classmethod
+    def procedure(cls, run):
+        """Fine-tune on the training data, keep the best checkpoint, evaluate every language."""
+        method = run.build()
+        run.fit(method, run.items(method))
+        run.report(method)
+
+    def frozen(self):
+        return []
+
+    def forward(self, batch):
+        return self.loss(batch)
+
+
+def method_class(args):
+    """The class that runs --method on --task (with its options)."""
+    return METHODS[args.method].resolve(args)
 
 
 class Head(nn.Module):
@@ -100,23 +219,27 @@ def probabilities(family, logits):
     return logits.float().softmax(0 if family == 'qa' else -1)
 
 
-class Baseline(nn.Module):
-    """Fine-tuning the encoder and a task head on labelled examples: English alone (zero-shot
-    transfer), or English translated into the target languages (translate-train)."""
-    paired, round_trip = False, False
-    pretrained_start = False  # True: the demo starts from its pre-trained model, not from random weights
-    select = 'en'  # the checkpoint with the best English dev score (XTREME: no target-language labels)
+
+# ---------------------------------------------------------------------------
+# The baselines (XTREME, Section 4): fine-tuning on English alone (zero-shot transfer), or on
+# English translated into the target languages (translate-train).
+
+class Baseline(Method):
+    """Fine-tuning the encoder and a task head on labelled examples of one text each."""
+    NAME = 'zeroshot'
     # XTREME's scripts (train_xnli.sh ... train_qa.sh): 2e-5, 3e-5 for QA and for XNLI on XLM-R large
     LR = {'xnli': 2e-5, 'pawsx': 2e-5, 'udpos': 2e-5, 'panx': 2e-5, 'xquad': 3e-5, 'mlqa': 3e-5, 'tydiqa': 3e-5}
     LR_LARGE = {'xnli': 3e-5}
-    RUN = {}  # other defaults of the method's released scripts, per task: {task: {option: value}}
-    RETRIEVAL_DEPTH = 7 / 12  # retrieval pools the layer at this share of the depth (XTREME's choice)
+    OPTIONS = (Option('conf_penalty', help='XLA\'s confidence penalty (Eq. 1): minus this weight times the entropy of '
+                      'the predictions (XLA warms up with 1)', valid=NON_NEGATIVE),
+               Option('train_share', help='share of the English training data used (XLA: of the English and the '
+                      'target text; XNLI, PAWS-X: 0.05, the paper\'s 5%% setting; 1 for the 100%% setting)', valid=PART))
 
     def __init__(self, encoder, task, args=None):
         super().__init__()
         self.encoder, self.family = encoder, TASKS[task].family
         self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout)
-        self.conf_penalty = getattr(args, 'conf_penalty', None) or 0.0  # XLA's Eq. 1 weight (XLA: 1)
+        self.conf_penalty = getattr(args, 'conf_penalty', None) or 0.0  # XLA's Eq. 1 weight (XLA's warm-up: 1)
 
     def predict(self, batch):
         return self.head(self.encoder(batch.ids, batch.mask), batch.mask)
@@ -129,8 +252,21 @@ class Baseline(nn.Module):
             loss, logs['entropy'] = loss - self.conf_penalty * h, h.mean().detach()
         return loss.mean(), {'loss': loss.mean().detach(), **logs}
 
-    def forward(self, batch):
-        return self.loss(batch)
+
+class TranslateTrain(Baseline):
+    """Fine-tuning on English's translation into one target language, --train_lang."""
+    NAME, trains_on = 'translate-train', 'translation'
+    OPTIONS = Baseline.OPTIONS + (Option('train_lang', str, 'the target language whose translation is trained on '
+                                         '(XLA: whose text it adapts to)'),)
+
+    @classmethod
+    def folder(cls, args):
+        return super().folder(args) + [args.train_lang] * bool(args.train_lang)
+
+
+class TranslateTrainAll(Baseline):
+    """Fine-tuning on English and its translations into every target language."""
+    NAME, trains_on = 'translate-train-all', 'translations'
 
 
 def scale_depth(n, n_layer):
@@ -138,20 +274,68 @@ def scale_depth(n, n_layer):
     return min(n_layer, max(1, round(n * n_layer / 24)))
 
 
-class Filter(nn.Module):
+# ---------------------------------------------------------------------------
+# A teacher's labels on the target side: FILTER's self-teaching (Algorithm 1) and X-Mixup's
+# tagging, whose translations have no labels.
+
+class Taught(Method):
+    """A paired method that can learn the target side from a teacher's stored probabilities."""
+    teacher_method = 'filter'
+    OPTIONS = (Option('self_teach', bool, 'train a teacher into --out/teacher first, then this model taught by it'),
+               Option('teacher', str, 'a finished run folder of this task whose predictions teach the target side'))
+
+    @classmethod
+    def configure(cls, args, demo=None):
+        super().configure(args, demo)
+        args.stage = 'student' if args.self_teach or args.teacher else None
+
+    @classmethod
+    def stages(cls, args):
+        return {'teacher': {'method': cls.teacher_method, 'self_teach': False, 'teacher': None,
+                            'stage': 'teacher'}} if args.self_teach else {}
+
+    @classmethod
+    def folder(cls, args):
+        return super().folder(args) + ['self-teach'] * bool(args.self_teach or args.teacher)
+
+    @classmethod
+    def procedure(cls, run):
+        """FILTER's Algorithm 1: the teacher trained on L_s + L_t (lines 1-8, a stage of its own,
+        or --teacher), its target-side probabilities p_teacher computed once (line 12), then the
+        student trained with Eq. 6's KL to them (lines 9-16). Without a teacher: as any method."""
+        method = run.build()
+        items = run.items(method)  # None with --eval_only
+        if items and (run.args.self_teach or run.args.teacher):
+            method.p_teacher = run.cached('p_teacher.pt', lambda: teacher_probabilities(run, items))
+        run.fit(method, items)
+        run.report(method)
+
+
+def teacher_probabilities(run, items):
+    """The teacher's probabilities for the target side of every training item; a single-text
+    teacher reads the target text alone."""
+    teacher = run.build(weights=run.args.teacher or run.path(run.stage('teacher')))
+    outputs = run.outputs(teacher, items if teacher.paired else [item[1] for item in items])
+    return [probabilities(teacher.family, o) for o in outputs]
+
+class Filter(Taught):
     """FILTER (filter.txt): a source text S and its translation T are encoded apart by m local
     layers, together by k fusion layers over [H_l^s; H_l^t] (Eq. 1) and apart again by the
     L - k - m domain layers (Eq. 2-3): one set of weights, one head on both sides. It trains on
     English with its translation and predicts from the target side of (English translation,
     target text). With stored teacher probabilities p_teacher it is the self-taught student."""
-    paired, round_trip, teacher_method = True, False, 'filter'
-    pretrained_start = False
+    NAME, trains_on, paired, teacher_method = 'filter', 'translations', True, 'filter'
     select = 'average'  # the best average over the dev languages (Section 4.1)
     LR = {'xnli': 3e-6, 'pawsx': 1e-5, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 1e-5}  # train.sh
-    LR_LARGE = {}
     # m, k and the KL weight 1 - lambda of the paper for XLM-R large (24 layers); k is scaled to
     # other depths (QA on XLM-R base: m = 1, k = 10) unless --k is given
     DEFAULTS = {'classification': (1, 1, 0.5), 'tagging': (1, 1, 1.0), 'qa': (1, 20, 0.1)}
+    OPTIONS = Taught.OPTIONS + (
+        Option('m', int, 'local layers (default 1)', NON_NEGATIVE),
+        Option('k', int, 'fusion layers (default 1; 20 for QA)', NON_NEGATIVE),
+        Option('kl_weight', help='self-teaching KL weight 1 - lambda (0.5 / 1.0 / 0.1)', valid=UNIT),
+        Option('temperature', help='self-teaching KL of distributions softened by T, times T^2 (default 1, as the '
+               'paper)', valid=POSITIVE))
 
     def __init__(self, encoder, task, args):
         super().__init__()
@@ -165,7 +349,6 @@ class Filter(nn.Module):
         if self.k + self.m > L or min(self.k, self.m) < 0:
             raise ValueError(f'--k {self.k} + --m {self.m} does not fit the model\'s {L} layers: choose k + m <= {L}')
         self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout)
-        self.p_teacher = None  # list of the teacher's target-side probabilities, one per training item
 
     def encode(self, src, tgt, source_side=True):
         enc, m, k = self.encoder, self.m, self.k
@@ -193,9 +376,6 @@ class Filter(nn.Module):
         loss = loss_s + lam * loss_t + (1 - lam) * kl  # Eq. 6
         return loss.mean(), {'loss': loss.mean().detach(), 'kl': kl.mean().detach()}
 
-    def forward(self, pair):
-        return self.loss(pair)
-
 
 def attention_entropy(scores, query_mask, key_mask):
     """Eq. 5: H(A) = -1/I sum_i sum_j A_ij log A_ij per instance, A = softmax over the real keys j
@@ -206,21 +386,36 @@ def attention_entropy(scores, query_mask, key_mask):
     return (h * m).sum(1) / m.sum(1)
 
 
-class XMixup(nn.Module):
+class XMixup(Taught):
     """X-Mixup (x-mixup.txt): the source S and the target T are encoded apart; in one layer the
     target's self-attention output also attends to the source's with that layer's own weights
     (Eq. 3), and the two are mixed with a per-instance ratio lambda (Eq. 4) that grows with the
     two-way attention entropy (Eq. 5); the layer's FFN follows. Training feeds the real English
     or its round-trip translation as S (scheduled sampling, Eq. 6) and adds consistency losses
     (Eq. 7-8); inference mixes the target with its translation into English."""
-    paired, round_trip, teacher_method = True, True, 'zeroshot'
-    pretrained_start = True  # X-Mixup starts from a trained encoder (train.demo_pretrained)
+    NAME, trains_on, paired, round_trip, teacher_method = 'xmixup', 'translations', True, True, 'zeroshot'
+    pretrained_start = True  # X-Mixup starts from a trained encoder, see train.demo_pretrained
     select = 'average'  # the best average over the dev languages (Section 4.1)
     LR = {'xnli': 5e-6, 'pawsx': 5e-6, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 3e-5}  # scripts
-    LR_LARGE = {}
+    DEMO = {'p_k': 50}  # p* decays within the demo's short runs
     # mixup layer, alpha, p_k (Table 10 and the released scripts); only QA's layer depends on the
     # depth (16 of 24 on XLM-R large, 8 of 12 on base: Section 4.1)
     DEFAULTS = {'classification': (1, 0.4, 1000), 'tagging': (4, 0.8, 1000), 'qa': (16, 0.2, 2000)}
+    OPTIONS = Taught.OPTIONS + (
+        Option('mixup_layer', int, 'the layer that mixes (default 1 / 4 / 16 of 24, scaled)', AT_LEAST_1),
+        Option('fixed_lambda', bool, 'ablation: lambda = lambda_0'),
+        Option('p_k', help='scheduled sampling decay rate (1000 / 1000 / 2000; demo 50)', valid=POSITIVE),
+        Option('no_mixup_inference', bool, 'ablation: predict from the target alone'))
+
+    @classmethod
+    def configure(cls, args, demo=None):
+        tagging = TASKS[args.task].family == 'tagging'
+        if (args.self_teach or args.teacher) and not tagging:
+            raise ValueError('--self_teach and --teacher belong to FILTER, and to X-Mixup on tagging (udpos, panx)')
+        if tagging and not (args.self_teach or args.teacher):
+            raise ValueError('X-Mixup on tagging learns T from a source-language model\'s labels: pass --teacher RUN '
+                             '(a finished zeroshot run) or --self_teach to train one first')
+        super().configure(args, demo)
 
     def __init__(self, encoder, task, args):
         super().__init__()
@@ -239,8 +434,7 @@ class XMixup(nn.Module):
         if not self.fixed_lambda:  # Eq. 5's W and b (none to train with a fixed ratio)
             self.w, self.b = nn.Parameter(torch.ones(1)), nn.Parameter(torch.zeros(1))
         self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout)
-        self.step = 0  # the optimiser step, set by the training loop (Eq. 6 decays with it)
-        self.p_teacher = None  # tagging: a source-language model's label distributions on T (pseudo-labels)
+        # self.step (Eq. 6 decays with it); tagging: p_teacher, a source-language model's labels of T
 
     def p_star(self):
         """Eq. 6's probability of feeding the real source: inverse sigmoid decay in the batch index."""
@@ -325,11 +519,8 @@ class XMixup(nn.Module):
         return loss.mean(), {'loss': loss.mean().detach(), 'lambda': lam.mean().detach(), 'p_star': self.p_star(),
                              'real_source': real.float().mean(), 'mse': mse.mean().detach()}
 
-    def forward(self, pair):
-        return self.loss(pair)
 
 
-# ---------------------------------------------------------------------------
 # VECO (veco.txt): pre-training of variable blocks, and the encoder they assemble into.
 
 def bert_mask(ids, share, mask_id, first_piece=4):
@@ -363,18 +554,72 @@ def concat_pairs(a, a_mask, b, b_mask, eos=2):
     return torch.cat([a, b], 1).gather(1, order), mask.gather(1, order), order
 
 
-class VecoPretrain(nn.Module):
+STEPPED = (Option('steps', int, 'pre-training and translation: optimiser steps (default 240000, Table 5; translation '
+                  '100000)', AT_LEAST_1),
+           Option('eval_every', int, 'pre-training and translation: steps between held-out evaluations (default 2000; '
+                  'translation 5000, each saving a checkpoint to average)', AT_LEAST_1))
+
+
+class VecoPretrain(Method):
     """VECO pre-training (Section 2.2). A pair (x, y), two adjacent monolingual segments or a
     sentence and its translation (src.labels 1), is masked as BERT into (x^, y^). IS-MLM
     (Eq. 4-5) runs x^ through self-attention and FFN alone, and its last states X^N predict x's
     masked tokens. CS-MLM (Eq. 6-7) runs y^ with a causal mask, each layer's cross-attention
     reading X^N, detached, and Y^N predicts y's masked tokens. Eq. 8 adds both directions; on
     parallel pairs TLM adds the masked concatenation x^ y^ (Section 3). One MLM head serves all."""
-    paired, round_trip, family, select, pretrained_start = True, False, 'pretrain', 'loss', False
+    NAME, TASKS, paired, family, select = 'veco', ('pretrain',), True, 'pretrain', 'loss'
     SHARE = {'mono': 0.15, 'para': 0.25}  # masked share of a monolingual / bilingual pair (Table 5)
     LR = {'pretrain': 3e-4}  # Table 5: 3e-4 small, 2e-4 large (LR_LARGE); Adam beta2 and eps below
     LR_LARGE = {'pretrain': 2e-4}
     ADAM = {m: ((0.9, 0.98 if m == 'large' else 0.999), 1e-6) for m in ('tiny', 'small', 'base', 'large')}  # Table 5
+    # the demo: about a minute on a laptop CPU; segments of a sentence or two
+    DEMO = {'steps': 2000, 'eval_every': 500, 'max_len': 32, 'lr': 3e-3}
+    OPTIONS = STEPPED + (Option('cross_only_steps', int, 'first steps that train only the cross-attention, the rest '
+                                'frozen (default: the warm-up steps from --init, 0 from scratch)', NON_NEGATIVE),)
+
+    @classmethod
+    def configure(cls, args, demo=None):
+        super().configure(args, demo)  # Table 5: 240k steps, 12k of them warm-up; 512 tokens a segment
+        args.steps, args.eval_every = args.steps or 240000, args.eval_every or 2000
+        args.epochs = math.ceil(args.steps / args.eval_every)  # an 'epoch' of pre-training: eval_every steps
+        args.warmup = 0.05 if args.warmup is None else args.warmup
+        args.batch_size, args.max_len = args.batch_size or 1024, args.max_len or 512
+        if args.cross_only_steps is None:
+            args.cross_only_steps = int(args.warmup * args.steps) if args.init else 0
+
+    @classmethod
+    def reads(cls, args):
+        return [(p, 'pre-training text', True) for paths in data.pretrain_files(args.data_dir).values() for p in paths]
+
+    @classmethod
+    def procedure(cls, run):
+        """Pre-training on --data_dir/pretrain, the held-out losses every --eval_every steps. Its
+        best.pt holds the encoder with its cross-attention and the MLM head; fine-tuning (Veco)
+        reads it with --init and leaves the cross-attention out (Section 2.3)."""
+        args = run.args
+        encoder, mlm = run.encoder(cross=True)
+        if args.init and mlm is None:
+            run.fail(f'--init {args.init} has no MLM head: pre-training continues XLM-R with its MLM head (a converted '
+                     'XLM-R checkpoint, python layers.py convert)')
+        torch.manual_seed(args.seed)
+        method = cls(encoder, run.tok.mask, mlm, args.cross_only_steps).to(run.device)
+        items, groups = data.read_pretraining(run.tok, args.data_dir, args.max_len)
+        groups, held = data.split_held_out(groups)
+        if not groups:
+            run.fail(f'no pre-training pairs in {args.data_dir}/pretrain: the files hold no text')
+        held = [items[i] for i in held]
+        validate = lambda: method.held_out_losses(held, args.eval_batch_size, args.seed, run.device)
+        steps = lambda epoch: min(args.eval_every, args.steps - epoch * args.eval_every)  # an 'epoch': eval_every steps
+        run.fit(method, items, validate, lambda epoch: data.pretrain_batches(groups, args.batch_size, steps(epoch),
+                                                                              args.seed * 1000 + epoch))
+        run.load_best(method)
+        losses = validate()
+        names = sorted({k for row in losses.values() for k in row} - {'score'})
+        table = '\n'.join([f'{"held out":<10}' + ''.join(f'{n:>13}' for n in names)] + [
+            f'{kind:<10}' + ''.join(f'{row[n]:13.3f}' if n in row else ' ' * 13 for n in names) for kind, row in losses.items()])
+        run.write_results({'task': 'pretrain', 'method': 'veco', 'selected_by': run.selection(method, losses)[1],
+                           'held_out': losses}, table, f'pre-trained model in {run.out}/best.pt: fine-tune it with '
+                                                      f'--init {run.out}/best.pt')
 
     def __init__(self, encoder, mask_id, mlm=None, cross_only_steps=0):
         super().__init__()
@@ -382,7 +627,6 @@ class VecoPretrain(nn.Module):
             raise ValueError('VECO pre-training needs an encoder with cross-attention (layers.Encoder(cfg, cross=True))')
         self.encoder, self.mask_id, self.cross_only_steps = encoder, mask_id, cross_only_steps
         self.mlm = mlm if mlm is not None else MLMHead(encoder.cfg, encoder.tok.weight)
-        self.step = 0  # the optimiser step, set by the training loop (the cross-attention-only phase)
 
     def inner(self, ids, mask):
         """Eq. 4: X^(i) = FFN(SelfAttention(X^(i-1))), bidirectional, no cross-attention -> X^N."""
@@ -430,25 +674,71 @@ class VecoPretrain(nn.Module):
             return []
         return [p for name, p in self.named_parameters() if not is_cross('enc.' + name.removeprefix('encoder.'))]
 
-    def forward(self, pair):
-        return self.loss(pair)
+    @torch.no_grad()
+    def held_out_losses(self, items, batch_size, seed, device):
+        """The MLM losses of the held-out pairs with masks fixed by seed, per kind (mono, para), and
+        CS-MLM once more with each row reading another row's X^N (cs_shuffled): far above cs_xy,
+        the cross-attention uses its memory. score: minus the summed loss, higher is better."""
+        self.eval()
+        sums, counts = {}, {}
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            for kind in ('mono', 'para'):
+                part = [item for item in items if item[0].label == (kind == 'para')]
+                for index in data.length_batches([x for x, _ in part], batch_size):
+                    pair = data.collate_pairs([part[i][0] for i in index], [part[i][1] for i in index]).to(device)
+                    parallel = pair.src.labels.bool()
+                    (x, x_bar), (y, y_bar) = self.masked(pair.src, parallel), self.masked(pair.tgt, parallel)
+                    with autocast(device):
+                        terms = self.terms(x, pair.src.mask, x_bar, y, pair.tgt.mask, y_bar, parallel)
+                        if len(index) > 1:
+                            X, xm = self.inner(x, pair.src.mask), pair.src.mask
+                            terms['cs_shuffled'] = mlm_loss(self.mlm, self.crossed(y, pair.tgt.mask, X.roll(1, 0), xm.roll(1, 0)), y_bar)
+                    for name, t in terms.items():  # a mean over the kind's pairs
+                        total, count = sums.setdefault(kind, {}), counts.setdefault(kind, {})
+                        total[name], count[name] = total.get(name, 0.0) + t.item() * len(index), count.get(name, 0) + len(index)
+        out = {kind: {n: v / counts[kind][n] for n, v in row.items()} for kind, row in sums.items()}
+        for row in out.values():
+            row['score'] = -sum(v for n, v in row.items() if n != 'cs_shuffled')
+        return out
 
 
 class Veco(Baseline):
     """VECO for understanding (Section 2.3): the pre-trained self-attention and FFN modules make
-    the encoder, the cross-attention is thrown away (train.py loads --init without it), and the
+    the encoder, the cross-attention is thrown away (Run.encoder loads --init without it), and the
     encoder is fine-tuned as XLM-R: on English (cross-lingual transfer) or, with
-    --translate_train_all, on English and its translations."""
+    --translate_train_all, on English and its translations (VecoAll)."""
+    NAME, TASKS = 'veco', tuple(TASKS) + ('pretrain', 'translate')  # the last two: VecoPretrain, VecoTranslate
     select = 'en'  # the released run_classify.py keeps the best English dev checkpoint
-    # 2e-5: the released XNLI and SQuAD scripts, the middle of Table 6's search for the other tasks;
-    # translate-train-all: the middle of Table 6's [3e-6, 5e-6, 1e-5]
+    # 2e-5: the released XNLI and SQuAD scripts, the middle of Table 6's search for the other tasks
     LR = {task: 2e-5 for task in TASKS}
     LR_LARGE = {}
-    LR_ALL = {task: 5e-6 for task in TASKS}
     RUN = {'xnli': {'epochs': 2, 'weight_decay': 0.0, 'warmup': 0.0},  # train_xnli.sh: batch 64
            'xquad': {'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4},  # train_squad.sh (+ 500 warm-up steps)
            'mlqa': {'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4}}
     RETRIEVAL_DEPTH = 19 / 24  # run_tatoeba.sh: the states after layer 19 of 24, mean over every token
+    OPTIONS = Baseline.OPTIONS + (Option('translate_train_all', bool, 'fine-tune on English and its translations into '
+                                         'every target language (default: English alone)'),)
+
+    @classmethod
+    def variants(cls):
+        return VecoAll, VecoPretrain, VecoTranslate
+
+    @classmethod
+    def resolve(cls, args):
+        if args.task in ('pretrain', 'translate'):
+            return {'pretrain': VecoPretrain, 'translate': VecoTranslate}[args.task]
+        return VecoAll if args.translate_train_all else cls
+
+
+class VecoAll(Veco):
+    """VECO fine-tuned on English and its translations (Table 2's translate-train-all)."""
+    TASKS, trains_on = tuple(TASKS), 'translations'
+    LR = {task: 5e-6 for task in TASKS}  # the middle of Table 6's [3e-6, 5e-6, 1e-5]
+
+    @classmethod
+    def folder(cls, args):
+        return super().folder(args) + ['translate-train-all']
 
 
 # ---------------------------------------------------------------------------
@@ -490,15 +780,14 @@ def label_smoothed_loss(logits, targets, eps):
     return ((1 - eps) * nll - eps * logp.mean(-1)) * real, nll * real
 
 
-class VecoTranslate(nn.Module):
+class VecoTranslate(Method):
     """A VECO encoder-decoder (assemble) fine-tuned on translation with label-smoothed
     cross-entropy. As the released code, the source is `x </s> [src]` and the decoder reads
     `[tgt] y` to predict `y </s>` (the released code appends [tgt] after </s> too and stops at it;
     we stop at </s>); the output layer is the token embedding, no bias. generate() is fairseq's
     beam search with its length penalty."""
-    paired, round_trip, family, select, pretrained_start = True, False, 'translation', 'loss', True
+    NAME, TASKS, paired, family, select, pretrained_start = 'veco', ('translate',), True, 'translation', 'loss', True
     LR = {'translate': 1e-4}  # finetune-wmt14en2{de,fr}.sh (the paper: 1e-4 / 2e-4)
-    LR_LARGE = {}
     # finetune-wmt14en2{de,fr}.sh: 100k updates, 16k of them warm-up, then linear decay; a checkpoint
     # every 5k updates, the last 10 averaged (inference-wmt14en2de.sh); train pairs of at most 250
     # pieces a side (prepare-wmt14en2de.sh); dropout 0.1 and attention dropout 0 (veco_large)
@@ -508,11 +797,85 @@ class VecoTranslate(nn.Module):
     # 64k tokens a batch for en-de (4096 tokens x 2 accumulations x 8 GPUs), 256k for en-fr: in
     # sentences of about 32 pieces, 2048 and 8192
     PAIRS = {'en-de': {'dropout': 0.3, 'attn_dropout': 0.1}, 'en-fr': {'batch_size': 8192}}
+    # the demo: the tiny model's 2 layers make the decoder
+    DEMO = {'steps': 500, 'eval_every': 125, 'lr': 1e-3, 'batch_size': 32, 'warmup': 0.1, 'dropout': 0.1,
+            'attn_dropout': 0.0, 'label_smoothing': 0.1, 'average_last': 2, 'max_len': 64}
+    OPTIONS = STEPPED + (
+        Option('src', str, 'source language (default en; the README\'s layout)'),
+        Option('tgt', str, 'target language (default de)'),
+        Option('dec_layers', int, 'decoder layers (default 6, at most the model\'s depth)', AT_LEAST_1),
+        Option('dec_init', str, 'the decoder copies the last (default) or the first pre-trained layers, or is new '
+               '(Table 4)', choices=('last', 'first', 'random')),
+        Option('label_smoothing', help='label smoothing (default 0.2)', valid=SHARE),
+        Option('beam', int, 'beam size (default 5)', AT_LEAST_1),
+        Option('lenpen', help='length penalty, score / length ** lenpen (default 1)', valid=NON_NEGATIVE),
+        Option('average_last', int, 'decode with the mean of the last N checkpoints (one every --eval_every steps; '
+               'default 10; 0: best.pt, the lowest valid loss)', NON_NEGATIVE))
+
+    @classmethod
+    def configure(cls, args, demo=None):
+        args.src, args.tgt, args.dec_init = args.src or 'en', args.tgt or 'de', args.dec_init or 'last'
+        args.beam, args.lenpen = args.beam or 5, 1.0 if args.lenpen is None else args.lenpen
+        if args.src == args.tgt:
+            raise ValueError(f'--src and --tgt are both {args.src}: translation needs two languages')
+        super().configure(args, demo)
+        args.epochs = math.ceil(args.steps / args.eval_every)  # an 'epoch': eval_every steps
+        args.dec_layers = args.dec_layers or min(6, CONFIGS[args.model].n_layer)
+
+    @classmethod
+    def released(cls, args):
+        return {**cls.RUN['translate'], **cls.PAIRS.get(f'{args.src}-{args.tgt}', {})}
+
+    @classmethod
+    def reads(cls, args):
+        return [(p, 'parallel text', True) for split in ('train', 'valid', 'test')
+                for p in data.parallel_files(args.data_dir, args.src, args.tgt, split)]
+
+    @classmethod
+    def folder(cls, args):
+        return [f'translate-{args.src}-{args.tgt}', 'veco']
+
+    @classmethod
+    def procedure(cls, run):
+        """Tables 3-4: the pre-trained blocks assembled into an encoder-decoder, fine-tuned on --src ->
+        --tgt; every --eval_every steps the valid loss (best.pt: the lowest) and a checkpoint kept;
+        then the test set decoded by beam search with the mean of the last --average_last
+        checkpoints (fairseq's average_checkpoints), one line per source, scored with BLEU."""
+        args, tok = run.args, run.tok
+        pre = run.encoder(cross=True)[0]  # --init's cross-attention kept, or new for XLM-R
+        lang_ids = (tok.vocab_size, tok.vocab_size + 1)  # [src] and [tgt]: new rows of the token embedding
+        torch.manual_seed(args.seed)
+        try:
+            encoder, decoder = assemble(pre, args.dec_layers, args.dec_init, 2, args.dropout, args.attn_dropout)
+        except ValueError as e:
+            run.fail(str(e))
+        method = cls(run.ready(encoder), run.ready(decoder), lang_ids[1], args.label_smoothing).to(run.device)
+        read = lambda split: data.translation_items(tok, args.data_dir, args.src, args.tgt, split, lang_ids, args.max_len)
+        items, valid, test = read('train'), read('valid'), read('test')
+        for name, part in (('training', items), ('valid', valid)):
+            if not part:
+                run.fail(f'no {name} pairs for {args.src}-{args.tgt} in {args.data_dir}/translation: the files hold no text')
+        validate = lambda: {'valid': method.valid_losses(valid, args.eval_batch_size, run.device)}
+        run.fit(method, items, validate, keep_last=args.average_last)
+        decoded_with = run.average_last(method, args.average_last)
+        method.eval()
+        hyps = run.map(lambda index: method.generate(data.collate([test[i][0] for i in index]).to(run.device), args.beam,
+                                                     args.lenpen), [x for x, _ in test], 'decode')
+        hyps = [tok.decode(ids) for ids in hyps]
+        refs = data.lines_of(data.parallel_files(args.data_dir, args.src, args.tgt, 'test')[1])
+        bleu = ev.bleu(hyps, refs)
+        tokenized = ev.tokenized_bleu([ev.tokenize_13a(h) for h in hyps], [ev.tokenize_13a(r) for r in refs])
+        results = {'task': 'translate', 'method': 'veco', 'pair': f'{args.src}-{args.tgt}', 'decoded_with': decoded_with,
+                   'valid': validate()['valid'], 'test': {'bleu': bleu, 'tokenized_bleu': tokenized}}
+        path = f'predictions/test.{args.src}-{args.tgt}.{args.tgt}'
+        table = (f'test {args.src}-{args.tgt} ({len(hyps)} sentences, beam {args.beam}, {decoded_with})\n'
+                 f'  sacreBLEU       {bleu["bleu"]:6.2f}  {bleu["signature"]}\n'
+                 f'  tokenized BLEU  {tokenized["bleu"]:6.2f}  (13a tokens, lower case, no smoothing: multi-bleu.perl -lc)')
+        run.write_results(results, table, f'translations in {run.out}/{path}', {path: ''.join(h + '\n' for h in hyps)})
 
     def __init__(self, encoder, decoder, bos, eps=0.2):
         super().__init__()
         self.encoder, self.decoder, self.bos, self.eps = encoder, decoder, bos, eps  # bos: the [tgt] token
-        self.step = 0  # the optimiser step, set by the training loop (names the kept checkpoints)
 
     def logits(self, h):
         return F.linear(h, self.encoder.tok.weight)  # the output layer is the token embedding
@@ -535,8 +898,18 @@ class VecoTranslate(nn.Module):
         per_example = loss.sum(1) * loss.size(0) / n  # its mean is the token mean
         return per_example.mean(), {'loss': per_example.mean().detach(), 'nll': (nll.sum() / n).detach()}
 
-    def forward(self, pair):
-        return self.loss(pair)
+    @torch.no_grad()
+    def valid_losses(self, items, batch_size, device):
+        """The label-smoothed loss and the nll per target token of items (the valid set); score: -loss."""
+        self.eval()
+        loss = nll = tokens = 0.0
+        for index in data.length_batches([x for x, _ in items], batch_size):
+            pair = data.collate_pairs([items[i][0] for i in index], [items[i][1] for i in index]).to(device)
+            with autocast(device):
+                smoothed, plain = self.token_losses(pair)
+            loss, nll = loss + smoothed.sum().item(), nll + plain.sum().item()
+            tokens += pair.tgt.labels.ne(IGNORE).sum().item()
+        return {'loss': loss / tokens, 'nll': nll / tokens, 'ppl': math.exp(nll / tokens), 'score': -loss / tokens}
 
     def next_log_probs(self, tokens, memory, memory_mask, cache=None):
         """log p(next token | prefix, source) (N, V) for prefixes tokens (N, t). With a cache
@@ -595,7 +968,6 @@ class VecoTranslate(nn.Module):
         return [max(hyps, key=lambda h: h[0])[1] for hyps in finished]
 
 
-
 # ---------------------------------------------------------------------------
 # XLA (Bari et al.; Algorithm 1): self-training on unlabelled target-language text. Three
 # models warm up on English with Eq. 1's confidence penalty (Baseline.conf_penalty); every XLA
@@ -604,9 +976,12 @@ class VecoTranslate(nn.Module):
 # two keep with the same labels (AGREEMENT), drawn by Eq. 2. train.py's xla() runs the stages.
 
 class XLA(Baseline):
-    """One XLA model: fine-tuned as the zero-shot baseline, on pseudo-labelled samples too."""
+    """One XLA model: fine-tuned as the zero-shot baseline, on pseudo-labelled samples too. Its
+    procedure is Algorithm 1."""
+    NAME, TASKS = 'xla', ('xnli', 'pawsx', 'panx', 'udpos')  # the paper's: a pair's or a sentence's words kept
     pretrained_start = True  # the demo starts from its pre-trained model, whose MLM makes the vicinal samples
     select = 'en'  # the warm-up keeps the best English dev checkpoint; an XLA epoch is kept unless the target dev falls
+    KEEPS = 'final-models.json'
     # Table 8 (XNER for panx and udpos). The warm-up (--lr, --batch_size, --epochs) and the XLA
     # epochs (--xla_lr, --xla_batch_size); eta: the share kept per epoch in percent; share: P;
     # delta: samples per sentence (one number) or per part of a pair (successive cross).
@@ -618,6 +993,251 @@ class XLA(Baseline):
            'pawsx': {'lr': 1e-6, 'batch_size': 32, 'epochs': 10, 'weight_decay': 0.0, 'xla_lr': 1e-6, 'xla_batch_size': 32,
                      'eta': [80, 90, 80], 'aug_share': 0.4, 'delta': [2, 2], 'train_share': 0.05}}
     ALPHA = 0.7  # Eq. 2's sampling factor (Table 8)
+    # the demo: the warm-up as every demo, the XLA epochs at a lower rate; 100% of the demo's data
+    DEMO = {'xla_lr': 1e-4, 'xla_batch_size': 32, 'train_share': 1.0, 'train_lang': 'de'}
+    SETS = {1: ('source', 'target'), 2: ('target vicinal',),  # Algorithm 1, line 22: the sets of each epoch
+            3: ('source', 'target', 'source vicinal', 'target vicinal')}
+    OPTIONS = TranslateTrain.OPTIONS + (
+        Option('xla_lr', help='learning rate of the XLA epochs (--lr: the warm-up\'s; Table 8)', valid=POSITIVE),
+        Option('xla_batch_size', int, 'batch size of the XLA epochs (Table 8: 16, 32)', AT_LEAST_1),
+        Option('xla_epochs', int, 'epochs of co-teaching after the warm-up (default 3, Algorithm 1)', AT_LEAST_1),
+        Option('eta', float, 'percent of the labelled samples each model keeps, per XLA epoch, by confidence (the last '
+               'repeats; Table 8: 80 100 100 / 50 80 100 / 80 90 80)', (lambda v: 0 < v <= 100, 'percents above 0 and '
+               'at most 100'), nargs='+'),
+        Option('distil', str, 'keep the top --eta percent by confidence (default), or the samples a 2-component GMM of '
+               'the losses puts in the low-loss cluster', choices=('confidence', 'gmm')),
+        Option('posterior', help='with --distil gmm: the least posterior of the low-loss component a kept sample has '
+               '(default 0.5)', valid=UNIT),
+        Option('aug_share', help='share P of a sentence\'s pieces the masked LM replaces (0.3; PAWS-X 0.4)', valid=PART),
+        Option('delta', int, 'vicinal samples per sentence (3), or per part of a pair (2 2: successive cross, 4 '
+               'samples)', (lambda v: v >= 1, 'samples per sentence, at least 1'), nargs='+'),
+        Option('alpha', help='Eq. 2\'s sampling factor over the training sets (default 0.7)', valid=UNIT),
+        Option('mlm', str, 'the checkpoint whose masked LM makes the vicinal samples (default --init)'),
+        Option('warmup_dir', str, 'folder of the three warm-up runs warmup-1..3, reused when finished (default --out; '
+               'share one folder between target languages)'))
+
+    def __init__(self, encoder, task, args=None):
+        super().__init__(encoder, task)  # the XLA epochs train without the warm-up's penalty
+
+    @classmethod
+    def configure(cls, args, demo=None):
+        if demo is not None:  # Table 8's augmentation and distillation; the warm-up as every demo's
+            demo = {**{k: v for k, v in cls.released(args).items() if k in {o.name for o in cls.OPTIONS}}, **demo}
+        if args.posterior is not None and args.distil != 'gmm':
+            raise ValueError('--posterior is the threshold of --distil gmm: add --distil gmm or drop --posterior')
+        super().configure(args, demo)
+        args.xla_epochs, args.distil = args.xla_epochs or 3, args.distil or 'confidence'
+        args.alpha = cls.ALPHA if args.alpha is None else args.alpha
+        args.posterior = 0.5 if args.posterior is None and args.distil == 'gmm' else args.posterior
+        pair = TASKS[args.task].family == 'classification'
+        if len(args.delta) != (2 if pair else 1) and not (pair and len(args.delta) == 1):
+            raise ValueError(f'--delta takes {"one or two numbers (samples per part of a pair)" if pair else "one number (samples per sentence)"} '
+                             f'for {args.task}, not {len(args.delta)}')
+        args.delta = args.delta * 2 if pair and len(args.delta) == 1 else args.delta
+        if not args.train_lang:
+            raise ValueError('XLA adapts to one target language: pass --train_lang (its unlabelled training text is read)')
+
+    @classmethod
+    def folder(cls, args):
+        return super().folder(args) + [args.train_lang]
+
+    @classmethod
+    def reads(cls, args):
+        lang, task = args.train_lang, args.task
+        if args.eval_only:
+            return []
+        if TASKS[task].family == 'tagging':
+            return [(data.split_path(args.data_dir, task, 'train', lang), f'XLA reads the unlabelled {lang} training '
+                     f'text (XTREME\'s train-{lang}.tsv)', True)]
+        return [(data.split_path(args.data_dir, task, 'translate-train', lang), f'{task} needs translate-train files '
+                 f'for {lang}; {data.TRANSLATIONS}', True)]
+
+    @classmethod
+    def stages(cls, args):
+        """The warm-up (Section 3.1, lines 1-3): three zero-shot runs on English with the
+        confidence penalty (weight 1, or --conf_penalty), seeds --seed + m."""
+        shared = lambda m: {'out': f'{args.warmup_dir}/warmup-{m + 1}'} if args.warmup_dir else {}  # for other runs
+        return {f'warmup-{m + 1}': {'method': 'zeroshot', 'seed': args.seed + m, 'stage': f'warm-up {m + 1} of 3',
+                                    'conf_penalty': 1.0 if args.conf_penalty is None else args.conf_penalty, **shared(m)}
+                for m in range(3)}
+
+    @classmethod
+    def procedure(cls, run):
+        """Algorithm 1, then the report: each final model, their mean, and the ensemble that
+        averages their probabilities (the run's predictions), beside the warm-ups'."""
+        models = run.cached('final-models.json', lambda: cls.algorithm_1(run))
+        cls.report(run, models)
+
+    @classmethod
+    def algorithm_1(cls, run):
+        """Three warm-up models, then per XLA epoch: vicinal samples of the target text (from epoch 3
+        of English too; GEN-LM, lines 6-7), each model's labels and DISTIL's choice (lines 8-10),
+        and each model l trained on what its peers j, k keep and agree on (AGREEMENT, lines 11-14),
+        drawn by Eq. 2. -> the three final models' checkpoints."""
+        args = run.args
+        english, target = data.self_training_sets(run.tok, args.data_dir, args.task, args.train_lang, args.train_share,
+                                                  args.max_len)
+        encoder, mlm = run.encoder(init=args.mlm or args.init)  # now: a missing masked LM must not wait until epoch 2
+        if mlm is None:
+            run.fail(f'{args.mlm or args.init} has no MLM head: pass --mlm a converted XLM-R checkpoint '
+                     '(python layers.py convert keeps it)')
+        vicinity = encoder.eval(), mlm.eval()  # frozen, on the CPU until GEN-LM runs
+        models = [f'{run.stage(f"warmup-{m + 1}")}/best.pt' for m in range(3)]
+        for e in range(1, args.xla_epochs + 1):
+            names = cls.SETS[min(e, 3)]
+            unlabelled = {'target': target} if 'target' in names else {}  # the sets the models label this epoch
+            for name, feats in (('target vicinal', target), ('source vicinal', english)):
+                if name in names:
+                    unlabelled[name] = vicinal_samples(run, feats, vicinity, e, f'epoch{e}/{name.replace(" ", "-")}.pt')
+                    run.say(f'XLA epoch {e}: {len(unlabelled[name])} {name} samples of {len(feats)} sentences')
+            eta = args.eta[min(e, len(args.eta)) - 1] / 100
+            labels = [run.cached(f'epoch{e}/labels-{m + 1}.pt', lambda m=m: distil(run, models[m], unlabelled, eta))
+                      for m in range(3)]
+            for m, sets_of in enumerate(labels):
+                run.say(f'XLA epoch {e}, model {m + 1} keeps ' + ', '.join(
+                    f'{int(s["keep"].sum())} of {len(s["keep"])} {name}' for name, s in sets_of.items()))
+            models = [co_train(run, e, l, taught_by_peers(l, labels, unlabelled, english if 'source' in names else None),
+                               models[l]) for l in range(3)]
+        return models
+
+    @classmethod
+    def report(cls, run, models):
+        methods = [run.build(cls, weights=run.path(m)) for m in models]
+        warm = [run.results_of(f'warmup-{m + 1}') for m in range(3)]
+        rows = {'warm-up (zero-shot + penalty), mean': mean_summary(warm)} if all(warm) else {}
+        for m, (method, path) in enumerate(zip(methods, models)):  # each model's test predictions in model<m>/
+            scores = {'dev': run.evaluate(method, 'dev')[0],
+                      'test': run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1])}
+            rows[f'XLA model {m + 1}'] = {**{split: summary(s) for split, s in scores.items()}, 'checkpoint': path}
+        rows['XLA mean of the models'] = mean_summary([rows[f'XLA model {m + 1}'] for m in range(3)])
+        ensemble = Ensemble(methods)
+        run.finish(run.evaluate(ensemble, 'dev')[0], run.test_scores(run.evaluate(ensemble, 'test')[1]),
+                   'each model\'s last XLA epoch that kept the --train_lang dev score (or its warm-up: the best English '
+                   'dev); the ensemble averages the models\' probabilities', rows)
+
+
+def vicinal_samples(run, feats, vicinity, epoch, name):
+    """GEN-LM (Section 3.2): the vicinal samples of every feature, unlabelled, made once (kept as
+    `name`): --delta samples of a sentence by successive max, or the delta1 x delta2 successive
+    cross of a pair's two parts; each sample replaces ceil(--aug_share x T) pieces of each part.
+    The draws follow (--seed, epoch, feature), so any number of processes makes the same samples.
+    vicinity: (encoder, MLM head), the frozen masked LM."""
+    args, tok, device = run.args, run.tok, run.device
+
+    def generate():
+        encoder, mlm = (part.to(device) for part in vicinity)
+        fillable = torch.arange(encoder.cfg.vocab_size, device=device)
+        fillable = (fillable >= 4) & (fillable < tok.mask)  # not <s>, <pad>, </s>, <unk> nor <mask>
+        word_start = torch.tensor(tok.word_starts() + [False] * (encoder.cfg.vocab_size - tok.vocab_size), device=device)
+
+        def samples_of(index):  # a batch of features -> each one's samples
+            rows, orders, made = [], [], []
+            for i in index:
+                g = torch.Generator().manual_seed(args.seed * 1_000_003 + epoch * 10_007 + i)
+                spans = parts_of(feats[i].ids, TASKS[args.task].family)
+                made.append((i, spans, len(rows)))
+                for span, delta in zip(spans, args.delta):
+                    for order in masking_orders(span, delta, args.aug_share, g):
+                        rows.append(feats[i].ids)
+                        orders.append(order)
+            batch = data.collate([data.Feature(r) for r in rows])
+            order = torch.nn.utils.rnn.pad_sequence([torch.tensor(o, dtype=torch.long) for o in orders], True, -1)
+            filled = fill_successively(encoder, mlm, batch.ids.to(device), batch.mask.to(device), order.to(device),
+                                       fillable, word_start, tok.mask).cpu()
+            out = []
+            for i, spans, start in made:
+                samples, n = filled[start:start + args.delta[0], :len(feats[i].ids)], len(feats[i].ids)
+                if len(spans) == 2:  # successive cross: every sample of part a with every sample of part b
+                    samples = crossed(samples, filled[start + args.delta[0]:start + sum(args.delta), :n], spans[0])
+                out.append(samples)
+            return out
+        flat = [(i, row) for i, samples in enumerate(run.map(samples_of, feats, 'vicinal samples')) for row in samples]
+        return {'ids': torch.cat([row for _, row in flat]).int() if flat else torch.zeros(0, dtype=torch.int),
+                'lengths': torch.tensor([len(row) for _, row in flat], dtype=torch.long),
+                'source': torch.tensor([i for i, _ in flat], dtype=torch.long)}
+    stored = run.cached(name, generate)
+    rows = stored['ids'].split(stored['lengths'].tolist())
+    return [replace(feats[i], ids=r.tolist(), label=None) for i, r in zip(stored['source'].tolist(), rows)]
+
+
+def distil(run, model, unlabelled, eta):
+    """One model's labels of each unlabelled set and DISTIL's choice (Section 3.3): {set: {'labels':
+    [label per sample], 'keep': bool per sample}}, keeping the top eta by confidence, or the
+    samples whose posterior of the low-loss GMM component is at least --posterior."""
+    method, out = run.build(XLA, weights=run.path(model)), {}
+    for name, feats in unlabelled.items():
+        scored = [pseudo_labels(method.family, o, f.words) for o, f in zip(run.outputs(method, feats), feats)]
+        labels, confidence, loss = (list(column) for column in zip(*scored)) if scored else ([], [], [])
+        keep = (top_confident(torch.tensor(confidence), eta) if run.args.distil == 'confidence' else
+                gmm_good(torch.tensor(loss)) >= run.args.posterior) if feats else torch.zeros(0, dtype=torch.bool)
+        out[name] = {'labels': labels, 'keep': keep}
+    return out
+
+
+def taught_by_peers(l, labels, unlabelled, english=None):
+    """Model l's training sets of an epoch: English (when given) and, of every unlabelled set, the
+    samples its two peers j and k both keep and label alike, with that label (AGREEMENT): model l
+    never learns from its own labels. labels[m][set]: model m's {'labels', 'keep'}."""
+    j, k = [m for m in range(3) if m != l]
+    parts = {} if english is None else {'source': english}
+    for name, feats in unlabelled.items():
+        a, b = labels[j][name], labels[k][name]
+        agreed = agreement(a['keep'], a['labels'], b['keep'], b['labels']).nonzero().squeeze(1).tolist()
+        parts[name] = [replace(feats[i], label=a['labels'][i]) for i in agreed]
+    return parts
+
+
+def co_train(run, epoch, l, parts, start):
+    """Model l's XLA epoch: one pass of Eq. 2's draws over the sets in `parts`, from its weights
+    `start`, with a new optimiser (Table 8: --xla_lr, 10% warm-up) -> the epoch's weights if the
+    --train_lang dev score did not fall, else `start` (the model goes on as it was)."""
+    args, folder = run.args, f'epoch{epoch}/model{l + 1}'
+    sub = run.sub(folder, epochs=1, lr=args.xla_lr, batch_size=args.xla_batch_size, warmup=0.1, seed=args.seed + l)
+    target_dev = lambda dev: dev[args.train_lang]['score'] if args.train_lang in dev else None  # the paper's selection
+
+    def train():
+        method = run.build(XLA, weights=run.path(start))
+        before = target_dev(sub.evaluate(method, 'dev')[0])
+        items, sizes = [f for feats in parts.values() for f in feats], [len(feats) for feats in parts.values()]
+        lengths = [data.item_length(f) for f in items] if args.group_by_length else None
+        batches = mixture_batches(sizes, args.alpha, sub.args.batch_size, sub.args.seed * 1000 + epoch, run.chunks, lengths)
+        if batches:  # none when the peers agree on nothing: the model stays as it was
+            sub.fit(method, items, batches_of=lambda _: batches)
+        after = target_dev(sub.evaluate(method, 'dev')[0])
+        better = bool(batches) and (after is None or before is None or after >= before)  # as the released code
+        dev = '' if after is None else f'; {args.train_lang} dev {before:.1f} -> {after:.1f}' + (
+            '' if better else ', not better: kept the model as it was')
+        run.say(f'XLA epoch {epoch}, model {l + 1}: trained on ' + ', '.join(f'{n} {name}' for name, n in zip(parts, sizes))
+                + f' samples{dev}')
+        return {'kept': dict(zip(parts, sizes)), 'dev_before': before, 'dev_after': after, 'better': better}
+    return f'{folder}/best.pt' if run.cached(f'{folder}/results.json', train)['better'] else start
+
+
+def mixture_batches(sizes, alpha, batch_size, seed, chunks, lengths=None):
+    """An XLA epoch's global batches over the concatenated sets: sum(n_i) draws, round(q_i x sum(n_i))
+    of them from set i (Eq. 2), each set read in shuffled passes, the draws shuffled together
+    (then grouped by length when lengths are given, as every run's batches)."""
+    g, picks, offset = torch.Generator().manual_seed(seed), [], 0
+    for n, q in zip(sizes, mixing_probabilities(sizes, alpha) if sum(sizes) else sizes):
+        count = round(q * sum(sizes))
+        if n and count:
+            picks.append(torch.cat([torch.randperm(n, generator=g) for _ in range(math.ceil(count / n))])[:count] + offset)
+        offset += n
+    if not picks:
+        return []
+    order = torch.cat(picks)
+    return data.cut_batches(order[torch.randperm(len(order), generator=g)].tolist(), batch_size, chunks, g, lengths)
+
+
+def summary(scores):
+    """{lang: scores} -> per-language main scores with their average and transfer gap."""
+    return ev.summarize({lang: s['score'] for lang, s in scores.items()}) if scores else {}
+
+
+def mean_summary(results):
+    """The per-language mean of several runs' {'dev': summary, 'test': summary}."""
+    return {split: {k: sum(r[split][k] for r in results) / len(results) for k in results[0][split]}
+                    if results[0][split] else {} for split in ('dev', 'test')}
 
 
 def parts_of(ids, family, eos=2):
@@ -744,14 +1364,10 @@ class Ensemble(nn.Module):
     def predict(self, batch):
         return torch.stack([m.predict(batch).float().softmax(-1) for m in self.models]).mean(0).log()
 
-# --method name -> (module, what it trains on: 'en' English, 'translations' English plus the
-# translations into the target languages, 'translation' those into one --train_lang)
-METHODS = {
-    'zeroshot': (Baseline, 'en'),
-    'translate-train': (Baseline, 'translation'),
-    'translate-train-all': (Baseline, 'translations'),
-    'filter': (Filter, 'translations'),
-    'xmixup': (XMixup, 'translations'),
-    'veco': (Veco, 'en'),  # --translate_train_all: 'translations'; --task pretrain / translate: VecoPretrain / VecoTranslate
-    'xla': (XLA, 'en'),  # English for the warm-up; the XLA epochs add the target language's text (train.py xla)
-}
+
+METHODS = {cls.NAME: cls for cls in (Baseline, TranslateTrain, TranslateTrainAll, Filter, XMixup, Veco, XLA)}  # --method
+
+
+def classes():
+    """Every class a run may be: each method's, and the variants its resolve() picks."""
+    return [c for method in METHODS.values() for c in (method, *method.variants())]

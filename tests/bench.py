@@ -22,7 +22,6 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import data  # noqa: E402
 import layers  # noqa: E402
-import train  # noqa: E402
 import xlt  # noqa: E402
 
 
@@ -199,8 +198,8 @@ def pipeline_bench(models, cfg, args, device):
     lengths, source = xnli_lengths(args.examples, args)
     ids = [torch.randint(4, cfg.vocab_size, (n,)) for n in lengths]
     sides = [(n,) for n in lengths]
-    grouped = train.global_batches(len(ids), argparse.Namespace(seed=0, batch_size=args.batch, group_by_length=True), 0, 1, sides)
-    plain = train.global_batches(len(ids), argparse.Namespace(seed=0, batch_size=args.batch, group_by_length=False), 0, 1, sides)
+    grouped = data.global_batches(len(ids), args.batch, 0, 1, sides)
+    plain = data.global_batches(len(ids), args.batch, 0, 1)
     ways = {'ours': (grouped, None), 'released way': (plain, 128)}
     names = {'ours': 'ours', 'released way': 'reference (HF)' if 'reference (HF)' in models else 'ours'}
     times = {way: [] for way in ways}
@@ -234,7 +233,7 @@ def pipeline_bench(models, cfg, args, device):
         print(f'{label:<30} {real / median:>9.0f} real tokens/s   padding {1 - real / padded:6.1%}   ({median:.1f} s)')
         times[way] = median
     print(f'ours / released way: {times["released way"] / times["ours"]:.2f}x; random batches each padded to their '
-          f'longest would pad {train.pad_share([(n,) for n in lengths], plain, 1):.1%}')
+          f'longest would pad {data.pad_share([(n,) for n in lengths], plain, 1):.1%}')
 
 
 def optimizer_bench(cfg, args):

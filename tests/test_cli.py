@@ -57,7 +57,7 @@ MISTAKES = [  # (the command, what its one line must say)
     ('train.py --demo --model huge', "unknown model 'huge'"),
     ('train.py --demo --batch_size 1 --grad_accum 2', 'cannot be cut into 1 processes x --grad_accum 2'),
     ('train.py --demo --method translate-train', 'translate-train needs --train_lang, one of de, zh'),
-    ('train.py --demo --method zeroshot --self_teach', '--self_teach and --teacher belong to FILTER'),
+    ('train.py --demo --method zeroshot --self_teach', '--self_teach belongs to --method filter or xmixup'),
     ('train.py --demo --method filter --k 9', '--k 9 + --m 1 does not fit'),
     ('train.py --demo --task pawsx --out finished --lr 5e-4', 'finished holds a finished run with --lr 0.001'),
     ('train.py --demo --eval_only --out nothing-here', 'best.pt not found: --eval_only evaluates a finished run'),

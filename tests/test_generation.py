@@ -190,7 +190,7 @@ def test_translation_runs_resume_split_over_processes_and_average(tmp_path, demo
                              '--average_last', '2'])
     cfg = layers.Config(**{**layers.CONFIGS['tiny'].__dict__, 'vocab_size': one['encoder.tok.weight'].size(0) - 2})
     m = xlt.VecoTranslate(*xlt.assemble(layers.Encoder(cfg, cross=True), 2, new_tokens=2), bos=0)
-    train.final_weights(m, args, torch.device('cpu'), str(tmp_path / 'one' / 'best.pt'))
+    train.Run(args, 0, 1, torch.device('cpu'), None).average_last(m, 2)
     assert not torch.equal(kept[0]['decoder.blocks.0.cross.qkv.weight'], kept[1]['decoder.blocks.0.cross.qkv.weight'])
     assert all(torch.allclose(v, (kept[0][k] + kept[1][k]) / 2) for k, v in m.state_dict().items())
     two = translate(tmp_path / 'two', demo_data,
@@ -231,7 +231,7 @@ def test_translation_pairs_and_what_is_skipped(tmp_path, demo_data):
 def test_translation_set_up_errors_are_one_line(tmp_path, demo_data):
     one_line(['--method', 'filter', '--task', 'translate', '--demo'], 'pass --method veco')
     one_line(['--method', 'veco', '--task', 'translate', '--src', 'de', '--tgt', 'de', '--demo'], 'two languages')
-    one_line(['--method', 'veco', '--task', 'xnli', '--beam', '4', '--demo'], '--beam belong to translation')
+    one_line(['--method', 'veco', '--task', 'xnli', '--beam', '4', '--demo'], '--beam belongs to --method veco --task translate, not to veco on xnli')
     corpus = tmp_path / 'corpus'
     os.makedirs(corpus / 'translation' / 'en-fr')
     os.symlink(os.path.join(demo_data, 'sentencepiece.bpe.model'), corpus / 'sentencepiece.bpe.model')

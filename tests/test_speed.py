@@ -1,52 +1,52 @@
 """Length-grouped batches, the padding they save, activation checkpointing and compiled blocks (speed itself is
 measured in tests/bench.py, never in a test)."""
-import argparse
 import random
 import shutil
 
 import pytest
 import torch
 
+import data
 import layers
-import train
 
 
-def args_of(group=True, batch_size=8, seed=3):
-    return argparse.Namespace(seed=seed, batch_size=batch_size, group_by_length=group)
+def batches_of(n, epoch, chunks, lengths, group=True, batch_size=8, seed=3):
+    """An epoch's batches as the trainer cuts them: seed --seed x 1000 + epoch; lengths only when grouping."""
+    return data.global_batches(n, batch_size, seed * 1000 + epoch, chunks, lengths if group else None)
 
 
 def test_grouped_batches_hold_similar_lengths_and_every_item_once():
     rng = random.Random(0)
     lengths = [(rng.randint(5, 120),) for _ in range(1000)]  # item_length's: one length per side
-    grouped = train.global_batches(1000, args_of(), 0, 1, lengths)
-    plain = train.global_batches(1000, args_of(group=False), 0, 1, lengths)
+    grouped = batches_of(1000, 0, 1, lengths)
+    plain = batches_of(1000, 0, 1, lengths, group=False)
     assert sorted(i for b in grouped for i in b) == list(range(1000)) == sorted(i for b in plain for i in b)
     # without grouping: the permutation of (seed, epoch) cut in order, the papers' random batches
     order = torch.randperm(1000, generator=torch.Generator().manual_seed(3 * 1000)).tolist()
     assert plain == [order[i:i + 8] for i in range(0, 1000, 8)]
     # with it: each mega-batch of 50 batches of that permutation sorted by length in steps of BUCKET, then cut
-    first = sorted(order[:400], key=lambda i: lengths[i][0] // train.BUCKET)
+    first = sorted(order[:400], key=lambda i: lengths[i][0] // data.BUCKET)
     assert {tuple(first[i:i + 8]) for i in range(0, 400, 8)} <= {tuple(b) for b in grouped}
     assert grouped != sorted(grouped, key=lambda b: lengths[b[0]])  # the batches are shuffled, not in length order
     lengths = [n for n, in lengths]
     # the padding by hand: each micro-batch padded to its longest item
     by_hand = lambda batches: 1 - sum(lengths[i] for b in batches for i in b) / sum(len(b) * max(lengths[i] for i in b) for b in batches)
-    share = lambda batches, parts: train.pad_share([(n,) for n in lengths], batches, parts)
+    share = lambda batches, parts: data.pad_share([(n,) for n in lengths], batches, parts)
     assert abs(share(plain, 1) - by_hand(plain)) < 1e-12 and abs(share(plain, 2) - by_hand([h for b in plain for h in (b[:4], b[4:])])) < 1e-12
     assert share(grouped, 1) < 0.1 < 0.3 < share(plain, 1)  # the issue's bar: below 10%
 
 
 def test_pairs_pad_each_side_on_its_own():
     lengths = [(10, 30), (30, 10)]  # one batch: each side padded to 30, a third of it padding
-    assert abs(train.pad_share(lengths, [[0, 1]], 1) - (1 - 80 / 120)) < 1e-12
-    assert train.pad_share(lengths, [[0, 1]], 2) == 0  # two micro-batches of one pair each
-    batches = train.global_batches(4, args_of(batch_size=2), 0, 1, [(10, 30), (30, 10), (30, 11), (10, 29)])
+    assert abs(data.pad_share(lengths, [[0, 1]], 1) - (1 - 80 / 120)) < 1e-12
+    assert data.pad_share(lengths, [[0, 1]], 2) == 0  # two micro-batches of one pair each
+    batches = batches_of(4, 0, 1, [(10, 30), (30, 10), (30, 11), (10, 29)], batch_size=2)
     assert sorted(sorted(b) for b in batches) == [[0, 3], [1, 2]]  # grouped by both sides
 
 
 def test_the_split_is_the_same_for_any_number_of_processes():
     lengths = [(random.Random(i).randint(5, 60),) for i in range(203)]
-    one, four = (train.global_batches(203, args_of(), 2, chunks, lengths) for chunks in (1, 4))
+    one, four = (batches_of(203, 2, chunks, lengths) for chunks in (1, 4))
     assert four == [b for b in one if len(b) >= 4]  # only a last batch too small for 4 processes is dropped
 
 

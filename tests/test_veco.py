@@ -178,7 +178,7 @@ def test_nlu_encoder_drops_the_cross_attention_and_equals_the_is_stream(tmp_path
     m = model(seed=3)
     for p in m.encoder.parameters():  # LayerNorms and biases not at their initial values
         p.data += 0.05 * torch.randn_like(p)
-    layers.save_converted(m.encoder, m.mlm, tmp_path / 'veco.pt')
+    layers.save_checkpoint(tmp_path / 'veco.pt', {}, **layers.encoder_parts(m.encoder, m.mlm))
     enc, mlm = layers.load_pretrained(str(tmp_path / 'veco.pt'))
     assert not enc.has_cross and not any('cross' in n for n, _ in enc.named_parameters()) and mlm is not None
     again, _ = layers.load_pretrained(str(tmp_path / 'veco.pt'), cross=True)
@@ -242,8 +242,8 @@ def test_pretraining_ddp_equals_one_process_and_resumes_exactly(tmp_path, demo_d
 
 def test_pretraining_set_up_errors_are_one_line(tmp_path, demo_data):
     one_line(['--method', 'filter', '--task', 'pretrain', '--demo'], 'pass --method veco')
-    one_line(['--method', 'veco', '--task', 'xnli', '--steps', '10', '--demo'], '--steps belong to pre-training')
-    one_line(['--method', 'zeroshot', '--task', 'xnli', '--translate_train_all', '--demo'], 'belongs to VECO')
+    one_line(['--method', 'veco', '--task', 'xnli', '--steps', '10', '--demo'], '--steps belongs to --method veco --task pretrain or veco --task translate')
+    one_line(['--method', 'zeroshot', '--task', 'xnli', '--translate_train_all', '--demo'], '--translate_train_all belongs to --method veco, not to zeroshot')
     one_line(['--method', 'veco', '--task', 'pretrain', '--data_dir', str(tmp_path / 'none'), '--from_scratch',
               '--model', 'tiny', '--out', str(tmp_path / 'nothing')], 'mono/<lang>.txt')
     corpus = tmp_path / 'corpus'
@@ -288,6 +288,5 @@ def test_translate_train_all_trains_on_every_translation(demo_data):
     args = train.parse_args(['--method', 'veco', '--task', 'pawsx', '--demo', '--translate_train_all'])
     args.data_dir = demo_data
     tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
-    method = xlt.METHODS['veco'][0](layers.Encoder(layers.CONFIGS['tiny']), 'pawsx')
-    items = train.training_items(args, tok, method)
+    items = train.Run(args, 0, 1, torch.device('cpu'), tok).items(xlt.method_class(args)(layers.Encoder(layers.CONFIGS['tiny']), 'pawsx'))
     assert len(items) == 3 * len(data.read_split(demo_data, 'pawsx', 'train'))  # English, de and zh

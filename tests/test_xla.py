@@ -142,12 +142,12 @@ def test_each_model_learns_from_its_two_peers_never_from_itself():
               for m in range(3)]
     english = [data.Feature([0, 5, 2], 1)]
     for l in range(3):
-        parts = train.taught_by_peers(l, labels, {'target': feats}, english)
+        parts = xlt.taught_by_peers(l, labels, {'target': feats}, english)
         assert parts['source'] is english
         assert [f.ids[1] - 10 for f in parts['target']] == [i for i in range(9) if i % 3 == l]
         assert all(f.label == 1 for f in parts['target'])  # the peers' label; its own would be 0
-    assert 'source' not in train.taught_by_peers(0, labels, {'target': feats})
-    assert train.XLA_SETS == {1: ('source', 'target'), 2: ('target vicinal',),
+    assert 'source' not in xlt.taught_by_peers(0, labels, {'target': feats})
+    assert xlt.XLA.SETS == {1: ('source', 'target'), 2: ('target vicinal',),
                               3: ('source', 'target', 'source vicinal', 'target vicinal')}  # Algorithm 1, line 22
 
 
@@ -161,7 +161,7 @@ def test_eq2_sampling_probabilities():
     assert xlt.mixing_probabilities(sizes, 1.0)[:3] == pytest.approx([n / 1110 for n in sizes[:3]])  # proportional
     assert xlt.mixing_probabilities(sizes, 0.0)[:3] == pytest.approx([1 / 3] * 3)  # uniform
     # an epoch draws sum(n) samples, round(q_i sum(n)) from set i, in batches
-    batches = train.mixture_batches([30, 10], 0.0, 8, seed=1, chunks=1)
+    batches = xlt.mixture_batches([30, 10], 0.0, 8, seed=1, chunks=1)
     drawn = [i for b in batches for i in b]
     assert len(drawn) == 40 and sum(i < 30 for i in drawn) == 20 and len(set(i for i in drawn if i >= 30)) == 10
 
@@ -215,11 +215,12 @@ def test_generation_changes_at_most_the_chosen_share_and_cross_makes_d1_d2(demo_
     for task, delta, share in (('xnli', [2, 3], 0.3), ('panx', [3], 0.4)):
         feats = data.make_features(tok, task, data.read_split(demo_data, task, 'dev', 'de')[:6], 128)
         args = train.parse_args(['--method', 'xla', '--task', task, '--demo', '--delta', *map(str, delta),
-                                 '--aug_share', str(share)])
-        samples = train.vicinal(args, tok, feats, vicinity, str(tmp_path / f'{task}.pt'), 1, 0, 1, torch.device('cpu'))
+                                 '--aug_share', str(share), '--out', str(tmp_path)])
+        args.data_dir = demo_data
+        run = lambda **changes: train.Run(argparse.Namespace(**{**vars(args), **changes}), 0, 1, torch.device('cpu'), tok)
+        samples = xlt.vicinal_samples(run(), feats, vicinity, 1, f'{task}.pt')
         assert len(samples) == len(feats) * math.prod(delta)  # cross: delta1 x delta2 of every pair
-        again = train.vicinal(argparse.Namespace(**{**vars(args), 'resume': True}), tok, feats, None,
-                              str(tmp_path / f'{task}.pt'), 1, 0, 1, None)  # read back as written
+        again = xlt.vicinal_samples(run(resume=True), feats, None, 1, f'{task}.pt')  # read back as written
         assert [(s.ids, s.example, s.words) for s in again] == [(s.ids, s.example, s.words) for s in samples]
         for f in feats:
             made = [s for s in samples if s.example == f.example]
@@ -261,14 +262,14 @@ def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages
     assert set(stage['kept']) == {'source', 'target', 'source vicinal', 'target vicinal'}
     assert stage['kept']['source vicinal'] <= 3 * 40 and stage['kept']['source'] == 40
     # as if killed during epoch 2, model 2: its stage and everything after it is gone
-    for path in [out / 'epoch2' / 'model2' / name for name in ('results.json', 'best.pt', 'last.pt')]:
+    for path in [out / 'epoch2' / 'model2' / name for name in ('results.json', 'best.pt', 'last.pt')] + [out / 'final-models.json']:
         path.unlink(missing_ok=True)
     shutil.rmtree(out / 'epoch3')
     capsys.readouterr()
     demo_run(out, demo_data, argv + ['--resume'])
     said = capsys.readouterr().out
     trained = lambda e, m: f'XLA epoch {e}, model {m}: trained on' in said
-    assert 'XLA warm-up' not in said and not any(trained(1, m) for m in (1, 2, 3)) and not trained(2, 1)
+    assert 'warm-up 1 of 3' not in said and not any(trained(1, m) for m in (1, 2, 3)) and not trained(2, 1)
     assert trained(2, 2) and trained(3, 3)
     assert json.loads((out / 'results.json').read_text())['runs'] == first['runs']  # the same run, resumed
     (out / 'results.json').unlink()
@@ -276,11 +277,12 @@ def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages
     assert json.loads((out / 'results.json').read_text())['runs'] == first['runs']
     # warm-ups kept for other runs are reused only with the same settings
     one_line(['--demo', '--out', str(out), *argv, '--warmup_dir', str(out), '--conf_penalty', '0.5'],
-             'holds a warm-up with another conf_penalty (1.0, not 0.5)')
+             'holds a finished warmup-1 with --conf_penalty 1.0 (this run: 0.5)')
     assert (out / 'final-models.json').exists()  # the refused run removed nothing
     capsys.readouterr()
-    demo_run(out, demo_data, argv)  # a new run in a used folder starts over
-    assert 'XLA warm-up of model 1/3' in capsys.readouterr().out
+    demo_run(out, demo_data, argv)  # a new run in a used folder starts over, but for finished warm-ups of its settings
+    said = capsys.readouterr().out
+    assert 'warmup-1: reused' in said and 'warm-up 1 of 3' not in said and trained(1, 1)
     assert json.loads((out / 'results.json').read_text())['runs'] == first['runs']
 
 
@@ -293,8 +295,8 @@ def test_share_of_draws_disjoint_parts_in_order():
 
 
 def test_xla_refuses_what_it_cannot_do():
-    one_line(['--method', 'xla', '--task', 'xquad', '--demo'], 'XLA is for xnli, pawsx, panx, udpos')
-    one_line(['--method', 'zeroshot', '--task', 'xnli', '--eta', '50', '--demo'], '--eta belong to XLA')
+    one_line(['--method', 'xla', '--task', 'xquad', '--demo'], 'xla runs xnli, pawsx, panx, udpos, not xquad')
+    one_line(['--method', 'zeroshot', '--task', 'xnli', '--eta', '50', '--demo'], '--eta belongs to --method xla, not to zeroshot on xnli')
     one_line(['--method', 'xla', '--task', 'panx', '--demo', '--delta', '2', '2'], '--delta takes one number (samples per sentence) for panx')
     one_line(['--method', 'xla', '--task', 'xnli', '--demo', '--posterior', '0.5'], '--posterior is the threshold of --distil gmm')
     one_line(['--method', 'xla', '--task', 'xnli', '--from_scratch', '--data_dir', '/nonexistent'], 'pass --train_lang')
@@ -313,10 +315,11 @@ def test_xla_under_two_processes_makes_the_samples_one_process_makes(demo_data, 
     assert 'XLA model 3' in json.loads((out / 'results.json').read_text())['runs']
     # GEN-LM sharded over two processes and gathered = GEN-LM in one (the draws follow the sentence)
     args = train.parse_args(['--demo', '--out', str(out), *argv])
-    args.data_dir = demo_data
+    args.data_dir, args.out = demo_data, str(tmp_path)
     tok = data.Tokenizer(f'{demo_data}/sentencepiece.bpe.model')
-    target = train.xla_data(args, tok)[1]
-    one = train.vicinal(args, tok, target, train.vicinity_model(args, tok), str(tmp_path / 'one.pt'), 2, 0, 1, torch.device('cpu'))
+    target = data.self_training_sets(tok, demo_data, 'panx', args.train_lang, args.train_share, args.max_len)[1]
+    run = train.Run(args, 0, 1, torch.device('cpu'), tok)
+    one = xlt.vicinal_samples(run, target, [part.eval() for part in run.encoder(init=args.init)], 2, 'one.pt')
     two = torch.load(out / 'epoch2' / 'target-vicinal.pt', weights_only=True)
     assert [s.ids for s in one] == [r.tolist() for r in two['ids'].split(two['lengths'].tolist())]
     assert [s.example for s in one] == [target[i].example for i in two['source'].tolist()]

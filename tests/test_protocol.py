@@ -1,0 +1,222 @@
+"""The house a forker and a reader meet: a new method written only against the protocol
+(xlt.Method) trains and evaluates, the README's example among them; the trainer names no
+method; one run per folder at a time; a run killed inside a stage resumes to the numbers of a
+run never stopped."""
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import data
+import layers
+import train
+import xlt
+from conftest import demo_run, quick_pretrained
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope='module')
+def demo_data(tmp_path_factory):
+    return data.make_demo(str(tmp_path_factory.mktemp('demo') / 'demo-data'))
+
+
+def readme_example():
+    """The code block of the README's "Adding a method", executed: it registers its class."""
+    text = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read().split('\n## Adding a method\n')[1]
+    code = re.search(r'```python\n(.*?)```', text, re.S).group(1)
+    namespace = {'__name__': 'readme_example'}
+    exec(compile(code, 'README.md', 'exec'), namespace)
+    return namespace['RDrop']
+
+
+@pytest.fixture
+def registered():
+    """Methods a test adds to xlt.METHODS, removed afterwards."""
+    before = dict(xlt.METHODS)
+    yield
+    xlt.METHODS.clear()
+    xlt.METHODS.update(before)
+
+
+def test_readme_example_is_r_drop_by_hand(registered):
+    RDrop = readme_example()
+    args = train.parse_args(['--method', 'rdrop', '--task', 'panx'])
+    assert args.rdrop_alpha == 1.0 and args.lr == 1e-5 and args.out == 'runs/panx-rdrop'
+    torch.manual_seed(0)
+    cfg = layers.Config(**{**layers.CONFIGS['tiny'].__dict__, 'vocab_size': 60})
+    for task in ('pawsx', 'panx'):
+        m = RDrop(layers.Encoder(cfg), task, argparse.Namespace(rdrop_alpha=0.7)).train()
+        ids = torch.randint(4, 60, (3, 9))
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        mask[2, 6:] = False
+        tags = torch.randint(0, 7, (3, 9)).masked_fill(torch.rand(3, 9) < 0.3, data.IGNORE).masked_fill(~mask, data.IGNORE)
+        labels = torch.tensor([0, 1, 1]) if task == 'pawsx' else tags
+        batch = data.Batch(ids, mask, labels)
+        torch.manual_seed(5)
+        loss, logs = m.loss(batch)
+        torch.manual_seed(5)
+        p, q = m.predict(batch).softmax(-1), m.predict(batch).softmax(-1)  # the same two dropout masks
+        kl = lambda a, b: (a * (a.log() - b.log())).sum(-1)
+        if task == 'pawsx':
+            ce = (-p[torch.arange(3), labels].log() - q[torch.arange(3), labels].log()) / 2
+            expected = (ce + 0.7 * (kl(p, q) + kl(q, p)) / 2).mean()
+        else:  # the mean over every labelled token of the batch
+            real = labels.ne(data.IGNORE)
+            pick = lambda r: r.gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+            ce = ((-pick(p).log() - pick(q).log()) / 2)[real]
+            expected = (ce + 0.7 * ((kl(p, q) + kl(q, p)) / 2)[real]).mean()
+        assert abs(loss.item() - expected.item()) < 1e-5 and logs['kl'].item() > 0
+        m.eval()  # without dropout both passes agree: the KL is 0 and the loss is the cross-entropy
+        assert abs(m.loss(batch)[1]['kl'].item()) < 1e-6
+
+
+@pytest.mark.parametrize('task', ['pawsx', 'panx'])
+def test_readme_example_trains_and_evaluates_on_the_demo(registered, tmp_path, demo_data, task, capsys):
+    readme_example()
+    demo_run(tmp_path / 'run', demo_data, ['--method', 'rdrop', '--task', task, '--epochs', '6' if task == 'pawsx' else '3'])
+    results = json.load(open(tmp_path / 'run' / 'results.json'))
+    assert results['method'] == 'rdrop' and results['selected_by'] == 'best average dev score over languages'
+    assert set(results['test']) >= {'en', 'de', 'zh', 'avg', 'gap'} and results['dev']['en'] > 60  # it learns English
+    assert json.load(open(tmp_path / 'run' / 'config.json'))['rdrop_alpha'] == 1.0
+    log = [json.loads(line) for line in open(tmp_path / 'run' / 'log.jsonl')]
+    assert any('kl' in row for row in log) and os.path.exists(tmp_path / 'run' / 'predictions' / task / 'test-de.tsv')
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        train.parse_args(['--help'])
+    assert 'options of --method rdrop:\n  --rdrop_alpha' in capsys.readouterr().out
+
+
+class Consistency(xlt.Method):
+    """A paired method written from the protocol alone: English and its translation through the
+    encoder, the task loss on both, and the MSE between their <s> states; it predicts from the
+    target side. `seen` counts the Pair batches its loss was given."""
+    NAME, TASKS, paired, trains_on, select = 'consistency', ('xnli', 'pawsx'), True, 'translations', 'average'
+    LR = {'xnli': 1e-5, 'pawsx': 1e-5}
+    seen = []
+
+    def __init__(self, encoder, task, args):
+        super().__init__()
+        self.encoder, self.family = encoder, data.TASKS[task].family
+        self.head = xlt.Head(self.family, encoder.cfg.dim, len(data.TASKS[task].labels), encoder.cfg.dropout)
+
+    def predict(self, pair):
+        return self.head(self.encoder(pair.tgt.ids, pair.tgt.mask), pair.tgt.mask)
+
+    def loss(self, pair):
+        same = sum(s[a].tolist() == t[b].tolist() for s, a, t, b in zip(pair.src.ids, pair.src.mask, pair.tgt.ids, pair.tgt.mask))
+        Consistency.seen.append((type(pair), pair.src.ids.shape[0], same))  # same: rows of English with itself
+        h_s, h_t = self.encoder(pair.src.ids, pair.src.mask), self.encoder(pair.tgt.ids, pair.tgt.mask)
+        ce = xlt.per_example_loss(self.family, self.head(h_s, pair.src.mask), pair.src.labels) + \
+            xlt.per_example_loss(self.family, self.head(h_t, pair.tgt.mask), pair.tgt.labels)
+        loss = ce + F.mse_loss(h_s[:, 0], h_t[:, 0], reduction='none').mean(-1)
+        return loss.mean(), {'loss': loss.mean().detach()}
+
+
+def test_a_paired_method_from_the_protocol_alone_trains_on_pairs(registered, tmp_path, demo_data):
+    xlt.METHODS['consistency'] = Consistency
+    Consistency.seen.clear()
+    demo_run(tmp_path / 'run', demo_data, ['--method', 'consistency', '--task', 'pawsx', '--epochs', '3'])
+    results = json.load(open(tmp_path / 'run' / 'results.json'))
+    losses = [row['loss'] for row in map(json.loads, open(tmp_path / 'run' / 'log.jsonl')) if 'loss' in row]
+    assert set(results['test']) >= {'en', 'de', 'zh'} and losses[-1] < losses[0]  # it trains, and is evaluated
+    assert all(kind is data.Pair for kind, _, _ in Consistency.seen) and sum(n for _, n, _ in Consistency.seen) > 0
+    rows, same = sum(n for _, n, _ in Consistency.seen), sum(s for _, _, s in Consistency.seen)
+    assert 0.2 < same / rows < 0.5  # English with itself, and with each of its two translations
+    # the trainer reads its translations for training and evaluation, as for FILTER: --dry_run's files say so
+    args = train.parse_args(['--method', 'consistency', '--task', 'pawsx', '--data_dir', demo_data, '--from_scratch'])
+    planned = {p for p, _, _ in train.planned_files(args)}
+    assert {data.split_path(demo_data, 'pawsx', kind, lang) for kind in ('translate-train', 'translate-dev', 'translate-test')
+            for lang in ('de', 'zh')} <= planned
+
+
+def test_the_trainer_names_no_method():
+    for module in ('train.py', 'data.py', 'eval.py'):
+        source = open(os.path.join(ROOT, module), encoding='utf-8').read()
+        assert not re.search(r'args\.method *(==|!=|in )', source), module
+        assert not re.search(r'\bxlt\.(Baseline|Filter|XMixup|Veco\w*|XLA|TranslateTrain\w*)\b', source), module
+    assert 'import train' not in open(os.path.join(ROOT, 'xlt.py')).read()
+
+
+def tree(folder):
+    """Every file under folder with its size and modification time."""
+    return {os.path.relpath(os.path.join(d, f), folder): (os.stat(os.path.join(d, f)).st_size, os.stat(os.path.join(d, f)).st_mtime_ns)
+            for d, _, names in os.walk(folder) for f in names}
+
+
+ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
+
+
+def start(argv, until):
+    """A run in its own process, once it has printed a line starting with `until` (an event, not a sleep)."""
+    proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV)
+    for line in proc.stdout:
+        if line.startswith(until):
+            return proc
+    proc.wait()
+    raise AssertionError(f'{argv} ended before printing {until!r}: {proc.stderr.read()[-2000:]}')
+
+
+def test_one_run_per_folder_the_other_stops_in_one_line_and_touches_nothing(tmp_path):
+    out = tmp_path / 'run'
+    command = ['train.py', '--demo', '--task', 'pawsx', '--epochs', '2', '--out', str(out)]
+    first = start(command, 'epoch 1/2 ')
+    first.send_signal(signal.SIGSTOP)  # it holds the folder, and keeps still while the others try
+    try:
+        before = tree(out)
+        for extra in ([], ['--resume'], ['--eval_only']):
+            other = subprocess.run([sys.executable, *command, *extra], cwd=ROOT, capture_output=True, text=True, env=ENV)
+            assert other.returncode != 0 and other.stderr.count('\n') == 1, other.stderr[-2000:]
+            assert f'{out} is in use by another run (pid {first.pid})' in other.stderr and 'Traceback' not in other.stderr
+            assert tree(out) == before
+    finally:
+        first.kill()  # SIGKILL: the lock dies with its holder
+        first.wait()
+    again = subprocess.run([sys.executable, *command, '--resume'], cwd=ROOT, capture_output=True, text=True, env=ENV)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.load(open(out / 'results.json'))['test']
+
+
+# The demo's pre-training made short: these runs start from it as every X-Mixup demo does.
+SHORT_PRETRAINING = 'import sys, train, xlt; xlt.VecoPretrain.DEMO.update(steps=20, eval_every=10); train.main(sys.argv[1:])'
+
+
+def test_a_run_killed_inside_the_demo_pretraining_resumes_to_the_same_numbers(tmp_path):
+    argv = lambda name: ['-c', SHORT_PRETRAINING, '--method', 'xmixup', '--task', 'pawsx', '--demo', '--epochs', '1',
+                         '--out', str(tmp_path / name / 'run')]
+    whole = subprocess.run([sys.executable, *argv('whole')], cwd=ROOT, capture_output=True, text=True, env=ENV)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    cut = start(argv('cut'), 'epoch 1/2 ')  # the pre-training's first 10 steps
+    cut.kill()
+    cut.wait()
+    assert not os.path.exists(tmp_path / 'cut' / 'pretrain-veco-demo' / 'results.json')
+    resumed = subprocess.run([sys.executable, *argv('cut'), '--resume'], cwd=ROOT, capture_output=True, text=True, env=ENV)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    for name in ('pretrain-veco-demo', 'run'):
+        a, b = (json.load(open(tmp_path / run / name / 'results.json')) for run in ('whole', 'cut'))
+        assert a == b, name
+    a, b = (torch.load(tmp_path / run / 'pretrain-veco-demo' / 'best.pt', weights_only=True)['encoder'] for run in ('whole', 'cut'))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_run_killed_inside_xla_s_loop_resumes_to_the_same_numbers(tmp_path, demo_data):
+    init = quick_pretrained(demo_data, tmp_path / 'pre', steps=30)
+    argv = ['--method', 'xla', '--task', 'panx', '--init', init, '--epochs', '2', '--xla_lr', '1e-4', '--xla_epochs', '1']
+    demo_run(tmp_path / 'whole', demo_data, argv)
+    os.makedirs(tmp_path / 'cut')
+    os.symlink(demo_data, tmp_path / 'cut' / 'demo-data')
+    cut = start(['train.py', '--demo', '--out', str(tmp_path / 'cut'), *argv], 'XLA epoch 1, model 1: trained on')
+    cut.kill()  # somewhere in model 2's turn of the first XLA epoch
+    cut.wait()
+    assert not os.path.exists(tmp_path / 'cut' / 'final-models.json')
+    demo_run(tmp_path / 'cut', demo_data, argv + ['--resume'])
+    a, b = (json.load(open(tmp_path / run / 'results.json')) for run in ('whole', 'cut'))
+    assert a['runs'] == b['runs'] and a['test'] == b['test']
