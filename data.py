@@ -351,6 +351,11 @@ def check_language(data_dir, task, lang):
         raise DataError(f'{task} has no language {lang!r}; choose from {", ".join(langs)}')
 
 
+def suffix(task):
+    """The file ending of a task's predictions and labels."""
+    return 'json' if TASKS[task].family == 'qa' else 'tsv'
+
+
 def read_split(data_dir, task, split, lang='en'):
     """Examples of a split (train, dev, test) in one language."""
     check_language(data_dir, task, lang)
@@ -610,6 +615,41 @@ def pair_features(tok, task, pairs, max_len=None, train=False):
 # ----------------------------------------------------------------------------------------
 # What a run reads: the files of a task, and the examples a method trains and is evaluated on.
 
+def target_langs(args):
+    return [lang for lang in languages(args.task, args.demo or is_demo(args.data_dir)) if lang != 'en']
+
+
+def planned_files(args, cls):
+    """-> [(path, what it is, needed)] of the data a run of the method class cls reads (args: the
+    run's settings), in the README's layout, the sentencepiece model last; not needed: read where
+    it is there (dev sets, test labels, round trips)."""
+    files = []
+    if args.task in TASKS:
+        translated = {'translation': [args.train_lang], 'translations': target_langs(args)}.get(cls.trains_on, [])
+        files = task_files(args.data_dir, args.task, translated, cls.round_trip, cls.paired or args.translate_test,
+                                not args.eval_only, args.method)
+        files += [(os.path.join(args.data_dir, 'labels', args.task, f'test-{lang}.{suffix(args.task)}'),
+                   'test labels (scored when there)', False) for lang in languages(args.task, is_demo(args.data_dir))]
+    spm = args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model')
+    return files + cls.reads(args) + [(spm, 'XLM-R\'s sentencepiece model: put it there or pass --spm', True)]
+
+
+def check_files(data_dir, task, method, files):
+    """Every file the run needs is there, or a DataError names the first missing one (the others
+    are listed above it); the sentencepiece model reads."""
+    data_needed = [path for path, _, needed in files[:-1] if needed]  # the last is the sentencepiece model
+    lost = [(path, what) for path, what, needed in files if needed and not os.path.isfile(path)]
+    if data_needed and all(not os.path.isfile(p) for p in data_needed):
+        hint = f' ({method} reads translations too: {TRANSLATIONS})' if any(TRANSLATIONS in what for _, what, _ in files) else ''
+        raise DataError(f'{data_dir} holds no {task} data (no {lost[0][0]}): {lost[0][1]}, or pass --demo{hint}')
+    for path, what in lost[1:]:
+        print(f'not found: {path}')
+    if lost:
+        raise DataError(f'{lost[0][0]} not found{f" (and {len(lost) - 1} more, listed above)" if len(lost) > 1 else ""}: {lost[0][1]}')
+    if files:
+        Tokenizer(files[-1][0])  # a file that is not a sentencepiece model stops here, not after a folder is made
+
+
 def task_files(data_dir, task, translated=(), round_trip=False, translations=False, train=True, reader='the run'):
     """-> [(path, what, needed)] of a task in the README's layout: the English training file
     (train), the translate-train files of the languages `translated` (with their round trips,
@@ -796,6 +836,14 @@ def pad_share(lengths, batches, parts):
             for side in zip(*(lengths[i] for i in chunk)):
                 real, padded = real + sum(side), padded + len(side) * max(side)
     return 1 - real / max(padded, 1)
+
+
+def collate_items(paired):
+    """Batches of features, or Pairs of (English, target) features for paired methods."""
+    if not paired:
+        return collate
+    return lambda items, index=None: collate_pairs([i[0] for i in items], [i[1] for i in items], index,
+                                                        alt=[i[2] for i in items] if len(items[0]) > 2 else None)
 
 
 def length_batches(features, batch_size):

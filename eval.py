@@ -21,10 +21,11 @@ import sys
 import unicodedata
 from collections import Counter
 
+import numpy as np
 import torch
 
-from data import (GROUPS, TASKS, DataError, Feature, collate, is_demo, languages, length_batches, lines_of, read_retrieval,
-                  read_text, word_predictions)
+from data import (GROUPS, TASKS, DataError, Feature, collate, evaluation_set, is_demo, languages, length_batches, lines_of,
+                  read_retrieval, read_text, split_path, suffix, word_predictions)
 from layers import Parser, atomic_write, mean_pool
 
 
@@ -236,10 +237,6 @@ def bleu_line(s):
 # ----------------------------------------------------------------------------------------
 # The leaderboard layout: <folder>/<task>/test-<lang>.<tsv|json>.
 
-def suffix(task):
-    return 'json' if TASKS[task].family == 'qa' else 'tsv'
-
-
 def read_lines(path):
     return [line.strip() for line in lines_of(path)]
 
@@ -354,6 +351,22 @@ def score_predictions(folder, labels, task, preds):
             s = score_file(task, path, gold, lang)
             scores[lang] = dict(s, score=main_score(s))
     return scores
+
+
+def evaluation_sets(data_dir, task, translate_test=False, paired=False):
+    """Every file evaluation will read, read and checked before any training (labels, columns,
+    JSON shape, translations, test labels): {split: {lang: (examples scored against, model
+    inputs, (English translation, input) pairs for paired methods)}} (data.evaluation_set)."""
+    sets = {'dev': {}, 'test': {}}
+    for split in sets:
+        for lang in languages(task, is_demo(data_dir)):
+            path = split_path(data_dir, task, split, lang)
+            if split == 'dev' and not (path and os.path.exists(path)):
+                continue  # no dev set in this language (XQuAD, TyDiQA); the run checked every other file
+            sets[split][lang] = evaluation_set(data_dir, task, split, lang, translate_test, paired)
+            if split == 'test':
+                check_labels(task, os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}'), sets[split][lang][1])
+    return sets
 
 
 def check_labels(task, path, examples):
@@ -509,6 +522,58 @@ def summarize(per_lang, source='en'):
     if source in per_lang and others:
         out['gap'] = per_lang[source] - sum(others) / len(others)
     return out
+
+
+def results(task, method, dev, test, selected_by=None, runs=None, stage=None):
+    """A run's results.json (dev and test per language with average and transfer gap, the kept
+    checkpoint's selection rule) and its table; runs: other rows {name: {'dev': summary, 'test':
+    summary}} (XLA's models), listed first; QA adds rows of EM and F1."""
+    summary = lambda scores: summarize({lang: s['score'] for lang, s in scores.items()}) if scores else {}
+    out = {'task': task, 'method': method, 'selected_by': selected_by, 'dev': summary(dev), 'test': summary(test),
+           'test_metrics': test, 'dev_metrics': dev, **({'runs': runs} if runs else {})}
+    rows = {f'{split} {name}': r[split] for split in ('dev', 'test') for name, r in (runs or {}).items() if r[split]}
+    label = f'{task}{f", {stage}" if stage else ""}{", ensemble" if runs else ""}'
+    rows.update({f'{split} ({label})': out[split] for split in ('dev', 'test') if out[split]})
+    qa = task in TASKS and TASKS[task].family == 'qa'
+    for split, scores in (('dev', dev), ('test', test)) if qa else ():  # the score's two halves
+        rows.update({f'{split} {name}': summarize({lang: s[metric] for lang, s in scores.items()})
+                     for metric, name in (('exact_match', 'EM'), ('f1', 'F1')) if scores})
+    table = format_table(rows) if rows else 'no labels to score against: predictions written only'
+    return out, table + ('\nQA: each score is the mean of exact match (EM) and F1' if qa and rows else '')
+
+
+SELECTED_BY = {'en': 'best English dev score', 'average': 'best average dev score over languages',
+               'loss': 'lowest held-out loss'}  # the checkpoint each method.select keeps
+
+
+def selection(select, dev):
+    """-> (the dev score a checkpoint is chosen by, the rule in words): the baselines' English dev
+    score (XTREME's zero-shot protocol has no target-language labels), FILTER's and X-Mixup's
+    average over the dev languages (as their papers select), VECO's lowest held-out loss."""
+    if not dev:
+        return None, 'last epoch (no dev set)'
+    if select == 'en' and 'en' in dev:
+        return dev['en']['score'], SELECTED_BY['en']
+    return float(np.mean([s['score'] for s in dev.values()])), SELECTED_BY['loss' if select == 'loss' else 'average']
+
+
+def epoch_line(state, args, epoch_loss, dev, select, seconds):
+    """The line printed at an epoch's end: where the run is, its training loss, the dev average
+    and the best score so far by the run's selection rule."""
+    loss = sum(l * n for l, n in epoch_loss) / max(1, sum(n for _, n in epoch_loss))
+    line = f'epoch {state["epoch"]}/{args.epochs}  step {state["step"]}  train loss {loss:.4f}'
+    if dev and select == 'loss':
+        line += f'  held-out loss {-np.mean([s["score"] for s in dev.values()]):.4f}  best {-state["best"]:.4f}'
+    elif dev:
+        average = np.mean([s['score'] for s in dev.values()])
+        line += f'  dev avg {average:.1f}' + (f'  dev en {dev["en"]["score"]:.1f}' if select == 'en' and 'en' in dev else '')
+        line += f'  best {state["best"]:.1f} ({"en" if select == "en" and "en" in dev else "avg"})'
+    return line + f'  {clock(seconds)}'
+
+
+def clock(seconds):
+    s = int(seconds)
+    return f'{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}'
 
 
 def format_table(rows):

@@ -495,6 +495,16 @@ def load_checkpoint(path, expect=None):
     return ckpt
 
 
+def average_checkpoints(paths, expect=None):
+    """The mean of the methods' weights in several checkpoints (fairseq's average_checkpoints),
+    summed one checkpoint at a time."""
+    total = None
+    for path in paths:
+        state = load_checkpoint(path, expect)['method']
+        total = state if total is None else {k: total[k] + v for k, v in state.items()}
+    return {k: v / len(paths) for k, v in total.items()}
+
+
 def encoder_parts(encoder, mlm=None):
     """The parts of a checkpoint that --init reads: the config, the encoder, the MLM head."""
     return {'config': asdict(encoder.cfg), 'encoder': encoder.state_dict(),

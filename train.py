@@ -1,17 +1,13 @@
 """Train a cross-lingual transfer method on an XTREME task, then evaluate it in every language.
 
-    python train.py --method zeroshot --task xnli --demo          # built-in data, tiny model, CPU
-    python train.py --method veco --task pretrain --demo          # VECO's pre-training of the demo model
-    python train.py --method veco --task translate --demo         # VECO's encoder-decoder on toy en -> de
-    python train.py --method translate-train-all --task pawsx --init xlmr-base.pt \\
-        --spm sentencepiece.bpe.model --data_dir data/ --out runs/pawsx
+    python train.py --method filter --task xnli --demo             # built-in data, tiny model, CPU
+    python train.py --method translate-train-all --task pawsx --init xlmr-base.pt --data_dir data/
     torchrun --nproc_per_node 8 train.py ...                       # the same run on 8 GPUs (DDP)
 
-The trainer: the command line, the run folder, set-up, one training loop for every method, the
-calls to evaluation, and the stages a method's procedure asks for (xlt.Method.procedure). A run
-writes to --out: config.json, log.jsonl, last.pt (resume point) and best.pt (the kept model),
-results.json and results.txt, and the test predictions in the leaderboard layout
-(predictions/<task>/test-<lang>.<ext>).
+The trainer: the command line, the run folder, one training loop for every method and the stages
+a method's procedure asks for (xlt.Method.procedure, handed a Run). A run writes to --out:
+config.json, log.jsonl, last.pt (resume point), best.pt (the kept model), results.json and .txt,
+and the test predictions in the leaderboard layout (predictions/<task>/test-<lang>.<ext>).
 """
 import argparse
 import fcntl
@@ -20,7 +16,7 @@ import math
 import os
 import shutil
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
@@ -40,50 +36,48 @@ from xlt import AT_LEAST_1, NON_NEGATIVE, POSITIVE, SHARE, Option
 # batches would each hold one label. A method's DEMO changes these; epochs: 8, QA 15.
 DEMO = {'model': 'tiny', 'lr': 1e-3, 'warmup': 0.0, 'batch_size': 32, 'group_by_length': False}
 OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS (xlt.py)
-    Option('method', str, f'one of {", ".join(xlt.METHODS)}', default='zeroshot'),
-    Option('task', str, f'one of {", ".join(data.TASKS)}; pretrain: VECO\'s pre-training; translate: VECO\'s '
-           'encoder-decoder on --src -> --tgt', default='xnli'),
+    Option('method', str, f'one of {", ".join(xlt.METHODS)}', default='zeroshot', changes='scores'),
+    Option('task', str, f'one of {", ".join(data.TASKS)}; with --method veco also pretrain, translate', default='xnli',
+           changes='scores'),
     Option('demo', bool, 'generated data and a tiny model: runs in a minute on a CPU'),
-    Option('model', str, f'preset: {", ".join(layers.CONFIGS)} (default base; tiny with --demo)'),
+    Option('model', str, f'preset: {", ".join(layers.CONFIGS)} (default base; tiny with --demo)', changes='scores'),
     Option('init', str, 'converted XLM-R checkpoint (python layers.py convert) or a run\'s best.pt'),
-    Option('from_scratch', bool, 'train from random weights on real data (no --init); with --demo, also where the demo '
-           'starts from its pre-trained model'),
-    Option('spm', str, 'sentencepiece model (default: the one in --data_dir)'),
-    Option('data_dir', str, 'XTREME data in the layout of the README', default='data'),
-    Option('out', str, 'run folder (default runs/<task>-<method>, plus each choice that changes the result: '
-           'runs/xnli-filter-self-teach-large-seed2)'),
+    Option('from_scratch', bool, 'train from random weights (real data without --init; a demo that starts pre-trained)'),
+    Option('spm', str, 'sentencepiece model (default: the one in --data_dir)', changes='nothing'),
+    Option('data_dir', str, 'XTREME data in the layout of the README', default='data', changes='nothing'),
+    Option('out', str, 'run folder (default runs/<task>-<method>-<each choice that changes the result>)', changes='nothing'),
     Option('lr', help='peak learning rate (default: per task, from the papers)', valid=POSITIVE),
     Option('epochs', int, 'default 4 (2 for xquad and mlqa)', AT_LEAST_1),
     Option('batch_size', int, 'global batch size, over all processes (default 64)', AT_LEAST_1),
-    Option('grad_accum', int, 'micro-batches per process and step', AT_LEAST_1, default=1),
-    Option('max_len', int, 'max tokens per input (default 128; 384 for QA)', (lambda v: 8 <= v <= 512,
-           '8 to 512 tokens (XLM-R\'s positions)')),
+    Option('grad_accum', int, 'micro-batches per process and step', AT_LEAST_1, default=1, changes='nothing'),
+    Option('max_len', int, 'max tokens per input (default 128; 384 for QA)', (lambda v: 8 <= v <= 512, '8 to 512 tokens'),
+           changes='scores'),
     Option('warmup', help='share of the steps with a rising learning rate (default 0.1; demo 0)', valid=SHARE),
     Option('weight_decay', help='default 0.01 (VECO: its scripts\' values)', valid=NON_NEGATIVE),
     Option('clip', help='gradient norm clipping (default 1.0; translation 0.1)', valid=POSITIVE),
     Option('dropout', help='override the model\'s dropout', valid=SHARE),
     Option('attn_dropout', help='override the attention dropout (default: --dropout\'s value)', valid=SHARE),
     Option('seed', int, 'seed of the head, the batches and dropout (default 1)', NON_NEGATIVE, default=1),
-    Option('translate_test', bool, 'evaluate on the test sets translated into English'),
-    Option('layer', int, 'retrieval: hidden layer to pool (default 7/12 of the depth)', AT_LEAST_1),
-    Option('grad_checkpoint', bool, 'activation checkpointing: recompute each block in backward instead of keeping its '
-           'activations (less memory, about a third more compute)'),
-    Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64),
-    Option('save_every', int, 'steps between resume checkpoints', AT_LEAST_1, default=200),
-    Option('log_every', int, 'steps between lines of log.jsonl (each the mean of its steps; the only time the loop '
-           'waits for the device)', AT_LEAST_1, default=10),
-    Option('compile', bool, 'torch.compile each transformer block (the first steps compile; outputs as without, to 1e-5)'),
-    Option('resume', bool, 'continue from --out/last.pt'),
-    Option('eval_only', bool, 'evaluate --out/best.pt (or --init) without training'),
-    Option('overwrite', bool, 'replace a finished run of other settings in --out (without it such a folder is refused)'),
-    Option('dry_run', bool, 'check the options and that every file the run reads is there, print the plan, and stop: '
-           'nothing is trained or written'),
-    Option('halt_after', int, argparse.SUPPRESS))  # tests: die abruptly after this many steps
+    Option('translate_test', bool, 'evaluate on the test sets translated into English', changes='scores'),
+    Option('layer', int, 'retrieval: hidden layer to pool (default 7/12 of the depth)', AT_LEAST_1, changes='scores'),
+    Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute', changes='nothing'),
+    Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64, changes='nothing'),
+    Option('save_every', int, 'steps between resume checkpoints', AT_LEAST_1, default=200, changes='nothing'),
+    Option('log_every', int, 'steps between lines of log.jsonl, each their mean (the loop\'s one host sync)', AT_LEAST_1, default=10,
+           changes='nothing'),
+    Option('compile', bool, 'torch.compile each transformer block (the first steps compile; outputs as without, to 1e-5)',
+           changes='nothing'),
+    Option('resume', bool, 'continue from --out/last.pt', changes='nothing'),
+    Option('eval_only', bool, 'evaluate --out/best.pt (or --init) without training', changes='nothing'),
+    Option('overwrite', bool, 'replace a finished run of other settings in --out (without it such a folder is refused)',
+           changes='nothing'),
+    Option('dry_run', bool, 'check the options and every file the run reads, print the plan, and stop (writes nothing)',
+           changes='nothing'),
+    Option('halt_after', int, argparse.SUPPRESS, changes='nothing'))  # tests: die abruptly after this many steps
 
 
 def fail(message):
     raise SystemExit(f'error: {message}' if os.environ.get('RANK', '0') == '0' else 1)  # one line, from one process
-
 
 
 # ----------------------------------------------------------------------------------------
@@ -156,13 +150,6 @@ def configure(args, owners):
         cls.configure(args, demo)
     except ValueError as e:
         fail(str(e))
-    if args.epochs is None:  # the papers: 4 (2 for XQuAD and MLQA); the demo's QA needs longer than its other tasks
-        args.epochs = (15 if family(args) == 'qa' else 8) if args.demo else (2 if args.task in ('xquad', 'mlqa') else 4)
-    defaults = {'warmup': 0.1, 'group_by_length': True, 'clip': 1.0, 'weight_decay': 0.01, 'batch_size': 64,
-                'max_len': 384 if family(args) == 'qa' else 128}
-    for option, value in defaults.items():
-        if getattr(args, option) is None:
-            setattr(args, option, value)
     args.out = args.out or os.path.join('runs', '-'.join(cls.folder(args) + default_folder(args)))
     if args.demo and not args.init and not args.from_scratch and cls.pretrained_start:
         args.init = demo_start(args.out)  # made by the run when missing; recorded alike by every run of the folder
@@ -237,8 +224,8 @@ def check(args, world):
             fail(f'--{option} {size} cannot be cut into {world} processes x --grad_accum {args.grad_accum}: raise '
                  f'--{option} or lower --grad_accum')
     check_options(args, cls)
-    files = [] if args.demo else planned_files(args)
-    check_files(args, files)
+    files = [] if args.demo else data.planned_files(args, cls)
+    data.check_files(args.data_dir, args.task, args.method, files)
     check_init(args)
     for path in (args.init, args.mlm):
         if path and not (args.demo and path == demo_start(args.out)):
@@ -267,7 +254,7 @@ def check_options(args, cls):
     """What needs the data's languages or a model: translate-train's language, and the method's
     own layer counts, tried on a narrow model of the preset's depth."""
     if cls.trains_on == 'translation' and family(args) != 'retrieval':
-        langs = target_langs(args)
+        langs = data.target_langs(args)
         if args.train_lang not in langs:
             fail(f'translate-train needs --train_lang, one of {", ".join(langs)}')
     if args.task in data.TASKS and family(args) != 'retrieval':
@@ -276,41 +263,6 @@ def check_options(args, cls):
             cls(layers.Encoder(cfg), args.task, args)
         except ValueError as e:
             fail(str(e))
-
-
-def target_langs(args):
-    return [lang for lang in data.languages(args.task, args.demo or data.is_demo(args.data_dir)) if lang != 'en']
-
-
-def planned_files(args):
-    """-> [(path, what it is, needed)] of the data a run reads, in the README's layout, the
-    sentencepiece model last; not needed: read where it is there (dev sets, test labels, round trips)."""
-    cls, files = xlt.method_class(args), []
-    if args.task in data.TASKS:
-        translated = {'translation': [args.train_lang], 'translations': target_langs(args)}.get(cls.trains_on, [])
-        files = data.task_files(args.data_dir, args.task, translated, cls.round_trip, cls.paired or args.translate_test,
-                                not args.eval_only, args.method)
-        files += [(os.path.join(args.data_dir, 'labels', args.task, f'test-{lang}.{ev.suffix(args.task)}'),
-                   'test labels (scored when there)', False) for lang in data.languages(args.task, data.is_demo(args.data_dir))]
-    spm = args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model')
-    return files + cls.reads(args) + [(spm, 'XLM-R\'s sentencepiece model: put it there or pass --spm', True)]
-
-
-def check_files(args, files):
-    """Every file the run needs is there, or one line names the first missing one (the others
-    are listed above it); the sentencepiece model reads."""
-    data_needed = [path for path, _, needed in files[:-1] if needed]  # the last is the sentencepiece model
-    lost = [(path, what) for path, what, needed in files if needed and not os.path.isfile(path)]
-    if data_needed and all(not os.path.isfile(p) for p in data_needed):
-        hint = f' ({args.method} reads translations too: {data.TRANSLATIONS})' if any(
-            data.TRANSLATIONS in what for _, what, _ in files) else ''
-        fail(f'{args.data_dir} holds no {args.task} data (no {lost[0][0]}): {lost[0][1]}, or pass --demo{hint}')
-    for path, what in lost[1:]:
-        print(f'not found: {path}')
-    if lost:
-        fail(f'{lost[0][0]} not found{f" (and {len(lost) - 1} more, listed above)" if len(lost) > 1 else ""}: {lost[0][1]}')
-    if files:
-        data.Tokenizer(files[-1][0])  # a file that is not a sentencepiece model stops here, not after a folder is made
 
 
 def check_init(args):
@@ -335,10 +287,9 @@ def check_teacher(args):
         fail(f'the teacher {args.teacher} was trained on {task}, not {args.task}: give a {args.task} run')
 
 
-RUN_FREE = ('out', 'resume', 'eval_only', 'dry_run', 'overwrite', 'data_dir', 'spm', 'warmup_dir', 'eval_batch_size',
-            'save_every', 'log_every', 'compile', 'grad_accum', 'grad_checkpoint', 'halt_after', 'stage')  # results alike
-EVALUATION = ('method', 'task', 'model', 'translate_test', 'max_len', 'layer', 'no_mixup_inference', 'beam', 'lenpen',
-              'average_last')  # what --eval_only's results depend on
+def changing(what):
+    """The options that change `what`: 'scores' (what --eval_only's scores depend on), or 'nothing'."""
+    return list(dict.fromkeys(o.name for o in OPTIONS + tuple(o for c in xlt.classes() for o in c.OPTIONS) if o.changes == what))
 
 
 def read_config(folder):
@@ -354,7 +305,8 @@ def differences(found, args, keys=None):
     """The settings of args that differ from a run's config.json (found), paths compared as files."""
     now = json.loads(json.dumps(vars(args)))
     same = lambda a, b: a == b or (isinstance(a, str) and isinstance(b, str) and os.path.realpath(a) == os.path.realpath(b))
-    return [k for k in keys or now if k not in RUN_FREE and k in found and k in now and not same(found[k], now[k])]
+    free = changing('nothing') + ['stage']  # results alike
+    return [k for k in keys or now if k not in free and k in found and k in now and not same(found[k], now[k])]
 
 
 def check_finished(args):
@@ -363,15 +315,11 @@ def check_finished(args):
     if args.overwrite or not os.path.exists(os.path.join(args.out, 'config.json')) or not (args.resume or is_finished(args.out)):
         return
     found = read_config(args.out)
-    differ = differences(found, args, EVALUATION if args.eval_only else None)
+    differ = differences(found, args, changing('scores') if args.eval_only else None)
     if differ:
         now, more = vars(args), f', and {len(differ) - 1} more' if len(differ) > 1 else ''
         fail(f'{args.out} holds a {"stopped" if args.resume else "finished"} run with --{differ[0]} {found[differ[0]]} '
              f'(this run: {now[differ[0]]}{more}): give another --out, or add --overwrite to replace it')
-
-
-SELECTED_BY = {'en': 'best English dev score', 'average': 'best average dev score over languages',
-               'loss': 'lowest held-out loss'}  # the checkpoint each method.select keeps
 
 
 def plan(args, world, files):
@@ -392,7 +340,7 @@ def plan(args, world, files):
                                 if (v := getattr(args, o, None)) not in (None, False)) or 'its defaults',
             'stages': ', '.join(f'{name} in {stage_settings(args, cls, name).out}' for name in stages) + ', then this run'
             if stages else f'this run, taught by {args.teacher}' if args.teacher else 'one',
-            'kept': 'nothing trained' if family(args) == 'retrieval' else 'the ' + SELECTED_BY[cls.select]}
+            'kept': 'nothing trained' if family(args) == 'retrieval' else 'the ' + ev.SELECTED_BY[cls.select]}
 
 
 def show(title, rows):
@@ -435,39 +383,39 @@ def execute(args, rank, world, device):
         cls.procedure(run)
 
 
-class hold:
-    """The run's folder, held for its whole life by an OS lock on its .lock file (released when
-    the process ends, however it ends): a second run on the folder stops with one line naming the
-    holder. Under DDP the first process holds it for all."""
-    def __init__(self, folder, rank):
-        self.folder, self.rank, self.file = os.path.abspath(folder), rank, None
-
-    def __enter__(self):
-        holder = None
-        if self.rank == 0:
-            self.made = first_missing(self.folder) or first_missing(os.path.join(self.folder, 'demo-data'))
-            os.makedirs(self.folder, exist_ok=True)
-            self.file = open(os.path.join(self.folder, '.lock'), 'a+')
-            try:
-                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self.file.truncate(0)
-                self.file.write(f'{os.getpid()}\n')
-                self.file.flush()
-            except BlockingIOError:
-                self.file.seek(0)
-                holder, self.file = self.file.read().strip() or 'unknown', self.file.close()
-        if dist.is_initialized():
-            shared = [holder]
-            dist.broadcast_object_list(shared)
-            holder = shared[0]
-        if holder:
-            fail(f'{self.folder} is in use by another run (pid {holder}): wait for it to end, or give another --out')
-
-    def __exit__(self, failed, *_):
-        if self.file:
-            if failed:  # a run that stops before it began leaves nothing behind
-                discard_if_unbegun(self.folder, self.made)
-            self.file.close()  # the lock goes with it
+@contextmanager
+def hold(folder, rank):
+    """The run's folder, held for the run's life by an OS lock on its .lock file (released when the
+    process ends, however it ends): a second run there stops with one line naming the holder.
+    Under DDP the first process holds it for all. A run that stops before it began leaves nothing."""
+    folder, lock, holder = os.path.abspath(folder), None, None
+    if rank == 0:
+        made = first_missing(folder) or first_missing(os.path.join(folder, 'demo-data'))
+        os.makedirs(folder, exist_ok=True)
+        lock = open(os.path.join(folder, '.lock'), 'a+')
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock.truncate(0)
+            lock.write(f'{os.getpid()}\n')
+            lock.flush()
+        except BlockingIOError:
+            lock.seek(0)
+            holder, lock = lock.read().strip() or 'unknown', lock.close()
+    if dist.is_initialized():
+        holder = [holder]
+        dist.broadcast_object_list(holder)
+        holder = holder[0]
+    if holder:
+        fail(f'{folder} is in use by another run (pid {holder}): wait for it to end, or give another --out')
+    try:
+        yield
+    except BaseException:
+        if lock:
+            discard_if_unbegun(folder, made)
+        raise
+    finally:
+        if lock:
+            lock.close()  # the lock goes with it
 
 
 def prepare_data(args, rank):
@@ -509,7 +457,8 @@ class Run:
         self.args, self.rank, self.world, self.device, self.tok = args, rank, world, device, tok
         self.out, self.cls, self.chunks, self.begun = args.out, xlt.method_class(args), world * args.grad_accum, False
         evaluated = args.task in data.TASKS and family(args) != 'retrieval'
-        self.sets = sets if sets is not None else eval_sets(args, self.cls) if evaluated else {}
+        self.sets = sets if sets is not None else ev.evaluation_sets(args.data_dir, args.task, args.translate_test,
+                                                                     self.cls.paired) if evaluated else {}
         self.cache = cache if cache is not None else {'dev': {}, 'test': {}}  # features, made once per language
 
     def begin(self):
@@ -585,7 +534,7 @@ class Run:
         args = self.args
         if args.eval_only:
             return None
-        langs = {'translation': [args.train_lang], 'translations': target_langs(args)}.get(method.trains_on, [])
+        langs = {'translation': [args.train_lang], 'translations': data.target_langs(args)}.get(method.trains_on, [])
         items = data.training_set(self.tok, args.data_dir, args.task, langs, method.trains_on, method.paired,
                                   method.round_trip, args.max_len, args.train_share)
         if not items:
@@ -641,7 +590,7 @@ class Run:
     def outputs(self, method, items):
         """The method's outputs for every item (a pair's: on its target side)."""
         method.eval()
-        target, collate = [item[1] if isinstance(item, tuple) else item for item in items], collate_items(method)
+        target, collate = [item[1] if isinstance(item, tuple) else item for item in items], data.collate_items(method.paired)
 
         def of(index):
             result = method.predict(collate([items[i] for i in index], index).to(self.device)).float().cpu()
@@ -713,7 +662,7 @@ class Run:
         scored = self.test_scores(preds)
         if self.args.translate_test and method.family == 'qa':  # English answers: scored on the translations' answers
             scored = {**scored, **{lang: s for lang, s in test.items() if lang != 'en'}}
-        self.finish(dev, scored, selection(method, dev)[1])
+        self.finish(dev, scored, ev.selection(method.select, dev)[1])
 
     def test_scores(self, preds):
         """Write the test predictions in the leaderboard layout and score them (eval.py) against
@@ -731,21 +680,9 @@ class Run:
         self.finish({}, self.test_scores(ev.retrieve(self.args.data_dir, self.args.task, embed) if self.rank == 0 else {}))
 
     def finish(self, dev, test, selected_by=None, runs=None):
-        """results.json (dev and test per language with average and transfer gap, the kept
-        checkpoint's selection rule) and the table; runs: other rows {name: {'dev': summary,
-        'test': summary}} (XLA's models), listed first."""
-        args, summary = self.args, xlt.summary
-        results = {'task': args.task, 'method': args.method, 'selected_by': selected_by, 'dev': summary(dev),
-                   'test': summary(test), 'test_metrics': test, 'dev_metrics': dev, **({'runs': runs} if runs else {})}
-        rows = {f'{split} {name}': r[split] for split in ('dev', 'test') for name, r in (runs or {}).items() if r[split]}
-        label = f'{args.task}{f", {args.stage}" if args.stage else ""}{", ensemble" if runs else ""}'
-        rows.update({f'{split} ({label})': results[split] for split in ('dev', 'test') if results[split]})
-        qa = family(args) == 'qa'
-        for split, scores in (('dev', dev), ('test', test)) if qa else ():  # the score's two halves
-            rows.update({f'{split} {name}': ev.summarize({lang: s[metric] for lang, s in scores.items()})
-                         for metric, name in (('exact_match', 'EM'), ('f1', 'F1')) if scores})
-        table = ev.format_table(rows) if rows else 'no labels to score against: predictions written only'
-        table += '\nQA: each score is the mean of exact match (EM) and F1' if qa and rows else ''
+        """results.json and the table of the run's scores (eval.results); runs: other rows first
+        (XLA's models)."""
+        results, table = ev.results(self.args.task, self.args.method, dev, test, selected_by, runs, self.args.stage)
         kept = ', the kept model in best.pt' if os.path.exists(self.path('best.pt')) else ''
         self.write_results(results, table, f'results in {self.out}/results.json and results.txt, predictions in '
                                            f'{self.out}/predictions/{kept}')
@@ -759,7 +696,7 @@ class Run:
             os.makedirs(os.path.dirname(self.path(name)), exist_ok=True)
             layers.atomic_write(self.path(name), text)
         print(table)
-        print(f'{where}; {clock(time.time() - START)} in all')
+        print(f'{where}; {ev.clock(time.time() - START)} in all')
 
     def load_best(self, method):
         if os.path.exists(self.path('best.pt')):
@@ -775,15 +712,8 @@ class Run:
                 fail(f'{self.path("best.pt")} not found: --eval_only decodes a finished run in --out')
             self.load_best(method)
             return 'best.pt: the lowest valid loss'
-        total = None
-        for name in kept:  # a running sum: one checkpoint in memory at a time
-            state = layers.load_checkpoint(os.path.join(folder, name), identity(self.args))['method']
-            total = state if total is None else {k: total[k] + v for k, v in state.items()}
-        method.load_state_dict({k: v / len(kept) for k, v in total.items()})
+        method.load_state_dict(layers.average_checkpoints([os.path.join(folder, k) for k in kept], identity(self.args)))
         return f'the mean of the last {len(kept)} checkpoints ({kept[0][4:-3].lstrip("0")} to {kept[-1][4:-3].lstrip("0")} steps)'
-
-    def selection(self, method, dev):
-        return selection(method, dev)
 
     def path(self, name):
         return os.path.join(self.out, name)
@@ -808,42 +738,6 @@ def stage_settings(args, cls, name):
     return settings
 
 
-def eval_sets(args, cls):
-    """Every file evaluation will read, read and checked before any training (labels, columns,
-    JSON shape, translations, test labels): {split: {lang: (examples scored against, model
-    inputs, (English translation, input) pairs for paired methods)}}."""
-    sets = {'dev': {}, 'test': {}}
-    for split in sets:
-        for lang in data.languages(args.task, data.is_demo(args.data_dir)):
-            path = data.split_path(args.data_dir, args.task, split, lang)
-            if split == 'dev' and not (path and os.path.exists(path)):
-                continue  # no dev set in this language (XQuAD, TyDiQA); check() found every other file
-            sets[split][lang] = data.evaluation_set(args.data_dir, args.task, split, lang, args.translate_test, cls.paired)
-            if split == 'test':
-                ev.check_labels(args.task, os.path.join(args.data_dir, 'labels', args.task,
-                                                        f'test-{lang}.{ev.suffix(args.task)}'), sets[split][lang][1])
-    return sets
-
-
-def collate_items(method):
-    """Batches of features, or Pairs of (English, target) features for paired methods."""
-    if not method.paired:
-        return data.collate
-    return lambda items, index=None: data.collate_pairs([i[0] for i in items], [i[1] for i in items], index,
-                                                        alt=[i[2] for i in items] if len(items[0]) > 2 else None)
-
-
-def selection(method, dev):
-    """-> (the dev score a checkpoint is chosen by, the rule in words): the baselines' English dev
-    score (XTREME's zero-shot protocol has no target-language labels), FILTER's and X-Mixup's
-    average over the dev languages (as their papers select), VECO's lowest held-out loss."""
-    if not dev:
-        return None, 'last epoch (no dev set)'
-    if method.select == 'en' and 'en' in dev:
-        return dev['en']['score'], SELECTED_BY['en']
-    return float(np.mean([s['score'] for s in dev.values()])), SELECTED_BY['loss' if method.select == 'loss' else 'average']
-
-
 def identity(args):
     """What a checkpoint of this run says it is, and must say to be loaded into it."""
     return {'method': args.method, 'task': args.task, 'model': args.model}
@@ -861,7 +755,7 @@ def train(run, method, items, validate, batches_of, keep_last=0):
     model = DDP(method, device_ids=[run.device.index] if run.device.type == 'cuda' else None) if world > 1 else method
     state = resumed(run, method, opt, sched)
     log = open_log(run.path('log.jsonl'), state['step']) if rank == 0 else None
-    started, lengths, collate = time.time(), [data.item_length(item) for item in items], collate_items(method)
+    started, lengths, collate = time.time(), [data.item_length(item) for item in items], data.collate_items(method.paired)
     while state['epoch'] < args.epochs:
         batches, since = batches_of(state['epoch']), []  # since: the logs of the steps since the last line
         epoch_loss = []  # (mean loss, steps) of each log line of this epoch, for its printed line
@@ -960,14 +854,14 @@ def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log,
         for old in kept[:-keep_last]:
             os.remove(run.path(f'checkpoints/{old}'))
     dev = validate()
-    score = selection(method, dev)[0]
+    score = ev.selection(method.select, dev)[0]
     score = state['epoch'] if score is None else score  # no dev set: keep the last
     if score > state['best']:
         state['best'] = float(score)
         mlm = getattr(method, 'mlm', None)  # the encoder in --init's layout (VECO's with its cross-attention and MLM head)
         save(run, 'best.pt', {**layers.encoder_parts(method.encoder, mlm), 'method': method.state_dict()}, run.args)
     if run.rank == 0:
-        print(epoch_line(state, run.args, epoch_loss, dev, method.select, seconds), flush=True)
+        print(ev.epoch_line(state, run.args, epoch_loss, dev, method.select, seconds), flush=True)
     if log:
         log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': {k: v if method.select == 'loss' else v['score'] for k, v in dev.items()},
                               'dev_avg': float(score), 'pad_share': round(padding, 4)}) + '\n')
@@ -984,25 +878,6 @@ def save(run, name, parts, args):
     if run.rank == 0:
         os.makedirs(os.path.dirname(run.path(name)), exist_ok=True)
         layers.save_checkpoint(run.path(name), {**identity(args), 'settings': json.loads(json.dumps(vars(args)))}, **parts)
-
-
-def epoch_line(state, args, epoch_loss, dev, select, seconds):
-    """The line printed at an epoch's end: where the run is, its training loss, the dev average
-    and the best score so far by the run's selection rule."""
-    loss = sum(l * n for l, n in epoch_loss) / max(1, sum(n for _, n in epoch_loss))
-    line = f'epoch {state["epoch"]}/{args.epochs}  step {state["step"]}  train loss {loss:.4f}'
-    if dev and select == 'loss':
-        line += f'  held-out loss {-np.mean([s["score"] for s in dev.values()]):.4f}  best {-state["best"]:.4f}'
-    elif dev:
-        average = np.mean([s['score'] for s in dev.values()])
-        line += f'  dev avg {average:.1f}' + (f'  dev en {dev["en"]["score"]:.1f}' if select == 'en' and 'en' in dev else '')
-        line += f'  best {state["best"]:.1f} ({"en" if select == "en" and "en" in dev else "avg"})'
-    return line + f'  {clock(seconds)}'
-
-
-def clock(seconds):
-    s = int(seconds)
-    return f'{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}'
 
 
 def open_log(path, step):

@@ -23,7 +23,8 @@ from layers import CONFIGS, Encoder, MLMHead, autocast, is_cross, mean_pool
 class Option(NamedTuple):
     """A command-line option (train.py builds the command line from every class's OPTIONS): --name,
     its type (int, float, str; bool: a flag), help, the valid range (a test of a given value, the
-    range in words), nargs ('+': a list), choices, and the default when it is not given."""
+    range in words), nargs ('+': a list), choices, the default when it is not given, and what it
+    changes: 'results' (training), 'scores' (evaluation too) or 'nothing' (results alike)."""
     name: str
     type: object = float
     help: str = ''
@@ -31,6 +32,7 @@ class Option(NamedTuple):
     nargs: str = None
     choices: tuple = None
     default: object = None
+    changes: str = 'results'
 
 
 POSITIVE, AT_LEAST_1, NON_NEGATIVE = (lambda v: v > 0, 'a number above 0'), (lambda v: v >= 1, 'at least 1'), \
@@ -92,13 +94,17 @@ class Method(nn.Module):
 
     @classmethod
     def configure(cls, args, demo=None):
-        """Fill the options left unset with the demo's settings (demo) or the released scripts'
-        (released), the learning rate from LR; raise ValueError on what cannot run."""
-        for option, value in (cls.released(args) if demo is None else demo).items():
+        """Fill the options left unset: the demo's settings (demo) or the released scripts' (released),
+        the learning rate from LR, then the papers' (4 epochs, 2 for XQuAD and MLQA; batch 64; 10%
+        warm-up; up to 128 tokens, 384 for QA); raise ValueError on what cannot run."""
+        qa = args.task in TASKS and TASKS[args.task].family == 'qa'
+        epochs = (15 if qa else 8) if demo else 2 if args.task in ('xquad', 'mlqa') else 4  # the demo's QA needs longer
+        lr = {**cls.LR, **(cls.LR_LARGE if args.model == 'large' else {})}.get(args.task, 2e-5)
+        for option, value in {'lr': lr, 'epochs': epochs, 'warmup': 0.1, 'group_by_length': True, 'clip': 1.0,
+                              'weight_decay': 0.01, 'batch_size': 64, 'max_len': 384 if qa else 128,
+                              **(cls.released(args) if demo is None else demo)}.items():
             if getattr(args, option, None) is None:
                 setattr(args, option, value)
-        if args.lr is None:
-            args.lr = {**cls.LR, **(cls.LR_LARGE if args.model == 'large' else {})}.get(args.task, 2e-5)
 
     @classmethod
     def released(cls, args):
@@ -405,7 +411,7 @@ class XMixup(Taught):
         Option('mixup_layer', int, 'the layer that mixes (default 1 / 4 / 16 of 24, scaled)', AT_LEAST_1),
         Option('fixed_lambda', bool, 'ablation: lambda = lambda_0'),
         Option('p_k', help='scheduled sampling decay rate (1000 / 1000 / 2000; demo 50)', valid=POSITIVE),
-        Option('no_mixup_inference', bool, 'ablation: predict from the target alone'))
+        Option('no_mixup_inference', bool, 'ablation: predict from the target alone', changes='scores'))
 
     @classmethod
     def configure(cls, args, demo=None):
@@ -577,13 +583,12 @@ class VecoPretrain(Method):
     OPTIONS = STEPPED + (Option('cross_only_steps', int, 'first steps that train only the cross-attention, the rest '
                                 'frozen (default: the warm-up steps from --init, 0 from scratch)', NON_NEGATIVE),)
 
+    RUN = {'pretrain': {'steps': 240000, 'eval_every': 2000, 'warmup': 0.05, 'batch_size': 1024, 'max_len': 512}}  # Table 5
+
     @classmethod
     def configure(cls, args, demo=None):
-        super().configure(args, demo)  # Table 5: 240k steps, 12k of them warm-up; 512 tokens a segment
-        args.steps, args.eval_every = args.steps or 240000, args.eval_every or 2000
+        super().configure(args, demo)
         args.epochs = math.ceil(args.steps / args.eval_every)  # an 'epoch' of pre-training: eval_every steps
-        args.warmup = 0.05 if args.warmup is None else args.warmup
-        args.batch_size, args.max_len = args.batch_size or 1024, args.max_len or 512
         if args.cross_only_steps is None:
             args.cross_only_steps = int(args.warmup * args.steps) if args.init else 0
 
@@ -617,7 +622,7 @@ class VecoPretrain(Method):
         names = sorted({k for row in losses.values() for k in row} - {'score'})
         table = '\n'.join([f'{"held out":<10}' + ''.join(f'{n:>13}' for n in names)] + [
             f'{kind:<10}' + ''.join(f'{row[n]:13.3f}' if n in row else ' ' * 13 for n in names) for kind, row in losses.items()])
-        run.write_results({'task': 'pretrain', 'method': 'veco', 'selected_by': run.selection(method, losses)[1],
+        run.write_results({'task': 'pretrain', 'method': 'veco', 'selected_by': ev.selection(method.select, losses)[1],
                            'held_out': losses}, table, f'pre-trained model in {run.out}/best.pt: fine-tune it with '
                                                       f'--init {run.out}/best.pt')
 
@@ -807,10 +812,10 @@ class VecoTranslate(Method):
         Option('dec_init', str, 'the decoder copies the last (default) or the first pre-trained layers, or is new '
                '(Table 4)', choices=('last', 'first', 'random')),
         Option('label_smoothing', help='label smoothing (default 0.2)', valid=SHARE),
-        Option('beam', int, 'beam size (default 5)', AT_LEAST_1),
-        Option('lenpen', help='length penalty, score / length ** lenpen (default 1)', valid=NON_NEGATIVE),
+        Option('beam', int, 'beam size (default 5)', AT_LEAST_1, changes='scores'),
+        Option('lenpen', help='length penalty, score / length ** lenpen (default 1)', valid=NON_NEGATIVE, changes='scores'),
         Option('average_last', int, 'decode with the mean of the last N checkpoints (one every --eval_every steps; '
-               'default 10; 0: best.pt, the lowest valid loss)', NON_NEGATIVE))
+               'default 10; 0: best.pt, the lowest valid loss)', NON_NEGATIVE, changes='scores'))
 
     @classmethod
     def configure(cls, args, demo=None):
@@ -1014,7 +1019,7 @@ class XLA(Baseline):
         Option('alpha', help='Eq. 2\'s sampling factor over the training sets (default 0.7)', valid=UNIT),
         Option('mlm', str, 'the checkpoint whose masked LM makes the vicinal samples (default --init)'),
         Option('warmup_dir', str, 'folder of the three warm-up runs warmup-1..3, reused when finished (default --out; '
-               'share one folder between target languages)'))
+               'share one folder between target languages)', changes='nothing'))
 
     def __init__(self, encoder, task, args=None):
         super().__init__(encoder, task)  # the XLA epochs train without the warm-up's penalty

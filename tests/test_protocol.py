@@ -132,7 +132,7 @@ def test_a_paired_method_from_the_protocol_alone_trains_on_pairs(registered, tmp
     assert 0.2 < same / rows < 0.5  # English with itself, and with each of its two translations
     # the trainer reads its translations for training and evaluation, as for FILTER: --dry_run's files say so
     args = train.parse_args(['--method', 'consistency', '--task', 'pawsx', '--data_dir', demo_data, '--from_scratch'])
-    planned = {p for p, _, _ in train.planned_files(args)}
+    planned = {p for p, _, _ in data.planned_files(args, Consistency)}
     assert {data.split_path(demo_data, 'pawsx', kind, lang) for kind in ('translate-train', 'translate-dev', 'translate-test')
             for lang in ('de', 'zh')} <= planned
 

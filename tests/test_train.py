@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import data
+import eval as ev
 import train
 import xlt
 from conftest import quick_pretrained
@@ -207,10 +208,10 @@ def test_selection_rule(tmp_path, demo_data):
     import xlt
     enc = layers.Encoder(layers.CONFIGS['tiny'])
     dev = {'en': {'score': 50.0}, 'de': {'score': 90.0}, 'zh': {'score': 70.0}}
-    assert train.selection(xlt.Baseline(enc, 'xnli'), dev) == (50.0, 'best English dev score')
+    assert ev.selection(xlt.Baseline(enc, 'xnli').select, dev) == (50.0, 'best English dev score')
     for method in (xlt.Filter, xlt.XMixup):
-        assert train.selection(method(enc, 'xnli', argparse.Namespace()), dev) == (70.0, 'best average dev score over languages')
-    assert train.selection(xlt.Baseline(enc, 'tydiqa'), {})[1] == 'last epoch (no dev set)'
+        assert ev.selection(method(enc, 'xnli', argparse.Namespace()).select, dev) == (70.0, 'best average dev score over languages')
+    assert ev.selection(xlt.Baseline(enc, 'tydiqa').select, {})[1] == 'last epoch (no dev set)'
     results = run(tmp_path, demo_data, '--task', 'pawsx', '--epochs', '1')
     assert results['selected_by'] == 'best English dev score'
 
