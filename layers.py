@@ -352,12 +352,13 @@ def check_format(path):
             raise CheckpointError(f'{path} is {"empty" if not head else "not a PyTorch file"}: {CHECKPOINTS}')
 
 
-def torch_load(path):
+def torch_load(path, mmap=False):
     """torch.load that never runs arbitrary pickled code: tensors, containers and argparse.Namespace
-    (fairseq's saved arguments) only; read_checkpoint has checked its first bytes."""
+    (fairseq's saved arguments) only; read_checkpoint has checked its first bytes. mmap: tensors
+    are read when used."""
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(path, map_location='cpu', weights_only=True)
+            return torch.load(path, map_location='cpu', weights_only=True, mmap=mmap)
     except Exception as e:  # torch reports refused globals as UnpicklingError, with a long explanation
         found = re.search(r'(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)', str(e))
         if found:
@@ -480,11 +481,11 @@ def save_checkpoint(path, meta, **parts):
     atomic_write(path, {'format': FORMAT, 'meta': dict(meta, holds=sorted(parts)), **parts})
 
 
-def load_checkpoint(path, expect=None):
+def load_checkpoint(path, expect=None, mmap=False):
     """Read a checkpoint of the project's format (never unpickling an object). expect: the meta
     entries it must match ('method', 'task', 'model'), else a CheckpointError naming both."""
     check_format(path)
-    ckpt = torch_load(path)
+    ckpt = torch_load(path, mmap)
     if not isinstance(ckpt, dict) or ckpt.get('format') != FORMAT:
         raise CheckpointError(f'{path} is not a checkpoint of this project (a run\'s best.pt or last.pt): use another --out')
     meta = ckpt['meta']
@@ -509,6 +510,15 @@ def encoder_parts(encoder, mlm=None):
     """The parts of a checkpoint that --init reads: the config, the encoder, the MLM head."""
     return {'config': asdict(encoder.cfg), 'encoder': encoder.state_dict(),
             'mlm': None if mlm is None else {k: v for k, v in mlm.state_dict().items() if k != 'weight'}}
+
+
+def set_dropout(encoder, dropout=None, attn_dropout=None):
+    """Override a model's dropout and attention dropout (None: keep the checkpoint's)."""
+    for m in encoder.modules():
+        if isinstance(m, nn.Dropout) and dropout is not None:
+            m.p = encoder.cfg.dropout = dropout
+        if isinstance(m, Attention) and attn_dropout is not None:
+            m.p = encoder.cfg.attn_dropout = attn_dropout
 
 
 def autocast(device):

@@ -17,12 +17,10 @@ import os
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
-
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-
 import data
 import eval as ev
 import layers
@@ -36,48 +34,83 @@ from xlt import AT_LEAST_1, NON_NEGATIVE, POSITIVE, SHARE, Option
 # batches would each hold one label. A method's DEMO changes these; epochs: 8, QA 15.
 DEMO = {'model': 'tiny', 'lr': 1e-3, 'warmup': 0.0, 'batch_size': 32, 'group_by_length': False}
 OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS (xlt.py)
-    Option('method', str, f'one of {", ".join(xlt.METHODS)}', default='zeroshot', changes='scores'),
-    Option('task', str, f'one of {", ".join(data.TASKS)}; with --method veco also pretrain, translate', default='xnli',
-           changes='scores'),
+    Option('method', str, f'one of {", ".join(xlt.METHODS)}', default='zeroshot'),
+    Option('task', str, f'one of {", ".join(data.TASKS)}; with --method veco also pretrain, translate', default='xnli'),
     Option('demo', bool, 'generated data and a tiny model: runs in a minute on a CPU'),
-    Option('model', str, f'preset: {", ".join(layers.CONFIGS)} (default base; tiny with --demo)', changes='scores'),
+    Option('model', str, f'preset: {", ".join(layers.CONFIGS)} (default base; tiny with --demo)'),
     Option('init', str, 'converted XLM-R checkpoint (python layers.py convert) or a run\'s best.pt'),
     Option('from_scratch', bool, 'train from random weights (real data without --init; a demo that starts pre-trained)'),
-    Option('spm', str, 'sentencepiece model (default: the one in --data_dir)', changes='nothing'),
-    Option('data_dir', str, 'XTREME data in the layout of the README', default='data', changes='nothing'),
-    Option('out', str, 'run folder (default runs/<task>-<method>-<each choice that changes the result>)', changes='nothing'),
+    Option('spm', str, 'sentencepiece model (default: the one in --data_dir)'),
+    Option('data_dir', str, 'XTREME data in the layout of the README', default='data'),
+    Option('out', str, 'run folder (default runs/<task>-<method>-<each choice that changes the result>)'),
     Option('lr', help='peak learning rate (default: per task, from the papers)', valid=POSITIVE),
     Option('epochs', int, 'default 4 (2 for xquad and mlqa)', AT_LEAST_1),
     Option('batch_size', int, 'global batch size, over all processes (default 64)', AT_LEAST_1),
-    Option('grad_accum', int, 'micro-batches per process and step', AT_LEAST_1, default=1, changes='nothing'),
-    Option('max_len', int, 'max tokens per input (default 128; 384 for QA)', (lambda v: 8 <= v <= 512, '8 to 512 tokens'),
-           changes='scores'),
+    Option('grad_accum', int, 'micro-batches per process and step', AT_LEAST_1, default=1),
+    Option('max_len', int, 'max tokens per input (default 128; 384 for QA)', (lambda v: 8 <= v <= 512, '8 to 512 tokens')),
     Option('warmup', help='share of the steps with a rising learning rate (default 0.1; demo 0)', valid=SHARE),
     Option('weight_decay', help='default 0.01 (VECO: its scripts\' values)', valid=NON_NEGATIVE),
     Option('clip', help='gradient norm clipping (default 1.0; translation 0.1)', valid=POSITIVE),
     Option('dropout', help='override the model\'s dropout', valid=SHARE),
     Option('attn_dropout', help='override the attention dropout (default: --dropout\'s value)', valid=SHARE),
     Option('seed', int, 'seed of the head, the batches and dropout (default 1)', NON_NEGATIVE, default=1),
-    Option('translate_test', bool, 'evaluate on the test sets translated into English', changes='scores'),
-    Option('layer', int, 'retrieval: hidden layer to pool (default 7/12 of the depth)', AT_LEAST_1, changes='scores'),
-    Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute', changes='nothing'),
-    Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64, changes='nothing'),
-    Option('save_every', int, 'steps between resume checkpoints', AT_LEAST_1, default=200, changes='nothing'),
-    Option('log_every', int, 'steps between lines of log.jsonl, each their mean (the loop\'s one host sync)', AT_LEAST_1, default=10,
-           changes='nothing'),
-    Option('compile', bool, 'torch.compile each transformer block (the first steps compile; outputs as without, to 1e-5)',
-           changes='nothing'),
-    Option('resume', bool, 'continue from --out/last.pt', changes='nothing'),
-    Option('eval_only', bool, 'evaluate --out/best.pt (or --init) without training', changes='nothing'),
-    Option('overwrite', bool, 'replace a finished run of other settings in --out (without it such a folder is refused)',
-           changes='nothing'),
-    Option('dry_run', bool, 'check the options and every file the run reads, print the plan, and stop (writes nothing)',
-           changes='nothing'),
-    Option('halt_after', int, argparse.SUPPRESS, changes='nothing'))  # tests: die abruptly after this many steps
+    Option('translate_test', bool, 'evaluate on the test sets translated into English'),
+    Option('layer', int, 'retrieval: hidden layer to pool (default 7/12 of the depth)', AT_LEAST_1),
+    Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute'),
+    Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64),
+    Option('save_every', int, 'steps between resume checkpoints', AT_LEAST_1, default=200),
+    Option('log_every', int, 'steps between lines of log.jsonl, each their mean (the loop\'s one host sync)', AT_LEAST_1, default=10),
+    Option('compile', bool, 'torch.compile each transformer block (the first steps compile; outputs as without, to 1e-5)'),
+    Option('resume', bool, 'continue from --out/last.pt'),
+    Option('eval_only', bool, 'evaluate --out/best.pt (or --init) without training'),
+    Option('overwrite', bool, 'replace a finished run of other settings in --out (without it such a folder is refused)'),
+    Option('dry_run', bool, 'check the options and every file the run reads, print the plan, and stop (writes nothing)'),
+    Option('halt_after', int, argparse.SUPPRESS))  # tests: die abruptly after this many steps
+FREE = ('spm', 'data_dir', 'out', 'grad_accum', 'grad_checkpoint', 'eval_batch_size', 'save_every', 'log_every', 'compile',
+        'resume', 'eval_only', 'overwrite', 'dry_run', 'halt_after')  # the trainer's options that leave results alike
+SCORED = ('method', 'task', 'model', 'max_len', 'translate_test', 'layer')  # and those --eval_only's scores depend on
+OPTIONS = tuple(o._replace(changes='nothing' if o.name in FREE else 'scores' if o.name in SCORED else 'results')
+                for o in OPTIONS)
 
 
 def fail(message):
     raise SystemExit(f'error: {message}' if os.environ.get('RANK', '0') == '0' else 1)  # one line, from one process
+
+
+# ----------------------------------------------------------------------------------------
+# The run of a command: check everything, hold the folder, set up the processes, run.
+
+START = time.time()  # when main() began, for the total time a run reports
+
+
+def main(argv=None):
+    global START
+    START = time.time()
+    args = parse_args(argv)
+    if args.dry_run:
+        return dry_run(args)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 matmuls outside autocast
+    rank, world, device = setup_distributed()
+    data.VERBOSE = rank == 0  # warnings about skipped data, once
+    try:
+        execute(args, rank, world, device)
+    except (data.DataError, ev.EvalError, layers.CheckpointError, OSError) as e:
+        fail(f'{e.filename}: {e.strerror}' if isinstance(e, OSError) and e.strerror else str(e))
+    except KeyboardInterrupt:
+        fail(interrupted(args))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def dry_run(args):
+    """--dry_run: the checks and the plan; under torchrun every process checks, the first prints."""
+    world = int(os.environ.get('WORLD_SIZE', 1))
+    try:
+        files = check(args, world)
+    except (data.DataError, FileNotFoundError) as e:
+        fail(str(e))
+    if os.environ.get('RANK', '0') == '0':
+        show(f'dry run of {args.method} on {args.task} into {args.out}: nothing is trained or written', plan(args, world, files))
 
 
 # ----------------------------------------------------------------------------------------
@@ -174,37 +207,7 @@ def demo_start(out):
 
 
 # ----------------------------------------------------------------------------------------
-# main: check everything, hold the folder, set up the processes, run.
-
-START = time.time()  # when main() began, for the total time a run reports
-
-
-def main(argv=None):
-    global START
-    START = time.time()
-    args = parse_args(argv)
-    if args.dry_run:  # under torchrun: every process checks, the first prints
-        world = int(os.environ.get('WORLD_SIZE', 1))
-        try:
-            files = check(args, world)
-        except (data.DataError, FileNotFoundError) as e:
-            fail(str(e))
-        if os.environ.get('RANK', '0') == '0':
-            show(f'dry run of {args.method} on {args.task} into {args.out}: nothing is trained or written',
-                 plan(args, world, files))
-        return
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 matmuls outside autocast
-    rank, world, device = setup_distributed()
-    data.VERBOSE = rank == 0  # warnings about skipped data, once
-    try:
-        execute(args, rank, world, device)
-    except (data.DataError, ev.EvalError, layers.CheckpointError, OSError) as e:
-        fail(f'{e.filename}: {e.strerror}' if isinstance(e, OSError) and e.strerror else str(e))
-    except KeyboardInterrupt:
-        fail(interrupted(args))
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
+# Checks before anything is made, and the plan.
 
 def check(args, world):
     """Everything that can be checked before anything is created: --out and --data_dir, the
@@ -240,14 +243,21 @@ def check(args, world):
     if args.resume and not (began(args.out) or args.init == demo_start(args.out) and began(os.path.dirname(args.init))):
         fail(f'nothing to resume in {args.out} (no run began there): drop --resume to start a new run, or give the '
              'folder of the stopped run')
-    for name, changes in cls.stages(args).items():  # a stage the method keeps elsewhere may serve other runs: kept
+    if cls.stages(args):
+        check_stages(args, cls)
+    check_finished(args)
+    return files
+
+
+def check_stages(args, cls):
+    """A finished stage the method keeps outside the run's folder may serve other runs (XLA's
+    --warmup_dir): one of other settings is refused, not replaced."""
+    for name, changes in cls.stages(args).items():
         settings = stage_settings(args, cls, name)
         if 'out' in changes and is_finished(settings.out) and differences(read_config(settings.out), settings):
             differ = differences(read_config(settings.out), settings)[0]
             fail(f'{settings.out} holds a finished {name} with --{differ} {read_config(settings.out).get(differ)} (this run: '
                  f'{getattr(settings, differ)}): give another folder, or remove that one')
-    check_finished(args)
-    return files
 
 
 def check_options(args, cls):
@@ -274,15 +284,13 @@ def check_init(args):
 
 
 def check_teacher(args):
-    """--teacher is a finished run of this task with a readable best.pt."""
-    for name in ('results.json', 'config.json', 'best.pt'):
-        if not os.path.isfile(os.path.join(args.teacher, name)):
-            fail(f'--teacher {args.teacher} is not a finished run (no {name}): train the teacher first')
+    """--teacher is a finished run of this task (its results.json, and best.pt's meta say so)."""
+    if not is_finished(args.teacher):
+        fail(f'--teacher {args.teacher} is not a finished run (no results.json): train the teacher first')
     try:
-        layers.check_format(os.path.join(args.teacher, 'best.pt'))
+        task = layers.load_checkpoint(os.path.join(args.teacher, 'best.pt'), mmap=True)['meta']['task']
     except layers.CheckpointError as e:
         fail(f'--teacher {args.teacher}: {e}')
-    task = read_config(args.teacher).get('task')
     if task != args.task:
         fail(f'the teacher {args.teacher} was trained on {task}, not {args.task}: give a {args.task} run')
 
@@ -325,9 +333,8 @@ def check_finished(args):
 def plan(args, world, files):
     """The run in a few named lines, for the banner and --dry_run."""
     found, cls = [path for path, _, _ in files if os.path.isfile(path)], xlt.method_class(args)
-    stages = cls.stages(args)
+    stages, options = cls.stages(args), [o.name for o in cls.OPTIONS]
     made = ' (the demo\'s pre-trained model, made first)' if args.demo and args.init and not is_finished(os.path.dirname(args.init)) else ''
-    options = [o.name for o in cls.OPTIONS]
     return {'model': f'{args.model}, from {args.init or "random weights"}{made}',
             'data': 'generated into the run folder (--demo)' if args.demo else
             f'{args.data_dir}: {len(found)} files found, {len(files) - len(found)} optional ones missing',
@@ -442,16 +449,11 @@ def demo_pretrained(args, rank, world, device):
 
 class Run:
     """What a method's procedure is handed: the run's settings (args), tokenizer (tok), processes
-    (rank, world, device) and folder (out), and the trainer's parts:
-      build, encoder, ready   the model: a method from --init or from a checkpoint, an encoder
-      items, fit              the method's training data; the training loop (resumable; best.pt
-                              kept by the method's selection rule)
-      evaluate, outputs, map  evaluation and outputs, shared out over the processes
-      stage, sub, cached      a stage run first (kept when finished), a folder of this run with
-                              other settings, a result computed once and kept (--resume and
-                              --eval_only read it back)
-      report, finish, test_scores, write_results   results.json, results.txt, predictions
-    Paths a procedure gets from stage and sub are relative to the run's folder: path() joins."""
+    (rank, world, device), folder (out) and the trainer's parts: the model (build, restore,
+    encoder), the data and the loop (items, fit), evaluation shared out over the processes
+    (evaluate, outputs, map), the results (report, finish, write_results), and what a procedure
+    with stages needs (stage, sub, cached: computed once and kept; path: stage and sub name
+    folders relative to the run's)."""
 
     def __init__(self, args, rank, world, device, tok, sets=None, cache=None):
         self.args, self.rank, self.world, self.device, self.tok = args, rank, world, device, tok
@@ -461,36 +463,15 @@ class Run:
                                                                      self.cls.paired) if evaluated else {}
         self.cache = cache if cache is not None else {'dev': {}, 'test': {}}  # features, made once per language
 
-    def begin(self):
-        """All input read: the run begins, and results of an earlier run in its folder are no
-        longer its; a new run (not --resume) also drops the earlier run's checkpoints."""
-        if self.rank == 0 and not self.begun:
-            for name in ('results.json', 'results.txt') + ('last.pt', 'best.pt') * (not self.args.resume):
-                if os.path.exists(self.path(name)):
-                    os.remove(self.path(name))
-            os.makedirs(self.out, exist_ok=True)
-            layers.atomic_write(self.path('config.json'), json.dumps(vars(self.args), indent=2))
-        self.begun = True
-
-    def build(self, cls=None, weights=None):
-        """The method on the device: its encoder from --init (from random weights for the demo and
-        --from_scratch), its head seeded by --seed. weights: a checkpoint or a finished run's
-        folder (its best.pt) whose settings and weights it takes instead; cls: the class to build."""
-        if weights is None:
-            encoder, settings, cls = self.encoder()[0], self.args, cls or self.cls
-        else:
-            ckpt = layers.load_checkpoint(os.path.join(weights, 'best.pt') if os.path.isdir(weights) else weights,
-                                          {'task': self.args.task})
-            encoder, settings = layers.Encoder(layers.Config(**ckpt['config'])), argparse.Namespace(**ckpt['meta']['settings'])
-            cls = cls or xlt.method_class(settings)
+    def build(self, cls=None, encoder=None, settings=None):
+        """The method (the run's class, or cls) on the device: its encoder from --init (from random
+        weights for the demo and --from_scratch), its head seeded by --seed."""
+        encoder = self.encoder()[0] if encoder is None else encoder
         torch.manual_seed(self.args.seed)  # the head's initialisation follows --seed, with --init too
         try:
-            method = cls(encoder, self.args.task, settings).to(self.device)
+            return (cls or self.cls)(encoder, self.args.task, settings or self.args).to(self.device)
         except ValueError as e:
             fail(str(e))
-        if weights is not None:
-            method.load_state_dict(ckpt['method'])
-        return method
 
     def encoder(self, cross=False, init=None):
         """-> (encoder, MLM head or None) from init (default --init) or, for the demo and
@@ -514,12 +495,7 @@ class Run:
         if encoder.cfg.vocab_size != self.tok.vocab_size:
             fail(f'the tokenizer has {self.tok.vocab_size} ids but the model {encoder.cfg.vocab_size}: '
                  'use the sentencepiece model that came with the checkpoint (--spm)')
-        attn_dropout = args.dropout if args.attn_dropout is None else args.attn_dropout
-        for m in encoder.modules():  # --dropout and --attn_dropout override the checkpoint's
-            if isinstance(m, torch.nn.Dropout) and args.dropout is not None:
-                m.p = encoder.cfg.dropout = args.dropout
-            if isinstance(m, layers.Attention) and attn_dropout is not None:
-                m.p = encoder.cfg.attn_dropout = attn_dropout
+        layers.set_dropout(encoder, args.dropout, args.dropout if args.attn_dropout is None else args.attn_dropout)
         return self.ready(encoder), mlm
 
     def ready(self, encoder):
@@ -553,6 +529,17 @@ class Run:
         train(self, method, items, validate or (lambda: self.evaluate(method, 'dev')[0]), batches_of or self.shuffled(items),
               keep_last)
 
+    def begin(self):
+        """All input read: the run begins, and results of an earlier run in its folder are no
+        longer its; a new run (not --resume) also drops the earlier run's checkpoints."""
+        if self.rank == 0 and not self.begun:
+            for name in ('results.json', 'results.txt') + ('last.pt', 'best.pt') * (not self.args.resume):
+                if os.path.exists(self.path(name)):
+                    os.remove(self.path(name))
+            os.makedirs(self.out, exist_ok=True)
+            layers.atomic_write(self.path('config.json'), json.dumps(vars(self.args), indent=2))
+        self.begun = True
+
     def shuffled(self, items):
         """-> batches_of(epoch): a permutation fixed by (--seed, epoch), grouped by length unless
         --no_group_by_length; a run counted in --steps reads pass after pass, an epoch being
@@ -566,11 +553,7 @@ class Run:
                 passes[p] = data.global_batches(len(items), args.batch_size, args.seed * 1000 + p, self.chunks,
                                                 lengths if args.group_by_length else None)
             return passes[p]
-        if not args.steps:
-            return cut
-        per_pass = len(cut(0)) or fail(f'--batch_size {args.batch_size} is larger than the {len(items)} training items: lower it')
-        return lambda epoch: [cut(s // per_pass)[s % per_pass] for s in range(epoch * args.eval_every,
-                                                                              min((epoch + 1) * args.eval_every, args.steps))]
+        return stepped(cut, args, len(items)) if args.steps else cut
 
     def evaluate(self, method, split):
         """-> ({lang: scores}, {lang: predictions}) in every language of the split (eval_sets)."""
@@ -611,6 +594,59 @@ class Run:
             dist.all_gather_object(parts, out)
             out = {k: v for part in parts for k, v in part.items()}
         return [out[i] for i in range(len(feats))]
+
+    def report(self, method):
+        """The kept model's dev and test scores in every language and its test predictions:
+        results.json, results.txt, predictions/."""
+        self.load_best(method)
+        dev = self.evaluate(method, 'dev')[0]
+        test, preds = self.evaluate(method, 'test')
+        scored = self.test_scores(preds)
+        if self.args.translate_test and method.family == 'qa':  # English answers: scored on the translations' answers
+            scored = {**scored, **{lang: s for lang, s in test.items() if lang != 'en'}}
+        self.finish(dev, scored, ev.selection(method.select, dev)[1])
+
+    def load_best(self, method):
+        if os.path.exists(self.path('best.pt')):
+            method.load_state_dict(layers.load_checkpoint(self.path('best.pt'), identity(self.args))['method'])
+
+    def test_scores(self, preds):
+        """Write the test predictions in the leaderboard layout and score them (eval.py) against
+        labels/<task>/test-<lang>.* where the data folder has them."""
+        labels = os.path.join(self.args.data_dir, 'labels')
+        return ev.score_predictions(self.path('predictions'), labels, self.args.task, preds) if self.rank == 0 else {}
+
+    def finish(self, dev, test, selected_by=None, runs=None):
+        """results.json and the table of the run's scores (eval.results); runs: other rows first
+        (XLA's models)."""
+        results, table = ev.results(self.args.task, self.args.method, dev, test, selected_by, runs, self.args.stage)
+        kept = ', the kept model in best.pt' if os.path.exists(self.path('best.pt')) else ''
+        self.write_results(results, table, f'results in {self.out}/results.json and results.txt, predictions in '
+                                           f'{self.out}/predictions/{kept}')
+
+    def write_results(self, results, table, where, files=None):
+        """results.json, results.txt (the table) and other files {name: text} of the finished run;
+        the table printed, then where they are and the time the run took."""
+        if self.rank != 0:
+            return
+        for name, text in {**(files or {}), 'results.json': json.dumps(results, indent=2), 'results.txt': table + '\n'}.items():
+            os.makedirs(os.path.dirname(self.path(name)), exist_ok=True)
+            layers.atomic_write(self.path(name), text)
+        print(table)
+        print(f'{where}; {ev.clock(time.time() - START)} in all')
+
+    def path(self, name):
+        return os.path.join(self.out, name)
+
+    def restore(self, weights, cls=None):
+        """The method of a checkpoint, or of a finished run's folder (its best.pt), with its settings
+        and weights (as cls, given one: XLA trains a warm-up's model)."""
+        path = os.path.join(weights, 'best.pt') if os.path.isdir(weights) else weights
+        ckpt = layers.load_checkpoint(path, {'task': self.args.task})
+        settings = argparse.Namespace(**ckpt['meta']['settings'])
+        method = self.build(cls or xlt.method_class(settings), layers.Encoder(layers.Config(**ckpt['config'])), settings)
+        method.load_state_dict(ckpt['method'])
+        return method
 
     def stage(self, name):
         """Run the method's stage `name` (its stages()) unless it finished with these settings;
@@ -653,23 +689,6 @@ class Run:
             dist.barrier()
         return value
 
-    def report(self, method):
-        """The kept model's dev and test scores in every language and its test predictions:
-        results.json, results.txt, predictions/."""
-        self.load_best(method)
-        dev = self.evaluate(method, 'dev')[0]
-        test, preds = self.evaluate(method, 'test')
-        scored = self.test_scores(preds)
-        if self.args.translate_test and method.family == 'qa':  # English answers: scored on the translations' answers
-            scored = {**scored, **{lang: s for lang, s in test.items() if lang != 'en'}}
-        self.finish(dev, scored, ev.selection(method.select, dev)[1])
-
-    def test_scores(self, preds):
-        """Write the test predictions in the leaderboard layout and score them (eval.py) against
-        labels/<task>/test-<lang>.* where the data folder has them."""
-        labels = os.path.join(self.args.data_dir, 'labels')
-        return ev.score_predictions(self.path('predictions'), labels, self.args.task, preds) if self.rank == 0 else {}
-
     def retrieval(self):
         """bucc2018 / tatoeba: nothing is trained; the mean-pooled states of one layer (the method's
         share of the depth), cosine nearest neighbours."""
@@ -678,29 +697,6 @@ class Run:
         layer = self.args.layer or max(1, round(encoder.cfg.n_layer * self.cls.RETRIEVAL_DEPTH))
         embed = lambda texts: ev.embed_texts(encoder, self.tok, texts, layer, self.args.eval_batch_size, self.device)
         self.finish({}, self.test_scores(ev.retrieve(self.args.data_dir, self.args.task, embed) if self.rank == 0 else {}))
-
-    def finish(self, dev, test, selected_by=None, runs=None):
-        """results.json and the table of the run's scores (eval.results); runs: other rows first
-        (XLA's models)."""
-        results, table = ev.results(self.args.task, self.args.method, dev, test, selected_by, runs, self.args.stage)
-        kept = ', the kept model in best.pt' if os.path.exists(self.path('best.pt')) else ''
-        self.write_results(results, table, f'results in {self.out}/results.json and results.txt, predictions in '
-                                           f'{self.out}/predictions/{kept}')
-
-    def write_results(self, results, table, where, files=None):
-        """results.json, results.txt (the table) and other files {name: text} of the finished run;
-        the table printed, then where they are and the time the run took."""
-        if self.rank != 0:
-            return
-        for name, text in {**(files or {}), 'results.json': json.dumps(results, indent=2), 'results.txt': table + '\n'}.items():
-            os.makedirs(os.path.dirname(self.path(name)), exist_ok=True)
-            layers.atomic_write(self.path(name), text)
-        print(table)
-        print(f'{where}; {ev.clock(time.time() - START)} in all')
-
-    def load_best(self, method):
-        if os.path.exists(self.path('best.pt')):
-            method.load_state_dict(layers.load_checkpoint(self.path('best.pt'), identity(self.args))['method'])
 
     def average_last(self, method, n):
         """Load the weights that decode: the mean of the last n kept checkpoints (fairseq's
@@ -714,9 +710,6 @@ class Run:
             return 'best.pt: the lowest valid loss'
         method.load_state_dict(layers.average_checkpoints([os.path.join(folder, k) for k in kept], identity(self.args)))
         return f'the mean of the last {len(kept)} checkpoints ({kept[0][4:-3].lstrip("0")} to {kept[-1][4:-3].lstrip("0")} steps)'
-
-    def path(self, name):
-        return os.path.join(self.out, name)
 
     def say(self, message):
         if self.rank == 0:
@@ -736,6 +729,14 @@ def stage_settings(args, cls, name):
         setattr(settings, o.name, False if o.type is bool else None)
     settings.resume = args.resume and began(settings.out)
     return settings
+
+
+def stepped(cut, args, n):
+    """A run counted in --steps (pre-training, translation): passes cut(p) one after another, an
+    epoch being --eval_every steps."""
+    per_pass = len(cut(0)) or fail(f'--batch_size {args.batch_size} is larger than the {n} training items: lower it')
+    return lambda epoch: [cut(s // per_pass)[s % per_pass]
+                          for s in range(epoch * args.eval_every, min((epoch + 1) * args.eval_every, args.steps))]
 
 
 def identity(args):
@@ -848,11 +849,8 @@ def train_step(model, items, batch, args, step, rank, world, device, collate):
 def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log, padding):
     """An epoch's end: the weights kept for averaging, validate(), best.pt when the selection
     score is the best so far, the printed line and the log's."""
-    if keep_last:  # fairseq's --save-interval-updates, --keep-interval-updates
-        save(run, f'checkpoints/step{state["step"]:07d}.pt', {'method': method.state_dict()}, run.args)
-        kept = sorted(f for f in os.listdir(run.path('checkpoints')) if f.endswith('.pt')) if run.rank == 0 else []
-        for old in kept[:-keep_last]:
-            os.remove(run.path(f'checkpoints/{old}'))
+    if keep_last:
+        keep_snapshot(run, method, state['step'], keep_last)
     dev = validate()
     score = ev.selection(method.select, dev)[0]
     score = state['epoch'] if score is None else score  # no dev set: keep the last
@@ -866,6 +864,15 @@ def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log,
         log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': {k: v if method.select == 'loss' else v['score'] for k, v in dev.items()},
                               'dev_avg': float(score), 'pad_share': round(padding, 4)}) + '\n')
         log.flush()
+
+
+def keep_snapshot(run, method, step, n):
+    """The weights at this step, kept for averaging: checkpoints/step<N>.pt, the last n of them
+    (fairseq's --save-interval-updates, --keep-interval-updates)."""
+    save(run, f'checkpoints/step{step:07d}.pt', {'method': method.state_dict()}, run.args)
+    kept = sorted(f for f in os.listdir(run.path('checkpoints')) if f.endswith('.pt')) if run.rank == 0 else []
+    for old in kept[:-n]:
+        os.remove(run.path(f'checkpoints/{old}'))
 
 
 def resume_point(method, opt, sched, state):
@@ -935,10 +942,7 @@ def interrupted(args):
     if not found:
         return f'interrupted before the first checkpoint in {args.out}: run the same command again'
     last = max(found, key=os.path.getmtime)
-    try:
-        step = torch.load(last, mmap=True, weights_only=True)['state']['step']  # mapped: the weights are not read
-    except Exception:
-        return f'interrupted: the last checkpoint is {last}; run the same command with --resume to go on from it'
+    step = layers.load_checkpoint(last, mmap=True)['state']['step']  # mapped: the weights are not read
     return f'interrupted: the last checkpoint is step {step} ({last}); run the same command with --resume to go on from it'
 
 

@@ -320,7 +320,7 @@ class Taught(Method):
 def teacher_probabilities(run, items):
     """The teacher's probabilities for the target side of every training item; a single-text
     teacher reads the target text alone."""
-    teacher = run.build(weights=run.args.teacher or run.path(run.stage('teacher')))
+    teacher = run.restore(run.args.teacher or run.path(run.stage('teacher')))
     outputs = run.outputs(teacher, items if teacher.paired else [item[1] for item in items])
     return [probabilities(teacher.family, o) for o in outputs]
 
@@ -1107,7 +1107,7 @@ class XLA(Baseline):
 
     @classmethod
     def report(cls, run, models):
-        methods = [run.build(cls, weights=run.path(m)) for m in models]
+        methods = [run.restore(run.path(m), cls) for m in models]
         warm = [run.results_of(f'warmup-{m + 1}') for m in range(3)]
         rows = {'warm-up (zero-shot + penalty), mean': mean_summary(warm)} if all(warm) else {}
         for m, (method, path) in enumerate(zip(methods, models)):  # each model's test predictions in model<m>/
@@ -1169,7 +1169,7 @@ def distil(run, model, unlabelled, eta):
     """One model's labels of each unlabelled set and DISTIL's choice (Section 3.3): {set: {'labels':
     [label per sample], 'keep': bool per sample}}, keeping the top eta by confidence, or the
     samples whose posterior of the low-loss GMM component is at least --posterior."""
-    method, out = run.build(XLA, weights=run.path(model)), {}
+    method, out = run.restore(run.path(model), XLA), {}
     for name, feats in unlabelled.items():
         scored = [pseudo_labels(method.family, o, f.words) for o, f in zip(run.outputs(method, feats), feats)]
         labels, confidence, loss = (list(column) for column in zip(*scored)) if scored else ([], [], [])
@@ -1201,7 +1201,7 @@ def co_train(run, epoch, l, parts, start):
     target_dev = lambda dev: dev[args.train_lang]['score'] if args.train_lang in dev else None  # the paper's selection
 
     def train():
-        method = run.build(XLA, weights=run.path(start))
+        method = run.restore(run.path(start), XLA)
         before = target_dev(sub.evaluate(method, 'dev')[0])
         items, sizes = [f for feats in parts.values() for f in feats], [len(feats) for feats in parts.values()]
         lengths = [data.item_length(f) for f in items] if args.group_by_length else None
