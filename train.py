@@ -38,7 +38,7 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('task', str, f'one of {", ".join(data.TASKS)}; with --method veco also pretrain, translate', default='xnli'),
     Option('demo', bool, 'generated data and a tiny model: runs in a minute on a CPU'),
     Option('model', str, f'preset: {", ".join(layers.CONFIGS)} (default base; tiny with --demo)'),
-    Option('init', str, 'converted XLM-R checkpoint (python layers.py convert) or a run\'s best.pt'),
+    Option('init', str, 'converted XLM-R checkpoint (python layers.py convert) or a run\'s best.pt', path='checkpoint'),
     Option('from_scratch', bool, 'train from random weights (real data without --init; a demo that starts pre-trained)'),
     Option('spm', str, 'sentencepiece model (default: the one in --data_dir)'),
     Option('data_dir', str, 'XTREME data in the layout of the README', default='data'),
@@ -148,7 +148,7 @@ def add_option(parser, o):
 
 
 def called(classes):
-    """How a user names method classes: --method filter or xmixup, --method veco --task pretrain."""
+    """How a user names method classes: --method NAME, or NAME --task TASK for a class of its own task."""
     names = list(dict.fromkeys(c.NAME + ('' if set(c.TASKS) & set(data.TASKS) else f' --task {"/".join(c.TASKS)}')
                                for c in classes))
     return '--method ' + (f'{", ".join(names[:-1])} or {names[-1]}' if len(names) > 1 else names[0])
@@ -157,8 +157,9 @@ def called(classes):
 def configure(args, owners):
     """The method's class checks and fills its options (xlt), then the trainer's defaults and the
     run folder."""
-    if not any(args.task in c.TASKS for c in xlt.classes()):
-        fail(f'unknown task {args.task!r}: choose one of {", ".join(data.TASKS)} (or pretrain and translate, with --method veco)')
+    tasks = list(dict.fromkeys(task for c in xlt.classes() for task in c.TASKS))
+    if args.task not in tasks:
+        fail(f'unknown task {args.task!r}: choose one of {", ".join(tasks)}')
     if args.method not in xlt.METHODS:
         fail(f'unknown method {args.method!r}: choose one of {", ".join(xlt.METHODS)}')
     cls = xlt.method_class(args)
@@ -171,14 +172,14 @@ def configure(args, owners):
     for o in cls.OPTIONS:
         if getattr(args, o.name) is None and o.default is not None:
             setattr(args, o.name, o.default)
-    if args.translate_test and (family(args) in ('tagging', 'pretrain', 'translation') or cls.paired):
+    if args.translate_test and (family(args) not in ('classification', 'qa') or cls.paired):
         fail('--translate_test needs a method that reads one text and a task whose labels survive translation '
              '(tags would need a word alignment): drop --translate_test')
     demo = {**DEMO, **cls.DEMO} if args.demo else None
     args.model = args.model or (demo or {}).get('model', 'base')
     if args.model not in layers.CONFIGS:
         fail(f'unknown model {args.model!r}: choose one of {", ".join(layers.CONFIGS)}')
-    args.stage = None  # a stage's own run says which it is (teacher, warm-up); a taught method's is 'student'
+    args.stage = None  # a stage's own run says which it is; a method may name its run's (xlt)
     try:
         cls.configure(args, demo)
     except ValueError as e:
@@ -212,7 +213,7 @@ def demo_start(out):
 def check(args, world):
     """Everything that can be checked before anything is created: --out and --data_dir, the
     options against each other, the model and the processes, every file the run reads, the
-    sentencepiece model, --init's and --mlm's format, the teacher, the stages kept in a shared
+    sentencepiece model, the checkpoints and runs it names, the stages kept in a shared
     folder, and what --out holds. -> the data files [(path, what, needed)]."""
     cls = xlt.method_class(args)
     parent = os.path.dirname(first_missing(args.out) or os.path.abspath(args.out))
@@ -230,14 +231,15 @@ def check(args, world):
     files = [] if args.demo else data.planned_files(args, cls)
     data.check_files(args.data_dir, args.task, args.method, files)
     check_init(args)
-    for path in (args.init, args.mlm):
-        if path and not (args.demo and path == demo_start(args.out)):
+    for o in OPTIONS + cls.OPTIONS:  # the checkpoints and runs it names (the demo's start is made by the run)
+        value = getattr(args, o.name)
+        if value and o.path == 'run':
+            check_run(args, o.name, value)
+        elif value and o.path == 'checkpoint' and not (args.demo and value == demo_start(args.out)):
             try:
-                layers.check_format(path)
+                layers.check_format(value)
             except layers.CheckpointError as e:
                 fail(str(e))
-    if args.teacher:
-        check_teacher(args)
     if args.eval_only and not (args.init and cls.KEEPS == 'best.pt' or os.path.exists(os.path.join(args.out, cls.KEEPS))):
         fail(f'{args.out}/{cls.KEEPS} not found: --eval_only evaluates a finished run in --out (or the --init weights)')
     if args.resume and not (began(args.out) or args.init == demo_start(args.out) and began(os.path.dirname(args.init))):
@@ -283,16 +285,16 @@ def check_init(args):
              f'xlmr-{args.model}.pt and pass --init xlmr-{args.model}.pt (or --from_scratch to mean it)')
 
 
-def check_teacher(args):
-    """--teacher is a finished run of this task (its results.json, and best.pt's meta say so)."""
-    if not is_finished(args.teacher):
-        fail(f'--teacher {args.teacher} is not a finished run (no results.json): train the teacher first')
+def check_run(args, name, folder):
+    """--name is a finished run of this task: its results.json, and its best.pt's meta says so."""
+    if not is_finished(folder):
+        fail(f'--{name} {folder} is not a finished run (no results.json): give the folder of a finished run')
     try:
-        task = layers.load_checkpoint(os.path.join(args.teacher, 'best.pt'), mmap=True)['meta']['task']
+        task = layers.load_checkpoint(os.path.join(folder, 'best.pt'), mmap=True)['meta']['task']
     except layers.CheckpointError as e:
-        fail(f'--teacher {args.teacher}: {e}')
+        fail(f'--{name} {folder}: {e}')
     if task != args.task:
-        fail(f'the teacher {args.teacher} was trained on {task}, not {args.task}: give a {args.task} run')
+        fail(f'--{name} {folder} is a run of {task}, not {args.task}: give a {args.task} run')
 
 
 def changing(what):
@@ -346,7 +348,7 @@ def plan(args, world, files):
             'method': ', '.join(f'{o} {" ".join(map(str, v)) if isinstance(v, list) else v}' for o in options
                                 if (v := getattr(args, o, None)) not in (None, False)) or 'its defaults',
             'stages': ', '.join(f'{name} in {stage_settings(args, cls, name).out}' for name in stages) + ', then this run'
-            if stages else f'this run, taught by {args.teacher}' if args.teacher else 'one',
+            if stages else 'one',
             'kept': 'nothing trained' if family(args) == 'retrieval' else 'the ' + ev.SELECTED_BY[cls.select]}
 
 
@@ -475,8 +477,8 @@ class Run:
 
     def encoder(self, cross=False, init=None):
         """-> (encoder, MLM head or None) from init (default --init) or, for the demo and
-        --from_scratch, random. cross: VECO's blocks with cross-attention (pre-training); without,
-        a checkpoint's cross-attention is left out (VECO's NLU assembly)."""
+        --from_scratch, random. cross: blocks with a cross-attention (the checkpoint's, or new);
+        without, a checkpoint's cross-attention is left out (layers.load_pretrained)."""
         args, init = self.args, init or self.args.init
         cfg, mlm = layers.CONFIGS[args.model], None
         if init:
@@ -617,8 +619,8 @@ class Run:
         return ev.score_predictions(self.path('predictions'), labels, self.args.task, preds) if self.rank == 0 else {}
 
     def finish(self, dev, test, selected_by=None, runs=None):
-        """results.json and the table of the run's scores (eval.results); runs: other rows first
-        (XLA's models)."""
+        """results.json and the table of the run's scores (eval.results); runs: other rows, first
+        (several models of one run)."""
         results, table = ev.results(self.args.task, self.args.method, dev, test, selected_by, runs, self.args.stage)
         kept = ', the kept model in best.pt' if os.path.exists(self.path('best.pt')) else ''
         self.write_results(results, table, f'results in {self.out}/results.json and results.txt, predictions in '
@@ -856,7 +858,7 @@ def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log,
     score = state['epoch'] if score is None else score  # no dev set: keep the last
     if score > state['best']:
         state['best'] = float(score)
-        mlm = getattr(method, 'mlm', None)  # the encoder in --init's layout (VECO's with its cross-attention and MLM head)
+        mlm = getattr(method, 'mlm', None)  # the encoder in --init's layout, with the method's MLM head if it has one
         save(run, 'best.pt', {**layers.encoder_parts(method.encoder, mlm), 'method': method.state_dict()}, run.args)
     if run.rank == 0:
         print(ev.epoch_line(state, run.args, epoch_loss, dev, method.select, seconds), flush=True)

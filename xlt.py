@@ -23,8 +23,9 @@ from layers import CONFIGS, Encoder, MLMHead, autocast, is_cross, mean_pool
 class Option(NamedTuple):
     """A command-line option (train.py builds the command line from every class's OPTIONS): --name,
     its type (int, float, str; bool: a flag), help, the valid range (a test of a given value, the
-    range in words), nargs ('+': a list), choices, the default when it is not given, and what it
-    changes: 'results' (training), 'scores' (evaluation too) or 'nothing' (results alike)."""
+    range in words), nargs ('+': a list), choices, the default when it is not given, what it changes:
+    'results' (training), 'scores' (evaluation too) or 'nothing' (results alike), and for a path
+    what it names, checked before a run: a 'checkpoint', or a finished 'run' of the task."""
     name: str
     type: object = float
     help: str = ''
@@ -33,6 +34,7 @@ class Option(NamedTuple):
     choices: tuple = None
     default: object = None
     changes: str = 'results'
+    path: str = None
 
 
 POSITIVE, AT_LEAST_1, NON_NEGATIVE = (lambda v: v > 0, 'a number above 0'), (lambda v: v >= 1, 'at least 1'), \
@@ -288,7 +290,8 @@ class Taught(Method):
     """A paired method that can learn the target side from a teacher's stored probabilities."""
     teacher_method = 'filter'
     OPTIONS = (Option('self_teach', bool, 'train a teacher into --out/teacher first, then this model taught by it'),
-               Option('teacher', str, 'a finished run folder of this task whose predictions teach the target side'))
+               Option('teacher', str, 'a finished run folder of this task whose predictions teach the target side',
+                      path='run'))
 
     @classmethod
     def configure(cls, args, demo=None):
@@ -1017,7 +1020,7 @@ class XLA(Baseline):
         Option('delta', int, 'vicinal samples per sentence (3), or per part of a pair (2 2: successive cross, 4 '
                'samples)', (lambda v: v >= 1, 'samples per sentence, at least 1'), nargs='+'),
         Option('alpha', help='Eq. 2\'s sampling factor over the training sets (default 0.7)', valid=UNIT),
-        Option('mlm', str, 'the checkpoint whose masked LM makes the vicinal samples (default --init)'),
+        Option('mlm', str, 'the checkpoint whose masked LM makes the vicinal samples (default --init)', path='checkpoint'),
         Option('warmup_dir', str, 'folder of the three warm-up runs warmup-1..3, reused when finished (default --out; '
                'share one folder between target languages)', changes='nothing'))
 

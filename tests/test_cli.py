@@ -47,7 +47,7 @@ MISTAKES = [  # (the command, what its one line must say)
     ('train.py --data_dir demo-data --spm notes.txt --from_scratch --model tiny', 'notes.txt is not a sentencepiece model'),
     ('train.py --demo --spm notes.txt', 'notes.txt is not a sentencepiece model'),  # found once the demo data is made
     ('train.py --demo --task pawsx --resume --out nothing-here', 'nothing to resume in nothing-here'),
-    ('train.py --demo --method filter --task xnli --teacher finished', 'the teacher finished was trained on pawsx, not xnli'),
+    ('train.py --demo --method filter --task xnli --teacher finished', '--teacher finished is a run of pawsx, not xnli'),
     ('eval.py --predictions finished/predictions --labels demo-data/labels --out notes.txt/s.json --demo', 'Not a directory'),
     ('train.py --data_dir nowhere', 'nowhere holds no xnli data'),
     ('train.py --data_dir empty', 'empty holds no xnli data'),

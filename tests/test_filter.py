@@ -134,12 +134,12 @@ def test_self_teaching_end_to_end(tmp_path, capsys):
     assert results['test'] == pytest.approx({**scores['accuracy'], 'avg': scores['avg_accuracy'],
                                              'gap': results['test']['gap']}, abs=1e-9)
     assert results['dev']['en'] > 40
-    # stored probabilities that do not fit the training items are not used: they are predicted again
+    # a new run (not --resume) predicts its stored probabilities again, whatever the folder held
     (tmp_path / 'redo').mkdir()
     torch.save(probs[:10], tmp_path / 'redo' / 'p_teacher.pt')
     run(tmp_path / 'redo', demo, '--method', 'filter', '--task', 'xnli', '--teacher', str(teacher), '--epochs', '1')
     assert len(torch.load(tmp_path / "redo" / "p_teacher.pt", weights_only=True)) == 450
-    with pytest.raises(SystemExit, match='was trained on xnli, not panx'):
+    with pytest.raises(SystemExit, match='is a run of xnli, not panx'):
         run(tmp_path / 'other', demo, '--method', 'filter', '--task', 'panx', '--teacher', str(teacher), '--epochs', '1')
 
 
