@@ -194,10 +194,10 @@ def test_a_run_killed_inside_the_demo_pretraining_resumes_to_the_same_numbers(tm
                          '--out', str(tmp_path / name / 'run')]
     whole = subprocess.run([sys.executable, *argv('whole')], cwd=ROOT, capture_output=True, text=True, env=ENV)
     assert whole.returncode == 0, whole.stderr[-2000:]
-    cut = start(argv('cut'), 'epoch 1/2 ')  # the pre-training's first 10 steps
-    cut.kill()
-    cut.wait()
-    assert not os.path.exists(tmp_path / 'cut' / 'pretrain-veco-demo' / 'results.json')
+    # dies at step 15 of the pre-training's 20, as if killed: last.pt is step 10's, five steps are lost
+    cut = subprocess.run([sys.executable, *argv('cut'), '--halt_after', '15'], cwd=ROOT, capture_output=True, env=ENV)
+    assert cut.returncode == 3 and not os.path.exists(tmp_path / 'cut' / 'pretrain-veco-demo' / 'results.json')
+    assert torch.load(tmp_path / 'cut' / 'pretrain-veco-demo' / 'last.pt', weights_only=True)['state']['step'] == 10
     resumed = subprocess.run([sys.executable, *argv('cut'), '--resume'], cwd=ROOT, capture_output=True, text=True, env=ENV)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     for name in ('pretrain-veco-demo', 'run'):
