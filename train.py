@@ -27,11 +27,9 @@ import layers
 import xlt
 from xlt import AT_LEAST_1, NON_NEGATIVE, POSITIVE, SHARE, Option
 
-# The demo trains a tiny model from scratch (fine-tuning learning rates: each method's LR table in xlt.py).
-# No warm-up: from random weights a ramp from 0 leaves the tiny model on a plateau for some seeds
-# (XNLI's English dev stuck at 69%). Random batches: the demo's template sentences differ by a few
-# tokens (padding 0-15%), and there length tells the label (XNLI: 19, 20, 22 tokens), so grouped
-# batches would each hold one label. A method's DEMO changes these; epochs: 8, QA 15.
+# The demo: a tiny model from scratch, no warm-up (a ramp from 0 leaves it on a plateau for some seeds), random
+# batches (the demo's sentences differ by a few tokens, and length tells the label: grouped batches would each hold
+# one label); 8 epochs, QA 15. A method's DEMO changes these.
 DEMO = {'model': 'tiny', 'lr': 1e-3, 'warmup': 0.0, 'batch_size': 32, 'group_by_length': False}
 OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS (xlt.py)
     Option('method', str, f'one of {", ".join(xlt.METHODS)}', default='zeroshot'),
@@ -211,10 +209,8 @@ def demo_start(out):
 # Checks before anything is made, and the plan.
 
 def check(args, world):
-    """Everything that can be checked before anything is created: --out and --data_dir, the
-    options against each other, the model and the processes, every file the run reads, the
-    sentencepiece model, the checkpoints and runs it names, the stages kept in a shared
-    folder, and what --out holds. -> the data files [(path, what, needed)]."""
+    """Everything that can be checked before anything is made: --out, the processes, the options against the model,
+    every file the run reads and the checkpoints and runs it names, and what --out holds. -> the data files."""
     cls = xlt.method_class(args)
     parent = os.path.dirname(first_missing(args.out) or os.path.abspath(args.out))
     if os.path.exists(args.out) and not os.path.isdir(args.out) or not os.path.isdir(parent):
@@ -438,10 +434,8 @@ def prepare_data(args, rank):
 
 
 def demo_pretrained(args, rank, world, device):
-    """Make the demo's pre-trained tiny model (demo_start): VECO's pre-training on the demo's
-    text, a run of its own beside this one (--resume goes on with it). X-Mixup starts from a
-    trained encoder, as from XLM-R: from random weights Eq. 7's MSE collapses the last LayerNorm
-    (equal representations) before the task loss takes hold."""
+    """The demo's pre-trained tiny model (demo_start): VECO's pre-training (Section 2.2) on the demo's text, a run of
+    its own beside this one (--resume goes on with it), for the methods that start from a trained encoder."""
     folder = os.path.dirname(demo_start(args.out))
     if rank == 0:
         print(f'{args.method} starts from a pre-trained model: pre-training the demo model into {folder} first')
@@ -450,12 +444,10 @@ def demo_pretrained(args, rank, world, device):
 
 
 class Run:
-    """What a method's procedure is handed: the run's settings (args), tokenizer (tok), processes
-    (rank, world, device), folder (out) and the trainer's parts: the model (build, restore,
-    encoder), the data and the loop (items, fit), evaluation shared out over the processes
-    (evaluate, outputs, map), the results (report, finish, write_results), and what a procedure
-    with stages needs (stage, sub, cached: computed once and kept; path: stage and sub name
-    folders relative to the run's)."""
+    """What a method's procedure is handed: settings (args), tokenizer (tok), processes (rank, world, device), folder
+    (out) and the trainer's parts: the model (build, restore, encoder), the data and the loop (items, fit),
+    evaluation shared out over the processes (evaluate, outputs, map), the results (report, finish), and for stages
+    stage, sub and cached (computed once and kept); stage and sub name folders relative to the run's (path)."""
 
     def __init__(self, args, rank, world, device, tok, sets=None, cache=None):
         self.args, self.rank, self.world, self.device, self.tok = args, rank, world, device, tok
