@@ -524,15 +524,15 @@ def summarize(per_lang, source='en'):
     return out
 
 
-def results(task, method, dev, test, selected_by=None, runs=None, stage=None):
+def results(task, method, dev, test, selected_by=None, runs=None, stage=None, name=None):
     """A run's results.json (dev and test per language with average and transfer gap, the kept
     checkpoint's selection rule) and its table; runs: other rows {name: {'dev': summary, 'test':
-    summary}} (XLA's models), listed first; QA adds rows of EM and F1."""
+    summary}} (XLA's models), listed first, the run's row then named `name`; QA adds rows of EM and F1."""
     summary = lambda scores: summarize({lang: s['score'] for lang, s in scores.items()}) if scores else {}
     out = {'task': task, 'method': method, 'selected_by': selected_by, 'dev': summary(dev), 'test': summary(test),
            'test_metrics': test, 'dev_metrics': dev, **({'runs': runs} if runs else {})}
     rows = {f'{split} {name}': r[split] for split in ('dev', 'test') for name, r in (runs or {}).items() if r[split]}
-    label = f'{task}{f", {stage}" if stage else ""}{", ensemble" if runs else ""}'
+    label = ', '.join([task] + [part for part in (stage, name) if part])
     rows.update({f'{split} ({label})': out[split] for split in ('dev', 'test') if out[split]})
     qa = task in TASKS and TASKS[task].family == 'qa'
     for split, scores in (('dev', dev), ('test', test)) if qa else ():  # the score's two halves

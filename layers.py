@@ -391,11 +391,11 @@ def read_checkpoint(path):
     check_format(path)
     obj = read_safetensors(path) if path.endswith('.safetensors') else torch_load(path)
     hf = isinstance(obj, dict) and any('word_embeddings' in k for k in obj)
-    if not isinstance(obj, dict) or not (hf or 'model' in obj or obj.get('format') == FORMAT):
+    if not isinstance(obj, dict) or not (hf or 'model' in obj or obj.get('format') == FORMAT or {'config', 'encoder'} <= set(obj)):
         what = f'a dict with the keys {", ".join(map(str, list(obj)[:4]))}{" ..." if len(obj) > 4 else ""}' if isinstance(obj, dict) \
             else f'a {type(obj).__name__}'
         raise CheckpointError(f'{path} holds {what}, not XLM-R weights: {CHECKPOINTS}')
-    if not hf and obj.get('format') == FORMAT:  # ours: a converted checkpoint or a run's best.pt
+    if not hf and (obj.get('format') == FORMAT or {'config', 'encoder'} <= set(obj)):  # ours (or ours before its format)
         if 'encoder' not in obj:
             raise CheckpointError(f'{path} holds {", ".join(obj["meta"]["holds"])}, no encoder: give a converted '
                                   'checkpoint or a run\'s best.pt')

@@ -165,7 +165,7 @@ def configure(args, owners):
         others = [c for c in xlt.classes() if args.task in c.TASKS and args.task not in data.TASKS]
         fail(f'{args.method} runs {", ".join(cls.TASKS)}, not {args.task}' + (f': pass {called(others)}' if others else ''))
     for name, classes in owners.items():
-        if getattr(args, name) not in (None, False) and cls not in classes:
+        if getattr(args, name) is not None and getattr(args, name) is not False and cls not in classes:  # 0 is given
             fail(f'--{name} belongs to {called(classes)}, not to {args.method} on {args.task}')
     for o in cls.OPTIONS:
         if getattr(args, o.name) is None and o.default is not None:
@@ -308,11 +308,12 @@ def read_config(folder):
 
 
 def differences(found, args, keys=None):
-    """The settings of args that differ from a run's config.json (found), paths compared as files."""
+    """The settings of args that differ from a run's config.json (found), paths compared as files: the
+    trainer's options and the run's method's (keys: only those), but for those that leave results alike."""
     now = json.loads(json.dumps(vars(args)))
     same = lambda a, b: a == b or (isinstance(a, str) and isinstance(b, str) and os.path.realpath(a) == os.path.realpath(b))
-    free = changing('nothing') + ['stage']  # results alike
-    return [k for k in keys or now if k not in free and k in found and k in now and not same(found[k], now[k])]
+    keys = keys or [o.name for o in OPTIONS + xlt.method_class(args).OPTIONS]
+    return [k for k in keys if k not in changing('nothing') and k in found and k in now and not same(found[k], now[k])]
 
 
 def check_finished(args):
@@ -380,7 +381,7 @@ def execute(args, rank, world, device):
              plan(args, world, files))
     with hold(args.out, rank):
         tok = prepare_data(args, rank)
-        if args.demo and args.init == demo_start(args.out) and not is_finished(os.path.dirname(args.init)):
+        if args.demo and args.init == demo_start(args.out) and not is_finished(os.path.dirname(args.init)) and not args.eval_only:
             demo_pretrained(args, rank, world, device)
         run = Run(args, rank, world, device, tok)
         if family(args) == 'retrieval':
@@ -396,6 +397,7 @@ def hold(folder, rank):
     folder, lock, holder = os.path.abspath(folder), None, None
     if rank == 0:
         made = first_missing(folder) or first_missing(os.path.join(folder, 'demo-data'))
+        fresh = not os.path.exists(os.path.join(folder, '.lock'))
         os.makedirs(folder, exist_ok=True)
         lock = open(os.path.join(folder, '.lock'), 'a+')
         try:
@@ -415,8 +417,10 @@ def hold(folder, rank):
     try:
         yield
     except BaseException:
-        if lock:
+        if lock and not began(folder):  # a run that stopped before it began leaves nothing, its .lock neither
             discard_if_unbegun(folder, made)
+            if fresh and os.path.exists(os.path.join(folder, '.lock')):
+                os.remove(os.path.join(folder, '.lock'))
         raise
     finally:
         if lock:
@@ -527,12 +531,25 @@ class Run:
         """All input read: the run begins, and results of an earlier run in its folder are no
         longer its; a new run (not --resume) also drops the earlier run's checkpoints."""
         if self.rank == 0 and not self.begun:
-            for name in ('results.json', 'results.txt') + ('last.pt', 'best.pt') * (not self.args.resume):
-                if os.path.exists(self.path(name)):
+            kept = [] if self.args.resume or not os.path.exists(self.path('kept.txt')) else data.lines_of(self.path('kept.txt'))
+            for name in ['results.json', 'results.txt'] + ['last.pt', 'best.pt', 'kept.txt'] * (not self.args.resume) + kept:
+                if os.path.isdir(self.path(name)):
+                    shutil.rmtree(self.path(name))
+                elif os.path.exists(self.path(name)):
                     os.remove(self.path(name))
             os.makedirs(self.out, exist_ok=True)
             layers.atomic_write(self.path('config.json'), json.dumps(vars(self.args), indent=2))
         self.begun = True
+
+    def keep(self, name):
+        """Record a file or folder the run computed for itself (kept.txt): --resume reads it back, and
+        the next new run in the folder removes it first (an earlier run's results are not its)."""
+        if self.args.eval_only:  # an evaluation changes no run
+            return
+        self.begin()
+        if self.rank == 0 and name not in (data.lines_of(self.path('kept.txt')) if os.path.exists(self.path('kept.txt')) else []):
+            with open(self.path('kept.txt'), 'a') as f:
+                f.write(name + '\n')
 
     def shuffled(self, items):
         """-> batches_of(epoch): a permutation fixed by (--seed, epoch), grouped by length unless
@@ -610,10 +627,10 @@ class Run:
         labels = os.path.join(self.args.data_dir, 'labels')
         return ev.score_predictions(self.path('predictions'), labels, self.args.task, preds) if self.rank == 0 else {}
 
-    def finish(self, dev, test, selected_by=None, runs=None):
+    def finish(self, dev, test, selected_by=None, runs=None, name=None):
         """results.json and the table of the run's scores (eval.results); runs: other rows, first
-        (several models of one run)."""
-        results, table = ev.results(self.args.task, self.args.method, dev, test, selected_by, runs, self.args.stage)
+        (several models of one run), the run's then named `name`."""
+        results, table = ev.results(self.args.task, self.args.method, dev, test, selected_by, runs, self.args.stage, name)
         kept = ', the kept model in best.pt' if os.path.exists(self.path('best.pt')) else ''
         self.write_results(results, table, f'results in {self.out}/results.json and results.txt, predictions in '
                                            f'{self.out}/predictions/{kept}')
@@ -634,9 +651,9 @@ class Run:
 
     def restore(self, weights, cls=None):
         """The method of a checkpoint, or of a finished run's folder (its best.pt), with its settings
-        and weights (as cls, given one: XLA trains a warm-up's model)."""
+        and weights; as cls, given one, a model of this run's preset (XLA trains a warm-up's model)."""
         path = os.path.join(weights, 'best.pt') if os.path.isdir(weights) else weights
-        ckpt = layers.load_checkpoint(path, {'task': self.args.task})
+        ckpt = layers.load_checkpoint(path, {'task': identity(self.args)['task'], **({'model': self.args.model} if cls else {})})
         settings = argparse.Namespace(**ckpt['meta']['settings'])
         method = self.build(cls or xlt.method_class(settings), layers.Encoder(layers.Config(**ckpt['config'])), settings)
         method.load_state_dict(ckpt['method'])
@@ -660,6 +677,7 @@ class Run:
 
     def sub(self, name, **changes):
         """A run in the folder `name` of this one, with changed settings, sharing its evaluation sets."""
+        self.keep(name)
         args = argparse.Namespace(**{**vars(self.args), 'out': self.path(name), **changes})
         return Run(args, self.rank, self.world, self.device, self.tok, self.sets, self.cache)
 
@@ -675,7 +693,7 @@ class Run:
         if self.args.eval_only:
             fail(f'{path} not found: --eval_only evaluates a finished run in --out')
         value = compute()
-        self.begin()
+        self.keep(name)
         if self.rank == 0:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             layers.atomic_write(path, json.dumps(value, indent=2) if name.endswith('.json') else value)
@@ -734,8 +752,9 @@ def stepped(cut, args, n):
 
 
 def identity(args):
-    """What a checkpoint of this run says it is, and must say to be loaded into it."""
-    return {'method': args.method, 'task': args.task, 'model': args.model}
+    """What a checkpoint of this run says it is, and must say to be loaded into it (the task as the run
+    folder's name gives it: a translation's pair too)."""
+    return {'method': args.method, 'task': xlt.method_class(args).folder(args)[0], 'model': args.model}
 
 
 # ----------------------------------------------------------------------------------------
@@ -850,8 +869,7 @@ def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log,
     score = state['epoch'] if score is None else score  # no dev set: keep the last
     if score > state['best']:
         state['best'] = float(score)
-        mlm = getattr(method, 'mlm', None)  # the encoder in --init's layout, with the method's MLM head if it has one
-        save(run, 'best.pt', {**layers.encoder_parts(method.encoder, mlm), 'method': method.state_dict()}, run.args)
+        save(run, 'best.pt', {**layers.encoder_parts(method.encoder, method.mlm), 'method': method.state_dict()}, run.args)
     if run.rank == 0:
         print(ev.epoch_line(state, run.args, epoch_loss, dev, method.select, seconds), flush=True)
     if log:

@@ -84,7 +84,7 @@ class Method(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.step, self.p_teacher = 0, None
+        self.step, self.p_teacher, self.mlm = 0, None, None  # mlm: an MLM head saved with the encoder (VECO's)
 
     @classmethod
     def resolve(cls, args):
@@ -716,7 +716,7 @@ class Veco(Baseline):
     the encoder, the cross-attention is thrown away (Run.encoder loads --init without it), and the
     encoder is fine-tuned as XLM-R: on English (cross-lingual transfer) or, with
     --translate_train_all, on English and its translations (VecoAll)."""
-    NAME, TASKS = 'veco', tuple(TASKS) + ('pretrain', 'translate')  # the last two: VecoPretrain, VecoTranslate
+    NAME = 'veco'
     select = 'en'  # the released run_classify.py keeps the best English dev checkpoint
     # 2e-5: the released XNLI and SQuAD scripts, the middle of Table 6's search for the other tasks
     LR = {task: 2e-5 for task in TASKS}
@@ -809,8 +809,8 @@ class VecoTranslate(Method):
     DEMO = {'steps': 500, 'eval_every': 125, 'lr': 1e-3, 'batch_size': 32, 'warmup': 0.1, 'dropout': 0.1,
             'attn_dropout': 0.0, 'label_smoothing': 0.1, 'average_last': 2, 'max_len': 64}
     OPTIONS = STEPPED + (
-        Option('src', str, 'source language (default en; the README\'s layout)'),
-        Option('tgt', str, 'target language (default de)'),
+        Option('src', str, 'source language (default en; the README\'s layout)', changes='scores'),
+        Option('tgt', str, 'target language (default de)', changes='scores'),
         Option('dec_layers', int, 'decoder layers (default 6, at most the model\'s depth)', AT_LEAST_1),
         Option('dec_init', str, 'the decoder copies the last (default) or the first pre-trained layers, or is new '
                '(Table 4)', choices=('last', 'first', 'random')),
@@ -1085,6 +1085,8 @@ class XLA(Baseline):
         args = run.args
         english, target = data.self_training_sets(run.tok, args.data_dir, args.task, args.train_lang, args.train_share,
                                                   args.max_len)
+        if not (args.mlm or args.init):
+            run.fail('XLA\'s vicinal samples need a masked LM: pass --mlm (a converted XLM-R checkpoint, python layers.py convert)')
         encoder, mlm = run.encoder(init=args.mlm or args.init)  # now: a missing masked LM must not wait until epoch 2
         if mlm is None:
             run.fail(f'{args.mlm or args.init} has no MLM head: pass --mlm a converted XLM-R checkpoint '
@@ -1121,7 +1123,7 @@ class XLA(Baseline):
         ensemble = Ensemble(methods)
         run.finish(run.evaluate(ensemble, 'dev')[0], run.test_scores(run.evaluate(ensemble, 'test')[1]),
                    'each model\'s last XLA epoch that kept the --train_lang dev score (or its warm-up: the best English '
-                   'dev); the ensemble averages the models\' probabilities', rows)
+                   'dev); the ensemble averages the models\' probabilities', rows, 'ensemble')
 
 
 def vicinal_samples(run, feats, vicinity, epoch, name):

@@ -242,3 +242,45 @@ def test_the_reading_guide_is_the_flagship_path_as_the_code_has_it():
         assert not re.search(r'\b(xla|veco|xmixup|filter|pretrain|teacher|warmup_dir|self_teach)\b', '\n'.join(found[name]), re.I), name
     total = sum(int(count) for _, count in rows)
     assert total <= 600 and f'{total} lines in all' in text
+
+
+def test_options_of_other_methods_are_refused_even_when_zero():
+    for argv, name in ((['--method', 'zeroshot', '--average_last', '0'], 'average_last'),
+                       (['--method', 'filter', '--conf_penalty', '0'], 'conf_penalty'),
+                       (['--task', 'xnli', '--cross_only_steps', '0'], 'cross_only_steps')):
+        with pytest.raises(SystemExit, match=f'--{name} belongs to --method'):
+            train.parse_args(argv)
+
+
+def test_a_new_run_drops_what_an_earlier_run_kept_and_resume_reads_it_back(tmp_path, demo_data):
+    args = train.parse_args(['--demo', '--task', 'pawsx', '--out', str(tmp_path / 'run')])
+    args.data_dir = demo_data
+    run = lambda **changes: train.Run(argparse.Namespace(**{**vars(args), **changes}), 0, 1, torch.device('cpu'), None)
+    first = run()
+    assert torch.equal(first.cached('labels.pt', lambda: torch.arange(3)), torch.arange(3))
+    first.sub('epoch1/model1').begin()  # a folder of the run, with its own files
+    (tmp_path / 'run' / 'epoch1' / 'model1' / 'best.pt').write_text('an earlier run\'s')
+    assert set(open(tmp_path / 'run' / 'kept.txt').read().split()) == {'labels.pt', 'epoch1/model1'}
+    resumed = run(resume=True)  # --resume: what was kept is read back, not computed
+    assert torch.equal(resumed.cached('labels.pt', lambda: torch.zeros(3)), torch.arange(3))
+    run(eval_only=True).sub('model1')  # an evaluation changes nothing
+    assert not os.path.exists(tmp_path / 'run' / 'model1') and (tmp_path / 'run' / 'labels.pt').exists()
+    run().begin()  # a new run: the earlier run's kept results are not its own
+    assert not (tmp_path / 'run' / 'labels.pt').exists() and not (tmp_path / 'run' / 'epoch1' / 'model1').exists()
+    assert (tmp_path / 'run' / 'config.json').exists() and not (tmp_path / 'run' / 'kept.txt').exists()
+
+
+def test_one_checkpoint_format_says_what_it_holds(tmp_path):
+    enc = layers.Encoder(layers.CONFIGS['tiny'])
+    layers.save_checkpoint(str(tmp_path / 'best.pt'), {'method': 'filter', 'task': 'xnli', 'model': 'tiny', 'settings': {'k': 1}},
+                           **layers.encoder_parts(enc), method={'w': torch.ones(2)})
+    ckpt = layers.load_checkpoint(str(tmp_path / 'best.pt'), {'task': 'xnli'})
+    assert ckpt['meta']['holds'] == ['config', 'encoder', 'method', 'mlm'] and ckpt['meta']['settings'] == {'k': 1}
+    with pytest.raises(layers.CheckpointError, match='holds filter on xnli with the tiny preset, not a run on pawsx'):
+        layers.load_checkpoint(str(tmp_path / 'best.pt'), {'task': 'pawsx'})
+    assert torch.equal(layers.load_pretrained(str(tmp_path / 'best.pt'))[0].tok.weight, enc.tok.weight)  # --init reads it
+    torch.save(layers.encoder_parts(enc), tmp_path / 'old.pt')  # converted before the format had its name
+    assert torch.equal(layers.load_pretrained(str(tmp_path / 'old.pt'))[0].tok.weight, enc.tok.weight)
+    # a translation's checkpoint names its pair: an en-de model is not read as en-fr
+    pair = lambda tgt: train.identity(train.parse_args(['--method', 'veco', '--task', 'translate', '--tgt', tgt]))
+    assert pair('de')['task'] == 'translate-en-de' != pair('fr')['task']
