@@ -827,6 +827,15 @@ def cut_batches(order, size, chunks, g, lengths=None):
     return [b for b in batches if len(b) >= chunks]
 
 
+def stepped(cut, steps, eval_every, batch_size):
+    """A run counted in steps (pre-training, translation): the global batches of passes cut(p) one after another,
+    an 'epoch' being eval_every of them. -> batches_of(epoch)."""
+    per_pass = len(cut(0))
+    if not per_pass:
+        raise DataError(f'{batch_size} is larger than the training items: lower it')
+    return lambda epoch: [cut(s // per_pass)[s % per_pass] for s in range(epoch * eval_every, min((epoch + 1) * eval_every, steps))]
+
+
 def pad_share(lengths, batches, parts):
     """The share of padding tokens in an epoch's micro-batches (each global batch cut into
     `parts`, as the training step cuts it; each side padded to its longest item). lengths: item_length's."""

@@ -496,6 +496,17 @@ def load_checkpoint(path, expect=None, mmap=False):
     return ckpt
 
 
+def kept_checkpoints(folder):
+    """The checkpoints of a folder, in the order of their names (none without the folder)."""
+    return [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith('.pt')] if os.path.isdir(folder) else []
+
+
+def keep_last(folder, n):
+    """Only the last n checkpoints of a folder are kept (0: all)."""
+    for path in kept_checkpoints(folder)[:-n] if n else []:
+        os.remove(path)
+
+
 def average_checkpoints(paths, expect=None):
     """The mean of the methods' weights in several checkpoints (fairseq's average_checkpoints),
     summed one checkpoint at a time."""

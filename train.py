@@ -167,9 +167,6 @@ def configure(args, owners):
     for name, classes in owners.items():
         if getattr(args, name) is not None and getattr(args, name) is not False and cls not in classes:  # 0 is given
             fail(f'--{name} belongs to {called(classes)}, not to {args.method} on {args.task}')
-    for o in cls.OPTIONS:
-        if getattr(args, o.name) is None and o.default is not None:
-            setattr(args, o.name, o.default)
     if args.translate_test and (family(args) not in ('classification', 'qa') or cls.paired):
         fail('--translate_test needs a method that reads one text and a task whose labels survive translation '
              '(tags would need a word alignment): drop --translate_test')
@@ -544,12 +541,11 @@ class Run:
     def keep(self, name):
         """Record a file or folder the run computed for itself (kept.txt): --resume reads it back, and
         the next new run in the folder removes it first (an earlier run's results are not its)."""
-        if self.args.eval_only:  # an evaluation changes no run
-            return
-        self.begin()
-        if self.rank == 0 and name not in (data.lines_of(self.path('kept.txt')) if os.path.exists(self.path('kept.txt')) else []):
-            with open(self.path('kept.txt'), 'a') as f:
-                f.write(name + '\n')
+        if not self.args.eval_only:  # an evaluation changes no run
+            self.begin()
+            if self.rank == 0:
+                with open(self.path('kept.txt'), 'a') as f:
+                    f.write(name + '\n')
 
     def shuffled(self, items):
         """-> batches_of(epoch): a permutation fixed by (--seed, epoch), grouped by length unless
@@ -564,7 +560,7 @@ class Run:
                 passes[p] = data.global_batches(len(items), args.batch_size, args.seed * 1000 + p, self.chunks,
                                                 lengths if args.group_by_length else None)
             return passes[p]
-        return stepped(cut, args, len(items)) if args.steps else cut
+        return data.stepped(cut, args.steps, args.eval_every, f'--batch_size {args.batch_size}') if args.steps else cut
 
     def evaluate(self, method, split):
         """-> ({lang: scores}, {lang: predictions}) in every language of the split (eval_sets)."""
@@ -713,15 +709,15 @@ class Run:
     def average_last(self, method, n):
         """Load the weights that decode: the mean of the last n kept checkpoints (fairseq's
         average_checkpoints), or best.pt with n = 0. -> what they are."""
-        folder = self.path('checkpoints')
-        kept = sorted(f for f in os.listdir(folder) if f.endswith('.pt'))[-n:] if n and os.path.isdir(folder) else []
+        kept = layers.kept_checkpoints(self.path('checkpoints'))[-n:] if n else []
         if not kept:
             if not os.path.exists(self.path('best.pt')):
                 fail(f'{self.path("best.pt")} not found: --eval_only decodes a finished run in --out')
             self.load_best(method)
             return 'best.pt: the lowest valid loss'
-        method.load_state_dict(layers.average_checkpoints([os.path.join(folder, k) for k in kept], identity(self.args)))
-        return f'the mean of the last {len(kept)} checkpoints ({kept[0][4:-3].lstrip("0")} to {kept[-1][4:-3].lstrip("0")} steps)'
+        method.load_state_dict(layers.average_checkpoints(kept, identity(self.args)))
+        step = lambda path: os.path.basename(path)[4:-3].lstrip('0')
+        return f'the mean of the last {len(kept)} checkpoints ({step(kept[0])} to {step(kept[-1])} steps)'
 
     def say(self, message):
         if self.rank == 0:
@@ -741,14 +737,6 @@ def stage_settings(args, cls, name):
         setattr(settings, o.name, False if o.type is bool else None)
     settings.resume = args.resume and began(settings.out)
     return settings
-
-
-def stepped(cut, args, n):
-    """A run counted in --steps (pre-training, translation): passes cut(p) one after another, an
-    epoch being --eval_every steps."""
-    per_pass = len(cut(0)) or fail(f'--batch_size {args.batch_size} is larger than the {n} training items: lower it')
-    return lambda epoch: [cut(s // per_pass)[s % per_pass]
-                          for s in range(epoch * args.eval_every, min((epoch + 1) * args.eval_every, args.steps))]
 
 
 def identity(args):
@@ -862,8 +850,8 @@ def train_step(model, items, batch, args, step, rank, world, device, collate):
 def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log, padding):
     """An epoch's end: the weights kept for averaging, validate(), best.pt when the selection
     score is the best so far, the printed line and the log's."""
-    if keep_last:
-        keep_snapshot(run, method, state['step'], keep_last)
+    if keep_last:  # fairseq's --save-interval-updates and --keep-interval-updates
+        save(run, f'checkpoints/step{state["step"]:07d}.pt', {'method': method.state_dict()}, run.args, keep_last)
     dev = validate()
     score = ev.selection(method.select, dev)[0]
     score = state['epoch'] if score is None else score  # no dev set: keep the last
@@ -878,25 +866,18 @@ def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log,
         log.flush()
 
 
-def keep_snapshot(run, method, step, n):
-    """The weights at this step, kept for averaging: checkpoints/step<N>.pt, the last n of them
-    (fairseq's --save-interval-updates, --keep-interval-updates)."""
-    save(run, f'checkpoints/step{step:07d}.pt', {'method': method.state_dict()}, run.args)
-    kept = sorted(f for f in os.listdir(run.path('checkpoints')) if f.endswith('.pt')) if run.rank == 0 else []
-    for old in kept[:-n]:
-        os.remove(run.path(f'checkpoints/{old}'))
-
-
 def resume_point(method, opt, sched, state):
     return {'method': method.state_dict(), 'optimizer': opt.state_dict(), 'schedule': sched.state_dict(),
             'state': dict(state), 'rng': torch.get_rng_state()}
 
 
-def save(run, name, parts, args):
-    """A checkpoint of the run, written by the first process (layers.save_checkpoint: atomic)."""
+def save(run, name, parts, args, keep=0):
+    """A checkpoint of the run, written by the first process (layers.save_checkpoint: atomic); keep: only the
+    last `keep` checkpoints of its folder are kept."""
     if run.rank == 0:
         os.makedirs(os.path.dirname(run.path(name)), exist_ok=True)
         layers.save_checkpoint(run.path(name), {**identity(args), 'settings': json.loads(json.dumps(vars(args)))}, **parts)
+        layers.keep_last(os.path.dirname(run.path(name)), keep)
 
 
 def open_log(path, step):

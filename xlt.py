@@ -96,15 +96,15 @@ class Method(nn.Module):
 
     @classmethod
     def configure(cls, args, demo=None):
-        """Fill the options left unset: the demo's settings (demo) or the released scripts' (released),
-        the learning rate from LR, then the papers' (4 epochs, 2 for XQuAD and MLQA; batch 64; 10%
-        warm-up; up to 128 tokens, 384 for QA); raise ValueError on what cannot run."""
+        """Fill the options left unset: the class's options' defaults, the demo's settings (demo) or the released
+        scripts' (released), the learning rate from LR, then the papers' (4 epochs, 2 for XQuAD and MLQA; batch
+        64; 10% warm-up; up to 128 tokens, 384 for QA); raise ValueError on what cannot run."""
         qa = args.task in TASKS and TASKS[args.task].family == 'qa'
         epochs = (15 if qa else 8) if demo else 2 if args.task in ('xquad', 'mlqa') else 4  # the demo's QA needs longer
         lr = {**cls.LR, **(cls.LR_LARGE if args.model == 'large' else {})}.get(args.task, 2e-5)
-        for option, value in {'lr': lr, 'epochs': epochs, 'warmup': 0.1, 'group_by_length': True, 'clip': 1.0,
-                              'weight_decay': 0.01, 'batch_size': 64, 'max_len': 384 if qa else 128,
-                              **(cls.released(args) if demo is None else demo)}.items():
+        for option, value in {**{o.name: o.default for o in cls.OPTIONS}, 'lr': lr, 'epochs': epochs, 'warmup': 0.1,
+                              'group_by_length': True, 'clip': 1.0, 'weight_decay': 0.01, 'batch_size': 64,
+                              'max_len': 384 if qa else 128, **(cls.released(args) if demo is None else demo)}.items():
             if getattr(args, option, None) is None:
                 setattr(args, option, value)
 
