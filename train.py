@@ -85,13 +85,11 @@ def main(argv=None):
     global START
     START = time.time()
     args = parse_args(argv)
-    if args.dry_run:
-        return dry_run(args)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 matmuls outside autocast
-    rank, world, device = setup_distributed()
+    rank, world, device = setup_distributed() if not args.dry_run else (0, 1, None)
     data.VERBOSE = rank == 0  # warnings about skipped data, once
     try:
-        execute(args, rank, world, device)
+        dry_run(args) if args.dry_run else execute(args, rank, world, device)
     except (data.DataError, ev.EvalError, layers.CheckpointError, OSError) as e:
         fail(f'{e.filename}: {e.strerror}' if isinstance(e, OSError) and e.strerror else str(e))
     except KeyboardInterrupt:
@@ -102,13 +100,10 @@ def main(argv=None):
 
 def dry_run(args):
     """--dry_run: the checks and the plan; under torchrun every process checks, the first prints."""
-    world = int(os.environ.get('WORLD_SIZE', 1))
-    try:
-        files = check(args, world)
-    except (data.DataError, FileNotFoundError) as e:
-        fail(str(e))
+    files = check(args, int(os.environ.get('WORLD_SIZE', 1)))
     if os.environ.get('RANK', '0') == '0':
-        show(f'dry run of {args.method} on {args.task} into {args.out}: nothing is trained or written', plan(args, world, files))
+        show(f'dry run of {args.method} on {args.task} into {args.out}: nothing is trained or written',
+             plan(args, int(os.environ.get('WORLD_SIZE', 1)), files))
 
 
 # ----------------------------------------------------------------------------------------
