@@ -148,8 +148,7 @@ def called(classes):
 
 
 def configure(args, owners):
-    """The method's class checks and fills its options (xlt), then the trainer's defaults and the
-    run folder."""
+    """The method's class checks and fills its options (xlt), then the trainer's defaults and the run folder."""
     tasks = list(dict.fromkeys(task for c in xlt.classes() for task in c.TASKS))
     if args.task not in tasks:
         fail(f'unknown task {args.task!r}: choose one of {", ".join(tasks)}')
@@ -185,15 +184,13 @@ def family(args):
 
 
 def default_folder(args):
-    """The rest of a default run folder's name (the method's class gives task, method and its own
-    choices): translate-test, a preset or seed not the default, the demo."""
+    """The rest of a default folder's name: translate-test, a preset or seed not the default, the demo."""
     return (['translate-test'] * args.translate_test + [args.model] * (args.model != ('tiny' if args.demo else 'base'))
             + [f'seed{args.seed}'] * (args.seed != 1) + ['demo'] * args.demo)
 
 
 def demo_start(out):
-    """The demo's pre-trained tiny model: VECO pre-trained on the demo's text, in
-    pretrain-veco-demo beside the run folder."""
+    """The demo's pre-trained model: VECO pre-trained on the demo's text, beside the run folder."""
     return os.path.join(os.path.dirname(os.path.abspath(out)), 'pretrain-veco-demo', 'best.pt')
 
 
@@ -240,8 +237,7 @@ def check(args, world):
 
 
 def check_stages(args, cls):
-    """A finished stage the method keeps outside the run's folder may serve other runs (XLA's
-    --warmup_dir): one of other settings is refused, not replaced."""
+    """A finished stage kept outside the run's folder (--warmup_dir) serves other runs: other settings are refused."""
     for name, changes in cls.stages(args).items():
         settings = stage_settings(args, cls, name)
         if 'out' in changes and is_finished(settings.out) and differences(read_config(settings.out), settings):
@@ -677,10 +673,7 @@ class Run:
         --eval_only read it back; a new run computes it again."""
         path = self.path(name)
         if (self.args.resume or self.args.eval_only) and os.path.exists(path):
-            if name.endswith('.json'):
-                with open(path) as f:
-                    return json.load(f)
-            return torch.load(path, weights_only=True)
+            return json.loads(data.read_text(path)) if name.endswith('.json') else torch.load(path, weights_only=True)
         if self.args.eval_only:
             fail(f'{path} not found: --eval_only evaluates a finished run in --out')
         value = compute()
@@ -735,8 +728,7 @@ def stage_settings(args, cls, name):
 
 
 def identity(args):
-    """What a checkpoint of this run says it is, and must say to be loaded into it (the task as the run
-    folder's name gives it: a translation's pair too)."""
+    """What a run's checkpoint says it is and must say to be loaded (a translation's task names its pair)."""
     return {'method': args.method, 'task': xlt.method_class(args).folder(args)[0], 'model': args.model}
 
 
@@ -867,8 +859,7 @@ def resume_point(method, opt, sched, state):
 
 
 def save(run, name, parts, args, keep=0):
-    """A checkpoint of the run, written by the first process (layers.save_checkpoint: atomic); keep: only the
-    last `keep` checkpoints of its folder are kept."""
+    """A checkpoint (layers.save_checkpoint: atomic), from the first process; keep: the last `keep` of its folder."""
     if run.rank == 0:
         os.makedirs(os.path.dirname(run.path(name)), exist_ok=True)
         layers.save_checkpoint(run.path(name), {**identity(args), 'settings': json.loads(json.dumps(vars(args)))}, **parts)
@@ -876,8 +867,7 @@ def save(run, name, parts, args, keep=0):
 
 
 def open_log(path, step):
-    """log.jsonl for appending from `step`: a resumed run drops the lines written after its
-    checkpoint, which it trains again, so the log reads as one run."""
+    """log.jsonl from `step` on: a resumed run drops the lines written after its checkpoint."""
     kept = []
     if step and os.path.exists(path):
         with open(path) as f:
@@ -923,8 +913,6 @@ def interrupted(args):
     """Ctrl-C's line: the last checkpoint this run wrote, and how to go on from it."""
     if args.eval_only:
         return 'interrupted while evaluating: nothing was changed; run the same command again'
-    if not os.path.isdir(args.out):
-        return 'interrupted before the run began: nothing was written'
     found = [os.path.join(d, 'last.pt') for d, _, names in os.walk(args.out) if 'last.pt' in names]
     found = [p for p in found if os.path.getmtime(p) >= START]  # not an earlier run's
     if not found:
