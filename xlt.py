@@ -327,6 +327,7 @@ def teacher_probabilities(run, items):
     outputs = run.outputs(teacher, items if teacher.paired else [item[1] for item in items])
     return [probabilities(teacher.family, o) for o in outputs]
 
+
 class Filter(Taught):
     """FILTER (filter.txt): a source text S and its translation T are encoded apart by m local
     layers, together by k fusion layers over [H_l^s; H_l^t] (Eq. 1) and apart again by the
