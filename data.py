@@ -320,16 +320,10 @@ def read_squad(path, task='squad', train=False):
                         'field); expected data/paragraphs/qas with id, question, answers (text, answer_start)') from None
     if not train:
         return examples
-    reasons = {'no answer': 0, 'empty context': 0, 'answer text not at answer_start': 0}
-    kept = []
-    for ex in examples:
-        problem = unusable_answer(ex)
-        if problem:
-            reasons[problem] += 1
-        else:
-            kept.append(ex)
+    problems = [unusable_answer(ex) for ex in examples]
+    reasons = {r: problems.count(r) for r in ('no answer', 'empty context', 'answer text not at answer_start')}
     report_skipped(path, len(examples), reasons, 'questions')
-    return kept
+    return [ex for ex, problem in zip(examples, problems) if not problem]
 
 
 def unusable_answer(ex):
@@ -435,12 +429,11 @@ def read_retrieval(data_dir, task, split, lang):
     tatoeba: ([sentences of lang], [English sentences], None)."""
     check_language(data_dir, task, lang)
     stem = split_path(data_dir, task, split, lang)
-    for side in (lang, 'en'):
-        need(f'{stem}.{side}', f'get the {task} data (python data.py download --task {task})')
+    src, eng = (need(f'{stem}.{side}', f'get the {task} data (python data.py download --task {task})') for side in (lang, 'en'))
     if task == 'tatoeba':
-        return lines_of(stem + f'.{lang}'), lines_of(stem + '.en'), None
+        return lines_of(src), lines_of(eng), None
     gold = [tuple(line.split('\t')) for line in lines_of(stem + '.gold')] if os.path.exists(stem + '.gold') else None
-    return id_sentences(stem + f'.{lang}'), id_sentences(stem + '.en'), gold
+    return id_sentences(src), id_sentences(eng), gold
 
 
 def id_sentences(path):
@@ -547,14 +540,13 @@ def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=Fals
     too. Evaluation tokenizes without looking at any answer."""
     feats = []
     for n, ex in enumerate(progress(examples, 'QA windows')):
-        answer = ex['answers'][0] if ex['answers'] else None
-        a0 = answer and answer['answer_start']
-        a1 = answer and a0 + len(answer['text'])
         if train and unusable_answer(ex):
             continue  # the readers skip (and count) these already; features never learn from them
+        a0 = ex['answers'][0]['answer_start'] if train else None  # evaluation reads blind
+        a1 = a0 + len(ex['answers'][0]['text']) if train else None
         query = tok.encode(ex['question'])[:min(max_query, max_len - 5)]  # at least one context token a window
-        ctx, spans = tok.encode_with_spans(ex['context'], (a0, a1) if train else ())  # evaluation reads blind
-        if answer and train:  # first and last token holding answer characters
+        ctx, spans = tok.encode_with_spans(ex['context'], (a0, a1) if train else ())
+        if train:  # first and last token holding answer characters
             inside = [p for p, (s, e) in enumerate(spans) if s < e and s < a1 and e > a0]
             first, last = (inside[0], inside[-1]) if inside else (-1, -1)
         budget, offset, windows = max_len - len(query) - 4, 0, []
@@ -573,7 +565,7 @@ def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=Fals
         head = [tok.bos] + query + [tok.eos, tok.eos]
         for w, (start, length) in enumerate(windows):
             label = None
-            if answer and train:
+            if train:
                 within = start <= first and last < start + length
                 label = (first - start + len(head), last - start + len(head)) if within else (0, 0)
             feats.append(Feature(head + ctx[start:start + length] + [tok.eos], label, n, qid=ex['id'],
@@ -775,14 +767,11 @@ class Pair:
 def collate(features, index=None, pad_id=1):
     pad = lambda rows, value: torch.nn.utils.rnn.pad_sequence([torch.tensor(r) for r in rows], True, value)
     ids = pad([f.ids for f in features], pad_id)
-    first = features[0].label
-    if first is None:
-        labels = None
-    elif isinstance(first, list):
-        labels = pad([f.label for f in features], IGNORE)
+    labels, first = [f.label for f in features], None
+    if labels[0] is not None:  # tag lists padded with IGNORE, else a class or a (start, end) each
+        labels = pad(labels, IGNORE) if isinstance(labels[0], list) else torch.tensor(labels)
     else:
-        labels = torch.tensor([f.label for f in features])
-    first = None
+        labels = None
     if features[0].words is not None:
         first = torch.zeros_like(ids, dtype=torch.bool)
         for row, f in enumerate(features):
@@ -1034,9 +1023,7 @@ DEMO_NER = {'S': 'PER', 'O': 'ORG', 'C': 'LOC'}
 
 
 def demo_fact(rng):
-    pick = lambda slot: rng.randrange(len(DEMO_WORDS[slot]))
-    return {'first': pick('first'), 'last': pick('last'), 'C': pick('C'), 'O': pick('O'), 'V': pick('V'),
-            'A': pick('A'), 'N': pick('N'), 'D': 0}
+    return {**{slot: rng.randrange(len(DEMO_WORDS[slot])) for slot in ('first', 'last', 'C', 'O', 'V', 'A', 'N')}, 'D': 0}
 
 
 DEMO_ROUND_TRIP = {'fact': 'moved', 'moved': 'fact'}  # English -> target -> English comes back reordered
@@ -1075,14 +1062,11 @@ def demo_examples(task, n, rng):
         f = demo_fact(rng)
         other = dict(f, N=(f['N'] + 1 + rng.randrange(len(DEMO_WORDS['N']) - 1)) % len(DEMO_WORDS['N']),
                      C=(f['C'] + 1) % len(DEMO_WORDS['C']))
-        if task == 'xnli':
-            label = rng.choice(TASKS['xnli'].labels)
-            second = {'entailment': ('short', f), 'contradiction': ('never', f), 'neutral': ('work', f)}[label]
+        if task in ('xnli', 'pawsx'):  # the second sentence of each label
+            label = rng.choice(TASKS[task].labels)
+            second = {'entailment': ('short', f), 'contradiction': ('never', f), 'neutral': ('work', f),
+                      '1': ('moved', f), '0': ('moved', other)}[label]
             out.append({l: {'a': demo_say('fact', f, l)[0], 'b': demo_say(*second, l)[0], 'label': label} for l in DEMO_SIDES})
-        elif task == 'pawsx':
-            label = rng.choice('01')
-            out.append({l: {'a': demo_say('fact', f, l)[0], 'b': demo_say('moved', f if label == '1' else other, l)[0],
-                            'label': label} for l in DEMO_SIDES})
         elif task in ('udpos', 'panx'):
             kind = rng.choice(['fact', 'work', 'moved'] + (['short', 'never'] if task == 'udpos' else []))
             said = {l: demo_say(kind, f, l) for l in DEMO_SIDES}
@@ -1109,43 +1093,33 @@ def demo_examples(task, n, rng):
 def demo_files(task, split, rows):
     """{path: text} of one task and split, rows: [{lang: example}], in the layout the readers read.
     Test files carry no labels (as XTREME's); their gold goes to labels/<task>/test-<lang>.<ext>."""
-    family, files = TASKS[task].family, {}
-    src_langs = ['en'] if split == 'train' else list(DEMO_LANGS)
-    tsv = lambda cols: ''.join('\t'.join(c) + '\n' for c in cols)
+    family, files, test = TASKS[task].family, {}, split == 'test'
     squad = lambda exs, blank=False: json.dumps({'version': 'demo', 'data': [{'paragraphs': [{'context': e['context'], 'qas': [
         {'id': e['id'], 'question': e['question'],
          'answers': [{'text': '', 'answer_start': 0}] if blank else e['answers']}]}]} for e in exs]}, ensure_ascii=False)
-    for lang in src_langs:
-        exs = [r[lang] for r in rows]
-        path = split_path('', task, split, lang)
+
+    def text(exs, labelled=True):  # a file of examples as the readers read it
         if family == 'classification':
-            files[path] = tsv((e['a'], e['b']) + ((e['label'],) if split != 'test' else ()) for e in exs)
-            if split == 'test':
-                files[f'labels/{task}/test-{lang}.tsv'] = tsv((e['label'],) for e in exs)
-        elif family == 'tagging':
-            files[path] = tagged_text(exs, split != 'test')
-            if split == 'test':
-                files[f'labels/{task}/test-{lang}.tsv'] = '\n'.join(''.join(t + '\n' for t in e['tags']) for e in exs)
-        elif path:
-            files[path] = squad(exs, blank=split == 'test')
-            if split == 'test':
-                files[f'labels/{task}/test-{lang}.json'] = squad(exs)
-        for other in DEMO_LANGS:  # translations: English -> other for train, lang -> English otherwise
-            if (split == 'train') == (other == 'en') or (split != 'train' and lang == 'en'):
-                continue
-            if split == 'train':  # the English training data translated into `other` and back
-                rt, path = [r['rt'] for r in rows], split_path('', task, 'round-trip', other)
-                files[path] = (tsv((e['a'], e['b'], e['label']) for e in rt) if family == 'classification'
-                               else tagged_text(rt) if family == 'tagging' else squad(rt))
-            orig, trans = (exs, [r[other] for r in rows]) if split == 'train' else (exs, [r['en'] for r in rows])
-            path = split_path('', task, f'translate-{split}', other if split == 'train' else lang)
-            if family == 'classification':
-                files[path] = tsv((o['a'], o['b'], t['a'], t['b']) + ((o['label'],) if split != 'test' else ())
-                                  for o, t in zip(orig, trans))
-            elif family == 'tagging':
-                files[path] = tagged_text(trans, split != 'test')
-            elif path and (split != 'dev' or task == 'mlqa'):
-                files[path] = squad(trans)  # translated with their answers, as XTREME's translate-test sets
+            return tsv_text((e['a'], e['b']) + ((e['label'],) if labelled else ()) for e in exs)
+        return tagged_text(exs, labelled) if family == 'tagging' else squad(exs, blank=not labelled)
+    for lang in ['en'] if split == 'train' else DEMO_LANGS:
+        exs = [r[lang] for r in rows]
+        if split_path('', task, split, lang):
+            files[split_path('', task, split, lang)] = text(exs, not test)
+        if test:  # the gold: a label a line, a tag a line (a blank line between sentences), or the answers
+            files[f'labels/{task}/test-{lang}.{suffix(task)}'] = (
+                tsv_text((e['label'],) for e in exs) if family == 'classification' else squad(exs) if family == 'qa'
+                else '\n'.join(''.join(t + '\n' for t in e['tags']) for e in exs))
+        for other in DEMO_LANGS[1:] if split == 'train' else ['en'] * (lang != 'en'):
+            # translations: English -> other for train (with the round trip back), lang -> English otherwise
+            if split == 'train':
+                files[split_path('', task, 'round-trip', other)] = text([r['rt'] for r in rows])
+            trans, path = [r[other] for r in rows], split_path('', task, f'translate-{split}', other if split == 'train' else lang)
+            if family == 'classification':  # the original pair, then its translation
+                files[path] = tsv_text((o['a'], o['b'], t['a'], t['b']) + ((o['label'],) if not test else ())
+                                       for o, t in zip(exs, trans))
+            elif path and (family == 'tagging' or split != 'dev' or task == 'mlqa'):
+                files[path] = text(trans, not test or family == 'qa')  # QA: with their answers, as XTREME's translate-test sets
     return files
 
 
@@ -1225,8 +1199,7 @@ def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
         rows = demo_examples(task, n_train, rng_target)
         files.update({split_path('', task, 'train', lang): tagged_text([r[lang] for r in rows]) for lang in DEMO_LANGS[1:]})
     for path, text in files.items():
-        os.makedirs(os.path.join(out_dir, os.path.dirname(path)), exist_ok=True)
-        atomic_write(os.path.join(out_dir, path), text)
+        write_text(os.path.join(out_dir, path), text)
     sentences = [demo_say(kind, demo_fact(rng), lang)[0] for kind in DEMO_ORDER for lang in DEMO_LANGS for _ in range(100)]
     spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences),
                                    model_prefix=os.path.join(out_dir, 'sentencepiece.bpe'), vocab_size=600, model_type='bpe',

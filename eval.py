@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from data import (GROUPS, TASKS, DataError, Feature, collate, evaluation_set, is_demo, languages, length_batches, lines_of,
-                  read_retrieval, read_text, split_path, suffix, word_predictions)
+                  read_retrieval, read_text, split_path, suffix, word_predictions, write_text)
 from layers import Parser, atomic_write, mean_pool
 
 
@@ -37,8 +37,7 @@ class EvalError(ValueError):
 # Metrics. Each takes gold labels first, returns {metric: value in 0-100}.
 
 def accuracy(labels, preds):
-    correct = sum(int(p == g) for p, g in zip(preds, labels))
-    return {'accuracy': float(correct) / len(preds) * 100}
+    return {'accuracy': sum(p == g for p, g in zip(preds, labels)) / len(preds) * 100}
 
 
 def chunks(sentences):
@@ -60,9 +59,10 @@ def chunks(sentences):
     return found
 
 
-def chunk_f1(labels, preds):
-    """Micro precision, recall and F1 over all chunks of a file, as seqeval's defaults (0 when undefined)."""
-    gold, pred = chunks(labels), chunks(preds)
+def chunk_f1(labels, preds, items=chunks):
+    """Micro precision, recall and F1 over all chunks of a file, as seqeval's defaults (0 when undefined);
+    items: the set a file's labels make (bucc_f1: its pairs, each counted once)."""
+    gold, pred = items(labels), items(preds)
     tp = len(gold & pred)
     p = tp / len(pred) if pred else 0.0
     r = tp / len(gold) if gold else 0.0
@@ -71,11 +71,7 @@ def chunk_f1(labels, preds):
 
 
 def bucc_f1(labels, preds):
-    gold, pred = {tuple(x.split('\t')) for x in labels}, {tuple(x.split('\t')) for x in preds}
-    n = len(gold & pred)
-    p, r = (n / len(pred), n / len(gold)) if n else (0.0, 0.0)
-    f = 2 * p * r / (p + r) if n else 0.0
-    return {'f1': f * 100, 'precision': p * 100, 'recall': r * 100}
+    return chunk_f1(labels, preds, lambda lines: {tuple(x.split('\t')) for x in lines})
 
 
 SQUAD_PUNCT = set(string.punctuation)
@@ -335,8 +331,7 @@ def write_predictions(folder, task, lang, preds):
     else:
         text = ''.join(f'{p}\n' for p in preds)
     path = os.path.join(folder, task, f'test-{lang}.{suffix(task)}')
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    atomic_write(path, text)
+    write_text(path, text)
     return path
 
 
@@ -461,8 +456,12 @@ def retrieve(data_dir, task, embed):
         src, eng, _ = read_retrieval(data_dir, task, 'test', lang)
         if task == 'tatoeba':  # for every English sentence, the line of its source sentence
             preds[lang] = nearest(embed(eng), embed(src))[0].tolist()
-        else:
-            preds[lang] = bucc_mine(embed, src, eng, bucc_dev_threshold(embed, *read_retrieval(data_dir, task, 'dev', lang)))
+            continue
+        dev_src, dev_eng, gold = read_retrieval(data_dir, task, 'dev', lang)  # BUCC: the pairs from the dev threshold on
+        dev_pairs, dev_scores = bucc_candidates(embed, dev_src, dev_eng)
+        threshold = best_threshold(dev_scores, dev_pairs, set(gold))
+        pairs, scores = bucc_candidates(embed, src, eng)
+        preds[lang] = [p for p, s in zip(pairs, scores) if s >= threshold]
     return preds
 
 
@@ -494,17 +493,6 @@ def bucc_candidates(embed, src, eng):
     return [(s, eng_ids[j]) for s, j in zip(src, index.tolist())], score.tolist()
 
 
-def bucc_dev_threshold(embed, src, eng, gold):
-    pairs, scores = bucc_candidates(embed, src, eng)
-    return best_threshold(scores, pairs, set(gold))
-
-
-def bucc_mine(embed, src, eng, threshold):
-    """Pairs whose similarity reaches the threshold chosen on the dev split."""
-    pairs, scores = bucc_candidates(embed, src, eng)
-    return [p for p, s in zip(pairs, scores) if s >= threshold]
-
-
 def linear_cka(x, y):
     """Linear CKA between representations x (n, d1) and y (n, d2) of the same n inputs (X-Mixup Eq. 1):
     ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F) on centred features."""
@@ -524,11 +512,15 @@ def summarize(per_lang, source='en'):
     return out
 
 
+def summary(scores):
+    """{lang: scores} -> per-language main scores with their average and transfer gap."""
+    return summarize({lang: s['score'] for lang, s in scores.items()}) if scores else {}
+
+
 def results(task, method, dev, test, selected_by=None, runs=None, stage=None, name=None):
     """A run's results.json (dev and test per language with average and transfer gap, the kept
     checkpoint's selection rule) and its table; runs: other rows {name: {'dev': summary, 'test':
     summary}} (XLA's models), listed first, the run's row then named `name`; QA adds rows of EM and F1."""
-    summary = lambda scores: summarize({lang: s['score'] for lang, s in scores.items()}) if scores else {}
     out = {'task': task, 'method': method, 'selected_by': selected_by, 'dev': summary(dev), 'test': summary(test),
            'test_metrics': test, 'dev_metrics': dev, **({'runs': runs} if runs else {})}
     rows = {f'{split} {name}': r[split] for split in ('dev', 'test') for name, r in (runs or {}).items() if r[split]}

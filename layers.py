@@ -235,17 +235,18 @@ def init_weights(module):
 # Checkpoints. Every source is renamed into one flat dict with our names
 # ('enc.…', 'mlm.…'), then checked key by key against the model.
 
+def per_layer(prefix, names):
+    """A checkpoint's names of a block's modules {theirs: ours} for every layer ({} is its index)."""
+    return {f'{prefix}.{{}}.{theirs}': f'enc.blocks.{{}}.{ours}' for theirs, ours in names.items()}
+
+
 HF_NAMES = {  # Hugging Face module -> ours ({} is the layer index)
     'embeddings.word_embeddings': 'enc.tok', 'embeddings.position_embeddings': 'enc.pos',
     'embeddings.LayerNorm': 'enc.ln',
-    'encoder.layer.{}.attention.self.query': 'enc.blocks.{}.attn.q',
-    'encoder.layer.{}.attention.self.key': 'enc.blocks.{}.attn.k',
-    'encoder.layer.{}.attention.self.value': 'enc.blocks.{}.attn.v',
-    'encoder.layer.{}.attention.output.dense': 'enc.blocks.{}.attn.out',
-    'encoder.layer.{}.attention.output.LayerNorm': 'enc.blocks.{}.ln1',
-    'encoder.layer.{}.intermediate.dense': 'enc.blocks.{}.ffn.fc1',
-    'encoder.layer.{}.output.dense': 'enc.blocks.{}.ffn.fc2',
-    'encoder.layer.{}.output.LayerNorm': 'enc.blocks.{}.ln2',
+    **per_layer('encoder.layer', {'attention.self.query': 'attn.q', 'attention.self.key': 'attn.k',
+                                  'attention.self.value': 'attn.v', 'attention.output.dense': 'attn.out',
+                                  'attention.output.LayerNorm': 'ln1', 'intermediate.dense': 'ffn.fc1',
+                                  'output.dense': 'ffn.fc2', 'output.LayerNorm': 'ln2'}),
     'lm_head.dense': 'mlm.dense', 'lm_head.layer_norm': 'mlm.ln', 'lm_head': 'mlm',
     'lm_head.decoder': 'tied',  # copies of the word embeddings and lm_head.bias, when present
     'embeddings.token_type_embeddings': 'type',  # one row added to every token: folded into positions
@@ -253,14 +254,10 @@ HF_NAMES = {  # Hugging Face module -> ours ({} is the layer index)
 FAIRSEQ_NAMES = {  # fairseq module (after 'decoder.' or 'encoder.') -> ours
     'sentence_encoder.embed_tokens': 'enc.tok', 'sentence_encoder.embed_positions': 'enc.pos',
     'sentence_encoder.emb_layer_norm': 'enc.ln', 'sentence_encoder.layernorm_embedding': 'enc.ln',
-    'sentence_encoder.layers.{}.self_attn.q_proj': 'enc.blocks.{}.attn.q',
-    'sentence_encoder.layers.{}.self_attn.k_proj': 'enc.blocks.{}.attn.k',
-    'sentence_encoder.layers.{}.self_attn.v_proj': 'enc.blocks.{}.attn.v',
-    'sentence_encoder.layers.{}.self_attn.out_proj': 'enc.blocks.{}.attn.out',
-    'sentence_encoder.layers.{}.self_attn_layer_norm': 'enc.blocks.{}.ln1',
-    'sentence_encoder.layers.{}.fc1': 'enc.blocks.{}.ffn.fc1',
-    'sentence_encoder.layers.{}.fc2': 'enc.blocks.{}.ffn.fc2',
-    'sentence_encoder.layers.{}.final_layer_norm': 'enc.blocks.{}.ln2',
+    **per_layer('sentence_encoder.layers', {'self_attn.q_proj': 'attn.q', 'self_attn.k_proj': 'attn.k',
+                                            'self_attn.v_proj': 'attn.v', 'self_attn.out_proj': 'attn.out',
+                                            'self_attn_layer_norm': 'ln1', 'fc1': 'ffn.fc1', 'fc2': 'ffn.fc2',
+                                            'final_layer_norm': 'ln2'}),
     'lm_head.dense': 'mlm.dense', 'lm_head.layer_norm': 'mlm.ln', 'lm_head': 'mlm',
 }
 # Tensors real files carry that no part of this model uses: HF's position_ids buffer and
@@ -435,9 +432,8 @@ def load_pretrained(path, cross=False):
         sd = {k: v for k, v in sd.items() if not is_cross(k)}
     enc = Encoder(cfg, cross)
     mlm = MLMHead(cfg, enc.tok.weight) if any(k.startswith('mlm.') for k in sd) else None
-    expected = {f'enc.{k}': v for k, v in enc.state_dict().items() if found or not is_cross(f'enc.{k}')}
-    if mlm is not None:
-        expected.update({f'mlm.{k}': v for k, v in mlm.state_dict().items()})
+    model = nn.ModuleDict({'enc': enc} if mlm is None else {'enc': enc, 'mlm': mlm})  # keys in our names
+    expected = {k: v for k, v in model.state_dict().items() if found or not is_cross(k)}
     missing = sorted(set(expected) - set(sd))
     unknown = unknown + sorted(set(sd) - set(expected))
     shapes = [f'{k} {list(sd[k].shape)} (model {list(v.shape)})' for k, v in expected.items() if k in sd and sd[k].shape != v.shape]
@@ -445,9 +441,7 @@ def load_pretrained(path, cross=False):
                 for what, keys in (('missing', missing), ('unexpected', unknown), ('wrong shape', shapes)) if keys]
     if problems:
         raise CheckpointError(f'{path} does not match the model: ' + '; '.join(problems))
-    enc.load_state_dict({k[4:]: v for k, v in sd.items() if k.startswith('enc.')}, strict=found or not cross)
-    if mlm is not None:
-        mlm.load_state_dict({k[4:]: v for k, v in sd.items() if k.startswith('mlm.')})
+    model.load_state_dict(sd, strict=found or not cross)  # not strict: a new cross-attention keeps its initialisation
     return enc, mlm
 
 

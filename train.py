@@ -628,8 +628,7 @@ class Run:
         if self.rank != 0:
             return
         for name, text in {**(files or {}), 'results.json': json.dumps(results, indent=2), 'results.txt': table + '\n'}.items():
-            os.makedirs(os.path.dirname(self.path(name)), exist_ok=True)
-            layers.atomic_write(self.path(name), text)
+            data.write_text(self.path(name), text)
         print(table)
         print(f'{where}; {ev.clock(time.time() - START)} in all')
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import data
 import eval as ev
 from data import IGNORE, TASKS, Batch
-from layers import CONFIGS, Encoder, MLMHead, autocast, is_cross, mean_pool
+from layers import CONFIGS, Encoder, MLMHead, autocast, init_weights, is_cross, mean_pool
 
 
 class Option(NamedTuple):
@@ -153,10 +153,7 @@ class Head(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.dense = nn.Linear(dim, dim) if family == 'classification' else None
         self.out = nn.Linear(dim, 2 if family == 'qa' else n_labels)
-        for linear in (self.dense, self.out):
-            if linear is not None:
-                nn.init.normal_(linear.weight, std=0.02)
-                nn.init.zeros_(linear.bias)
+        self.apply(init_weights)  # N(0, 0.02) weights, zero biases, as the encoder's
 
     def forward(self, h, mask):
         if self.dense is not None:
@@ -432,10 +429,9 @@ class XMixup(Taught):
         self.encoder, self.family = encoder, TASKS[task].family
         layer, alpha, p_k = self.DEFAULTS[self.family]
         L = encoder.cfg.n_layer
-        given = getattr(args, 'mixup_layer', None)
-        if given is None:
-            given = scale_depth(layer, L) if self.family == 'qa' else min(layer, L)
-        self.layer = given
+        self.layer = getattr(args, 'mixup_layer', None)
+        if self.layer is None:
+            self.layer = scale_depth(layer, L) if self.family == 'qa' else min(layer, L)
         if not 1 <= self.layer <= L:
             raise ValueError(f'--mixup_layer {self.layer} is not a layer of the model (1 to {L})')
         self.alpha, self.p_k, self.lambda_0 = alpha, getattr(args, 'p_k', None) or p_k, 0.5
@@ -735,9 +731,8 @@ class Veco(Baseline):
 
     @classmethod
     def resolve(cls, args):
-        if args.task in ('pretrain', 'translate'):
-            return {'pretrain': VecoPretrain, 'translate': VecoTranslate}[args.task]
-        return VecoAll if args.translate_train_all else cls
+        own_tasks = {'pretrain': VecoPretrain, 'translate': VecoTranslate}
+        return own_tasks.get(args.task, VecoAll if args.translate_train_all else cls)
 
 
 class VecoAll(Veco):
@@ -814,17 +809,16 @@ class VecoTranslate(Method):
         Option('tgt', str, 'target language (default de)', changes='scores'),
         Option('dec_layers', int, 'decoder layers (default 6, at most the model\'s depth)', AT_LEAST_1),
         Option('dec_init', str, 'the decoder copies the last (default) or the first pre-trained layers, or is new '
-               '(Table 4)', choices=('last', 'first', 'random')),
+               '(Table 4)', choices=('last', 'first', 'random'), default='last'),
         Option('label_smoothing', help='label smoothing (default 0.2)', valid=SHARE),
-        Option('beam', int, 'beam size (default 5)', AT_LEAST_1, changes='scores'),
-        Option('lenpen', help='length penalty, score / length ** lenpen (default 1)', valid=NON_NEGATIVE, changes='scores'),
+        Option('beam', int, 'beam size (default 5)', AT_LEAST_1, default=5, changes='scores'),
+        Option('lenpen', help='length penalty, score / length ** lenpen (default 1)', valid=NON_NEGATIVE, default=1.0, changes='scores'),
         Option('average_last', int, 'decode with the mean of the last N checkpoints (one every --eval_every steps; '
                'default 10; 0: best.pt, the lowest valid loss)', NON_NEGATIVE, changes='scores'))
 
     @classmethod
     def configure(cls, args, demo=None):
-        args.src, args.tgt, args.dec_init = args.src or 'en', args.tgt or 'de', args.dec_init or 'last'
-        args.beam, args.lenpen = args.beam or 5, 1.0 if args.lenpen is None else args.lenpen
+        args.src, args.tgt = args.src or 'en', args.tgt or 'de'  # before the defaults: the pair chooses some (PAIRS)
         if args.src == args.tgt:
             raise ValueError(f'--src and --tgt are both {args.src}: translation needs two languages')
         super().configure(args, demo)
@@ -1001,7 +995,6 @@ class XLA(Baseline):
                     'eta': [50, 80, 100], 'aug_share': 0.3, 'delta': [2, 2], 'train_share': 0.05},
            'pawsx': {'lr': 1e-6, 'batch_size': 32, 'epochs': 10, 'weight_decay': 0.0, 'xla_lr': 1e-6, 'xla_batch_size': 32,
                      'eta': [80, 90, 80], 'aug_share': 0.4, 'delta': [2, 2], 'train_share': 0.05}}
-    ALPHA = 0.7  # Eq. 2's sampling factor (Table 8)
     # the demo: the warm-up as every demo, the XLA epochs at a lower rate; 100% of the demo's data
     DEMO = {'xla_lr': 1e-4, 'xla_batch_size': 32, 'train_share': 1.0, 'train_lang': 'de'}
     SETS = {1: ('source', 'target'), 2: ('target vicinal',),  # Algorithm 1, line 22: the sets of each epoch
@@ -1009,18 +1002,18 @@ class XLA(Baseline):
     OPTIONS = TranslateTrain.OPTIONS + (
         Option('xla_lr', help='learning rate of the XLA epochs (--lr: the warm-up\'s; Table 8)', valid=POSITIVE),
         Option('xla_batch_size', int, 'batch size of the XLA epochs (Table 8: 16, 32)', AT_LEAST_1),
-        Option('xla_epochs', int, 'epochs of co-teaching after the warm-up (default 3, Algorithm 1)', AT_LEAST_1),
+        Option('xla_epochs', int, 'epochs of co-teaching after the warm-up (default 3, Algorithm 1)', AT_LEAST_1, default=3),
         Option('eta', float, 'percent of the labelled samples each model keeps, per XLA epoch, by confidence (the last '
                'repeats; Table 8: 80 100 100 / 50 80 100 / 80 90 80)', (lambda v: 0 < v <= 100, 'percents above 0 and '
                'at most 100'), nargs='+'),
         Option('distil', str, 'keep the top --eta percent by confidence (default), or the samples a 2-component GMM of '
-               'the losses puts in the low-loss cluster', choices=('confidence', 'gmm')),
+               'the losses puts in the low-loss cluster', choices=('confidence', 'gmm'), default='confidence'),
         Option('posterior', help='with --distil gmm: the least posterior of the low-loss component a kept sample has '
                '(default 0.5)', valid=UNIT),
         Option('aug_share', help='share P of a sentence\'s pieces the masked LM replaces (0.3; PAWS-X 0.4)', valid=PART),
         Option('delta', int, 'vicinal samples per sentence (3), or per part of a pair (2 2: successive cross, 4 '
                'samples)', (lambda v: v >= 1, 'samples per sentence, at least 1'), nargs='+'),
-        Option('alpha', help='Eq. 2\'s sampling factor over the training sets (default 0.7)', valid=UNIT),
+        Option('alpha', help='Eq. 2\'s sampling factor over the training sets (default 0.7, Table 8)', valid=UNIT, default=0.7),
         Option('mlm', str, 'the checkpoint whose masked LM makes the vicinal samples (default --init)', path='checkpoint'),
         Option('warmup_dir', str, 'folder of the three warm-up runs warmup-1..3, reused when finished (default --out; '
                'share one folder between target languages)', changes='nothing'))
@@ -1035,8 +1028,6 @@ class XLA(Baseline):
         if args.posterior is not None and args.distil != 'gmm':
             raise ValueError('--posterior is the threshold of --distil gmm: add --distil gmm or drop --posterior')
         super().configure(args, demo)
-        args.xla_epochs, args.distil = args.xla_epochs or 3, args.distil or 'confidence'
-        args.alpha = cls.ALPHA if args.alpha is None else args.alpha
         args.posterior = 0.5 if args.posterior is None and args.distil == 'gmm' else args.posterior
         pair = TASKS[args.task].family == 'classification'
         if len(args.delta) != (2 if pair else 1) and not (pair and len(args.delta) == 1):
@@ -1119,7 +1110,7 @@ class XLA(Baseline):
         for m, (method, path) in enumerate(zip(methods, models)):  # each model's test predictions in model<m>/
             scores = {'dev': run.evaluate(method, 'dev')[0],
                       'test': run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1])}
-            rows[f'XLA model {m + 1}'] = {**{split: summary(s) for split, s in scores.items()}, 'checkpoint': path}
+            rows[f'XLA model {m + 1}'] = {**{split: ev.summary(s) for split, s in scores.items()}, 'checkpoint': path}
         rows['XLA mean of the models'] = mean_summary([rows[f'XLA model {m + 1}'] for m in range(3)])
         ensemble = Ensemble(methods)
         run.finish(run.evaluate(ensemble, 'dev')[0], run.test_scores(run.evaluate(ensemble, 'test')[1]),
@@ -1238,11 +1229,6 @@ def mixture_batches(sizes, alpha, batch_size, seed, chunks, lengths=None):
         return []
     order = torch.cat(picks)
     return data.cut_batches(order[torch.randperm(len(order), generator=g)].tolist(), batch_size, chunks, g, lengths)
-
-
-def summary(scores):
-    """{lang: scores} -> per-language main scores with their average and transfer gap."""
-    return ev.summarize({lang: s['score'] for lang, s in scores.items()}) if scores else {}
 
 
 def mean_summary(results):
