@@ -392,10 +392,7 @@ def read_translations(data_dir, task, split, lang, originals=None):
     waiting = {}  # original's key -> its translations, in file order (a pair may occur twice)
     for original, t, n in rows:
         waiting.setdefault(key(original), []).append((t, n))
-    out = []
-    for ex in originals:
-        found = waiting.get(key(ex))
-        out.append((ex, found.pop(0)[0] if found else None))
+    out = [(ex, waiting[key(ex)].pop(0)[0] if waiting.get(key(ex)) else None) for ex in originals]
     unmatched = sorted(n for left in waiting.values() for _, n in left)
     missing = sum(t is None for _, t in out)
     if missing or unmatched:
