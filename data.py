@@ -720,15 +720,13 @@ def self_training_sets(tok, data_dir, task, lang, share, max_len):
     train-<lang>.tsv for PAN-X), or the target side of translate-train (XNLI, PAWS-X). With share
     below 1 the two are disjoint random draws, so they are not translations of each other (the
     paper's 5% setting)."""
-    english, tagging = read_split(data_dir, task, 'train'), TASKS[task].family == 'tagging'
-    if tagging:
-        target = [dict(ex, tags=None) for ex in read_split(data_dir, task, 'train', lang)]
+    english = read_split(data_dir, task, 'train')
+    if TASKS[task].family == 'tagging':  # the two languages' own training sets: each its own draw
+        target = share_of([dict(ex, tags=None) for ex in read_split(data_dir, task, 'train', lang)], share, part=1)
     else:  # drawn from the pairs, so that the draw is disjoint from English's where translations are missing
         pairs = share_of(read_translations(data_dir, task, 'train', lang, english), share, part=1)
         target = [dict(t, label=None) for _, t in pairs if t is not None]
     english = share_of(english, share, part=0)
-    if tagging:  # the two languages' own training sets: each its own draw
-        target = share_of(target, share, part=1)
     return [make_features(tok, task, exs, max_len, train=True) for exs in (english, target)]
 
 
