@@ -762,11 +762,10 @@ class Pair:
 def collate(features, index=None, pad_id=1):
     pad = lambda rows, value: torch.nn.utils.rnn.pad_sequence([torch.tensor(r) for r in rows], True, value)
     ids = pad([f.ids for f in features], pad_id)
-    labels, first = [f.label for f in features], None
-    if labels[0] is not None:  # tag lists padded with IGNORE, else a class or a (start, end) each
+    labels = first = None
+    if features[0].label is not None:  # tag lists padded with IGNORE, else a class or a (start, end) each
+        labels = [f.label for f in features]
         labels = pad(labels, IGNORE) if isinstance(labels[0], list) else torch.tensor(labels)
-    else:
-        labels = None
     if features[0].words is not None:
         first = torch.zeros_like(ids, dtype=torch.bool)
         for row, f in enumerate(features):
