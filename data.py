@@ -773,8 +773,8 @@ def collate(features, index=None, pad_id=1):
     return Batch(ids, ids.ne(pad_id), labels, index, first)
 
 
-def collate_pairs(src, tgt, index=None, pad_id=1, alt=None):
-    return Pair(collate(src, index, pad_id), collate(tgt, index, pad_id), alt and collate(alt, index, pad_id))
+def collate_pairs(src, tgt, index=None, alt=None):
+    return Pair(collate(src, index), collate(tgt, index), alt and collate(alt, index))
 
 
 MEGA = 50  # length grouping sorts mega-batches of this many batches
