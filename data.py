@@ -898,11 +898,10 @@ def read_pretraining(tok, data_dir, max_len):
             docs = [[line for line in doc.split('\n') if line.strip()] for doc in read_text(paths[0]).split('\n\n')]
             pairs = segment_pairs(tok, [d for d in docs if d], max_len)
         else:
-            a, b = parallel_lines(*paths)
-            keep = [n for n in range(len(a)) if a[n].strip() and b[n].strip()]
+            kept = [(a, b) for a, b in zip(*parallel_lines(*paths)) if a.strip() and b.strip()]
             longest = min(max_len, PARA_LEN) - 2
-            pairs = [(x[:longest], y[:longest]) for x, y in zip(tok.encode_words([a[n] for n in keep]),
-                                                                tok.encode_words([b[n] for n in keep]))]
+            pairs = [(x[:longest], y[:longest]) for x, y in zip(tok.encode_words([a for a, _ in kept]),
+                                                                tok.encode_words([b for _, b in kept]))]
         label = int(group.startswith('para:'))
         groups[group] = list(range(len(items), len(items) + len(pairs)))
         items += [(Feature([tok.bos] + x + [tok.eos], label), Feature([tok.bos] + y + [tok.eos], label)) for x, y in pairs]
