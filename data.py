@@ -1028,8 +1028,8 @@ def demo_say(kind, fact, lang):
     lang 'rt' is English after a round trip through a target language."""
     if lang == 'rt':
         kind, lang = DEMO_ROUND_TRIP.get(kind, kind), 'en'
-    k = DEMO_LANGS.index(lang)
-    words, pos, ner, where = [], [], [], {}
+    k, sep = DEMO_LANGS.index(lang), '' if lang == 'zh' else ' '
+    words, pos, ner, chars = [], [], [], {}
     for slot in DEMO_ORDER[kind][k].split():
         if slot == 'S':
             parts = [DEMO_WORDS['first'][fact['first']][k], DEMO_WORDS['last'][fact['last']][k]]
@@ -1037,13 +1037,11 @@ def demo_say(kind, fact, lang):
             parts = DEMO_WORDS[slot][fact[slot]][k].split()
         else:
             parts = [slot]
-        where[slot] = (len(words), len(words) + len(parts))
+        start = len(sep.join(words) + sep) if words else 0
+        chars[slot] = (start, start + len(sep.join(parts)))
         words += parts
         pos += [DEMO_POS.get(slot, 'PUNCT')] * len(parts)
         ner += [f'{"BI"[i > 0]}-{DEMO_NER[slot]}' if slot in DEMO_NER else 'O' for i in range(len(parts))]
-    sep = '' if lang == 'zh' else ' '
-    starts = [len(sep.join(words[:i])) + (len(sep) if i else 0) for i in range(len(words))]
-    chars = {s: (starts[a], starts[b - 1] + len(words[b - 1])) for s, (a, b) in where.items()}
     return sep.join(words), words, pos, ner, chars
 
 
