@@ -1359,10 +1359,8 @@ def convert_qa(task, files, unpacked, out):
     save = lambda path, obj: write_text(path, json.dumps(obj, ensure_ascii=False))
     def test_file(lang, obj):
         save(os.path.join(out, 'labels', task, f'test-{lang}.json'), obj)
-        for article in obj['data']:
-            for p in article['paragraphs']:
-                for qa in p['qas']:
-                    qa['answers'] = [{'text': '', 'answer_start': 0}]
+        for qa in [qa for article in obj['data'] for p in article['paragraphs'] for qa in p['qas']]:
+            qa['answers'] = [{'text': '', 'answer_start': 0}]
         save(split_path(out, task, 'test', lang), obj)
     if task in ('xquad', 'mlqa'):
         for path in files[:2]:
@@ -1379,9 +1377,8 @@ def convert_qa(task, files, unpacked, out):
         names = {'ar': 'arabic', 'bn': 'bengali', 'en': 'english', 'fi': 'finnish', 'id': 'indonesian',
                  'ko': 'korean', 'ru': 'russian', 'sw': 'swahili', 'te': 'telugu'}
         train = load(files[0])
-        for article in train['data']:
-            for p in article['paragraphs']:
-                p['qas'] = [qa for qa in p['qas'] if qa['id'].startswith('english')]
+        for p in [p for article in train['data'] for p in article['paragraphs']]:
+            p['qas'] = [qa for qa in p['qas'] if qa['id'].startswith('english')]
         save(split_path(out, task, 'train'), train)
         for lang, name in names.items():
             test_file(lang, load(glob_files(unpacked, f'tydiqa-goldp-dev-{name}.json')[0]))
