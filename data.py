@@ -1155,20 +1155,14 @@ def demo_pretraining(rng, n_docs=300, n_parallel=1500):
         files[f'pretrain/mono/{lang}.txt'] = '\n'.join(docs)
     for i, a in enumerate(DEMO_LANGS):
         for b in DEMO_LANGS[i + 1:]:
-            said = [(kind, demo_fact(rng)) for kind in (rng.choice(list(DEMO_ORDER)) for _ in range(n_parallel))]
-            for lang in (a, b):
-                files[f'pretrain/parallel/{a}-{b}.{lang}'] = ''.join(demo_say(k, f, lang)[0] + '\n' for k, f in said)
+            files.update(demo_parallel(rng, n_parallel, f'pretrain/parallel/{a}-{b}', (a, b)))
     return files
 
 
-def demo_translation(rng, n_train=3000, n_eval=150):
-    """English -> toy German sentence pairs of every kind, for VECO's translation task."""
-    files = {}
-    for split, n in (('train', n_train), ('valid', n_eval), ('test', n_eval)):
-        said = [(rng.choice(list(DEMO_ORDER)), demo_fact(rng)) for _ in range(n)]
-        for lang in ('en', 'de'):
-            files[f'translation/en-de/{split}.{lang}'] = ''.join(demo_say(k, f, lang)[0] + '\n' for k, f in said)
-    return files
+def demo_parallel(rng, n, stem, langs):
+    """{stem.lang: text} of n sentences of every kind, one a line, said in each of langs (line by line translations)."""
+    said = [(rng.choice(list(DEMO_ORDER)), demo_fact(rng)) for _ in range(n)]
+    return {f'{stem}.{lang}': ''.join(demo_say(k, f, lang)[0] + '\n' for k, f in said) for lang in langs}
 
 
 def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
@@ -1184,7 +1178,9 @@ def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
         for split, n in (('train', n_train), ('dev', n_eval), ('test', n_eval)):
             files.update(demo_files(task, split, demo_examples(task, n, rng)))
     files.update(demo_pretraining(random.Random(seed + 1)))  # their own draws: the tasks' data stay as they were
-    files.update(demo_translation(random.Random(seed + 2), 3 * n_train, n_eval))
+    rng_translation = random.Random(seed + 2)  # VECO's translation task: English -> toy German
+    for split, n in (('train', 3 * n_train), ('valid', n_eval), ('test', n_eval)):
+        files.update(demo_parallel(rng_translation, n, f'translation/en-de/{split}', ('en', 'de')))
     rng_target = random.Random(seed + 3)  # the target languages' own tagged training text (XLA's unlabelled data)
     for task in ('panx', 'udpos'):
         rows = demo_examples(task, n_train, rng_target)
