@@ -7,6 +7,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass
+from itertools import groupby
 
 import numpy as np
 import sentencepiece as spm
@@ -587,12 +588,9 @@ def pair_features(tok, task, pairs, max_len=None, train=False):
     exactly once (its predictions are what is scored)."""
     if not pairs:
         return []
-    sides = []
-    for i in range(len(pairs[0])):
-        by_example = {}
-        for f in make_features(tok, task, [p[i] for p in pairs], max_len, train):
-            by_example.setdefault(f.example, []).append(f)
-        sides.append(by_example)
+    # each side's features by example (make_features gives an example's features one after another)
+    features = [make_features(tok, task, [p[i] for p in pairs], max_len, train) for i in range(len(pairs[0]))]
+    sides = [{n: list(group) for n, group in groupby(feats, key=lambda f: f.example)} for feats in features]
     out = []
     for n in sorted(set(sides[0]) & set(sides[1])):  # a round trip without features falls back to the source
         lists = [s.get(n, sides[0][n]) for s in sides]
