@@ -308,12 +308,8 @@ def score_folder(pred_dir, label_dir, demo=False, tasks=TASKS):
             name = lambda d, lang: os.path.join(d, task, f'test-{lang}.{suffix(task)}')
             detailed[task] = task_scores(task, {lang: score_file(task, name(pred_dir, lang), name(label_dir, lang), lang)
                                                 for lang in languages(task, demo)})
-    overall = {}
-    if len(detailed) == len(TASKS):
-        overall['all_task'] = sum(d['avg_metric'] for d in detailed.values()) / len(TASKS)
-    for group, tasks in GROUPS.items():
-        if all(t in detailed for t in tasks):
-            overall[group] = sum(detailed[t]['avg_metric'] for t in tasks) / len(tasks)
+    overall = {group: sum(detailed[t]['avg_metric'] for t in members) / len(members)
+               for group, members in {'all_task': TASKS, **GROUPS}.items() if all(t in detailed for t in members)}
     return {**overall, **detailed}
 
 
