@@ -10,7 +10,6 @@ on purpose, so that the same predictions get the same numbers to the last digit.
     python eval.py --plot RUN [RUN ...] [--out DIR]
     python eval.py --bleu HYP --ref REF [--tokenized] [--out bleu.json]
 """
-import argparse
 import json
 import math
 import os
