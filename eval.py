@@ -287,15 +287,12 @@ def main_score(scores):
     return scores['f1'] if 'f1' in scores else scores['accuracy']
 
 
-def task_scores(task, per_lang):
-    """{metric: {lang: v}} -> the leaderboard's task entry with avg_<metric> and avg_metric."""
-    out = {}
-    for lang, scores in per_lang.items():
-        for metric, value in scores.items():
-            out.setdefault(metric, {})[lang] = value
-    out.update({f'avg_{m}': sum(v.values()) / len(v) for m, v in list(out.items())})
-    out['avg_metric'] = main_score({m[len('avg_'):]: v for m, v in out.items() if m.startswith('avg_')})
-    return out
+def task_scores(per_lang):
+    """{lang: {metric: v}} -> the leaderboard's task entry: {metric: {lang: v}}, avg_<metric> and avg_metric."""
+    metrics = next(iter(per_lang.values()))  # a task's files all give the same metrics
+    out = {m: {lang: scores[m] for lang, scores in per_lang.items()} for m in metrics}
+    averages = {m: sum(v.values()) / len(v) for m, v in out.items()}
+    return {**out, **{f'avg_{m}': v for m, v in averages.items()}, 'avg_metric': main_score(averages)}
 
 
 def score_folder(pred_dir, label_dir, demo=False, tasks=TASKS):
@@ -305,8 +302,8 @@ def score_folder(pred_dir, label_dir, demo=False, tasks=TASKS):
     for task in TASKS:
         if task in tasks and os.path.isdir(os.path.join(pred_dir, task)) and os.path.isdir(os.path.join(label_dir, task)):
             name = lambda d, lang: os.path.join(d, task, f'test-{lang}.{suffix(task)}')
-            detailed[task] = task_scores(task, {lang: score_file(task, name(pred_dir, lang), name(label_dir, lang), lang)
-                                                for lang in languages(task, demo)})
+            detailed[task] = task_scores({lang: score_file(task, name(pred_dir, lang), name(label_dir, lang), lang)
+                                          for lang in languages(task, demo)})
     overall = {group: sum(detailed[t]['avg_metric'] for t in members) / len(members)
                for group, members in {'all_task': TASKS, **GROUPS}.items() if all(t in detailed for t in members)}
     return {**overall, **detailed}
