@@ -119,17 +119,14 @@ def qa_f1(pred, gold, lang=None):
 def qa_scores(dataset, predictions, lang=None):
     """Exact match and F1 over every question of a SQuAD-format dataset (the 'data' list); an
     unanswered question scores 0. EM and F1 each take their best gold answer."""
-    em = f1 = total = 0
-    for article in dataset:
-        for paragraph in article['paragraphs']:
-            for qa in paragraph['qas']:
-                total += 1
-                if qa['id'] not in predictions:
-                    continue
-                golds, pred = [a['text'] for a in qa['answers']], predictions[qa['id']]
-                em += max(normalize_answer(pred, lang) == normalize_answer(g, lang) for g in golds)
-                f1 += max(qa_f1(pred, g, lang) for g in golds)
-    return {'exact_match': 100.0 * em / total, 'f1': 100.0 * f1 / total}
+    qas = [qa for article in dataset for paragraph in article['paragraphs'] for qa in paragraph['qas']]
+    em = f1 = 0
+    for qa in qas:
+        if qa['id'] in predictions:
+            golds, pred = [a['text'] for a in qa['answers']], predictions[qa['id']]
+            em += max(normalize_answer(pred, lang) == normalize_answer(g, lang) for g in golds)
+            f1 += max(qa_f1(pred, g, lang) for g in golds)
+    return {'exact_match': 100.0 * em / len(qas), 'f1': 100.0 * f1 / len(qas)}
 
 
 # ----------------------------------------------------------------------------------------
