@@ -598,8 +598,7 @@ def finished_task(run):
     path = os.path.join(run, 'results.json')
     if not os.path.isfile(path):
         raise EvalError(f'{run} is not a finished run (no results.json): pass the --out folders of finished runs')
-    results = json.loads(read_text(path))
-    task = results.get('task')
+    task = json.loads(read_text(path)).get('task')
     if task not in TASKS or not os.path.isdir(os.path.join(run, 'predictions', task)):
         raise EvalError(f'{run} holds no test predictions of an XTREME task (predictions/<task>/): it cannot be submitted')
     config = os.path.join(run, 'config.json')
