@@ -78,7 +78,8 @@ SQUAD_PUNCT = set(string.punctuation)
 MLQA_PUNCT = {chr(i) for i in range(sys.maxunicode) if unicodedata.category(chr(i)).startswith('P')} | set(string.punctuation)
 MLQA_ARTICLES = {'en': r'\b(a|an|the)\b', 'es': r'\b(un|una|unos|unas|el|la|los|las)\b',
                  'de': r'\b(ein|eine|einen|einem|eines|einer|der|die|das|den|dem|des)\b',
-                 'vi': r'\b(của|là|cái|chiếc|những)\b', 'hi': None, 'zh': None, 'ar': None}
+                 'vi': r'\b(của|là|cái|chiếc|những)\b', 'hi': None, 'zh': None,
+                 'ar': r'\sال^|ال'}  # MLQA's regex: only its second branch can match, so every 'ال' goes, mid-word too
 
 
 def normalize_answer(s, lang=None):
@@ -91,9 +92,7 @@ def normalize_answer(s, lang=None):
     if lang not in MLQA_ARTICLES:
         raise EvalError(f'MLQA has no normalisation for language {lang!r}')
     s = ''.join(c for c in s if c not in MLQA_PUNCT)
-    if lang == 'ar':
-        s = s.replace('ال', ' ')  # MLQA's regex '\sال^|ال' drops every 'ال', inside words too
-    elif MLQA_ARTICLES[lang]:
+    if MLQA_ARTICLES[lang]:
         s = re.sub(MLQA_ARTICLES[lang], ' ', s)
     if lang != 'zh':
         return ' '.join(s.split())
