@@ -711,8 +711,7 @@ def plot_dev(ax, names, logs, results):
 def plot_test(ax, names, logs, results):
     tests = [{k: v for k, v in r.get('test', {}).items() if k not in ('avg', 'gap') and isinstance(v, (int, float))}
              for r in results]
-    langs = list(dict.fromkeys(lang for t in tests for lang in t))
-    langs = ['en'] * ('en' in langs) + [lang for lang in langs if lang != 'en']
+    langs = sorted(dict.fromkeys(lang for t in tests for lang in t), key=lambda lang: lang != 'en')  # English first
     ax.figure.set_figwidth(max(7, 0.35 * len(langs) * len(names)))
     width = 0.8 / len(names)
     for i, (name, t, r) in enumerate(zip(names, tests, results)):
