@@ -234,14 +234,13 @@ def read_lines(path):
 
 def read_tag_file(path):
     """One tag per line, a blank line between sentences (as the leaderboard: blank lines in a row give empty sentences)."""
-    sentences, current = [], []
+    sentences = [[]]
     for line in read_lines(path):
         if line:
-            current.append(line)
+            sentences[-1].append(line)
         else:
-            sentences.append(current)
-            current = []
-    return sentences + [current] if current else sentences
+            sentences.append([])
+    return sentences if sentences[-1] else sentences[:-1]
 
 
 def read_qa_file(path):
