@@ -158,8 +158,9 @@ def ngrams(tokens, n):
     return Counter(zip(*(tokens[i:] for i in range(n))))
 
 
-def bleu_stats(hyps, refs, split):
-    """Clipped n-gram matches and n-gram totals (n = 1..4) and both lengths, summed over the corpus."""
+def bleu_scores(hyps, refs, split, smooth, signature):
+    """BLEU from clipped n-gram matches and n-gram totals (n = 1..4) and both lengths, summed over the
+    corpus of lines split into tokens by split(); smooth: sacreBLEU's 'exp' smoothing, else none."""
     if len(hyps) != len(refs):
         raise EvalError(f'{len(hyps)} hypotheses for {len(refs)} references: BLEU needs one reference per hypothesis')
     counts, totals, sys_len, ref_len = [0] * 4, [0] * 4, 0, 0
@@ -169,11 +170,6 @@ def bleu_stats(hyps, refs, split):
         for n in range(1, 5):
             counts[n - 1] += sum((ngrams(h, n) & ngrams(r, n)).values())  # & keeps the smaller count: clipping
             totals[n - 1] += max(len(h) - n + 1, 0)
-    return counts, totals, sys_len, ref_len
-
-
-def bleu_scores(counts, totals, sys_len, ref_len, smooth, signature):
-    """BLEU from the corpus statistics; smooth: sacreBLEU's 'exp' smoothing, else none."""
     bp = 1.0 if sys_len >= ref_len else math.exp(1 - ref_len / sys_len) if sys_len else 0.0
     precisions, halving = [], 1
     for c, t in zip(counts, totals):
@@ -195,7 +191,7 @@ def bleu(hyps, refs, lowercase=False):
     split = lambda line: tokenize_13a((line.lower() if lowercase else line).rstrip()).split()
     # sacreBLEU 2.x's signature of the same numbers, with our marker where it has its version
     signature = f'nrefs:1|case:{"lc" if lowercase else "mixed"}|eff:no|tok:13a|smooth:exp|version:xlt'
-    return bleu_scores(*bleu_stats(hyps, refs, split), smooth=True, signature=signature)
+    return bleu_scores(hyps, refs, split, smooth=True, signature=signature)
 
 
 def tokenized_bleu(hyps, refs):
@@ -203,7 +199,7 @@ def tokenized_bleu(hyps, refs):
     (Python lowercases every script; the Perl script, reading bytes, lowercases ASCII only.)"""
     split = lambda line: line.lower().split()
     signature = 'multi-bleu.perl -lc (whitespace tokens)'
-    return bleu_scores(*bleu_stats(hyps, refs, split), smooth=False, signature=signature)
+    return bleu_scores(hyps, refs, split, smooth=False, signature=signature)
 
 
 def bleu_files(hyp_path, ref_path, tokenized=False):
