@@ -198,8 +198,7 @@ def tokenized_bleu(hyps, refs):
     """multi-bleu.perl -lc: lower case, whitespace tokens, no smoothing (a zero precision gives 0).
     (Python lowercases every script; the Perl script, reading bytes, lowercases ASCII only.)"""
     split = lambda line: line.lower().split()
-    signature = 'multi-bleu.perl -lc (whitespace tokens)'
-    return bleu_scores(hyps, refs, split, smooth=False, signature=signature)
+    return bleu_scores(hyps, refs, split, smooth=False, signature='multi-bleu.perl -lc (whitespace tokens)')
 
 
 def bleu_files(hyp_path, ref_path, tokenized=False):
