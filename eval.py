@@ -404,7 +404,7 @@ def decode_qa(windows, start_logits, end_logits, max_answer_len=30):
     scored at once.) windows: features from data.qa_features; logits: one (T,) tensor each."""
     best = {}
     for w, s, e in zip(windows, start_logits, end_logits):
-        best.setdefault(w.qid, (float('-inf'), ''))  # a question with no valid span (no context) answers 
+        best.setdefault(w.qid, (float('-inf'), ''))  # a question with no valid span (no context) answers ''
         T = len(w.ids)
         s, e = s[:T].float(), e[:T].float()
         context = torch.tensor([span is not None for span in w.spans])
@@ -412,7 +412,7 @@ def decode_qa(windows, start_logits, end_logits, max_answer_len=30):
         valid &= torch.ones(T, T, dtype=torch.bool).triu().tril(max_answer_len - 1)
         score, k = (s[:, None] + e[None, :]).masked_fill(~valid, float('-inf')).flatten().max(0)
         i, j = divmod(k.item(), T)
-        if score.item() > best.get(w.qid, (float('-inf'), ''))[0]:
+        if score.item() > best[w.qid][0]:
             best[w.qid] = (score.item(), w.context[w.spans[i][0]:w.spans[j][1]])
     return {qid: text for qid, (score, text) in best.items()}
 
