@@ -783,10 +783,10 @@ def collect_main(args):
     gaps = collect(args.collect, args.out, demo)
     for gap in gaps:
         print(f'missing: {gap}')
-    print(f'submission in {args.out}: {len(TASKS) - len({g.split(":")[0] for g in gaps})} of {len(TASKS)} tasks complete')
+    incomplete = {g.split(':')[0] for g in gaps}  # each gap begins '<task>:'
+    print(f'submission in {args.out}: {len(TASKS) - len(incomplete)} of {len(TASKS)} tasks complete')
     if args.labels:
-        complete = [t for t in TASKS if not any(g.startswith(f'{t}:') for g in gaps)]
-        scores = score_folder(args.out, args.labels, demo, complete)
+        scores = score_folder(args.out, args.labels, demo, [t for t in TASKS if t not in incomplete])
         print(xtreme_table(scores, demo) if scores else f'no labels in {args.labels} for the complete tasks')
 
 if __name__ == '__main__':
