@@ -10,7 +10,6 @@ on purpose, so that the same predictions get the same numbers to the last digit.
     python eval.py --plot RUN [RUN ...] [--out DIR]
     python eval.py --bleu HYP --ref REF [--tokenized] [--out bleu.json]
 """
-import argparse
 import json
 import math
 import os
@@ -79,7 +78,8 @@ SQUAD_PUNCT = set(string.punctuation)
 MLQA_PUNCT = {chr(i) for i in range(sys.maxunicode) if unicodedata.category(chr(i)).startswith('P')} | set(string.punctuation)
 MLQA_ARTICLES = {'en': r'\b(a|an|the)\b', 'es': r'\b(un|una|unos|unas|el|la|los|las)\b',
                  'de': r'\b(ein|eine|einen|einem|eines|einer|der|die|das|den|dem|des)\b',
-                 'vi': r'\b(của|là|cái|chiếc|những)\b', 'hi': None, 'zh': None, 'ar': None}
+                 'vi': r'\b(của|là|cái|chiếc|những)\b', 'hi': None, 'zh': None,
+                 'ar': r'\sال^|ال'}  # MLQA's regex: only its second branch can match, so every 'ال' goes, mid-word too
 
 
 def normalize_answer(s, lang=None):
@@ -92,9 +92,7 @@ def normalize_answer(s, lang=None):
     if lang not in MLQA_ARTICLES:
         raise EvalError(f'MLQA has no normalisation for language {lang!r}')
     s = ''.join(c for c in s if c not in MLQA_PUNCT)
-    if lang == 'ar':
-        s = s.replace('ال', ' ')  # MLQA's regex '\sال^|ال' drops every 'ال', inside words too
-    elif MLQA_ARTICLES[lang]:
+    if MLQA_ARTICLES[lang]:
         s = re.sub(MLQA_ARTICLES[lang], ' ', s)
     if lang != 'zh':
         return ' '.join(s.split())
@@ -120,17 +118,14 @@ def qa_f1(pred, gold, lang=None):
 def qa_scores(dataset, predictions, lang=None):
     """Exact match and F1 over every question of a SQuAD-format dataset (the 'data' list); an
     unanswered question scores 0. EM and F1 each take their best gold answer."""
-    em = f1 = total = 0
-    for article in dataset:
-        for paragraph in article['paragraphs']:
-            for qa in paragraph['qas']:
-                total += 1
-                if qa['id'] not in predictions:
-                    continue
-                golds, pred = [a['text'] for a in qa['answers']], predictions[qa['id']]
-                em += max(normalize_answer(pred, lang) == normalize_answer(g, lang) for g in golds)
-                f1 += max(qa_f1(pred, g, lang) for g in golds)
-    return {'exact_match': 100.0 * em / total, 'f1': 100.0 * f1 / total}
+    qas = [qa for article in dataset for paragraph in article['paragraphs'] for qa in paragraph['qas']]
+    em = f1 = 0
+    for qa in qas:
+        if qa['id'] in predictions:
+            golds, pred = [a['text'] for a in qa['answers']], predictions[qa['id']]
+            em += max(normalize_answer(pred, lang) == normalize_answer(g, lang) for g in golds)
+            f1 += max(qa_f1(pred, g, lang) for g in golds)
+    return {'exact_match': 100.0 * em / len(qas), 'f1': 100.0 * f1 / len(qas)}
 
 
 # ----------------------------------------------------------------------------------------
@@ -163,8 +158,9 @@ def ngrams(tokens, n):
     return Counter(zip(*(tokens[i:] for i in range(n))))
 
 
-def bleu_stats(hyps, refs, split):
-    """Clipped n-gram matches and n-gram totals (n = 1..4) and both lengths, summed over the corpus."""
+def bleu_scores(hyps, refs, split, smooth, signature):
+    """BLEU from clipped n-gram matches and n-gram totals (n = 1..4) and both lengths, summed over the
+    corpus of lines split into tokens by split(); smooth: sacreBLEU's 'exp' smoothing, else none."""
     if len(hyps) != len(refs):
         raise EvalError(f'{len(hyps)} hypotheses for {len(refs)} references: BLEU needs one reference per hypothesis')
     counts, totals, sys_len, ref_len = [0] * 4, [0] * 4, 0, 0
@@ -174,11 +170,6 @@ def bleu_stats(hyps, refs, split):
         for n in range(1, 5):
             counts[n - 1] += sum((ngrams(h, n) & ngrams(r, n)).values())  # & keeps the smaller count: clipping
             totals[n - 1] += max(len(h) - n + 1, 0)
-    return counts, totals, sys_len, ref_len
-
-
-def bleu_scores(counts, totals, sys_len, ref_len, smooth, signature):
-    """BLEU from the corpus statistics; smooth: sacreBLEU's 'exp' smoothing, else none."""
     bp = 1.0 if sys_len >= ref_len else math.exp(1 - ref_len / sys_len) if sys_len else 0.0
     precisions, halving = [], 1
     for c, t in zip(counts, totals):
@@ -200,15 +191,14 @@ def bleu(hyps, refs, lowercase=False):
     split = lambda line: tokenize_13a((line.lower() if lowercase else line).rstrip()).split()
     # sacreBLEU 2.x's signature of the same numbers, with our marker where it has its version
     signature = f'nrefs:1|case:{"lc" if lowercase else "mixed"}|eff:no|tok:13a|smooth:exp|version:xlt'
-    return bleu_scores(*bleu_stats(hyps, refs, split), smooth=True, signature=signature)
+    return bleu_scores(hyps, refs, split, smooth=True, signature=signature)
 
 
 def tokenized_bleu(hyps, refs):
     """multi-bleu.perl -lc: lower case, whitespace tokens, no smoothing (a zero precision gives 0).
     (Python lowercases every script; the Perl script, reading bytes, lowercases ASCII only.)"""
     split = lambda line: line.lower().split()
-    signature = 'multi-bleu.perl -lc (whitespace tokens)'
-    return bleu_scores(*bleu_stats(hyps, refs, split), smooth=False, signature=signature)
+    return bleu_scores(hyps, refs, split, smooth=False, signature='multi-bleu.perl -lc (whitespace tokens)')
 
 
 def bleu_files(hyp_path, ref_path, tokenized=False):
@@ -239,14 +229,13 @@ def read_lines(path):
 
 def read_tag_file(path):
     """One tag per line, a blank line between sentences (as the leaderboard: blank lines in a row give empty sentences)."""
-    sentences, current = [], []
+    sentences = [[]]
     for line in read_lines(path):
         if line:
-            current.append(line)
+            sentences[-1].append(line)
         else:
-            sentences.append(current)
-            current = []
-    return sentences + [current] if current else sentences
+            sentences.append([])
+    return sentences if sentences[-1] else sentences[:-1]
 
 
 def read_qa_file(path):
@@ -288,15 +277,12 @@ def main_score(scores):
     return scores['f1'] if 'f1' in scores else scores['accuracy']
 
 
-def task_scores(task, per_lang):
-    """{metric: {lang: v}} -> the leaderboard's task entry with avg_<metric> and avg_metric."""
-    out = {}
-    for lang, scores in per_lang.items():
-        for metric, value in scores.items():
-            out.setdefault(metric, {})[lang] = value
-    out.update({f'avg_{m}': sum(v.values()) / len(v) for m, v in list(out.items())})
-    out['avg_metric'] = main_score({m[len('avg_'):]: v for m, v in out.items() if m.startswith('avg_')})
-    return out
+def task_scores(per_lang):
+    """{lang: {metric: v}} -> the leaderboard's task entry: {metric: {lang: v}}, avg_<metric> and avg_metric."""
+    metrics = next(iter(per_lang.values()))  # a task's files all give the same metrics
+    out = {m: {lang: scores[m] for lang, scores in per_lang.items()} for m in metrics}
+    averages = {m: sum(v.values()) / len(v) for m, v in out.items()}
+    return {**out, **{f'avg_{m}': v for m, v in averages.items()}, 'avg_metric': main_score(averages)}
 
 
 def score_folder(pred_dir, label_dir, demo=False, tasks=TASKS):
@@ -306,14 +292,10 @@ def score_folder(pred_dir, label_dir, demo=False, tasks=TASKS):
     for task in TASKS:
         if task in tasks and os.path.isdir(os.path.join(pred_dir, task)) and os.path.isdir(os.path.join(label_dir, task)):
             name = lambda d, lang: os.path.join(d, task, f'test-{lang}.{suffix(task)}')
-            detailed[task] = task_scores(task, {lang: score_file(task, name(pred_dir, lang), name(label_dir, lang), lang)
-                                                for lang in languages(task, demo)})
-    overall = {}
-    if len(detailed) == len(TASKS):
-        overall['all_task'] = sum(d['avg_metric'] for d in detailed.values()) / len(TASKS)
-    for group, tasks in GROUPS.items():
-        if all(t in detailed for t in tasks):
-            overall[group] = sum(detailed[t]['avg_metric'] for t in tasks) / len(tasks)
+            detailed[task] = task_scores({lang: score_file(task, name(pred_dir, lang), name(label_dir, lang), lang)
+                                          for lang in languages(task, demo)})
+    overall = {group: sum(detailed[t]['avg_metric'] for t in members) / len(members)
+               for group, members in {'all_task': TASKS, **GROUPS}.items() if all(t in detailed for t in members)}
     return {**overall, **detailed}
 
 
@@ -422,7 +404,7 @@ def decode_qa(windows, start_logits, end_logits, max_answer_len=30):
     scored at once.) windows: features from data.qa_features; logits: one (T,) tensor each."""
     best = {}
     for w, s, e in zip(windows, start_logits, end_logits):
-        best.setdefault(w.qid, (float('-inf'), ''))  # a question with no valid span (no context) answers 
+        best.setdefault(w.qid, (float('-inf'), ''))  # a question with no valid span (no context) answers ''
         T = len(w.ids)
         s, e = s[:T].float(), e[:T].float()
         context = torch.tensor([span is not None for span in w.spans])
@@ -430,7 +412,7 @@ def decode_qa(windows, start_logits, end_logits, max_answer_len=30):
         valid &= torch.ones(T, T, dtype=torch.bool).triu().tril(max_answer_len - 1)
         score, k = (s[:, None] + e[None, :]).masked_fill(~valid, float('-inf')).flatten().max(0)
         i, j = divmod(k.item(), T)
-        if score.item() > best.get(w.qid, (float('-inf'), ''))[0]:
+        if score.item() > best[w.qid][0]:
             best[w.qid] = (score.item(), w.context[w.spans[i][0]:w.spans[j][1]])
     return {qid: text for qid, (score, text) in best.items()}
 
@@ -609,8 +591,7 @@ def finished_task(run):
     path = os.path.join(run, 'results.json')
     if not os.path.isfile(path):
         raise EvalError(f'{run} is not a finished run (no results.json): pass the --out folders of finished runs')
-    results = json.loads(read_text(path))
-    task = results.get('task')
+    task = json.loads(read_text(path)).get('task')
     if task not in TASKS or not os.path.isdir(os.path.join(run, 'predictions', task)):
         raise EvalError(f'{run} holds no test predictions of an XTREME task (predictions/<task>/): it cannot be submitted')
     config = os.path.join(run, 'config.json')
@@ -724,8 +705,7 @@ def plot_dev(ax, names, logs, results):
 def plot_test(ax, names, logs, results):
     tests = [{k: v for k, v in r.get('test', {}).items() if k not in ('avg', 'gap') and isinstance(v, (int, float))}
              for r in results]
-    langs = list(dict.fromkeys(lang for t in tests for lang in t))
-    langs = ['en'] * ('en' in langs) + [lang for lang in langs if lang != 'en']
+    langs = sorted(dict.fromkeys(lang for t in tests for lang in t), key=lambda lang: lang != 'en')  # English first
     ax.figure.set_figwidth(max(7, 0.35 * len(langs) * len(names)))
     width = 0.8 / len(names)
     for i, (name, t, r) in enumerate(zip(names, tests, results)):
@@ -803,10 +783,10 @@ def collect_main(args):
     gaps = collect(args.collect, args.out, demo)
     for gap in gaps:
         print(f'missing: {gap}')
-    print(f'submission in {args.out}: {len(TASKS) - len({g.split(":")[0] for g in gaps})} of {len(TASKS)} tasks complete')
+    incomplete = {g.split(':')[0] for g in gaps}  # each gap begins '<task>:'
+    print(f'submission in {args.out}: {len(TASKS) - len(incomplete)} of {len(TASKS)} tasks complete')
     if args.labels:
-        complete = [t for t in TASKS if not any(g.startswith(f'{t}:') for g in gaps)]
-        scores = score_folder(args.out, args.labels, demo, complete)
+        scores = score_folder(args.out, args.labels, demo, [t for t in TASKS if t not in incomplete])
         print(xtreme_table(scores, demo) if scores else f'no labels in {args.labels} for the complete tasks')
 
 if __name__ == '__main__':
