@@ -1124,7 +1124,7 @@ def vicinal_samples(run, feats, vicinity, epoch, name):
     cross of a pair's two parts; each sample replaces ceil(--aug_share x T) pieces of each part.
     The draws follow (--seed, epoch, feature), so any number of processes makes the same samples.
     vicinity: (encoder, MLM head), the frozen masked LM."""
-    args, tok, device = run.args, run.tok, run.device
+    args, tok, device, family = run.args, run.tok, run.device, TASKS[run.args.task].family
 
     def generate():
         encoder, mlm = (part.to(device) for part in vicinity)
@@ -1133,25 +1133,20 @@ def vicinal_samples(run, feats, vicinity, epoch, name):
         word_start = torch.tensor(tok.word_starts() + [False] * (encoder.cfg.vocab_size - tok.vocab_size), device=device)
 
         def samples_of(index):  # a batch of features -> each one's samples
-            rows, orders, made = [], [], []
+            rows, orders = [], []  # sum(--delta) rows a feature: delta1 of part a, then delta2 of part b
             for i in index:
                 g = torch.Generator().manual_seed(args.seed * 1_000_003 + epoch * 10_007 + i)
-                spans = parts_of(feats[i].ids, TASKS[args.task].family)
-                made.append((i, spans, len(rows)))
-                for span, delta in zip(spans, args.delta):
-                    for order in masking_orders(span, delta, args.aug_share, g):
-                        rows.append(feats[i].ids)
-                        orders.append(order)
+                for span, delta in zip(parts_of(feats[i].ids, family), args.delta):
+                    rows += [feats[i].ids] * delta
+                    orders += masking_orders(span, delta, args.aug_share, g)
             batch = data.collate([data.Feature(r) for r in rows])
             order = torch.nn.utils.rnn.pad_sequence([torch.tensor(o, dtype=torch.long) for o in orders], True, -1)
             filled = fill_successively(encoder, mlm, batch.ids.to(device), batch.mask.to(device), order.to(device),
                                        fillable, word_start, tok.mask).cpu()
-            out = []
-            for i, spans, start in made:
-                samples, n = filled[start:start + args.delta[0], :len(feats[i].ids)], len(feats[i].ids)
-                if len(spans) == 2:  # successive cross: every sample of part a with every sample of part b
-                    samples = crossed(samples, filled[start + args.delta[0]:start + sum(args.delta), :n], spans[0])
-                out.append(samples)
+            out, a = [], args.delta[0]
+            for i, made in zip(index, filled.split(sum(args.delta))):  # a feature's rows, cut to its length
+                made = made[:, :len(feats[i].ids)]  # a pair: successive cross, every sample of part a with every one of b
+                out.append(made if family == 'tagging' else crossed(made[:a], made[a:], parts_of(feats[i].ids, family)[0]))
             return out
         flat = [(i, row) for i, samples in enumerate(run.map(samples_of, feats, 'vicinal samples')) for row in samples]
         return {'ids': torch.cat([row for _, row in flat]).int() if flat else torch.zeros(0, dtype=torch.int),
