@@ -165,6 +165,14 @@ class Head(nn.Module):
         return self.out(h).masked_fill(~mask[..., None], float('-inf'))
 
 
+def per_example(family, values, real=None):
+    """values per example (B,), per token (B, T) or per answer end (B, 2) -> per example (B,), its
+    mean the batch's: tagging's real tokens weighted as per_example_loss says, QA's two ends averaged."""
+    if family == 'tagging':
+        return (values * real).sum(1) * real.size(0) / real.sum().clamp(min=1)
+    return values.mean(-1) if family == 'qa' else values
+
+
 def per_example_loss(family, logits, labels):
     """Cross-entropy per example (B,), such that its mean is the batch's loss: classification and
     QA (the mean of the start and end losses) per example; tagging is the mean over all labelled
@@ -174,7 +182,7 @@ def per_example_loss(family, logits, labels):
         return F.cross_entropy(logits.float(), labels, reduction='none')
     if family == 'tagging':
         tokens = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=IGNORE, reduction='none')
-        return tokens.sum(1) * labels.size(0) / labels.ne(IGNORE).sum().clamp(min=1)
+        return per_example(family, tokens, labels.ne(IGNORE))
     start, end = logits.float().unbind(-1)
     return (F.cross_entropy(start, labels[:, 0], reduction='none') + F.cross_entropy(end, labels[:, 1], reduction='none')) / 2
 
@@ -186,12 +194,7 @@ def entropy_per_example(family, logits, labels):
     dim = 1 if family == 'qa' else -1
     logp = logits.float().log_softmax(dim)
     h = -torch.where(logp.isfinite(), logp.exp() * logp, 0.0).sum(dim)
-    if family == 'classification':
-        return h
-    if family == 'tagging':
-        real = labels.ne(IGNORE)
-        return (h * real).sum(1) * labels.size(0) / real.sum().clamp(min=1)
-    return h.mean(-1)
+    return per_example(family, h, labels.ne(IGNORE))
 
 
 def kl_per_example(family, p_teacher, logits, first=None, T=1.0):
@@ -205,12 +208,7 @@ def kl_per_example(family, p_teacher, logits, first=None, T=1.0):
         p_teacher = p_teacher / p_teacher.sum(dim, keepdim=True)
     log_q = (logits.float() / T).log_softmax(dim)
     kl = torch.where(p_teacher > 0, p_teacher * (p_teacher.clamp_min(1e-30).log() - log_q), 0.0) * T ** 2
-    if family == 'classification':
-        return kl.sum(-1)
-    if family == 'tagging':
-        per_word = kl.sum(-1) * first
-        return per_word.sum(1) * first.size(0) / first.sum().clamp(min=1)
-    return kl.sum(1).mean(-1)
+    return per_example(family, kl.sum(dim), first)
 
 
 def teacher_kl(family, p_teacher, tgt, logits, T=1.0):
