@@ -508,10 +508,9 @@ class XMixup(Taught):
         h_s, h_t, lam = self.encode(src, pair.tgt)
         p_s, p_t = self.head(h_s, src.mask), self.head(h_t, pair.tgt.mask)
         loss_s = per_example_loss(self.family, p_s, src.labels)
-        if self.family == 'tagging':  # no labels on T: a source-language model's label distribution instead
-            loss_t = teacher_kl(self.family, self.p_teacher, pair.tgt, p_t)
-        else:
-            loss_t = per_example_loss(self.family, p_t, pair.tgt.labels)
+        # tagging has no labels on T: a source-language model's label distribution instead
+        loss_t = (teacher_kl(self.family, self.p_teacher, pair.tgt, p_t) if self.family == 'tagging' else
+                  per_example_loss(self.family, p_t, pair.tgt.labels))
         task = self.alpha * loss_s + (1 - self.alpha) * loss_t  # Eq. 8
         if self.family != 'classification':  # a round-trip source's labels may not fit it: T's loss alone
             task = torch.where(real.to(task.device), task, loss_t)
@@ -974,7 +973,7 @@ class VecoTranslate(Method):
 # models warm up on English with Eq. 1's confidence penalty (Baseline.conf_penalty); every XLA
 # epoch a frozen masked LM makes vicinal samples (Section 3.2), each model labels the data and
 # keeps what it is sure of (DISTIL, Section 3.3), and each model trains on the samples the other
-# two keep with the same labels (AGREEMENT), drawn by Eq. 2. train.py's xla() runs the stages.
+# two keep with the same labels (AGREEMENT), drawn by Eq. 2: XLA.stages and XLA.algorithm_1.
 
 class XLA(Baseline):
     """One XLA model: fine-tuned as the zero-shot baseline, on pseudo-labelled samples too. Its
@@ -1106,9 +1105,8 @@ class XLA(Baseline):
         warm = [run.results_of(f'warmup-{m + 1}') for m in range(3)]
         rows = {'warm-up (zero-shot + penalty), mean': mean_summary(warm)} if all(warm) else {}
         for m, (method, path) in enumerate(zip(methods, models)):  # each model's test predictions in model<m>/
-            scores = {'dev': run.evaluate(method, 'dev')[0],
-                      'test': run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1])}
-            rows[f'XLA model {m + 1}'] = {**{split: ev.summary(s) for split, s in scores.items()}, 'checkpoint': path}
+            dev, test = run.evaluate(method, 'dev')[0], run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1])
+            rows[f'XLA model {m + 1}'] = {'dev': ev.summary(dev), 'test': ev.summary(test), 'checkpoint': path}
         rows['XLA mean of the models'] = mean_summary([rows[f'XLA model {m + 1}'] for m in range(3)])
         ensemble = Ensemble(methods)
         run.finish(run.evaluate(ensemble, 'dev')[0], run.test_scores(run.evaluate(ensemble, 'test')[1]),
