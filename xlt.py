@@ -1027,7 +1027,7 @@ class XLA(Baseline):
         super().configure(args, demo)
         args.posterior = 0.5 if args.posterior is None and args.distil == 'gmm' else args.posterior
         pair = TASKS[args.task].family == 'classification'
-        if len(args.delta) != (2 if pair else 1) and not (pair and len(args.delta) == 1):
+        if len(args.delta) not in ((1, 2) if pair else (1,)):
             raise ValueError(f'--delta takes {"one or two numbers (samples per part of a pair)" if pair else "one number (samples per sentence)"} '
                              f'for {args.task}, not {len(args.delta)}')
         args.delta = args.delta * 2 if pair and len(args.delta) == 1 else args.delta
