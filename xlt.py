@@ -165,6 +165,14 @@ class Head(nn.Module):
         return self.out(h).masked_fill(~mask[..., None], float('-inf'))
 
 
+def per_example(family, values, real=None):
+    """values per example (B,), per token (B, T) or per answer end (B, 2) -> per example (B,), its
+    mean the batch's: tagging's real tokens weighted as per_example_loss says, QA's two ends averaged."""
+    if family == 'tagging':
+        return (values * real).sum(1) * real.size(0) / real.sum().clamp(min=1)
+    return values.mean(-1) if family == 'qa' else values
+
+
 def per_example_loss(family, logits, labels):
     """Cross-entropy per example (B,), such that its mean is the batch's loss: classification and
     QA (the mean of the start and end losses) per example; tagging is the mean over all labelled
@@ -174,7 +182,7 @@ def per_example_loss(family, logits, labels):
         return F.cross_entropy(logits.float(), labels, reduction='none')
     if family == 'tagging':
         tokens = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=IGNORE, reduction='none')
-        return tokens.sum(1) * labels.size(0) / labels.ne(IGNORE).sum().clamp(min=1)
+        return per_example(family, tokens, labels.ne(IGNORE))
     start, end = logits.float().unbind(-1)
     return (F.cross_entropy(start, labels[:, 0], reduction='none') + F.cross_entropy(end, labels[:, 1], reduction='none')) / 2
 
@@ -186,12 +194,7 @@ def entropy_per_example(family, logits, labels):
     dim = 1 if family == 'qa' else -1
     logp = logits.float().log_softmax(dim)
     h = -torch.where(logp.isfinite(), logp.exp() * logp, 0.0).sum(dim)
-    if family == 'classification':
-        return h
-    if family == 'tagging':
-        real = labels.ne(IGNORE)
-        return (h * real).sum(1) * labels.size(0) / real.sum().clamp(min=1)
-    return h.mean(-1)
+    return per_example(family, h, labels.ne(IGNORE))
 
 
 def kl_per_example(family, p_teacher, logits, first=None, T=1.0):
@@ -205,12 +208,7 @@ def kl_per_example(family, p_teacher, logits, first=None, T=1.0):
         p_teacher = p_teacher / p_teacher.sum(dim, keepdim=True)
     log_q = (logits.float() / T).log_softmax(dim)
     kl = torch.where(p_teacher > 0, p_teacher * (p_teacher.clamp_min(1e-30).log() - log_q), 0.0) * T ** 2
-    if family == 'classification':
-        return kl.sum(-1)
-    if family == 'tagging':
-        per_word = kl.sum(-1) * first
-        return per_word.sum(1) * first.size(0) / first.sum().clamp(min=1)
-    return kl.sum(1).mean(-1)
+    return per_example(family, kl.sum(dim), first)
 
 
 def teacher_kl(family, p_teacher, tgt, logits, T=1.0):
@@ -510,10 +508,9 @@ class XMixup(Taught):
         h_s, h_t, lam = self.encode(src, pair.tgt)
         p_s, p_t = self.head(h_s, src.mask), self.head(h_t, pair.tgt.mask)
         loss_s = per_example_loss(self.family, p_s, src.labels)
-        if self.family == 'tagging':  # no labels on T: a source-language model's label distribution instead
-            loss_t = teacher_kl(self.family, self.p_teacher, pair.tgt, p_t)
-        else:
-            loss_t = per_example_loss(self.family, p_t, pair.tgt.labels)
+        # tagging has no labels on T: a source-language model's label distribution instead
+        loss_t = (teacher_kl(self.family, self.p_teacher, pair.tgt, p_t) if self.family == 'tagging' else
+                  per_example_loss(self.family, p_t, pair.tgt.labels))
         task = self.alpha * loss_s + (1 - self.alpha) * loss_t  # Eq. 8
         if self.family != 'classification':  # a round-trip source's labels may not fit it: T's loss alone
             task = torch.where(real.to(task.device), task, loss_t)
@@ -976,7 +973,7 @@ class VecoTranslate(Method):
 # models warm up on English with Eq. 1's confidence penalty (Baseline.conf_penalty); every XLA
 # epoch a frozen masked LM makes vicinal samples (Section 3.2), each model labels the data and
 # keeps what it is sure of (DISTIL, Section 3.3), and each model trains on the samples the other
-# two keep with the same labels (AGREEMENT), drawn by Eq. 2. train.py's xla() runs the stages.
+# two keep with the same labels (AGREEMENT), drawn by Eq. 2: XLA.stages and XLA.algorithm_1.
 
 class XLA(Baseline):
     """One XLA model: fine-tuned as the zero-shot baseline, on pseudo-labelled samples too. Its
@@ -1030,7 +1027,7 @@ class XLA(Baseline):
         super().configure(args, demo)
         args.posterior = 0.5 if args.posterior is None and args.distil == 'gmm' else args.posterior
         pair = TASKS[args.task].family == 'classification'
-        if len(args.delta) != (2 if pair else 1) and not (pair and len(args.delta) == 1):
+        if len(args.delta) not in ((1, 2) if pair else (1,)):
             raise ValueError(f'--delta takes {"one or two numbers (samples per part of a pair)" if pair else "one number (samples per sentence)"} '
                              f'for {args.task}, not {len(args.delta)}')
         args.delta = args.delta * 2 if pair and len(args.delta) == 1 else args.delta
@@ -1108,9 +1105,8 @@ class XLA(Baseline):
         warm = [run.results_of(f'warmup-{m + 1}') for m in range(3)]
         rows = {'warm-up (zero-shot + penalty), mean': mean_summary(warm)} if all(warm) else {}
         for m, (method, path) in enumerate(zip(methods, models)):  # each model's test predictions in model<m>/
-            scores = {'dev': run.evaluate(method, 'dev')[0],
-                      'test': run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1])}
-            rows[f'XLA model {m + 1}'] = {**{split: ev.summary(s) for split, s in scores.items()}, 'checkpoint': path}
+            dev, test = run.evaluate(method, 'dev')[0], run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1])
+            rows[f'XLA model {m + 1}'] = {'dev': ev.summary(dev), 'test': ev.summary(test), 'checkpoint': path}
         rows['XLA mean of the models'] = mean_summary([rows[f'XLA model {m + 1}'] for m in range(3)])
         ensemble = Ensemble(methods)
         run.finish(run.evaluate(ensemble, 'dev')[0], run.test_scores(run.evaluate(ensemble, 'test')[1]),
@@ -1124,7 +1120,7 @@ def vicinal_samples(run, feats, vicinity, epoch, name):
     cross of a pair's two parts; each sample replaces ceil(--aug_share x T) pieces of each part.
     The draws follow (--seed, epoch, feature), so any number of processes makes the same samples.
     vicinity: (encoder, MLM head), the frozen masked LM."""
-    args, tok, device = run.args, run.tok, run.device
+    args, tok, device, family = run.args, run.tok, run.device, TASKS[run.args.task].family
 
     def generate():
         encoder, mlm = (part.to(device) for part in vicinity)
@@ -1133,25 +1129,20 @@ def vicinal_samples(run, feats, vicinity, epoch, name):
         word_start = torch.tensor(tok.word_starts() + [False] * (encoder.cfg.vocab_size - tok.vocab_size), device=device)
 
         def samples_of(index):  # a batch of features -> each one's samples
-            rows, orders, made = [], [], []
+            rows, orders = [], []  # sum(--delta) rows a feature: delta1 of part a, then delta2 of part b
             for i in index:
                 g = torch.Generator().manual_seed(args.seed * 1_000_003 + epoch * 10_007 + i)
-                spans = parts_of(feats[i].ids, TASKS[args.task].family)
-                made.append((i, spans, len(rows)))
-                for span, delta in zip(spans, args.delta):
-                    for order in masking_orders(span, delta, args.aug_share, g):
-                        rows.append(feats[i].ids)
-                        orders.append(order)
+                for span, delta in zip(parts_of(feats[i].ids, family), args.delta):
+                    rows += [feats[i].ids] * delta
+                    orders += masking_orders(span, delta, args.aug_share, g)
             batch = data.collate([data.Feature(r) for r in rows])
             order = torch.nn.utils.rnn.pad_sequence([torch.tensor(o, dtype=torch.long) for o in orders], True, -1)
             filled = fill_successively(encoder, mlm, batch.ids.to(device), batch.mask.to(device), order.to(device),
                                        fillable, word_start, tok.mask).cpu()
-            out = []
-            for i, spans, start in made:
-                samples, n = filled[start:start + args.delta[0], :len(feats[i].ids)], len(feats[i].ids)
-                if len(spans) == 2:  # successive cross: every sample of part a with every sample of part b
-                    samples = crossed(samples, filled[start + args.delta[0]:start + sum(args.delta), :n], spans[0])
-                out.append(samples)
+            out, a = [], args.delta[0]
+            for i, made in zip(index, filled.split(sum(args.delta))):  # a feature's rows, cut to its length
+                made = made[:, :len(feats[i].ids)]  # a pair: successive cross, every sample of part a with every one of b
+                out.append(made if family == 'tagging' else crossed(made[:a], made[a:], parts_of(feats[i].ids, family)[0]))
             return out
         flat = [(i, row) for i, samples in enumerate(run.map(samples_of, feats, 'vicinal samples')) for row in samples]
         return {'ids': torch.cat([row for _, row in flat]).int() if flat else torch.zeros(0, dtype=torch.int),
