@@ -7,6 +7,7 @@ entry in METHODS (the README's "Adding a method"). Methods read data through dat
 nothing: the run object train.py hands to a procedure keeps what must survive a crash.
 """
 import math
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -645,7 +646,7 @@ class VecoPretrain(Method):
     def terms(self, x, x_mask, x_bar, y, y_mask, y_bar, parallel):
         """The loss terms of masked pairs {name: mean over the chosen tokens}: Eq. 8's four and,
         on the parallel rows, TLM. x, y: masked ids; x_bar, y_bar: their targets."""
-        with torch.no_grad() if self.cross_only() else torch.enable_grad():  # phase 1 trains CS-MLM alone
+        with torch.no_grad() if self.cross_only() else nullcontext():  # phase 1 trains CS-MLM alone
             X, Y = self.inner(x, x_mask), self.inner(y, y_mask)
         terms = {'is_x': mlm_loss(self.mlm, X, x_bar), 'is_y': mlm_loss(self.mlm, Y, y_bar),  # Eq. 5
                  'cs_xy': mlm_loss(self.mlm, self.crossed(y, y_mask, X, x_mask), y_bar),  # Eq. 7: y from x

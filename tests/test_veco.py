@@ -144,6 +144,18 @@ def test_cross_only_phase_trains_the_cross_attention_alone():
     assert m.frozen() == [] and 'tlm' in m.loss(pair)[1]
 
 
+def test_evaluation_builds_no_graph_in_either_phase():
+    """Under the caller's no_grad (held_out_losses) nothing is saved for a backward pass; in training it is."""
+    def saved_for_backward(m, grad):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t), torch.set_grad_enabled(grad):
+            m.terms(*masked_pair())
+        return len(saved)
+    for cross_only_steps in (0, 10):  # phase 2, then phase 1
+        m = model(cross_only_steps=cross_only_steps)
+        assert saved_for_backward(m, False) == 0 and saved_for_backward(m, True) > 0
+
+
 def test_bert_masking_shares_and_targets():
     torch.manual_seed(0)
     ids = torch.randint(4, 1000, (400, 128))
