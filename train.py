@@ -362,7 +362,6 @@ def execute(args, rank, world, device):
     """The run of args in args.out (the command's, or a stage's): check, banner, hold the folder,
     the data, the demo's pre-trained start, then the method's procedure."""
     files = check(args, world)
-    cls = xlt.method_class(args)
     if rank == 0:
         status = 'evaluating' if args.eval_only else 'resuming' if args.resume else 'a new run'
         show(f'{args.method} on {args.task}{f" ({args.stage})" if args.stage else ""} in {args.out}: {status}',
@@ -374,7 +373,7 @@ def execute(args, rank, world, device):
         run = Run(args, rank, world, device, tok)
         if family(args) == 'retrieval':
             return run.retrieval()
-        cls.procedure(run)
+        run.cls.procedure(run)
 
 
 @contextmanager
@@ -391,15 +390,13 @@ def hold(folder, rank):
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             lock.truncate(0)
-            lock.write(f'{os.getpid()}\n')
-            lock.flush()
+            print(os.getpid(), file=lock, flush=True)
         except BlockingIOError:
             lock.seek(0)
             holder, lock = lock.read().strip() or 'unknown', lock.close()
     if dist.is_initialized():
-        holder = [holder]
-        dist.broadcast_object_list(holder)
-        holder = holder[0]
+        dist.broadcast_object_list(shared := [holder])
+        holder = shared[0]
     if holder:
         fail(f'{folder} is in use by another run (pid {holder}): wait for it to end, or give another --out')
     try:
@@ -752,13 +749,18 @@ def train(run, method, items, validate, batches_of, keep_last=0):
             method.train()
             method.step = state['step']  # methods with schedules (X-Mixup's p*) read it
             since.append(train_step(model, items, batch, args, state['step'], rank, world, run.device, collate))
-            for p in method.frozen():
+            frozen = method.frozen()
+            for p in frozen:
                 p.grad = None  # AdamW leaves a parameter without a gradient as it is
             torch.nn.utils.clip_grad_norm_(method.parameters(), args.clip)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
             state['step'] += 1
+            method.step = state['step']  # does the method's frozen phase end here?
+            if frozen and not method.frozen() and log:  # log: the first process's
+                bar.write(f'step {state["step"]}: every parameter trains from here on')
+                log.write(json.dumps({'step': state['step'], 'event': 'every parameter trains from here on'}) + '\n')
             bar.update()
             if state['step'] % args.log_every == 0 or batch is batches[-1]:  # the one host sync (and each epoch's end)
                 logs = {k: float(sum(s[k] for s in since if k in s)) / sum(k in s for s in since)  # each one's mean
@@ -791,9 +793,7 @@ def optimizer_and_schedule(method, args, total_steps):
     # 277M parameters on a 2-core CPU 0.07-0.12 s a step against 0.8-1.5 s (tests/bench.py --optimizer)
     opt = torch.optim.AdamW([{'params': decay, 'weight_decay': args.weight_decay},
                              {'params': no_decay, 'weight_decay': 0.0}], lr=args.lr, betas=betas, eps=eps, fused=True)
-    warm = max(1, int(args.warmup * total_steps))
-    ramp = lambda step: min((step + 1) / warm, max(0.0, (total_steps - step) / max(1, total_steps - warm)))
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, ramp)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, method.schedule(args, total_steps))
 
 
 def resumed(run, method, opt, sched):

@@ -74,7 +74,8 @@ class Method(nn.Module):
       procedure(run)   the run itself, given the trainer's train.Run
     and on an instance: loss(batch) -> (mean loss, logs), predict(batch) -> outputs (class logits
     (B, C), tag logits (B, T, C) or span logits (B, T, 2)), frozen() -> the parameters the
-    optimiser leaves alone this step; `step` is the optimiser step, set by the training loop.
+    optimiser leaves alone this step, schedule(args, total) -> the learning rate's factor at each
+    step; `step` is the optimiser step, set by the training loop.
     `forward` is `loss`, so that DDP wraps a method as it is."""
     NAME = None
     trains_on, paired, round_trip, select, pretrained_start = 'en', False, False, 'en', False
@@ -135,8 +136,18 @@ class Method(nn.Module):
     def frozen(self):
         return []
 
+    def schedule(self, args, total):
+        return warmup_then_decay(args.warmup, 0, total)
+
     def forward(self, batch):
         return self.loss(batch)
+
+
+def warmup_then_decay(share, start, end):
+    """The learning rate's factor at a step of [start, end): a linear warm-up over the first `share`
+    of the steps, then a linear decay to 0 at end."""
+    warm = max(1, int(share * (end - start)))
+    return lambda step: min((step - start + 1) / warm, max(0.0, (end - step) / max(1, end - start - warm)))
 
 
 def method_class(args):
@@ -578,8 +589,9 @@ class VecoPretrain(Method):
     ADAM = {m: ((0.9, 0.98 if m == 'large' else 0.999), 1e-6) for m in ('tiny', 'small', 'base', 'large')}  # Table 5
     # the demo: about a minute on a laptop CPU; segments of a sentence or two
     DEMO = {'steps': 2000, 'eval_every': 500, 'max_len': 32, 'lr': 3e-3}
-    OPTIONS = STEPPED + (Option('cross_only_steps', int, 'first steps that train only the cross-attention, the rest '
-                                'frozen (default: the warm-up steps from --init, 0 from scratch)', NON_NEGATIVE),)
+    OPTIONS = STEPPED + (Option('cross_only_steps', int, 'phase 1: the first steps, which train only the cross-attention, '
+                                'the rest frozen; phase 2 trains everything for the rest of --steps; each phase warms '
+                                'up (default from --init: the --warmup share of --steps; 0 from scratch)', NON_NEGATIVE),)
 
     RUN = {'pretrain': {'steps': 240000, 'eval_every': 2000, 'warmup': 0.05, 'batch_size': 1024, 'max_len': 512}}  # Table 5
 
@@ -589,6 +601,9 @@ class VecoPretrain(Method):
         args.epochs = math.ceil(args.steps / args.eval_every)  # an 'epoch' of pre-training: eval_every steps
         if args.cross_only_steps is None:
             args.cross_only_steps = int(args.warmup * args.steps) if args.init else 0
+        if args.cross_only_steps >= args.steps:
+            raise ValueError(f'--cross_only_steps {args.cross_only_steps} leaves no step of phase 2 in --steps {args.steps}: '
+                             'lower it or raise --steps')
 
     @classmethod
     def reads(cls, args):
@@ -676,6 +691,14 @@ class VecoPretrain(Method):
         if not self.cross_only():
             return []
         return [p for name, p in self.named_parameters() if not is_cross('enc.' + name.removeprefix('encoder.'))]
+
+    def schedule(self, args, total):
+        """Each phase its own warm-up and decay (Table 5's shape, --warmup of the phase's steps): in
+        phase 2 XLM-R's weights start their Adam moments afresh, so they warm up, while the
+        cross-attention keeps the moments of phase 1 (one optimiser all along)."""
+        first, second = warmup_then_decay(args.warmup, 0, self.cross_only_steps), warmup_then_decay(
+            args.warmup, self.cross_only_steps, total)
+        return lambda step: first(step) if step < self.cross_only_steps else second(step)
 
     @torch.no_grad()
     def held_out_losses(self, items, batch_size, seed, device):

@@ -1,6 +1,7 @@
 """VECO: the variable blocks' two streams (Eq. 4-7), Eq. 8 against its terms computed by hand,
 BERT masking, the NLU assembly, XLM-R weights in the VECO model, pre-training runs that resume
 and split over processes exactly."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -252,10 +253,47 @@ def test_pretraining_ddp_equals_one_process_and_resumes_exactly(tmp_path, demo_d
     assert not enc.has_cross and mlm is not None
 
 
+def test_each_phase_warms_up_and_phase_2_trains_everything(tmp_path, demo_data):
+    """Phase 1 (--cross_only_steps 6) changes the cross-attention alone; phase 2 changes every weight,
+    XLM-R's with fresh Adam moments, the cross-attention's with those of phase 1. Each phase warms up
+    over --warmup of its own steps, then decays linearly (written out below); the log marks step 6."""
+    tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
+    cfg = dataclasses.replace(layers.CONFIGS['tiny'], vocab_size=tok.vocab_size)
+    torch.manual_seed(3)
+    enc = layers.Encoder(cfg)
+    mlm = layers.MLMHead(cfg, enc.tok.weight)
+    layers.save_checkpoint(str(tmp_path / 'xlmr.pt'), {'method': None, 'task': None, 'model': None}, **layers.encoder_parts(enc, mlm))
+    start = {**{f'encoder.{k}': v for k, v in enc.state_dict().items()}, **{f'mlm.{k}': v for k, v in mlm.state_dict().items()}}
+    argv = ['--init', str(tmp_path / 'xlmr.pt'), '--steps', '8', '--eval_every', '8', '--cross_only_steps', '6',
+            '--warmup', '0.5', '--log_every', '1', '--save_every', '6', '--lr', '1e-2']
+    os.makedirs(tmp_path / 'one')
+    os.symlink(demo_data, tmp_path / 'one' / 'demo-data')
+    killed = subprocess.run([sys.executable, 'train.py', '--method', 'veco', '--task', 'pretrain', '--demo', '--out',
+                             str(tmp_path / 'one'), *argv, '--halt_after', '6'], cwd=ROOT, capture_output=True)
+    assert killed.returncode == 3
+    cross = lambda name: layers.is_cross('enc.' + name.removeprefix('encoder.'))
+    params = list(xlt.VecoPretrain(layers.Encoder(cfg, cross=True), tok.mask).named_parameters())
+    names = [n for n, p in params if p.dim() >= 2] + [n for n, p in params if p.dim() < 2]  # the optimiser's two groups
+    adam_steps = lambda run: [int(state['step']) if state else 0 for state in (
+        torch.load(tmp_path / run / 'last.pt', weights_only=True)['optimizer']['state'].get(i) for i in range(len(names)))]
+    phase_1 = torch.load(tmp_path / 'one' / 'last.pt', weights_only=True)['method']
+    assert all(torch.equal(phase_1[k], v) for k, v in start.items())  # XLM-R frozen: unchanged, no Adam state
+    assert adam_steps('one') == [6 if cross(n) else 0 for n in names]
+    final = demo_run(tmp_path / 'two', demo_data, ['--method', 'veco', '--task', 'pretrain', *argv])
+    assert not any(torch.equal(final[k], v) for k, v in phase_1.items())  # phase 2 changes everything
+    assert adam_steps('two') == [8 if cross(n) else 2 for n in names]  # the cross-attention's moments carried over
+    # the learning rate after each step: phase 1 warms up over 3 of its 6 steps, phase 2 over 1 of its 2
+    factor = lambda s: min((s + 1) / 3, (6 - s) / 3) if s < 6 else min(s - 6 + 1, 8 - s)
+    log = [json.loads(line) for line in open(tmp_path / 'two' / 'log.jsonl')]
+    assert [r['lr'] for r in log if 'lr' in r] == pytest.approx([1e-2 * factor(s) for s in range(1, 9)])
+    assert [r['step'] for r in log if 'event' in r] == [6]
+
+
 def test_pretraining_set_up_errors_are_one_line(tmp_path, demo_data):
     one_line(['--method', 'filter', '--task', 'pretrain', '--demo'], 'pass --method veco')
     one_line(['--method', 'veco', '--task', 'xnli', '--steps', '10', '--demo'], '--steps belongs to --method veco --task pretrain or veco --task translate')
     one_line(['--method', 'zeroshot', '--task', 'xnli', '--translate_train_all', '--demo'], '--translate_train_all belongs to --method veco, not to zeroshot')
+    one_line(['--method', 'veco', '--task', 'pretrain', '--demo', '--cross_only_steps', '2000'], 'leaves no step of phase 2')
     one_line(['--method', 'veco', '--task', 'pretrain', '--data_dir', str(tmp_path / 'none'), '--from_scratch',
               '--model', 'tiny', '--out', str(tmp_path / 'nothing')], 'mono/<lang>.txt')
     corpus = tmp_path / 'corpus'
