@@ -870,40 +870,84 @@ def pretrain_files(data_dir):
     return groups
 
 
-def segment_pairs(tok, documents, max_len):
-    """Adjacent segments of each document as (x, y) id lists: consecutive lines packed into
-    segments of at most max_len - 2 pieces (a longer line is cut), then paired in order; a
-    document's last segment without a partner is left out."""
-    pairs, budget = [], max_len - 2
+def segment_pairs(tok, documents, max_len, counts):
+    """Section 2.2's "two adjacent segments" of each document, as (x, y) id lists. Consecutive lines
+    are packed into segments of at most max_len - 2 pieces (a longer line is cut) and paired in
+    order, (1, 2), (3, 4) ...; an odd last segment pairs with the one before it. A document of one
+    segment is cut in two (cut_in_two). counts: {rule: [documents, segments, pieces]} adds up what
+    each rule used (the segment an odd last one pairs with is used twice) and what was left out."""
+    pairs, budget, word_start = [], max_len - 2, tok.word_starts()
+    tally = lambda rule, segments: count(counts, rule, 1, len(segments), sum(map(len, segments)))
     for doc in documents:
-        segments = [[]]
+        segments, ends = [[]], [[]]  # ends: where each line of a segment ends
         for ids in tok.encode_words(doc):  # one id list per line
             for start in range(0, len(ids), budget):
                 piece = ids[start:start + budget]
                 if len(segments[-1]) + len(piece) > budget:
                     segments.append([])
+                    ends.append([])
                 segments[-1] += piece
-        pairs += [(segments[i], segments[i + 1]) for i in range(0, len(segments) - 1, 2)]
+                ends[-1].append(len(segments[-1]))
+        if len(segments) == 1:
+            rule, made = cut_in_two(segments[0], ends[0][:-1], word_start)
+            tally(rule, segments)
+            pairs += made
+            continue
+        even = segments[:len(segments) // 2 * 2]
+        tally('adjacent segments', even)
+        pairs += [(even[i], even[i + 1]) for i in range(0, len(even), 2)]
+        if len(segments) % 2:
+            tally('odd last segment, with the one before', segments[-1:])
+            pairs.append((segments[-2], segments[-1]))
     return pairs
 
 
+def count(counts, rule, documents, segments, pieces):
+    """Add to what a rule of the pre-training data used: counts[rule] = [documents, segments, pieces]."""
+    counts[rule] = [a + b for a, b in zip(counts.get(rule, (0, 0, 0)), (documents, segments, pieces))]
+
+
+def cut_in_two(segment, line_ends, word_start):
+    """-> (rule, pairs): a document of one segment cut at the line boundary nearest its middle, one
+    of a single line at the word start nearest its middle; a single word is left out."""
+    cuts, rule = line_ends, 'one segment, cut at a line'
+    if not cuts:
+        cuts, rule = [i for i in range(1, len(segment)) if word_start[segment[i]]], 'one line, cut at a word'
+    if not cuts:
+        return 'left out: a single word', []
+    cut = min(cuts, key=lambda c: abs(2 * c - len(segment)))
+    return rule, [(segment[:cut], segment[cut:])]
+
+
 def read_pretraining(tok, data_dir, max_len):
-    """-> (items, {group: item positions}): items are (x, y) Feature pairs, <s> x </s> and
-    <s> y </s>, labelled 1 on parallel pairs and 0 on adjacent monolingual segments."""
-    items, groups = [], {}
+    """-> (items, {group: item positions}, counts): items are (x, y) Feature pairs, <s> x </s> and
+    <s> y </s>, labelled 1 on parallel pairs and 0 on adjacent monolingual segments; counts: what
+    each rule used and what was left out, {rule: [documents or lines, segments, pieces]}."""
+    items, groups, counts = [], {}, {}
     for group, paths in bar(pretrain_files(data_dir).items(), desc='pre-training text'):
         if group.startswith('mono:'):
             docs = [[line for line in doc.split('\n') if line.strip()] for doc in read_text(paths[0]).split('\n\n')]
-            pairs = segment_pairs(tok, [d for d in docs if d], max_len)
+            pairs = segment_pairs(tok, [d for d in docs if d], max_len, counts)
         else:
-            kept = [(a, b) for a, b in zip(*parallel_lines(*paths)) if a.strip() and b.strip()]
-            longest = min(max_len, PARA_LEN) - 2
-            pairs = [(x[:longest], y[:longest]) for x, y in zip(tok.encode_words([a for a, _ in kept]),
-                                                                tok.encode_words([b for _, b in kept]))]
+            lines = list(zip(*parallel_lines(*paths)))
+            kept = [(a, b) for a, b in lines if a.strip() and b.strip()]
+            longest = min(max_len, PARA_LEN) - 2  # Table 5: bilingual pairs of at most 128 tokens
+            whole = list(zip(tok.encode_words([a for a, _ in kept]), tok.encode_words([b for _, b in kept])))
+            pairs = [(x[:longest], y[:longest]) for x, y in whole]
+            used = sum(len(x) + len(y) for x, y in pairs)
+            count(counts, 'parallel lines, a pair each', len(pairs), 2 * len(pairs), used)
+            count(counts, 'left out: parallel lines with an empty side', len(lines) - len(kept), 0, 0)
+            count(counts, f'left out: parallel pieces past {longest} a side', 0, 0, sum(len(x) + len(y) for x, y in whole) - used)
         label = int(group.startswith('para:'))
         groups[group] = list(range(len(items), len(items) + len(pairs)))
         items += [(Feature([tok.bos] + x + [tok.eos], label), Feature([tok.bos] + y + [tok.eos], label)) for x, y in pairs]
-    return items, {g: positions for g, positions in groups.items() if positions}
+    return items, {g: positions for g, positions in groups.items() if positions}, counts
+
+
+def pretraining_table(counts):
+    """What each rule of read_pretraining used and what was left out, as printed lines."""
+    rows = [f'  {rule:<46}{d:>11,}{s:>11,}{p:>13,}' for rule, (d, s, p) in counts.items() if d or s or p]
+    return '\n'.join([f'{"pre-training data":<48}{"docs/lines":>11}{"segments":>11}{"pieces":>13}'] + rows)
 
 
 def split_held_out(groups, share=0.02, most=500):

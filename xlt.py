@@ -621,7 +621,8 @@ class VecoPretrain(Method):
                      'XLM-R checkpoint, python layers.py convert)')
         torch.manual_seed(args.seed)
         method = cls(encoder, run.tok.mask, mlm, args.cross_only_steps).to(run.device)
-        items, groups = data.read_pretraining(run.tok, args.data_dir, args.max_len)
+        items, groups, used = data.read_pretraining(run.tok, args.data_dir, args.max_len)
+        run.say(data.pretraining_table(used))
         groups, held = data.split_held_out(groups)
         if not groups:
             run.fail(f'no pre-training pairs in {args.data_dir}/pretrain: the files hold no text')
@@ -636,7 +637,7 @@ class VecoPretrain(Method):
         table = '\n'.join([f'{"held out":<10}' + ''.join(f'{n:>13}' for n in names)] + [
             f'{kind:<10}' + ''.join(f'{row[n]:13.3f}' if n in row else ' ' * 13 for n in names) for kind, row in losses.items()])
         run.write_results({'task': 'pretrain', 'method': 'veco', 'selected_by': ev.selection(method.select, losses)[1],
-                           'held_out': losses}, table, f'pre-trained model in {run.out}/best.pt: fine-tune it with '
+                           'held_out': losses, 'data': used}, table, f'pre-trained model in {run.out}/best.pt: fine-tune it with '
                                                       f'--init {run.out}/best.pt')
 
     def __init__(self, encoder, mask_id, mlm=None, cross_only_steps=0):

@@ -309,18 +309,28 @@ def test_pretraining_set_up_errors_are_one_line(tmp_path, demo_data):
     assert not os.path.exists(tmp_path / 'run' / 'config.json')
 
 
-def test_monolingual_documents_make_adjacent_segment_pairs(tmp_path, demo_data):
+def test_every_monolingual_document_makes_pairs(tmp_path, demo_data):
+    """Adjacent segments pair in order, an odd last one with the one before it; a one-segment
+    document is cut at a line boundary, a one-line one at the word start nearest its middle."""
     tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
-    line = 'Anna reads the book .'
-    n = len(tok.encode(line))
+    line, word = 'Anna reads the book .', 'Anna'
+    ids = tok.encode(line)
+    n = len(ids)
     os.makedirs(tmp_path / 'pretrain' / 'mono')
-    # document 1: five lines, two per segment -> segments (1 2) (3 4) (5): one pair, the last left out;
-    # document 2: one line -> no pair
-    (tmp_path / 'pretrain' / 'mono' / 'en.txt').write_text('\n'.join([line] * 5) + '\n\n' + line + '\n')
-    items, groups = data.read_pretraining(tok, str(tmp_path), max_len=2 * n + 2)
-    assert list(groups) == ['mono:en'] and len(items) == 1
-    x, y = items[0]
-    assert x.ids == [0] + tok.encode(line) * 2 + [2] and y.ids == x.ids and x.label == 0
+    # five lines, two a segment: segments (1 2) (3 4) (5); two lines: one segment; one line; one word
+    docs = ['\n'.join([line] * 5), '\n'.join([line] * 2), line, word]
+    (tmp_path / 'pretrain' / 'mono' / 'en.txt').write_text('\n\n'.join(docs) + '\n')
+    items, groups, counts = data.read_pretraining(tok, str(tmp_path), max_len=2 * n + 2)
+    starts = [i for i in range(1, n) if tok.sp.id_to_piece(ids[i] - 1).startswith('\u2581')]
+    cut = min(starts, key=lambda i: abs(i - n / 2))  # the word start nearest the middle
+    two = [0] + ids * 2 + [2]
+    expected = [(two, two), (two, [0] + ids + [2]),  # (1 2)-(3 4), then the odd (5) with (3 4)
+                (two[:n + 1] + [2], [0] + ids + [2]),  # two lines: one segment, cut between them
+                ([0] + ids[:cut] + [2], [0] + ids[cut:] + [2])]  # one line, cut at a word
+    assert [(x.ids, y.ids) for x, y in items] == expected and all(x.label == 0 for x, _ in items)
+    assert counts == {'adjacent segments': [1, 2, 4 * n], 'odd last segment, with the one before': [1, 1, n],
+                      'one segment, cut at a line': [1, 1, 2 * n], 'one line, cut at a word': [1, 1, n],
+                      'left out: a single word': [1, 1, len(tok.encode(word))]}
 
 
 def test_fine_tuning_defaults_are_vecos():
