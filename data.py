@@ -967,17 +967,18 @@ def sampling_weights(sizes, alpha=0.5):
     return q ** alpha / (q ** alpha).sum()
 
 
-def pretrain_batches(groups, batch_size, n_steps, seed):
+def pretrain_batches(groups, sizes, n_steps, seed):
     """The batches of n_steps steps: monolingual and bilingual steps alternate (when both kinds
-    are there); each batch is drawn from one language (pair), chosen with sampling_weights among
-    its kind, its pairs drawn without replacement (with it when the group is smaller)."""
+    are there), of sizes[0] and sizes[1] pairs; each batch is drawn from one language (pair),
+    chosen with sampling_weights among its kind, its pairs drawn without replacement (with it
+    when the group is smaller)."""
     rng = np.random.default_rng(seed)
-    kinds = [[g for g in groups if g.startswith(kind)] for kind in ('mono:', 'para:')]
-    kinds = [k for k in kinds if k]
-    weights = [sampling_weights([len(groups[g]) for g in k]) for k in kinds]
+    kinds = [([g for g in groups if g.startswith(kind)], size) for kind, size in zip(('mono:', 'para:'), sizes)]
+    kinds = [(names, size) for names, size in kinds if names]
+    weights = [sampling_weights([len(groups[g]) for g in names]) for names, _ in kinds]
     batches = []
     for step in range(n_steps):
-        names, p = kinds[step % len(kinds)], weights[step % len(kinds)]
+        (names, batch_size), p = kinds[step % len(kinds)], weights[step % len(kinds)]
         group = groups[names[rng.choice(len(names), p=p)]]
         picked = rng.choice(len(group), size=batch_size, replace=len(group) < batch_size)
         batches.append([group[i] for i in picked])

@@ -591,7 +591,9 @@ class VecoPretrain(Method):
     DEMO = {'steps': 2000, 'eval_every': 500, 'max_len': 32, 'lr': 3e-3}
     OPTIONS = STEPPED + (Option('cross_only_steps', int, 'phase 1: the first steps, which train only the cross-attention, '
                                 'the rest frozen; phase 2 trains everything for the rest of --steps; each phase warms '
-                                'up (default from --init: the --warmup share of --steps; 0 from scratch)', NON_NEGATIVE),)
+                                'up (default from --init: the --warmup share of --steps; 0 from scratch)', NON_NEGATIVE),
+                         Option('para_batch_size', int, 'pairs of a bilingual step; --batch_size is the monolingual '
+                                'one (default 4 x --batch_size, Table 5\'s 1024 / 4096; the demo: 1 x)', AT_LEAST_1))
 
     RUN = {'pretrain': {'steps': 240000, 'eval_every': 2000, 'warmup': 0.05, 'batch_size': 1024, 'max_len': 512}}  # Table 5
 
@@ -601,6 +603,7 @@ class VecoPretrain(Method):
         args.epochs = math.ceil(args.steps / args.eval_every)  # an 'epoch' of pre-training: eval_every steps
         if args.cross_only_steps is None:
             args.cross_only_steps = int(args.warmup * args.steps) if args.init else 0
+        args.para_batch_size = args.para_batch_size or (1 if demo else 4) * args.batch_size
         if args.cross_only_steps >= args.steps:
             raise ValueError(f'--cross_only_steps {args.cross_only_steps} leaves no step of phase 2 in --steps {args.steps}: '
                              'lower it or raise --steps')
@@ -629,7 +632,8 @@ class VecoPretrain(Method):
         held = [items[i] for i in held]
         validate = lambda: method.held_out_losses(held, args.eval_batch_size, args.seed, run.device)
         steps = lambda epoch: min(args.eval_every, args.steps - epoch * args.eval_every)  # an 'epoch': eval_every steps
-        run.fit(method, items, validate, lambda epoch: data.pretrain_batches(groups, args.batch_size, steps(epoch),
+        sizes = (args.batch_size, args.para_batch_size)
+        run.fit(method, items, validate, lambda epoch: data.pretrain_batches(groups, sizes, steps(epoch),
                                                                               args.seed * 1000 + epoch))
         run.load_best(method)
         losses = validate()
@@ -834,6 +838,8 @@ class VecoTranslate(Method):
                '(Table 4)', choices=('last', 'first', 'random'), default='last'),
         Option('label_smoothing', help='label smoothing (default 0.2)', valid=SHARE),
         Option('beam', int, 'beam size (default 5)', AT_LEAST_1, default=5, changes='scores'),
+        Option('decode_bf16', bool, 'decode in bf16 autocast on a GPU (default fp32, as the released inference script)',
+               changes='scores'),
         Option('lenpen', help='length penalty, score / length ** lenpen (default 1)', valid=NON_NEGATIVE, default=1.0, changes='scores'),
         Option('average_last', int, 'decode with the mean of the last N checkpoints (one every --eval_every steps; '
                'default 10; 0: best.pt, the lowest valid loss)', NON_NEGATIVE, changes='scores'))
@@ -884,13 +890,17 @@ class VecoTranslate(Method):
         run.fit(method, items, validate, keep_last=args.average_last)
         decoded_with = run.average_last(method, args.average_last)
         method.eval()
-        hyps = run.map(lambda index: method.generate(data.collate([test[i][0] for i in index]).to(run.device), args.beam,
-                                                     args.lenpen), [x for x, _ in test], 'decode')
+
+        def decode(index):  # in fp32 as the released inference script, unless --decode_bf16 (on a GPU)
+            with nullcontext() if args.decode_bf16 else torch.autocast(run.device.type, enabled=False):
+                return method.generate(data.collate([test[i][0] for i in index]).to(run.device), args.beam, args.lenpen)
+        hyps = run.map(decode, [x for x, _ in test], 'decode')
         hyps = [tok.decode(ids) for ids in hyps]
         refs = data.lines_of(data.parallel_files(args.data_dir, args.src, args.tgt, 'test')[1])
         bleu = ev.bleu(hyps, refs)
         tokenized = ev.tokenized_bleu([ev.tokenize_13a(h) for h in hyps], [ev.tokenize_13a(r) for r in refs])
         results = {'task': 'translate', 'method': 'veco', 'pair': f'{args.src}-{args.tgt}', 'decoded_with': decoded_with,
+                   'decoded_in': 'bf16' if args.decode_bf16 and run.device.type == 'cuda' else 'fp32',
                    'valid': validate()['valid'], 'test': {'bleu': bleu, 'tokenized_bleu': tokenized}}
         path = f'predictions/test.{args.src}-{args.tgt}.{args.tgt}'
         table = (f'test {args.src}-{args.tgt} ({len(hyps)} sentences, beam {args.beam}, {decoded_with})\n'

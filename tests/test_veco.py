@@ -180,6 +180,18 @@ def test_bert_masking_shares_and_targets():
     assert abs(share[~kind].mean() - 0.15) < 0.005 and abs(share[kind].mean() - 0.25) < 0.005
 
 
+def test_steps_alternate_monolingual_and_bilingual_batches_of_their_own_sizes():
+    groups = {'mono:en': list(range(50)), 'mono:de': list(range(50, 60)), 'para:de-en': list(range(60, 100))}
+    of = lambda i: next(g for g, positions in groups.items() if i in positions)
+    batches = data.pretrain_batches(groups, (3, 12), 10, seed=0)
+    assert [(len({of(i) for i in b}), of(b[0])[:4], len(b)) for b in batches] == [(1, 'mono', 3), (1, 'para', 12)] * 5
+    assert {of(b[0]) for b in batches[::2]} == {'mono:en', 'mono:de'}  # both languages drawn
+    assert [len(b) for b in data.pretrain_batches({'para:de-en': groups['para:de-en']}, (3, 12), 3, seed=0)] == [12] * 3
+    pre = train.parse_args(['--method', 'veco', '--task', 'pretrain', '--from_scratch'])
+    demo = train.parse_args(['--method', 'veco', '--task', 'pretrain', '--demo', '--batch_size', '16'])
+    assert (pre.batch_size, pre.para_batch_size, demo.para_batch_size) == (1024, 4096, 16)  # Table 5; the demo 1:1
+
+
 def test_tlm_pairs_are_xlmr_pairs():
     a, b = torch.tensor([[0, 5, 6, 2], [0, 7, 2, 1]]), torch.tensor([[0, 8, 2, 1, 1], [0, 9, 10, 11, 2]])
     ids, mask, order = xlt.concat_pairs(a, a.ne(1), b, b.ne(1))
