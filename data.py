@@ -851,14 +851,14 @@ def length_batches(features, batch_size):
 PARA_LEN = 128  # longest parallel sentence, in tokens (Table 5's bilingual length)
 
 
-def pretrain_files(data_dir):
-    """-> {'mono:{lang}': [path], 'para:{a}-{b}': [path a, path b]} of the layout above."""
+def pretrain_files(data_dir, mono_only=False):
+    """-> {'mono:{lang}': [path], 'para:{a}-{b}': [path a, path b]} of the layout above (mono_only: no 'para:')."""
     root, groups = os.path.join(data_dir, 'pretrain'), {}
     mono, para = os.path.join(root, 'mono'), os.path.join(root, 'parallel')
     for name in sorted(os.listdir(mono)) if os.path.isdir(mono) else []:
         if name.endswith('.txt'):
             groups[f'mono:{name[:-4]}'] = [os.path.join(mono, name)]
-    for name in sorted(os.listdir(para)) if os.path.isdir(para) else []:
+    for name in sorted(os.listdir(para)) if os.path.isdir(para) and not mono_only else []:
         pair, _, lang = name.rpartition('.')
         if pair.count('-') == 1 and lang == pair.split('-')[0]:  # {a}-{b}.{a}: its other side is {a}-{b}.{b}
             b = pair.split('-')[1]
@@ -919,12 +919,12 @@ def cut_in_two(segment, line_ends, word_start):
     return rule, [(segment[:cut], segment[cut:])]
 
 
-def read_pretraining(tok, data_dir, max_len):
+def read_pretraining(tok, data_dir, max_len, mono_only=False):
     """-> (items, {group: item positions}, counts): items are (x, y) Feature pairs, <s> x </s> and
     <s> y </s>, labelled 1 on parallel pairs and 0 on adjacent monolingual segments; counts: what
     each rule used and what was left out, {rule: [documents or lines, segments, pieces]}."""
     items, groups, counts = [], {}, {}
-    for group, paths in bar(pretrain_files(data_dir).items(), desc='pre-training text'):
+    for group, paths in bar(pretrain_files(data_dir, mono_only).items(), desc='pre-training text'):
         if group.startswith('mono:'):
             docs = [[line for line in doc.split('\n') if line.strip()] for doc in read_text(paths[0]).split('\n\n')]
             pairs = segment_pairs(tok, [d for d in docs if d], max_len, counts)

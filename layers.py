@@ -42,6 +42,7 @@ CONFIGS = {
     'small': Config(n_layer=4, n_head=4, dim=256, ffn_dim=1024),
     'base': Config(),  # XLM-R base
     'large': Config(n_layer=24, n_head=16, dim=1024, ffn_dim=4096),  # XLM-R large
+    'veco_small': Config(n_layer=6),  # VECO small and XLM small (VECO's Table 5): 6 x 768, 12 heads
 }
 
 

@@ -581,19 +581,22 @@ class VecoPretrain(Method):
     (Eq. 4-5) runs x^ through self-attention and FFN alone, and its last states X^N predict x's
     masked tokens. CS-MLM (Eq. 6-7) runs y^ with a causal mask, each layer's cross-attention
     reading X^N, detached, and Y^N predicts y's masked tokens. Eq. 8 adds both directions; on
-    parallel pairs TLM adds the masked concatenation x^ y^ (Section 3). One MLM head serves all."""
+    parallel pairs TLM adds the masked concatenation x^ y^ (Section 3). One MLM head serves all.
+    Without CS-MLM (cs_mlm=False, no cross-attention) it is Table 2's XLM: MLM and TLM."""
     NAME, TASKS, paired, family, select = 'veco', ('pretrain',), True, 'pretrain', 'loss'
     SHARE = {'mono': 0.15, 'para': 0.25}  # masked share of a monolingual / bilingual pair (Table 5)
     LR = {'pretrain': 3e-4}  # Table 5: 3e-4 small, 2e-4 large (LR_LARGE); Adam beta2 and eps below
     LR_LARGE = {'pretrain': 2e-4}
-    ADAM = {m: ((0.9, 0.98 if m == 'large' else 0.999), 1e-6) for m in ('tiny', 'small', 'base', 'large')}  # Table 5
+    ADAM = {m: ((0.9, 0.98 if m == 'large' else 0.999), 1e-6) for m in CONFIGS}  # Table 5
     # the demo: about a minute on a laptop CPU; segments of a sentence or two
     DEMO = {'steps': 2000, 'eval_every': 500, 'max_len': 32, 'lr': 3e-3}
     OPTIONS = STEPPED + (Option('cross_only_steps', int, 'phase 1: the first steps, which train only the cross-attention, '
                                 'the rest frozen; phase 2 trains everything for the rest of --steps; each phase warms '
                                 'up (default from --init: the --warmup share of --steps; 0 from scratch)', NON_NEGATIVE),
                          Option('para_batch_size', int, 'pairs of a bilingual step; --batch_size is the monolingual '
-                                'one (default 4 x --batch_size, Table 5\'s 1024 / 4096; the demo: 1 x)', AT_LEAST_1))
+                                'one (default 4 x --batch_size, Table 5\'s 1024 / 4096; the demo: 1 x)', AT_LEAST_1),
+                         Option('no_cs_mlm', bool, 'CS-MLM off, no cross-attention: MLM and TLM, Table 2\'s XLM'),
+                         Option('mono_only', bool, 'the monolingual text alone (Table 2\'s first rows)'))
 
     RUN = {'pretrain': {'steps': 240000, 'eval_every': 2000, 'warmup': 0.05, 'batch_size': 1024, 'max_len': 512}}  # Table 5
 
@@ -601,8 +604,10 @@ class VecoPretrain(Method):
     def configure(cls, args, demo=None):
         super().configure(args, demo)
         args.epochs = math.ceil(args.steps / args.eval_every)  # an 'epoch' of pre-training: eval_every steps
-        if args.cross_only_steps is None:
-            args.cross_only_steps = int(args.warmup * args.steps) if args.init else 0
+        if args.cross_only_steps is None:  # phase 1 trains the new cross-attention, which XLM has not
+            args.cross_only_steps = int(args.warmup * args.steps) if args.init and not args.no_cs_mlm else 0
+        if args.no_cs_mlm and args.cross_only_steps:
+            raise ValueError('--cross_only_steps trains the cross-attention alone, which --no_cs_mlm leaves out: drop one')
         args.para_batch_size = args.para_batch_size or (1 if demo else 4) * args.batch_size
         if args.cross_only_steps >= args.steps:
             raise ValueError(f'--cross_only_steps {args.cross_only_steps} leaves no step of phase 2 in --steps {args.steps}: '
@@ -610,7 +615,8 @@ class VecoPretrain(Method):
 
     @classmethod
     def reads(cls, args):
-        return [(p, 'pre-training text', True) for paths in data.pretrain_files(args.data_dir).values() for p in paths]
+        return [(p, 'pre-training text', True) for paths in data.pretrain_files(args.data_dir, args.mono_only).values()
+                for p in paths]
 
     @classmethod
     def procedure(cls, run):
@@ -618,13 +624,13 @@ class VecoPretrain(Method):
         best.pt holds the encoder with its cross-attention and the MLM head; fine-tuning (Veco)
         reads it with --init and leaves the cross-attention out (Section 2.3)."""
         args = run.args
-        encoder, mlm = run.encoder(cross=True)
+        encoder, mlm = run.encoder(cross=not args.no_cs_mlm)
         if args.init and mlm is None:
             run.fail(f'--init {args.init} has no MLM head: pre-training continues XLM-R with its MLM head (a converted '
                      'XLM-R checkpoint, python layers.py convert)')
         torch.manual_seed(args.seed)
-        method = cls(encoder, run.tok.mask, mlm, args.cross_only_steps).to(run.device)
-        items, groups, used = data.read_pretraining(run.tok, args.data_dir, args.max_len)
+        method = cls(encoder, run.tok.mask, mlm, args.cross_only_steps, cs_mlm=not args.no_cs_mlm).to(run.device)
+        items, groups, used = data.read_pretraining(run.tok, args.data_dir, args.max_len, args.mono_only)
         run.say(data.pretraining_table(used))
         groups, held = data.split_held_out(groups)
         if not groups:
@@ -644,11 +650,11 @@ class VecoPretrain(Method):
                            'held_out': losses, 'data': used}, table, f'pre-trained model in {run.out}/best.pt: fine-tune it with '
                                                       f'--init {run.out}/best.pt')
 
-    def __init__(self, encoder, mask_id, mlm=None, cross_only_steps=0):
+    def __init__(self, encoder, mask_id, mlm=None, cross_only_steps=0, cs_mlm=True):
         super().__init__()
-        if not encoder.has_cross:
+        if cs_mlm and not encoder.has_cross:
             raise ValueError('VECO pre-training needs an encoder with cross-attention (layers.Encoder(cfg, cross=True))')
-        self.encoder, self.mask_id, self.cross_only_steps = encoder, mask_id, cross_only_steps
+        self.encoder, self.mask_id, self.cross_only_steps, self.cs_mlm = encoder, mask_id, cross_only_steps, cs_mlm
         self.mlm = mlm if mlm is not None else MLMHead(encoder.cfg, encoder.tok.weight)
 
     def inner(self, ids, mask):
@@ -668,9 +674,10 @@ class VecoPretrain(Method):
         on the parallel rows, TLM. x, y: masked ids; x_bar, y_bar: their targets."""
         with torch.no_grad() if self.cross_only() else nullcontext():  # phase 1 trains CS-MLM alone
             X, Y = self.inner(x, x_mask), self.inner(y, y_mask)
-        terms = {'is_x': mlm_loss(self.mlm, X, x_bar), 'is_y': mlm_loss(self.mlm, Y, y_bar),  # Eq. 5
-                 'cs_xy': mlm_loss(self.mlm, self.crossed(y, y_mask, X, x_mask), y_bar),  # Eq. 7: y from x
-                 'cs_yx': mlm_loss(self.mlm, self.crossed(x, x_mask, Y, y_mask), x_bar)}  # and x from y
+        terms = {'is_x': mlm_loss(self.mlm, X, x_bar), 'is_y': mlm_loss(self.mlm, Y, y_bar)}  # Eq. 5
+        if self.cs_mlm:
+            terms['cs_xy'] = mlm_loss(self.mlm, self.crossed(y, y_mask, X, x_mask), y_bar)  # Eq. 7: y from x
+            terms['cs_yx'] = mlm_loss(self.mlm, self.crossed(x, x_mask, Y, y_mask), x_bar)  # and x from y
         rows = parallel.nonzero().squeeze(1)
         if len(rows) and not (self.training and self.cross_only()):  # TLM (XLM): the pair as one sequence
             ids, mask, order = concat_pairs(x[rows], x_mask[rows], y[rows], y_mask[rows])
@@ -722,7 +729,7 @@ class VecoPretrain(Method):
                     (x, x_bar), (y, y_bar) = self.masked(pair.src, parallel), self.masked(pair.tgt, parallel)
                     with autocast(device):
                         terms = self.terms(x, pair.src.mask, x_bar, y, pair.tgt.mask, y_bar, parallel)
-                        if len(index) > 1:
+                        if len(index) > 1 and self.cs_mlm:
                             X, xm = self.inner(x, pair.src.mask), pair.src.mask
                             terms['cs_shuffled'] = mlm_loss(self.mlm, self.crossed(y, pair.tgt.mask, X.roll(1, 0), xm.roll(1, 0)), y_bar)
                     for name, t in terms.items():  # a mean over the kind's pairs

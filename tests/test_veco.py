@@ -133,6 +133,24 @@ def test_eq8_is_the_sum_of_its_terms_by_hand_and_symmetric():
         assert logs['tlm'].item() == pytest.approx(expected['tlm'].item(), abs=1e-5)
 
 
+def test_without_cs_mlm_it_is_xlm_mlm_and_tlm():
+    """Table 2's XLM: an encoder without cross-attention, the loss MLM (the IS terms) + TLM, by hand."""
+    m = model()
+    cfg = m.encoder.cfg
+    xlm = xlt.VecoPretrain(layers.Encoder(cfg), mask_id=V - 1, cs_mlm=False).eval()
+    assert not any('cross' in k for k in xlm.state_dict())
+    xlm.load_state_dict({k: v for k, v in m.state_dict().items() if 'cross' not in k})
+    batch = masked_pair()
+    with torch.no_grad():
+        terms, hand = xlm.terms(*batch), by_hand(m, *batch)
+    assert terms.keys() == {'is_x', 'is_y', 'tlm'} and all(torch.allclose(t, hand[k], atol=1e-5) for k, t in terms.items())
+    pre = lambda *more: train.parse_args(['--method', 'veco', '--task', 'pretrain', '--model', 'veco_small', *more])
+    small = pre('--init', 'x.pt', '--no_cs_mlm')
+    assert (small.lr, xlt.VecoPretrain.ADAM['veco_small'], small.cross_only_steps) == (3e-4, ((0.9, 0.999), 1e-6), 0)
+    assert layers.CONFIGS['veco_small'] == layers.Config(n_layer=6, n_head=12, dim=768, ffn_dim=3072)  # Table 5's small
+    one_line(['--method', 'veco', '--task', 'pretrain', '--demo', '--no_cs_mlm', '--cross_only_steps', '5'], 'drop one')
+
+
 def test_cross_only_phase_trains_the_cross_attention_alone():
     m = model(cross_only_steps=10).train()
     pair = data.Pair(data.Batch(*masked_pair()[0:2], torch.tensor([0, 1, 1])), data.Batch(*masked_pair()[3:5], torch.tensor([0, 1, 1])))
