@@ -782,18 +782,19 @@ class VecoAll(Veco):
 # VECO for generation (Section 2.3, Tables 3-4): the same blocks assembled into an
 # encoder-decoder, fine-tuned on translation as the released fairseq scripts do.
 
-def assemble(pre, n, init='last', new_tokens=0, dropout=0.1, attn_dropout=0.0):
+def assemble(pre, n, init='last', new_tokens=0, dropout=0.1, attn_dropout=0.0, embed_scale=None):
     """-> (encoder, decoder) from a pre-trained encoder with cross-attention. The encoder is every
     layer's self-attention and FFN; the decoder's n layers (causal self-attention, cross-attention
     on the encoder's output, FFN) copy the last n pre-trained layers ('last', the paper's choice),
     the first n ('first') or none ('random', a new decoder): Table 4's rows. One token embedding,
     grown by `new_tokens` new rows (the language tokens), serves both sides and the output layer;
-    embeddings are scaled by sqrt(dim), as fairseq's translation models do (VECO's released code)."""
+    token embeddings are scaled by embed_scale, by default the scale the pre-trained model was
+    trained with (XLM-R and the pre-training here: 1; VECO's released NLG model: sqrt(dim))."""
     L = pre.cfg.n_layer
     if not 1 <= n <= L:
         raise ValueError(f'--dec_layers {n} is not a layer count of the {L}-layer model: choose 1 to {L}')
-    cfg = replace(pre.cfg, vocab_size=pre.cfg.vocab_size + new_tokens, embed_scale=math.sqrt(pre.cfg.dim),
-                  dropout=dropout, attn_dropout=attn_dropout)
+    cfg = replace(pre.cfg, vocab_size=pre.cfg.vocab_size + new_tokens, dropout=dropout, attn_dropout=attn_dropout,
+                  embed_scale=pre.cfg.embed_scale if embed_scale is None else embed_scale)
     encoder, decoder = Encoder(cfg), Encoder(replace(cfg, n_layer=n), cross=True)
     weights = {k: v for k, v in pre.state_dict().items() if not is_cross('enc.' + k)}
     with torch.no_grad():
@@ -882,9 +883,12 @@ class VecoTranslate(Method):
         args, tok = run.args, run.tok
         pre = run.encoder(cross=True)[0]  # --init's cross-attention kept, or new for XLM-R
         lang_ids = (tok.vocab_size, tok.vocab_size + 1)  # [src] and [tgt]: new rows of the token embedding
+        scale = pre.cfg.embed_scale if args.init else math.sqrt(pre.cfg.dim)  # a new model: fairseq's default
+        run.say(f'token embeddings scaled by {scale:g}: ' + ('the scale --init was trained with' if args.init else
+                                                             'a new model, fairseq\'s sqrt(dim)'))
         torch.manual_seed(args.seed)
         try:
-            encoder, decoder = assemble(pre, args.dec_layers, args.dec_init, 2, args.dropout, args.attn_dropout)
+            encoder, decoder = assemble(pre, args.dec_layers, args.dec_init, 2, args.dropout, args.attn_dropout, scale)
         except ValueError as e:
             run.fail(str(e))
         method = cls(run.ready(encoder), run.ready(decoder), lang_ids[1], args.label_smoothing).to(run.device)
@@ -907,7 +911,7 @@ class VecoTranslate(Method):
         bleu = ev.bleu(hyps, refs)
         tokenized = ev.tokenized_bleu([ev.tokenize_13a(h) for h in hyps], [ev.tokenize_13a(r) for r in refs])
         results = {'task': 'translate', 'method': 'veco', 'pair': f'{args.src}-{args.tgt}', 'decoded_with': decoded_with,
-                   'decoded_in': 'bf16' if args.decode_bf16 and run.device.type == 'cuda' else 'fp32',
+                   'decoded_in': 'bf16' if args.decode_bf16 and run.device.type == 'cuda' else 'fp32', 'embed_scale': scale,
                    'valid': validate()['valid'], 'test': {'bleu': bleu, 'tokenized_bleu': tokenized}}
         path = f'predictions/test.{args.src}-{args.tgt}.{args.tgt}'
         table = (f'test {args.src}-{args.tgt} ({len(hyps)} sentences, beam {args.beam}, {decoded_with})\n'

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import data
 import eval as ev
@@ -65,11 +66,33 @@ def test_decoder_layer_i_is_pretrained_layer_L_minus_n_plus_i():
         assert all(torch.equal(v, pre.state_dict()[k]) for k, v in enc.state_dict().items() if k != 'tok.weight')
         # one embedding for both sides and the output, grown by the two language tokens
         assert dec.tok.weight is enc.tok.weight and enc.tok.weight.shape[0] == 52
-        assert torch.equal(enc.tok.weight[:50], pre.tok.weight) and enc.cfg.embed_scale == math.sqrt(32)
+        assert torch.equal(enc.tok.weight[:50], pre.tok.weight) and enc.cfg.embed_scale == dec.cfg.embed_scale == 1.0
     enc, dec = xlt.assemble(pre, 2, 'random', new_tokens=2)
     assert not torch.equal(dec.blocks[1].cross.qkv.weight, pre.blocks[2].cross.qkv.weight)
     with pytest.raises(ValueError, match='--dec_layers 4'):
         xlt.assemble(pre, 4)
+
+
+def test_embeddings_keep_the_scale_the_model_was_trained_with(tmp_path, demo_data):
+    """assemble scales token embeddings as the pre-trained model was trained (recorded in its config),
+    by hand: LayerNorm(s * E[ids] + P[positions]); a run records the scale in results.json and best.pt."""
+    pre = pretrained()
+    pre.cfg = layers.Config(**{**pre.cfg.__dict__, 'embed_scale': 3.0})
+    ids = torch.tensor([[0, 7, 9, 2]])
+    for scale, expected in ((None, 3.0), (0.5, 0.5)):
+        enc, dec = xlt.assemble(pre, 2, new_tokens=2, embed_scale=scale)
+        for m in (enc.eval(), dec.eval()):
+            by_hand = F.layer_norm(expected * m.tok.weight[ids] + m.pos.weight[torch.tensor([[2, 3, 4, 5]])], (32,),
+                                   m.ln.weight, m.ln.bias, 1e-5)
+            assert torch.allclose(m.embed(ids), by_hand, atol=1e-6)
+    tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
+    trained = layers.Encoder(layers.Config(**{**layers.CONFIGS['tiny'].__dict__, 'vocab_size': tok.vocab_size, 'embed_scale': 2.0}), cross=True)
+    layers.save_checkpoint(str(tmp_path / 'pre.pt'), {'method': 'veco', 'task': 'pretrain', 'model': 'tiny'}, **layers.encoder_parts(trained))
+    for name, more, scale in (('init', ['--init', str(tmp_path / 'pre.pt')], 2.0), ('new', ['--from_scratch'], 8.0)):
+        demo_run(tmp_path / name, demo_data, ['--method', 'veco', '--task', 'translate', '--steps', '2', '--eval_every', '2',
+                                              '--batch_size', '8', '--average_last', '0', '--beam', '1', *more])
+        assert json.load(open(tmp_path / name / 'results.json'))['embed_scale'] == scale  # a new model: sqrt(64)
+        assert layers.load_checkpoint(str(tmp_path / name / 'best.pt'))['config']['embed_scale'] == scale
 
 
 def test_label_smoothed_loss_is_fairseqs_formula_by_hand():
