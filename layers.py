@@ -14,7 +14,7 @@ import re
 import struct
 import sys
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -236,9 +236,9 @@ def init_weights(module):
 # Checkpoints. Every source is renamed into one flat dict with our names
 # ('enc.…', 'mlm.…'), then checked key by key against the model.
 
-def per_layer(prefix, names):
+def per_layer(prefix, names, ours_prefix='enc'):
     """A checkpoint's names of a block's modules {theirs: ours} for every layer ({} is its index)."""
-    return {f'{prefix}.{{}}.{theirs}': f'enc.blocks.{{}}.{ours}' for theirs, ours in names.items()}
+    return {f'{prefix}.{{}}.{theirs}': f'{ours_prefix}.blocks.{{}}.{ours}' for theirs, ours in names.items()}
 
 
 HF_NAMES = {  # Hugging Face module -> ours ({} is the layer index)
@@ -252,18 +252,28 @@ HF_NAMES = {  # Hugging Face module -> ours ({} is the layer index)
     'lm_head.decoder': 'tied',  # copies of the word embeddings and lm_head.bias, when present
     'embeddings.token_type_embeddings': 'type',  # one row added to every token: folded into positions
 }
-FAIRSEQ_NAMES = {  # fairseq module (after 'decoder.' or 'encoder.') -> ours
+FAIRSEQ_LAYER = {'self_attn.q_proj': 'attn.q', 'self_attn.k_proj': 'attn.k', 'self_attn.v_proj': 'attn.v',
+                 'self_attn.out_proj': 'attn.out', 'self_attn_layer_norm': 'ln1', 'fc1': 'ffn.fc1', 'fc2': 'ffn.fc2',
+                 'final_layer_norm': 'ln2'}
+FAIRSEQ_NAMES = {  # fairseq's RoBERTa module (after 'decoder.' or 'encoder.') -> ours
     'sentence_encoder.embed_tokens': 'enc.tok', 'sentence_encoder.embed_positions': 'enc.pos',
     'sentence_encoder.emb_layer_norm': 'enc.ln', 'sentence_encoder.layernorm_embedding': 'enc.ln',
-    **per_layer('sentence_encoder.layers', {'self_attn.q_proj': 'attn.q', 'self_attn.k_proj': 'attn.k',
-                                            'self_attn.v_proj': 'attn.v', 'self_attn.out_proj': 'attn.out',
-                                            'self_attn_layer_norm': 'ln1', 'fc1': 'ffn.fc1', 'fc2': 'ffn.fc2',
-                                            'final_layer_norm': 'ln2'}),
+    **per_layer('sentence_encoder.layers', FAIRSEQ_LAYER),
     'lm_head.dense': 'mlm.dense', 'lm_head.layer_norm': 'mlm.ln', 'lm_head': 'mlm',
+}
+FAIRSEQ_CROSS = {'encoder_attn.q_proj': 'cross.q', 'encoder_attn.k_proj': 'cross.k', 'encoder_attn.v_proj': 'cross.v',
+                 'encoder_attn.out_proj': 'cross.out', 'encoder_attn_layer_norm': 'ln_cross'}
+TRANSLATION_NAMES = {  # fairseq's translation model (VECO's released NLG model): an encoder, a decoder ('dec')
+    'encoder.embed_tokens': 'enc.tok', 'encoder.embed_positions': 'enc.pos', 'encoder.layernorm_embedding': 'enc.ln',
+    **per_layer('encoder.layers', FAIRSEQ_LAYER),
+    'decoder.embed_tokens': 'dec_tok', 'decoder.output_projection': 'dec_out',  # share_all_embeddings: copies
+    'decoder.embed_positions': 'dec.pos', 'decoder.layernorm_embedding': 'dec.ln',
+    **per_layer('decoder.layers', {**FAIRSEQ_LAYER, **FAIRSEQ_CROSS}, 'dec'),
 }
 # Tensors real files carry that no part of this model uses: HF's position_ids buffer and
 # pooler (no task here uses it), fairseq's format 'version' marker.
-UNUSED = {'embeddings.position_ids', 'pooler.dense.weight', 'pooler.dense.bias', 'sentence_encoder.version'}
+UNUSED = {'embeddings.position_ids', 'pooler.dense.weight', 'pooler.dense.bias', 'sentence_encoder.version',
+          'encoder.version', 'decoder.version'}
 
 
 def rename(sd, names, prefixes):
@@ -280,11 +290,11 @@ def rename(sd, names, prefixes):
         elif stem not in UNUSED:
             unknown.append(key)
     fold_tied(out)
-    for key in [k for k in out if '.attn.q.' in k]:
-        stem, param = key.split('.attn.q.')
-        parts = [out.pop(f'{stem}.attn.{x}.{param}', None) for x in 'qkv']
+    for key in [k for k in out if re.search(r'\.(attn|cross)\.q\.', k)]:
+        stem, attn, param = re.split(r'\.(attn|cross)\.q\.', key)
+        parts = [out.pop(f'{stem}.{attn}.{x}.{param}', None) for x in 'qkv']
         if all(p is not None for p in parts):
-            out[f'{stem}.attn.qkv.{param}'] = torch.cat(parts)
+            out[f'{stem}.{attn}.qkv.{param}'] = torch.cat(parts)
     return out, unknown
 
 
@@ -295,7 +305,8 @@ def fold_tied(sd):
         if t.size(0) != 1:
             raise CheckpointError(f'token_type_embeddings has {t.size(0)} rows; XLM-R has 1 and this model adds no segment ids')
         sd['enc.pos.weight'] = sd['enc.pos.weight'] + t[0]
-    tied = {'tied.weight': 'enc.tok.weight', 'tied.bias': 'mlm.bias', 'mlm.weight': 'enc.tok.weight'}  # fairseq: mlm.weight
+    tied = {'tied.weight': 'enc.tok.weight', 'tied.bias': 'mlm.bias', 'mlm.weight': 'enc.tok.weight',  # fairseq: mlm.weight
+            'dec_tok.weight': 'enc.tok.weight', 'dec_out.weight': 'enc.tok.weight'}
     for copy, original in tied.items():
         if copy in sd:
             t = sd.pop(copy)
@@ -365,8 +376,9 @@ def torch_load(path, mmap=False):
         raise CheckpointError(f'{path} is not a PyTorch file (torch.load cannot read it): {CHECKPOINTS}') from None
 
 
-def config_from(sd, meta):
-    """Shapes give every size but the head count, which comes from the checkpoint's metadata."""
+def config_from(sd, meta, scaled=False):
+    """Shapes give every size but the head count, which comes from the checkpoint's metadata;
+    scaled: a translation model's token embeddings times sqrt(dim), unless its args say not."""
     heads = meta.get('num_attention_heads') or meta.get('encoder_attention_heads')
     if not heads:
         raise CheckpointError('the checkpoint does not say its number of attention heads (config.json or args)')
@@ -376,7 +388,8 @@ def config_from(sd, meta):
     vocab, dim = sd['enc.tok.weight'].shape
     return Config(vocab_size=vocab, n_layer=n_layer, n_head=heads, dim=dim,
                   ffn_dim=sd['enc.blocks.0.ffn.fc1.weight'].size(0), max_positions=sd['enc.pos.weight'].size(0),
-                  pad_id=meta.get('pad_token_id', 1), ln_eps=meta.get('layer_norm_eps', 1e-5))
+                  pad_id=meta.get('pad_token_id', 1), ln_eps=meta.get('layer_norm_eps', 1e-5),
+                  embed_scale=math.sqrt(dim) if scaled and not meta.get('no_scale_embedding') else 1.0)
 
 
 def read_checkpoint(path):
@@ -404,7 +417,8 @@ def read_checkpoint(path):
     if not hf:  # fairseq: {'model': state dict, 'args': Namespace or 'cfg': {'model': ...}}
         args = obj.get('args') or (obj.get('cfg') or {}).get('model') or {}
         meta = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
-        sd, unknown = rename(obj['model'], FAIRSEQ_NAMES, ('decoder.', 'encoder.'))
+        translation = any(k.startswith('decoder.layers.') for k in obj['model'])
+        sd, unknown = rename(obj['model'], *((TRANSLATION_NAMES, ()) if translation else (FAIRSEQ_NAMES, ('decoder.', 'encoder.'))))
     else:  # Hugging Face: a flat state dict, its config.json beside it
         cfg_file = os.path.join(os.path.dirname(path), 'config.json')
         if not os.path.exists(cfg_file):
@@ -414,7 +428,7 @@ def read_checkpoint(path):
         sd, unknown = rename(obj, HF_NAMES, ('roberta.',))
     if 'enc.tok.weight' not in sd:
         raise CheckpointError(f'{path} has no word embeddings: not an XLM-R checkpoint')
-    return config_from(sd, meta), sd, unknown
+    return config_from(sd, meta, not hf and translation), sd, unknown
 
 
 def is_cross(key):
@@ -422,19 +436,37 @@ def is_cross(key):
     return key.startswith('enc.blocks.') and ('.cross.' in key or '.ln_cross.' in key)
 
 
-def load_pretrained(path, cross=False):
+def load_pretrained(path, cross=False, decoder=False):
     """-> (Encoder, MLMHead or None when the checkpoint has no MLM head), every tensor checked.
     cross=True: VECO's encoder with a cross-attention in every block, read from the checkpoint
-    or newly initialised when it has none (XLM-R); cross=False leaves a checkpoint's
-    cross-attention out (VECO's NLU assembly)."""
+    or newly initialised when it has none (XLM-R; the encoder's new_cross says so); cross=False
+    leaves a checkpoint's cross-attention out (VECO's NLU assembly). decoder=True: a third item,
+    a translation checkpoint's decoder (VECO's released NLG model: an Encoder with cross-attention,
+    the token embedding shared), or None when the checkpoint has none."""
     cfg, sd, unknown = read_checkpoint(path)
+    dec_sd = {k.removeprefix('dec.'): sd.pop(k) for k in [k for k in sd if k.startswith('dec.')]}
     found = any(is_cross(k) for k in sd)
     if not cross:
         sd = {k: v for k, v in sd.items() if not is_cross(k)}
     enc = Encoder(cfg, cross)
     mlm = MLMHead(cfg, enc.tok.weight) if any(k.startswith('mlm.') for k in sd) else None
     model = nn.ModuleDict({'enc': enc} if mlm is None else {'enc': enc, 'mlm': mlm})  # keys in our names
-    expected = {k: v for k, v in model.state_dict().items() if found or not is_cross(k)}
+    check_keys(path, {k: v for k, v in model.state_dict().items() if found or not is_cross(k)}, sd, unknown)
+    model.load_state_dict(sd, strict=found or not cross)  # not strict: a new cross-attention keeps its initialisation
+    enc.new_cross = cross and not found
+    if not decoder:
+        return enc, mlm
+    if not dec_sd:
+        return enc, mlm, None
+    dec = Encoder(replace(cfg, n_layer=1 + max(int(k.split('.')[1]) for k in dec_sd if k.startswith('blocks.'))), cross=True)
+    dec_sd['tok.weight'] = sd['enc.tok.weight']
+    check_keys(path, dec.state_dict(), dec_sd, [])
+    dec.load_state_dict(dec_sd)
+    return enc, mlm, dec
+
+
+def check_keys(path, expected, sd, unknown):
+    """Raise CheckpointError, naming what is missing, unexpected or of the wrong shape, unless sd fits expected."""
     missing = sorted(set(expected) - set(sd))
     unknown = unknown + sorted(set(sd) - set(expected))
     shapes = [f'{k} {list(sd[k].shape)} (model {list(v.shape)})' for k, v in expected.items() if k in sd and sd[k].shape != v.shape]
@@ -442,8 +474,6 @@ def load_pretrained(path, cross=False):
                 for what, keys in (('missing', missing), ('unexpected', unknown), ('wrong shape', shapes)) if keys]
     if problems:
         raise CheckpointError(f'{path} does not match the model: ' + '; '.join(problems))
-    model.load_state_dict(sd, strict=found or not cross)  # not strict: a new cross-attention keeps its initialisation
-    return enc, mlm
 
 
 def atomic_write(path, obj):

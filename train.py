@@ -456,15 +456,16 @@ class Run:
         except ValueError as e:
             fail(str(e))
 
-    def encoder(self, cross=False, init=None):
+    def encoder(self, cross=False, init=None, decoder=False):
         """-> (encoder, MLM head or None) from init (default --init) or, for the demo and
         --from_scratch, random. cross: blocks with a cross-attention (the checkpoint's, or new);
-        without, a checkpoint's cross-attention is left out (layers.load_pretrained)."""
+        without, a checkpoint's cross-attention is left out; decoder: a translation checkpoint's
+        decoder (or None) too (layers.load_pretrained)."""
         args, init = self.args, init or self.args.init
-        cfg, mlm = layers.CONFIGS[args.model], None
+        cfg, mlm, dec = layers.CONFIGS[args.model], None, [None] * decoder
         if init:
             try:
-                encoder, mlm = layers.load_pretrained(init, cross)
+                encoder, mlm, *dec = layers.load_pretrained(init, cross, decoder)
             except layers.CheckpointError as e:
                 fail(str(e))
             got = encoder.cfg
@@ -479,7 +480,7 @@ class Run:
             fail(f'the tokenizer has {self.tok.vocab_size} ids but the model {encoder.cfg.vocab_size}: '
                  'use the sentencepiece model that came with the checkpoint (--spm)')
         layers.set_dropout(encoder, args.dropout, args.dropout if args.attn_dropout is None else args.attn_dropout)
-        return self.ready(encoder), mlm
+        return (self.ready(encoder), mlm, *dec)
 
     def ready(self, encoder):
         """An encoder with --grad_checkpoint and --compile applied."""

@@ -782,15 +782,17 @@ class VecoAll(Veco):
 # VECO for generation (Section 2.3, Tables 3-4): the same blocks assembled into an
 # encoder-decoder, fine-tuned on translation as the released fairseq scripts do.
 
-def assemble(pre, n, init='last', new_tokens=0, dropout=0.1, attn_dropout=0.0, embed_scale=None):
+def assemble(pre, n, init='last', new_tokens=0, dropout=0.1, attn_dropout=0.0, embed_scale=None, released=None):
     """-> (encoder, decoder) from a pre-trained encoder with cross-attention. The encoder is every
     layer's self-attention and FFN; the decoder's n layers (causal self-attention, cross-attention
     on the encoder's output, FFN) copy the last n pre-trained layers ('last', the paper's choice),
-    the first n ('first') or none ('random', a new decoder): Table 4's rows. One token embedding,
+    the first n ('first') or none ('random', a new decoder): Table 4's rows; from a released
+    decoder's layers when one is given (VECO's NLG model: its --keep-decoder-layers, the last n). One token embedding,
     grown by `new_tokens` new rows (the language tokens), serves both sides and the output layer;
     token embeddings are scaled by embed_scale, by default the scale the pre-trained model was
     trained with (XLM-R and the pre-training here: 1; VECO's released NLG model: sqrt(dim))."""
-    L = pre.cfg.n_layer
+    source = pre if released is None else released  # where the decoder's layers come from
+    L = source.cfg.n_layer
     if not 1 <= n <= L:
         raise ValueError(f'--dec_layers {n} is not a layer count of the {L}-layer model: choose 1 to {L}')
     cfg = replace(pre.cfg, vocab_size=pre.cfg.vocab_size + new_tokens, dropout=dropout, attn_dropout=attn_dropout,
@@ -802,10 +804,10 @@ def assemble(pre, n, init='last', new_tokens=0, dropout=0.1, attn_dropout=0.0, e
     encoder.load_state_dict(weights, strict=False)
     decoder.tok = encoder.tok  # share_all_embeddings
     if init != 'random':
-        decoder.pos.load_state_dict(pre.pos.state_dict())
-        decoder.ln.load_state_dict(pre.ln.state_dict())
+        decoder.pos.load_state_dict(source.pos.state_dict())
+        decoder.ln.load_state_dict(source.ln.state_dict())
         for i, j in enumerate(range(L - n, L) if init == 'last' else range(n)):
-            decoder.blocks[i].load_state_dict(pre.blocks[j].state_dict())
+            decoder.blocks[i].load_state_dict(source.blocks[j].state_dict())
     return encoder, decoder
 
 
@@ -881,14 +883,18 @@ class VecoTranslate(Method):
         then the test set decoded by beam search with the mean of the last --average_last
         checkpoints (fairseq's average_checkpoints), one line per source, scored with BLEU."""
         args, tok = run.args, run.tok
-        pre = run.encoder(cross=True)[0]  # --init's cross-attention kept, or new for XLM-R
+        pre, _, released = run.encoder(cross=True, decoder=True)  # --init's cross-attention kept, or new for XLM-R
+        if args.init and released is None and pre.new_cross:
+            run.say(f'note: --init {args.init} is an encoder alone, without cross-attention or decoder (XLM-R, or VECO\'s '
+                    'released NLU model): the cross-attention starts from random weights')
         lang_ids = (tok.vocab_size, tok.vocab_size + 1)  # [src] and [tgt]: new rows of the token embedding
         scale = pre.cfg.embed_scale if args.init else math.sqrt(pre.cfg.dim)  # a new model: fairseq's default
         run.say(f'token embeddings scaled by {scale:g}: ' + ('the scale --init was trained with' if args.init else
                                                              'a new model, fairseq\'s sqrt(dim)'))
         torch.manual_seed(args.seed)
         try:
-            encoder, decoder = assemble(pre, args.dec_layers, args.dec_init, 2, args.dropout, args.attn_dropout, scale)
+            encoder, decoder = assemble(pre, args.dec_layers, args.dec_init, 2, args.dropout, args.attn_dropout, scale,
+                                        released)
         except ValueError as e:
             run.fail(str(e))
         method = cls(run.ready(encoder), run.ready(decoder), lang_ids[1], args.label_smoothing).to(run.device)

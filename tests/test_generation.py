@@ -73,7 +73,7 @@ def test_decoder_layer_i_is_pretrained_layer_L_minus_n_plus_i():
         xlt.assemble(pre, 4)
 
 
-def test_embeddings_keep_the_scale_the_model_was_trained_with(tmp_path, demo_data):
+def test_embeddings_keep_the_scale_the_model_was_trained_with(tmp_path, demo_data, capsys):
     """assemble scales token embeddings as the pre-trained model was trained (recorded in its config),
     by hand: LayerNorm(s * E[ids] + P[positions]); a run records the scale in results.json and best.pt."""
     pre = pretrained()
@@ -88,11 +88,16 @@ def test_embeddings_keep_the_scale_the_model_was_trained_with(tmp_path, demo_dat
     tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
     trained = layers.Encoder(layers.Config(**{**layers.CONFIGS['tiny'].__dict__, 'vocab_size': tok.vocab_size, 'embed_scale': 2.0}), cross=True)
     layers.save_checkpoint(str(tmp_path / 'pre.pt'), {'method': 'veco', 'task': 'pretrain', 'model': 'tiny'}, **layers.encoder_parts(trained))
-    for name, more, scale in (('init', ['--init', str(tmp_path / 'pre.pt')], 2.0), ('new', ['--from_scratch'], 8.0)):
+    alone = layers.Encoder(layers.Config(**{**layers.CONFIGS['tiny'].__dict__, 'vocab_size': tok.vocab_size}))
+    layers.save_checkpoint(str(tmp_path / 'veco-nlu.pt'), {}, **layers.encoder_parts(alone))
+    for name, more, scale in (('init', ['--init', str(tmp_path / 'pre.pt')], 2.0), ('new', ['--from_scratch'], 8.0),
+                              ('alone', ['--init', str(tmp_path / 'veco-nlu.pt')], 1.0)):
         demo_run(tmp_path / name, demo_data, ['--method', 'veco', '--task', 'translate', '--steps', '2', '--eval_every', '2',
                                               '--batch_size', '8', '--average_last', '0', '--beam', '1', *more])
         assert json.load(open(tmp_path / name / 'results.json'))['embed_scale'] == scale  # a new model: sqrt(64)
         assert layers.load_checkpoint(str(tmp_path / name / 'best.pt'))['config']['embed_scale'] == scale
+        said = capsys.readouterr().out
+        assert ('is an encoder alone, without cross-attention or decoder' in said) == (name == 'alone'), said
 
 
 def test_label_smoothed_loss_is_fairseqs_formula_by_hand():

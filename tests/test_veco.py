@@ -1,8 +1,10 @@
 """VECO: the variable blocks' two streams (Eq. 4-7), Eq. 8 against its terms computed by hand,
 BERT masking, the NLU assembly, XLM-R weights in the VECO model, pre-training runs that resume
 and split over processes exactly."""
+import argparse
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -380,3 +382,94 @@ def test_translate_train_all_trains_on_every_translation(demo_data):
     tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
     items = train.Run(args, 0, 1, torch.device('cpu'), tok).items(xlt.method_class(args)(layers.Encoder(layers.CONFIGS['tiny']), 'pawsx'))
     assert len(items) == 3 * len(data.read_split(demo_data, 'pawsx', 'train'))  # English, de and zh
+
+
+def released_nlg_state(seed=0, V=50, D=32, H=2, Fd=64, L=3):
+    """Random weights in the key layout of fairseq's translation models (VECO's released NLG model:
+    share_all_embeddings, layernorm_embedding, learned positions), and their args."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *shape: torch.randn(*shape, generator=g) * 0.2
+    emb, sd = r(V, D), {'encoder.version': torch.tensor([3.0]), 'decoder.version': torch.tensor([3.0])}
+    for side in ('encoder', 'decoder'):
+        sd.update({f'{side}.embed_tokens.weight': emb, f'{side}.embed_positions.weight': r(34, D),
+                   f'{side}.layernorm_embedding.weight': 1 + r(D), f'{side}.layernorm_embedding.bias': r(D)})
+        for i in range(L):
+            p = f'{side}.layers.{i}.'
+            for attn in ('self_attn', 'encoder_attn') if side == 'decoder' else ('self_attn',):
+                for proj in ('q_proj', 'k_proj', 'v_proj', 'out_proj'):
+                    sd[f'{p}{attn}.{proj}.weight'], sd[f'{p}{attn}.{proj}.bias'] = r(D, D), r(D)
+                sd[f'{p}{attn}_layer_norm.weight'], sd[f'{p}{attn}_layer_norm.bias'] = 1 + r(D), r(D)
+            sd.update({p + 'fc1.weight': r(Fd, D), p + 'fc1.bias': r(Fd), p + 'fc2.weight': r(D, Fd), p + 'fc2.bias': r(D),
+                       p + 'final_layer_norm.weight': 1 + r(D), p + 'final_layer_norm.bias': r(D)})
+    sd['decoder.output_projection.weight'] = emb
+    args = argparse.Namespace(arch='veco_large', encoder_attention_heads=H, activation_fn='gelu', no_scale_embedding=False)
+    return {'args': args, 'model': sd}
+
+
+def fairseq_translation_logits(sd, src, tgt, keep, heads, scale):
+    """fairseq's post-LN TransformerEncoder and TransformerDecoder (kept layers `keep`) for one
+    source and target prefix, written out in float64 from the raw tensors -> logits (T, V)."""
+    w = {k: v.double() for k, v in sd.items()}
+    D = w['encoder.embed_tokens.weight'].size(1)
+    ln = lambda x, p: F.layer_norm(x, (D,), w[p + '.weight'], w[p + '.bias'], 1e-5)
+    lin = lambda x, p: x @ w[p + '.weight'].T + w[p + '.bias']
+
+    def attention(x, memory, p, causal):  # fairseq's MultiheadAttention: q times head_dim ** -0.5
+        q, k, v = lin(x, p + '.q_proj') * (D // heads) ** -0.5, lin(memory, p + '.k_proj'), lin(memory, p + '.v_proj')
+        q, k, v = (t.view(-1, heads, D // heads).transpose(0, 1) for t in (q, k, v))
+        scores = q @ k.transpose(1, 2)
+        if causal:
+            scores = scores.masked_fill(torch.ones(len(x), len(memory)).triu(1).bool(), float('-inf'))
+        return lin((scores.softmax(-1) @ v).transpose(0, 1).reshape(len(x), D), p + '.out_proj')
+
+    def layer(x, p, memory=None):
+        x = ln(x + attention(x, x, p + 'self_attn', memory is not None), p + 'self_attn_layer_norm')
+        if memory is not None:
+            x = ln(x + attention(x, memory, p + 'encoder_attn', False), p + 'encoder_attn_layer_norm')
+        return ln(x + lin(F.gelu(lin(x, p + 'fc1')), p + 'fc2'), p + 'final_layer_norm')
+    embed = lambda ids, side: ln(scale * w[f'{side}.embed_tokens.weight'][ids] + w[f'{side}.embed_positions.weight'][
+        torch.arange(len(ids)) + 2], f'{side}.layernorm_embedding')  # positions from padding_idx + 1
+    x = embed(src, 'encoder')
+    for i in range(sum(k.endswith('fc1.weight') and k.startswith('encoder.') for k in sd)):
+        x = layer(x, f'encoder.layers.{i}.')
+    y = embed(tgt, 'decoder')
+    for i in keep:
+        y = layer(y, f'decoder.layers.{i}.', x)
+    return y @ w['decoder.output_projection.weight'].T
+
+
+def test_released_nlg_checkpoint_is_the_translation_model(tmp_path):
+    """VECO's NLG checkpoint (fairseq's layout) loads into the translation model: its encoder, its
+    decoder's last two layers (--keep-decoder-layers), embeddings times sqrt(dim); the logits equal
+    fairseq's computation written out by hand in float64."""
+    ckpt = released_nlg_state()
+    torch.save(ckpt, tmp_path / 'model.pt')
+    pre, mlm, released = layers.load_pretrained(str(tmp_path / 'model.pt'), cross=True, decoder=True)
+    assert mlm is None and len(released.blocks) == 3 and pre.cfg.embed_scale == math.sqrt(32)
+    assert released.tok.weight is not pre.tok.weight and torch.equal(released.tok.weight, pre.tok.weight)
+    encoder, decoder = xlt.assemble(pre, 2, dropout=0.0, released=released)
+    m = xlt.VecoTranslate(encoder, decoder, bos=0).eval()
+    src, tgt = torch.tensor([0, 11, 23, 7, 2]), torch.tensor([0, 5, 19, 33])
+    with torch.no_grad():
+        ours = m.logits(m.decode(tgt[None], encoder(src[None]), src[None].ne(1)))[0]
+    expected = fairseq_translation_logits(ckpt['model'], src, tgt, [1, 2], heads=2, scale=math.sqrt(32))
+    assert torch.allclose(ours.double(), expected, atol=1e-4)
+    # an encoder alone (XLM-R, the released NLU model) has no decoder to give
+    enc = layers.Encoder(layers.Config(vocab_size=50, n_layer=2, n_head=2, dim=32, ffn_dim=64))
+    layers.save_checkpoint(str(tmp_path / 'veco-nlu.pt'), {}, **layers.encoder_parts(enc))
+    pre, _, released = layers.load_pretrained(str(tmp_path / 'veco-nlu.pt'), cross=True, decoder=True)
+    assert released is None and pre.new_cross
+
+
+def test_released_nlu_checkpoint_is_the_encoder(tmp_path):
+    """VECO's NLU checkpoint is Hugging Face's XLM-R layout (roberta.*; its config a model_type of
+    its own): the encoder equals XLM-R's computation written out in float64."""
+    cfg = {**hf_config(2, 32, 2, 64, 60), 'model_type': 'veco', 'architectures': ['VecoForMaskedLM']}
+    sd = random_hf_weights(cfg)
+    enc, mlm = layers.load_pretrained(write_hf_dir(sd, cfg, tmp_path / 'veco-nlu', fmt='bin'))
+    ids = torch.tensor([[0, 9, 33, 41, 2, 1], [0, 12, 2, 1, 1, 1]])
+    with torch.no_grad():
+        h = enc.eval()(ids)
+    expected, _ = naive_xlmr(sd, 2, ids)
+    real = ids.ne(1)
+    assert torch.allclose(h[real].double(), expected[real], atol=1e-5) and not enc.has_cross
