@@ -572,16 +572,16 @@ def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=Fals
     return feats
 
 
-def make_features(tok, task, examples, max_len=None, train=False):
+def make_features(tok, task, examples, max_len=None, train=False, stride=128):
     family = TASKS[task].family
     if family == 'classification':
         return classification_features(tok, task, examples, max_len or 128)
     if family == 'tagging':
         return tagging_features(tok, task, examples, max_len or 128)
-    return qa_features(tok, examples, max_len or 384, train=train)
+    return qa_features(tok, examples, max_len or 384, stride, train=train)
 
 
-def pair_features(tok, task, pairs, max_len=None, train=False):
+def pair_features(tok, task, pairs, max_len=None, train=False, stride=128):
     """(English, target-language[, round-trip English]) example tuples -> feature tuples, aligned
     per example: one for classification, chunk by chunk for tagging, window by window for QA. In
     training a shorter side's last feature repeats; in evaluation every target feature appears
@@ -589,7 +589,7 @@ def pair_features(tok, task, pairs, max_len=None, train=False):
     if not pairs:
         return []
     # each side's features by example (make_features gives an example's features one after another)
-    features = [make_features(tok, task, [p[i] for p in pairs], max_len, train) for i in range(len(pairs[0]))]
+    features = [make_features(tok, task, [p[i] for p in pairs], max_len, train, stride) for i in range(len(pairs[0]))]
     sides = [{n: list(group) for n, group in groupby(feats, key=lambda f: f.example)} for feats in features]
     out = []
     for n in sorted(set(sides[0]) & set(sides[1])):  # a round trip without features falls back to the source
@@ -669,7 +669,8 @@ def task_files(data_dir, task, translated=(), round_trip=False, translations=Fal
     return files
 
 
-def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round_trip=False, max_len=None, share=None):
+def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round_trip=False, max_len=None, share=None,
+                 stride=128):
     """The training features of a method: English ('en'; a share of it), English's translations
     into langs without English ('translation') or with it ('translations'); for a paired method
     tuples (English, translation[, round trip]), English also paired with itself, as both released
@@ -680,7 +681,7 @@ def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round
     pairs = {lang: read_translations(data_dir, task, 'train', lang, english) for lang in langs}
     if not paired:
         translated = [t for lang in langs for _, t in pairs[lang] if t is not None]
-        return make_features(tok, task, (english if trains_on != 'translation' else []) + translated, max_len, train=True)
+        return make_features(tok, task, (english if trains_on != 'translation' else []) + translated, max_len, True, stride)
     tuples, missing = [(e, e) + ((e,) if round_trip else ()) for e in english], []
     for lang in langs:
         trip = read_round_trip(data_dir, task, lang, pairs[lang]) if round_trip else None
@@ -691,7 +692,7 @@ def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round
     if missing:
         warn(f'no round-trip data for {task} in {", ".join(missing)} (see the README): scheduled sampling feeds the '
              'real English text there')
-    return pair_features(tok, task, tuples, max_len, train=True)
+    return pair_features(tok, task, tuples, max_len, True, stride)
 
 
 def evaluation_set(data_dir, task, split, lang, translate_test=False, paired=False):

@@ -47,6 +47,8 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('grad_accum', int, 'micro-batches per process and step', AT_LEAST_1, default=1),
     Option('max_len', int, 'max tokens per input (default 128; 384 for QA)', (lambda v: 8 <= v <= 512, '8 to 512 tokens')),
     Option('warmup', help='share of the steps with a rising learning rate (default 0.1; demo 0)', valid=SHARE),
+    Option('warmup_steps', int, 'the warm-up in steps instead (VECO\'s SQuAD script: 500)', NON_NEGATIVE),
+    Option('doc_stride', int, 'QA: tokens between the starts of a long context\'s windows (default 128; VECO 64)', AT_LEAST_1),
     Option('weight_decay', help='default 0.01 (VECO: its scripts\' values)', valid=NON_NEGATIVE),
     Option('clip', help='gradient norm clipping (default 1.0; translation 0.1)', valid=POSITIVE),
     Option('dropout', help='override the model\'s dropout', valid=SHARE),
@@ -66,7 +68,7 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('halt_after', int, argparse.SUPPRESS))  # tests: die abruptly after this many steps
 FREE = ('spm', 'data_dir', 'out', 'grad_accum', 'grad_checkpoint', 'eval_batch_size', 'save_every', 'log_every', 'compile',
         'resume', 'eval_only', 'overwrite', 'dry_run', 'halt_after')  # the trainer's options that leave results alike
-SCORED = ('method', 'task', 'model', 'max_len', 'translate_test', 'layer')  # and those --eval_only's scores depend on
+SCORED = ('method', 'task', 'model', 'max_len', 'translate_test', 'layer', 'doc_stride')  # and those --eval_only's scores depend on
 OPTIONS = tuple(o._replace(changes='nothing' if o.name in FREE else 'scores' if o.name in SCORED else 'results')
                 for o in OPTIONS)
 
@@ -328,7 +330,7 @@ def plan(args, world, files):
             'training': 'none (--eval_only)' if args.eval_only else 'none (retrieval: mean-pooled states, nearest '
             'neighbours)' if family(args) == 'retrieval' else
             f'{f"{args.steps} steps" if args.steps else f"{args.epochs} epoch(s)"}, global batch {args.batch_size}'
-            f'{f" ({world} processes x {args.grad_accum} micro-batches)" if world * args.grad_accum > 1 else ""}, lr {args.lr:g}, warm-up {args.warmup:g}, '
+            f'{f" ({world} processes x {args.grad_accum} micro-batches)" if world * args.grad_accum > 1 else ""}, lr {args.lr:g}, warm-up {f"{args.warmup_steps} steps" if args.warmup_steps else f"{args.warmup:g}"}, '
             f'weight decay {args.weight_decay:g}, up to {args.max_len} tokens, seed {args.seed}',
             'method': ', '.join(f'{o} {" ".join(map(str, v)) if isinstance(v, list) else v}' for o in options
                                 if (v := getattr(args, o, None)) not in (None, False)) or 'its defaults',
@@ -496,7 +498,7 @@ class Run:
             return None
         langs = {'translation': [args.train_lang], 'translations': data.target_langs(args)}.get(method.trains_on, [])
         items = data.training_set(self.tok, args.data_dir, args.task, langs, method.trains_on, method.paired,
-                                  method.round_trip, args.max_len, args.train_share)
+                                  method.round_trip, args.max_len, args.train_share, args.doc_stride)
         if not items:
             fail(f'no training examples for {args.task} in {args.data_dir}')
         return items
@@ -557,8 +559,8 @@ class Run:
         for lang, (gold, inputs, pairs) in self.sets[split].items():
             key = lang, method.paired
             if key not in self.cache[split]:
-                items = data.pair_features(self.tok, self.args.task, pairs, self.args.max_len) if method.paired else \
-                    data.make_features(self.tok, self.args.task, inputs, self.args.max_len)
+                items = (data.pair_features if method.paired else data.make_features)(
+                    self.tok, self.args.task, pairs if method.paired else inputs, self.args.max_len, False, self.args.doc_stride)
                 self.cache[split][key] = items, [item[1] for item in items] if method.paired else items
             items, feats = self.cache[split][key]
             preds[lang] = ev.predictions(self.args.task, feats, self.outputs(method, items), inputs)
@@ -586,8 +588,7 @@ class Run:
             with layers.autocast(self.device):
                 out.update(zip(index, fn(index)))
         if self.world > 1:
-            parts = [None] * self.world
-            dist.all_gather_object(parts, out)
+            dist.all_gather_object(parts := [None] * self.world, out)
             out = {k: v for part in parts for k, v in part.items()}
         return [out[i] for i in range(len(feats))]
 
@@ -627,8 +628,7 @@ class Run:
             return
         for name, text in {**(files or {}), 'results.json': json.dumps(results, indent=2), 'results.txt': table + '\n'}.items():
             data.write_text(self.path(name), text)
-        print(table)
-        print(f'{where}; {ev.clock(time.time() - START)} in all')
+        print(f'{table}\n{where}; {ev.clock(time.time() - START)} in all')
 
     def path(self, name):
         return os.path.join(self.out, name)

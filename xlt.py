@@ -105,7 +105,7 @@ class Method(nn.Module):
         epochs = (15 if qa else 8) if demo else 2 if args.task in ('xquad', 'mlqa') else 4  # the demo's QA needs longer
         lr = {**cls.LR, **(cls.LR_LARGE if args.model == 'large' else {})}.get(args.task, 2e-5)
         for option, value in {**{o.name: o.default for o in cls.OPTIONS}, 'lr': lr, 'epochs': epochs, 'warmup': 0.1,
-                              'group_by_length': True, 'clip': 1.0, 'weight_decay': 0.01, 'batch_size': 64,
+                              'group_by_length': True, 'clip': 1.0, 'weight_decay': 0.01, 'batch_size': 64, 'doc_stride': 128,
                               'max_len': 384 if qa else 128, **(cls.released(args) if demo is None else demo)}.items():
             if getattr(args, option, None) is None:
                 setattr(args, option, value)
@@ -137,16 +137,16 @@ class Method(nn.Module):
         return []
 
     def schedule(self, args, total):
-        return warmup_then_decay(args.warmup, 0, total)
+        return warmup_then_decay(args.warmup_steps or int(args.warmup * total), 0, total)
 
     def forward(self, batch):
         return self.loss(batch)
 
 
-def warmup_then_decay(share, start, end):
-    """The learning rate's factor at a step of [start, end): a linear warm-up over the first `share`
-    of the steps, then a linear decay to 0 at end."""
-    warm = max(1, int(share * (end - start)))
+def warmup_then_decay(warm, start, end):
+    """The learning rate's factor at a step of [start, end): a linear warm-up over its first `warm`
+    steps, then a linear decay to 0 at end."""
+    warm = max(1, warm)
     return lambda step: min((step - start + 1) / warm, max(0.0, (end - step) / max(1, end - start - warm)))
 
 
@@ -708,8 +708,8 @@ class VecoPretrain(Method):
         """Each phase its own warm-up and decay (Table 5's shape, --warmup of the phase's steps): in
         phase 2 XLM-R's weights start their Adam moments afresh, so they warm up, while the
         cross-attention keeps the moments of phase 1 (one optimiser all along)."""
-        first, second = warmup_then_decay(args.warmup, 0, self.cross_only_steps), warmup_then_decay(
-            args.warmup, self.cross_only_steps, total)
+        P = self.cross_only_steps
+        first, second = warmup_then_decay(int(args.warmup * P), 0, P), warmup_then_decay(int(args.warmup * (total - P)), P, total)
         return lambda step: first(step) if step < self.cross_only_steps else second(step)
 
     @torch.no_grad()
@@ -752,8 +752,8 @@ class Veco(Baseline):
     LR = {task: 2e-5 for task in TASKS}
     LR_LARGE = {}
     RUN = {'xnli': {'epochs': 2, 'weight_decay': 0.0, 'warmup': 0.0},  # train_xnli.sh: batch 64
-           'xquad': {'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4},  # train_squad.sh (+ 500 warm-up steps)
-           'mlqa': {'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4}}
+           'xquad': {'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4, 'warmup_steps': 500, 'doc_stride': 64},  # train_squad.sh
+           'mlqa': {'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4, 'warmup_steps': 500, 'doc_stride': 64}}
     RETRIEVAL_DEPTH = 19 / 24  # run_tatoeba.sh: the states after layer 19 of 24, mean over every token
     OPTIONS = Baseline.OPTIONS + (Option('translate_train_all', bool, 'fine-tune on English and its translations into '
                                          'every target language (default: English alone)'),)

@@ -181,6 +181,12 @@ def test_qa_windows(mock_tok):
     owners = sum(np.array(f.max_context, dtype=int)[[i for i, s in enumerate(f.spans) if s is not None]].sum() for f in feats)
     assert owners >= n_ctx  # every context token is "max context" in one window (answer cuts may add tokens)
     assert sum(f.label != (0, 0) for f in feats) >= 1
+    # the stride reaches the windows through make_features and pair_features (VECO's --doc_stride 64)
+    first = lambda feats: [next(s for s in f.spans if s is not None)[0] for f in feats]  # each window's first character
+    for stride in (16, 24):
+        by_hand = first(data.qa_features(mock_tok, ex, 64, stride, train=True))
+        assert first(data.make_features(mock_tok, 'xquad', ex, 64, True, stride)) == by_hand
+        assert first([b for _, b in data.pair_features(mock_tok, 'xquad', [(ex[0], ex[0])], 64, True, stride)]) == by_hand
 
 
 def test_cuts_make_token_boundaries(spm_path):

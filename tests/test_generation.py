@@ -288,3 +288,15 @@ def test_decoding_is_fp32_unless_asked(tmp_path, demo_data, monkeypatch):
         assert seen and set(seen) == {bool(flag)}
         seen.clear()
     assert json.load(open(tmp_path / 'fp32' / 'results.json'))['decoded_in'] == 'fp32'
+
+
+def test_translation_defaults_are_the_released_scripts():
+    """finetune-wmt14en2de.sh and en2fr.sh, inference-wmt14en2de.sh (AliceMind's VECO/NLG), written out here."""
+    de, fr = (train.parse_args(['--method', 'veco', '--task', 'translate', '--model', 'large', '--tgt', t]) for t in ('de', 'fr'))
+    released = {'lr': 1e-4, 'steps': 100000, 'warmup': 16000 / 100000, 'eval_every': 5000, 'average_last': 10,
+                'clip': 0.1, 'weight_decay': 0.01, 'label_smoothing': 0.2, 'beam': 5, 'lenpen': 1.0, 'dec_layers': 6,
+                'dec_init': 'last', 'decode_bf16': False}  # --keep-decoder-layers 18,...,23: the last 6 of 24
+    assert {k: getattr(de, k) for k in released} == released == {k: getattr(fr, k) for k in released}
+    assert (de.dropout, de.attn_dropout, fr.dropout, fr.attn_dropout) == (0.3, 0.1, 0.1, 0.0)
+    assert fr.batch_size == 4 * de.batch_size  # 256k tokens a step against 64k (--update-freq 8 against 2)
+    assert xlt.VecoTranslate.ADAM.get('large', ((0.9, 0.999), 1e-8)) == ((0.9, 0.999), 1e-8)  # --adam-betas, --adam-eps

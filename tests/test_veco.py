@@ -370,7 +370,11 @@ def test_fine_tuning_defaults_are_vecos():
     assert (zero.lr, zero.epochs, zero.weight_decay, zero.warmup, zero.batch_size) == (2e-5, 2, 0.0, 0.0, 64)
     assert train.parse_args(['--method', 'veco', '--task', 'xnli', '--translate_train_all']).lr == 5e-6
     qa = train.parse_args(['--method', 'veco', '--task', 'xquad'])
-    assert (qa.lr, qa.epochs, qa.batch_size, qa.weight_decay) == (2e-5, 2, 16, 1e-4)
+    assert (qa.lr, qa.epochs, qa.batch_size, qa.weight_decay, qa.warmup_steps, qa.doc_stride) == (2e-5, 2, 16, 1e-4, 500, 64)
+    base = train.parse_args(['--method', 'zeroshot', '--task', 'xquad'])
+    assert (base.warmup, base.warmup_steps, base.doc_stride) == (0.1, None, 128)  # XTREME's
+    factor = xlt.Method().schedule(qa, 2000)  # 500 steps up, then down to 0 at 2000
+    assert [factor(s) for s in (0, 249, 499, 500, 1250, 1999)] == pytest.approx([1 / 500, 0.5, 1, 1, 0.5, 1 / 1500])
     assert train.parse_args(['--method', 'zeroshot', '--task', 'xnli']).weight_decay == 0.01  # others keep theirs
     pre = train.parse_args(['--method', 'veco', '--task', 'pretrain', '--init', 'x.pt', '--model', 'large'])
     assert (pre.lr, pre.steps, pre.cross_only_steps, pre.max_len, pre.epochs) == (2e-4, 240000, 12000, 512, 120)
