@@ -59,6 +59,7 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute'),
     Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64),
     Option('save_every', int, 'steps between resume checkpoints', AT_LEAST_1, default=200),
+    Option('eval_steps', int, 'also select within an epoch, every N steps (VECO\'s scripts: XNLI 500, SQuAD 200)', AT_LEAST_1),
     Option('log_every', int, 'steps between lines of log.jsonl, each their mean (the loop\'s one host sync)', AT_LEAST_1, default=10),
     Option('compile', bool, 'torch.compile each transformer block (the first steps compile; outputs as without, to 1e-5)'),
     Option('resume', bool, 'continue from --out/last.pt'),
@@ -340,9 +341,7 @@ def plan(args, world, files):
 
 
 def show(title, rows):
-    print(title)
-    for name, value in rows.items():
-        print(f'  {name:<9} {value}')
+    print('\n'.join([title] + [f'  {name:<9} {value}' for name, value in rows.items()]))
 
 
 def setup_distributed():
@@ -743,8 +742,8 @@ def train(run, method, items, validate, batches_of, keep_last=0):
     log = open_log(run.path('log.jsonl'), state['step']) if rank == 0 else None
     started, lengths, collate = time.time(), [data.item_length(item) for item in items], data.collate_items(method.paired)
     while state['epoch'] < args.epochs:
-        batches, since = batches_of(state['epoch']), []  # since: the logs of the steps since the last line
-        epoch_loss = []  # (mean loss, steps) of each log line of this epoch, for its printed line
+        # since: the logs of the steps since the last line; epoch_loss: (mean loss, steps) of each line of the epoch
+        batches, since, epoch_loss = batches_of(state['epoch']), [], []
         bar = data.bar(total=len(batches), initial=state['step'] % per_epoch, desc=f'epoch {state["epoch"] + 1}/{args.epochs}')
         for batch in batches[state['step'] % per_epoch:]:
             method.train()
@@ -773,6 +772,9 @@ def train(run, method, items, validate, batches_of, keep_last=0):
                     log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'lr': sched.get_last_lr()[0],
                                           'time': round(time.time() - started, 2), **logs}) + '\n')
                     log.flush()
+            if args.eval_steps and state['step'] % args.eval_steps == 0 and state['step'] % per_epoch:  # within the epoch
+                end_epoch(run, method, validate, state, 0, epoch_loss, time.time() - started, log,
+                          data.pad_share(lengths, batches, run.chunks), round(state['step'] / per_epoch, 2))
             if state['step'] % args.save_every == 0 and state['step'] % per_epoch:
                 save(run, 'last.pt', resume_point(method, opt, sched, state), args)
             if args.halt_after and state['step'] == args.halt_after:
@@ -834,9 +836,9 @@ def train_step(model, items, batch, args, step, rank, world, device, collate):
     return logs
 
 
-def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log, padding):
-    """An epoch's end: the weights kept for averaging, validate(), best.pt when the selection
-    score is the best so far, the printed line and the log's."""
+def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log, padding, within=None):
+    """An epoch's end (or, with --eval_steps, a point `within` it, in epochs): the weights kept for
+    averaging, validate(), best.pt when the selection score is the best so far, the printed line and the log's."""
     if keep_last:  # fairseq's --save-interval-updates and --keep-interval-updates
         save(run, f'checkpoints/step{state["step"]:07d}.pt', {'method': method.state_dict()}, run.args, keep_last)
     dev = validate()
@@ -846,7 +848,8 @@ def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log,
         state['best'] = float(score)
         save(run, 'best.pt', {**layers.encoder_parts(method.encoder, method.mlm), 'method': method.state_dict()}, run.args)
     if run.rank == 0:
-        print(ev.epoch_line(state, run.args, epoch_loss, dev, method.select, seconds), flush=True)
+        print(ev.epoch_line({**state, 'epoch': within or state['epoch']}, run.args, epoch_loss, dev, method.select, seconds),
+              flush=True)
     if log:
         log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': {k: v if method.select == 'loss' else v['score'] for k, v in dev.items()},
                               'dev_avg': float(score), 'pad_share': round(padding, 4)}) + '\n')
@@ -868,11 +871,8 @@ def save(run, name, parts, args, keep=0):
 
 def open_log(path, step):
     """log.jsonl from `step` on: a resumed run drops the lines written after its checkpoint."""
-    kept = []
-    if step and os.path.exists(path):
-        with open(path) as f:
-            kept = [line for line in f if json.loads(line)['step'] <= step]
-    layers.atomic_write(path, ''.join(kept))
+    lines = data.read_text(path).splitlines(keepends=True) if step and os.path.exists(path) else []
+    layers.atomic_write(path, ''.join(line for line in lines if json.loads(line)['step'] <= step))
     return open(path, 'a')
 
 

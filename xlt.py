@@ -751,9 +751,10 @@ class Veco(Baseline):
     # 2e-5: the released XNLI and SQuAD scripts, the middle of Table 6's search for the other tasks
     LR = {task: 2e-5 for task in TASKS}
     LR_LARGE = {}
-    RUN = {'xnli': {'epochs': 2, 'weight_decay': 0.0, 'warmup': 0.0},  # train_xnli.sh: batch 64
-           'xquad': {'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4, 'warmup_steps': 500, 'doc_stride': 64},  # train_squad.sh
-           'mlqa': {'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4, 'warmup_steps': 500, 'doc_stride': 64}}
+    # train_xnli.sh: batch 64, the English dev set every 500 steps; train_squad.sh: SQuAD's every 200
+    RUN = {'xnli': {'epochs': 2, 'weight_decay': 0.0, 'warmup': 0.0, 'eval_steps': 500},
+           **{task: {'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4, 'warmup_steps': 500, 'doc_stride': 64,
+                     'eval_steps': 200} for task in ('xquad', 'mlqa')}}
     RETRIEVAL_DEPTH = 19 / 24  # run_tatoeba.sh: the states after layer 19 of 24, mean over every token
     OPTIONS = Baseline.OPTIONS + (Option('translate_train_all', bool, 'fine-tune on English and its translations into '
                                          'every target language (default: English alone)'),)

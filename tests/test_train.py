@@ -12,6 +12,7 @@ import torch
 
 import data
 import eval as ev
+import layers
 import train
 import xlt
 from conftest import quick_pretrained
@@ -82,7 +83,8 @@ def test_ddp_on_two_processes_equals_one_process(tmp_path, demo_data):
 
 
 def test_killed_run_resumes_exactly(tmp_path, demo_data):
-    common = ['--task', 'udpos', '--epochs', '2', '--save_every', '5', '--log_every', '3', '--group_by_length']  # grouped: the real runs' batches
+    common = ['--task', 'udpos', '--epochs', '2', '--save_every', '5', '--log_every', '3', '--group_by_length',  # grouped: the real runs' batches
+              '--eval_steps', '10']  # and the dev set scored within the epochs too
     whole = run(tmp_path / 'whole', demo_data, *common)
     os.makedirs(tmp_path / 'cut')
     os.symlink(demo_data, tmp_path / 'cut' / 'demo-data')
@@ -100,6 +102,9 @@ def test_killed_run_resumes_exactly(tmp_path, demo_data):
     per_epoch = logged[-1]['step'] // 2
     assert [r['step'] for r in logged if 'loss' in r] == sorted(set(range(3, 2 * per_epoch + 1, 3)) | {per_epoch, 2 * per_epoch})
     assert all(0 <= r['pad_share'] < 0.1 for r in logged if 'dev' in r)  # grouped: little padding
+    dev = [r for r in logged if 'dev' in r]  # every 10 steps and at each epoch's end; the kept model is the best of them
+    assert [r['step'] for r in dev] == sorted({s for s in range(10, 2 * per_epoch, 10) if s % per_epoch} | {per_epoch, 2 * per_epoch})
+    assert whole['dev']['en'] == pytest.approx(max(r['dev_avg'] for r in dev)) and len(set(r['dev_avg'] for r in dev)) > 1
 
 
 def one_line_failure(capsys, argv, message):
@@ -281,3 +286,23 @@ def test_demo_classification_is_learnt_in_english_and_leaves_a_gap(tmp_path, dem
     assert results['dev']['en'] >= 90 and results['test']['gap'] > 15
     predicted = open(tmp_path / 'predictions' / task / 'test-en.tsv').read().split()
     assert set(predicted) == set(data.TASKS[task].labels)
+
+
+def test_a_score_within_an_epoch_is_kept_when_it_is_the_best(tmp_path):
+    """--eval_steps: end_epoch's keep rule (strictly better) holds within an epoch as at its end."""
+    args = train.parse_args(['--method', 'zeroshot', '--task', 'pawsx', '--demo', '--out', str(tmp_path)])
+    run = train.Run(args, 0, 1, torch.device('cpu'), None, sets={})
+    method = run.build(encoder=layers.Encoder(layers.CONFIGS['tiny']))
+    scores = iter([70.0, 60.0, 70.0])
+    validate = lambda: {'en': {'score': next(scores)}, 'de': {'score': 50.0}}
+    state = {'step': 5, 'epoch': 0, 'best': float('-inf')}
+    train.end_epoch(run, method, validate, state, 0, [], 0, None, 0, within=0.5)  # 70 at half an epoch: kept
+    kept = torch.load(tmp_path / 'best.pt', weights_only=True)['method']
+    for score_step in (10, 15):  # the epoch's end (60) and later an equal 70: neither replaces it
+        with torch.no_grad():
+            next(method.parameters()).add_(1.0)
+        state['step'] = score_step
+        train.end_epoch(run, method, validate, state, 0, [], 0, None, 0)
+    assert state['best'] == 70.0
+    now = torch.load(tmp_path / 'best.pt', weights_only=True)['method']
+    assert all(torch.equal(now[k], v) for k, v in kept.items())

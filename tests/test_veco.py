@@ -367,10 +367,11 @@ def test_every_monolingual_document_makes_pairs(tmp_path, demo_data):
 
 def test_fine_tuning_defaults_are_vecos():
     zero = train.parse_args(['--method', 'veco', '--task', 'xnli'])
-    assert (zero.lr, zero.epochs, zero.weight_decay, zero.warmup, zero.batch_size) == (2e-5, 2, 0.0, 0.0, 64)
+    assert (zero.lr, zero.epochs, zero.weight_decay, zero.warmup, zero.batch_size, zero.eval_steps) == (2e-5, 2, 0.0, 0.0, 64, 500)
     assert train.parse_args(['--method', 'veco', '--task', 'xnli', '--translate_train_all']).lr == 5e-6
     qa = train.parse_args(['--method', 'veco', '--task', 'xquad'])
-    assert (qa.lr, qa.epochs, qa.batch_size, qa.weight_decay, qa.warmup_steps, qa.doc_stride) == (2e-5, 2, 16, 1e-4, 500, 64)
+    assert (qa.lr, qa.epochs, qa.batch_size, qa.weight_decay, qa.warmup_steps, qa.doc_stride, qa.eval_steps) == \
+        (2e-5, 2, 16, 1e-4, 500, 64, 200)
     base = train.parse_args(['--method', 'zeroshot', '--task', 'xquad'])
     assert (base.warmup, base.warmup_steps, base.doc_stride) == (0.1, None, 128)  # XTREME's
     factor = xlt.Method().schedule(qa, 2000)  # 500 steps up, then down to 0 at 2000
