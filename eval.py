@@ -608,15 +608,16 @@ def run_is_demo(run):
 
 
 def collect(runs, out, demo=False):
-    """Gathers the test predictions of finished runs (one per task) into one submission folder in
-    the leaderboard layout, written whole and then moved into place. -> the gaps, a line each: a
-    task no run gives, a language without its file."""
+    """Gathers the test predictions of finished runs into one submission folder in the leaderboard
+    layout, written whole and then moved into place; of several runs of a task (a grid search's),
+    the one with the best average dev score. -> the gaps, a line each: a task no run gives, a
+    language without its file."""
     out, found = os.path.normpath(out), {}
+    dev = lambda run: json.loads(read_text(os.path.join(run, 'results.json'))).get('dev', {}).get('avg', float('-inf'))
     for run in runs:
         task = finished_task(run)
-        if task in found:
-            raise EvalError(f'{found[task]} and {run} both hold {task} predictions: pass one run per task')
-        found[task] = run
+        if task not in found or dev(run) > dev(found[task]):
+            found[task] = run
     if os.path.exists(out) and (not os.path.isdir(out) or set(os.listdir(out)) - set(TASKS)):
         raise EvalError(f'{out} exists and is not a submission folder (only task folders): give a new --out')
     gaps, tmp = [], f'{out}.tmp{os.getpid()}'

@@ -6,6 +6,7 @@ attribute or a hook of that class, with a default there. A new method is one new
 entry in METHODS (the README's "Adding a method"). Methods read data through data.py and write
 nothing: the run object train.py hands to a procedure keeps what must survive a crash.
 """
+import itertools
 import math
 from contextlib import nullcontext
 from dataclasses import replace
@@ -756,12 +757,64 @@ class Veco(Baseline):
            **{task: {'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4, 'warmup_steps': 500, 'doc_stride': 64,
                      'eval_steps': 200} for task in ('xquad', 'mlqa')}}
     RETRIEVAL_DEPTH = 19 / 24  # run_tatoeba.sh: the states after layer 19 of 24, mean over every token
+    GRID = {'lr': (1e-5, 2e-5, 3e-5), 'epochs': (3, 5, 10), 'batch_size': (16, 32, 64)}  # Table 6's search
     OPTIONS = Baseline.OPTIONS + (Option('translate_train_all', bool, 'fine-tune on English and its translations into '
-                                         'every target language (default: English alone)'),)
+                                         'every target language (default: English alone)'),
+                                  Option('search', str, 'Table 6\'s search: a run per point of a grid, the best average '
+                                         'dev score kept; NAME=V,V,... replaces a row of the default grid (lr 1e-5,2e-5,'
+                                         '3e-5 epochs 3,5,10 batch_size 16,32,64; translate-train-all lr 3e-6,5e-6,1e-5)',
+                                         nargs='*'))
 
     @classmethod
     def variants(cls):
         return VecoAll, VecoPretrain, VecoTranslate
+
+    @classmethod
+    def configure(cls, args, demo=None):
+        super().configure(args, demo)
+        if args.search is not None and TASKS[args.task].family == 'retrieval':
+            raise ValueError(f'--search fine-tunes, and {args.task} trains nothing: drop --search')
+        cls.grid(args)  # its mistakes, before anything runs
+
+    @classmethod
+    def grid(cls, args):
+        """--search's grid {option: values}: GRID, each NAME=V,V,... given replacing (or adding) a row."""
+        grid, kinds = dict(cls.GRID), {'lr': float, 'epochs': int, 'batch_size': int}
+        for term in args.search or []:
+            name, _, values = term.partition('=')
+            try:
+                grid[name] = tuple(map(kinds[name], values.split(',')))
+                assert all(v > 0 for v in grid[name])
+            except (KeyError, ValueError, AssertionError):
+                raise ValueError(f'--search {term}: give NAME=V,V,... with NAME one of lr, epochs, batch_size and '
+                                 'positive numbers') from None
+        return grid
+
+    @classmethod
+    def stages(cls, args):
+        """--search: a run per point of the grid, in --out/<point>."""
+        grid = cls.grid(args) if args.search is not None else {}
+        points = list(itertools.product(*grid.values())) if grid else []
+        return {'-'.join(f'{k}{v:g}' for k, v in zip(grid, p)): {**dict(zip(grid, p)), 'search': None,
+                                                                  'stage': f'grid point {i + 1} of {len(points)}'}
+                for i, p in enumerate(points)}
+
+    @classmethod
+    def procedure(cls, run):
+        """Fine-tuning, the baseline's; with --search, Table 6's search: a run per point of the grid
+        (stages), then the point with the best average dev score (the paper's rule, Appendix A) is
+        this run's result, evaluated again here, the table listing every point."""
+        if run.args.search is None:
+            return super().procedure(run)
+        found = {}
+        for name in cls.stages(run.args):
+            run.stage(name)
+            found[name] = run.results_of(name)
+        best = max(found, key=lambda name: found[name]['dev']['avg'])
+        method = run.restore(run.path(best))
+        run.finish(run.evaluate(method, 'dev')[0], run.test_scores(run.evaluate(method, 'test')[1]),
+                   f'the best average dev score of the grid: {best}',
+                   {name: {'dev': r['dev'], 'test': r['test']} for name, r in found.items()})
 
     @classmethod
     def resolve(cls, args):
@@ -773,6 +826,7 @@ class VecoAll(Veco):
     """VECO fine-tuned on English and its translations (Table 2's translate-train-all)."""
     TASKS, trains_on = tuple(TASKS), 'translations'
     LR = {task: 5e-6 for task in TASKS}  # the middle of Table 6's [3e-6, 5e-6, 1e-5]
+    GRID = {'lr': (3e-6, 5e-6, 1e-5)}  # Table 6: the learning rate alone
 
     @classmethod
     def folder(cls, args):

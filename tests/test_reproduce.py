@@ -143,8 +143,15 @@ def test_collect_reports_each_gap_and_scores_only_complete_tasks(runs, tmp_path)
     missing = [line for line in printed.splitlines() if line.startswith('missing: ')]
     assert len(missing) == 8 and 'missing: xnli: no de predictions' in printed  # 7 tasks without a run, 1 language
     assert 'panx (F1)' in printed and 'xnli (' not in printed
-    with pytest.raises(SystemExit, match='both hold panx predictions'):
-        run_eval(['--collect', str(root / 'panx'), str(root / 'panx'), '--out', str(tmp_path / 'other')])
+    # two runs of a task (a grid search's points): the one with the better average dev score
+    shutil.copytree(root / 'panx', tmp_path / 'better', symlinks=True)
+    results = json.load(open(tmp_path / 'better' / 'results.json'))
+    results['dev']['avg'] += 0.1
+    (tmp_path / 'better' / 'results.json').write_text(json.dumps(results))
+    (tmp_path / 'better' / 'predictions' / 'panx' / 'test-de.tsv').write_text('mine\n')
+    for order in ([root / 'panx', tmp_path / 'better'], [tmp_path / 'better', root / 'panx']):
+        run_eval(['--collect', *map(str, order), '--out', str(tmp_path / 'other')])
+        assert (tmp_path / 'other' / 'panx' / 'test-de.tsv').read_text() == 'mine\n'
 
 
 def is_png(path):

@@ -478,3 +478,21 @@ def test_released_nlu_checkpoint_is_the_encoder(tmp_path):
     expected, _ = naive_xlmr(sd, 2, ids)
     real = ids.ne(1)
     assert torch.allclose(h[real].double(), expected[real], atol=1e-5) and not enc.has_cross
+
+
+def test_search_runs_the_grid_and_keeps_the_best_average_dev_score(tmp_path, demo_data):
+    argv = ['--method', 'veco', '--task', 'pawsx', '--from_scratch', '--search', 'lr=1e-3,1e-5', 'epochs=2', 'batch_size=32']
+    demo_run(tmp_path / 'grid', demo_data, argv)
+    points = {name: json.load(open(tmp_path / 'grid' / name / 'results.json'))
+              for name in ('lr0.001-epochs2-batch_size32', 'lr1e-05-epochs2-batch_size32')}
+    assert [json.load(open(tmp_path / 'grid' / n / 'config.json'))['lr'] for n in points] == [1e-3, 1e-5]
+    results = json.load(open(tmp_path / 'grid' / 'results.json'))
+    best = max(points.values(), key=lambda r: r['dev']['avg'])
+    assert results['dev'] == pytest.approx(best['dev']) and results['test'] == pytest.approx(best['test'])
+    assert points['lr0.001-epochs2-batch_size32']['dev']['avg'] != points['lr1e-05-epochs2-batch_size32']['dev']['avg']
+    assert os.path.isfile(tmp_path / 'grid' / 'predictions' / 'pawsx' / 'test-de.tsv')  # the run's own, for --collect
+    tta = train.parse_args(['--method', 'veco', '--task', 'xnli', '--translate_train_all', '--search'])
+    assert [s['lr'] for s in xlt.method_class(tta).stages(tta).values()] == [3e-6, 5e-6, 1e-5]  # Table 6
+    full = train.parse_args(['--method', 'veco', '--task', 'xnli', '--search'])
+    assert len(xlt.method_class(full).stages(full)) == 27
+    one_line(['--method', 'veco', '--task', 'xnli', '--demo', '--search', 'dropout=0.1'], 'NAME one of lr, epochs')
