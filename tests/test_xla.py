@@ -166,6 +166,52 @@ def test_eq2_sampling_probabilities():
     assert len(drawn) == 40 and sum(i < 30 for i in drawn) == 20 and len(set(i for i in drawn if i >= 30)) == 10
 
 
+class FixedLogits(torch.nn.Module):
+    family = 'classification'
+
+    def __init__(self, logits):
+        super().__init__()
+        self.logits = logits
+
+    def predict(self, batch):
+        return self.logits
+
+
+def test_the_ensemble_averages_the_models_probabilities():
+    logits = [torch.tensor([[3.2, 0.0, 0.0], [0.0, 1.0, 0.5]]), torch.tensor([[0.0, 1.5, 0.0], [2.0, 0.0, 0.0]]),
+              torch.tensor([[0.0, 1.5, 0.0], [0.0, 0.0, 0.1]])]
+    got = xlt.Ensemble([FixedLogits(t) for t in logits]).predict(None).exp()
+    hand = [[sum(math.exp(t[r][c]) / sum(math.exp(v) for v in t[r]) for t in map(torch.Tensor.tolist, logits)) / 3
+             for c in range(3)] for r in range(2)]
+    assert torch.allclose(got, torch.tensor(hand), atol=1e-6)
+    assert got[0].argmax() == 1 and sum(logits)[0].argmax() == 0  # the logits' mean would pick class 0 (3.2 against 3.0)
+
+
+def test_warm_ups_differ_in_seed_and_penalise_confidence_the_xla_epochs_do_not():
+    args = train.parse_args(['--method', 'xla', '--task', 'panx', '--train_lang', 'de', '--demo', '--seed', '5'])
+    stages = xlt.XLA.stages(args)
+    assert [s['seed'] for s in stages.values()] == [5, 6, 7] and all(s['method'] == 'zeroshot' for s in stages.values())
+    assert all(s['conf_penalty'] == 1.0 for s in stages.values())  # Eq. 1 in the warm-up, weight 1
+    encoder = layers.Encoder(layers.CONFIGS['tiny'])
+    penalised = argparse.Namespace(conf_penalty=2.0)
+    assert xlt.Baseline(encoder, 'panx', penalised).conf_penalty == 2.0 and xlt.XLA(encoder, 'panx', penalised).conf_penalty == 0
+
+
+def test_an_xla_epoch_trains_with_table_8s_optimiser_settings():
+    """co_train's training run: one pass, --xla_lr, --xla_batch_size, 10% warm-up, seed --seed + l."""
+    class Recording:  # a Run that records the training's settings and finds the training already done
+        args = train.parse_args(['--method', 'xla', '--task', 'panx', '--train_lang', 'de', '--seed', '3'])
+
+        def sub(self, folder, **changes):
+            self.made = folder, changes
+
+        def cached(self, name, compute):
+            return {'better': False}
+    run = Recording()
+    assert xlt.co_train(run, 2, 1, {}, 'warmup-2/best.pt') == 'warmup-2/best.pt'  # not better: the model as it was
+    assert run.made == ('epoch2/model2', {'epochs': 1, 'lr': 5e-6, 'batch_size': 16, 'warmup': 0.1, 'seed': 4})
+
+
 # ----------------------------------------------------------------------------------------
 # GEN-LM (Section 3.2): successive max and successive cross.
 
@@ -249,11 +295,15 @@ def test_successive_cross_pairs_every_a_sample_with_every_b_sample():
 # ----------------------------------------------------------------------------------------
 # The whole run: warm-ups, three XLA epochs, the report; a resumed run goes on where it stopped.
 
-def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages(demo_data, tmp_path, capsys):
+def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages(demo_data, tmp_path, capsys, monkeypatch):
     init = quick_pretrained(demo_data, tmp_path / 'pre', steps=30)  # its MLM head makes the vicinal samples
     out = tmp_path / 'xla'
     argv = ['--method', 'xla', '--task', 'panx', '--init', init, '--epochs', '2', '--xla_lr', '1e-4']
+    etas, alphas, distil, mixture = [], [], xlt.distil, xlt.mixture_batches
+    monkeypatch.setattr(xlt, 'distil', lambda run, model, sets, eta: etas.append(eta) or distil(run, model, sets, eta))
+    monkeypatch.setattr(xlt, 'mixture_batches', lambda sizes, alpha, *a, **k: alphas.append(alpha) or mixture(sizes, alpha, *a, **k))
     demo_run(out, demo_data, argv)
+    assert etas == [0.8] * 3 + [1.0] * 6 and alphas == [0.7] * 9  # Table 8's eta per epoch (80, 100, 100) and alpha
     first = json.loads((out / 'results.json').read_text())
     assert set(first['runs']) == {'warm-up (zero-shot + penalty), mean', 'XLA model 1', 'XLA model 2', 'XLA model 3',
                                   'XLA mean of the models'}
@@ -284,6 +334,13 @@ def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages
     said = capsys.readouterr().out
     assert 'warmup-1: reused' in said and 'warm-up 1 of 3' not in said and trained(1, 1)
     assert json.loads((out / 'results.json').read_text())['runs'] == first['runs']
+    # --distil gmm end to end: a model keeps the samples whose low-loss posterior is at least --posterior
+    posteriors, gmm_good = [], xlt.gmm_good
+    monkeypatch.setattr(xlt, 'gmm_good', lambda loss: posteriors.append(gmm_good(loss)) or posteriors[-1])
+    demo_run(tmp_path / 'gmm', demo_data, argv + ['--distil', 'gmm', '--xla_epochs', '1', '--warmup_dir', str(out)])
+    keep = [torch.load(tmp_path / 'gmm' / 'epoch1' / f'labels-{m}.pt', weights_only=True)['target']['keep'] for m in (1, 2, 3)]
+    assert len(posteriors) == 3 and all(torch.equal(k, p >= 0.5) for k, p in zip(keep, posteriors))
+    assert any(0 < k.sum() < len(k) for k in keep)  # not a confidence share: what the posterior says
 
 
 def test_share_of_draws_disjoint_parts_in_order():
