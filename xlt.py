@@ -1118,6 +1118,8 @@ class XLA(Baseline):
         Option('delta', int, 'vicinal samples per sentence (3), or per part of a pair (2 2: successive cross, 4 '
                'samples)', (lambda v: v >= 1, 'samples per sentence, at least 1'), nargs='+'),
         Option('alpha', help='Eq. 2\'s sampling factor over the training sets (default 0.7, Table 8)', valid=UNIT, default=0.7),
+        Option('union', bool, 'ablation: a model learns what either peer keeps (both: if they agree), not what both agree on'),
+        Option('no_vicinal', bool, 'ablation: no vicinal samples, each epoch\'s English and target sets alone'),
         Option('mlm', str, 'the checkpoint whose masked LM makes the vicinal samples (default --init)', path='checkpoint'),
         Option('warmup_dir', str, 'folder of the three warm-up runs warmup-1..3, reused when finished (default --out; '
                'share one folder between target languages)', changes='nothing'))
@@ -1191,6 +1193,7 @@ class XLA(Baseline):
         models = [f'{run.stage(f"warmup-{m + 1}")}/best.pt' for m in range(3)]
         for e in range(1, args.xla_epochs + 1):
             names = cls.SETS[min(e, 3)]
+            names = tuple(dict.fromkeys(n.removesuffix(' vicinal') for n in names)) if args.no_vicinal else names
             unlabelled = {'target': target} if 'target' in names else {}  # the sets the models label this epoch
             for name, feats in (('target vicinal', target), ('source vicinal', english)):
                 if name in names:
@@ -1202,8 +1205,8 @@ class XLA(Baseline):
             for m, sets_of in enumerate(labels):
                 run.say(f'XLA epoch {e}, model {m + 1} keeps ' + ', '.join(
                     f'{int(s["keep"].sum())} of {len(s["keep"])} {name}' for name, s in sets_of.items()))
-            models = [co_train(run, e, l, taught_by_peers(l, labels, unlabelled, english if 'source' in names else None),
-                               models[l]) for l in range(3)]
+            models = [co_train(run, e, l, taught_by_peers(l, labels, unlabelled, english if 'source' in names else None,
+                                                          args.union), models[l]) for l in range(3)]
         return models
 
     @classmethod
@@ -1274,16 +1277,17 @@ def distil(run, model, unlabelled, eta):
     return out
 
 
-def taught_by_peers(l, labels, unlabelled, english=None):
+def taught_by_peers(l, labels, unlabelled, english=None, union=False):
     """Model l's training sets of an epoch: English (when given) and, of every unlabelled set, the
     samples its two peers j and k both keep and label alike, with that label (AGREEMENT): model l
-    never learns from its own labels. labels[m][set]: model m's {'labels', 'keep'}."""
+    never learns from its own labels. union (the ablation, the released --agreement_param 2): the
+    samples either keeps too, with its label. labels[m][set]: model m's {'labels', 'keep'}."""
     j, k = [m for m in range(3) if m != l]
     parts = {} if english is None else {'source': english}
     for name, feats in unlabelled.items():
         a, b = labels[j][name], labels[k][name]
-        agreed = agreement(a['keep'], a['labels'], b['keep'], b['labels']).nonzero().squeeze(1).tolist()
-        parts[name] = [replace(feats[i], label=a['labels'][i]) for i in agreed]
+        chosen = agreement(a['keep'], a['labels'], b['keep'], b['labels']) | (a['keep'] ^ b['keep'] if union else False)
+        parts[name] = [replace(feats[i], label=(a if a['keep'][i] else b)['labels'][i]) for i in chosen.nonzero().squeeze(1).tolist()]
     return parts
 
 

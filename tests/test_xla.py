@@ -151,6 +151,18 @@ def test_each_model_learns_from_its_two_peers_never_from_itself():
                               3: ('source', 'target', 'source vicinal', 'target vicinal')}  # Algorithm 1, line 22
 
 
+def test_union_adds_what_one_peer_alone_keeps_with_its_label():
+    """The ablation (the released --agreement_param 2): both keep and agree, or one peer alone keeps."""
+    feats = [data.Feature([0, 10 + i, 2]) for i in range(4)]
+    # for model 0, peers 1 and 2: sample 0 both keep with label 1; 1 both keep, labels differ; 2 only peer 1 keeps
+    # (label 2); 3 only peer 2 keeps (label 0)
+    peer_1 = {'target': {'labels': [1, 1, 2, 1], 'keep': torch.tensor([True, True, True, False])}}
+    peer_2 = {'target': {'labels': [1, 0, 1, 0], 'keep': torch.tensor([True, True, False, True])}}
+    labels = [{'target': {'labels': [2, 2, 2, 2], 'keep': torch.ones(4, dtype=torch.bool)}}, peer_1, peer_2]
+    taught = lambda union: [(f.ids[1] - 10, f.label) for f in xlt.taught_by_peers(0, labels, {'target': feats}, None, union)['target']]
+    assert taught(False) == [(0, 1)] and taught(True) == [(0, 1), (2, 2), (3, 0)]
+
+
 def test_eq2_sampling_probabilities():
     sizes = [1000, 100, 10, 0]
     for alpha in (0.0, 0.3, 0.7, 1.0):
@@ -341,6 +353,10 @@ def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages
     keep = [torch.load(tmp_path / 'gmm' / 'epoch1' / f'labels-{m}.pt', weights_only=True)['target']['keep'] for m in (1, 2, 3)]
     assert len(posteriors) == 3 and all(torch.equal(k, p >= 0.5) for k, p in zip(keep, posteriors))
     assert any(0 < k.sum() < len(k) for k in keep)  # not a confidence share: what the posterior says
+    # the ablations run: without vicinal samples epoch 2 trains on the target set, no sample is made
+    demo_run(tmp_path / 'ablations', demo_data, argv + ['--no_vicinal', '--union', '--xla_epochs', '2', '--warmup_dir', str(out)])
+    assert set(json.loads((tmp_path / 'ablations' / 'epoch2' / 'model1' / 'results.json').read_text())['kept']) == {'target'}
+    assert not list((tmp_path / 'ablations').glob('epoch*/*vicinal*'))
 
 
 def test_share_of_draws_disjoint_parts_in_order():
