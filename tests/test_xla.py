@@ -224,6 +224,48 @@ def test_an_xla_epoch_trains_with_table_8s_optimiser_settings():
     assert run.made == ('epoch2/model2', {'epochs': 1, 'lr': 5e-6, 'batch_size': 16, 'warmup': 0.1, 'seed': 4})
 
 
+def test_an_xla_training_is_kept_only_when_its_best_target_dev_score_beats_the_start():
+    """co_train: selection on the --train_lang dev score (every --eval_steps), the best weights kept
+    only when strictly better than the starting model's, as the released code; else the start."""
+    class Scripted:  # a Run whose dev scores are given: the start's, then the best checkpoint's
+        args = train.parse_args(['--method', 'xla', '--task', 'panx', '--train_lang', 'de', '--demo'])
+        chunks = 1
+
+        def __init__(self, scores):
+            self.scores, self.validated = list(scores), []
+
+        def sub(self, folder, **changes):
+            self.args = argparse.Namespace(**{**vars(Scripted.args), **changes})
+            return self
+
+        def cached(self, name, compute):
+            return compute()
+
+        def restore(self, path, cls):
+            return None
+
+        def path(self, name):
+            return name
+
+        def say(self, message):
+            pass
+
+        def evaluate(self, method, split):
+            return {'de': {'score': self.scores.pop(0)}, 'en': {'score': 99.0}}, {}
+
+        def fit(self, method, items, validate, batches_of):
+            self.validated.append(validate())  # what selects within the training: German alone
+
+        def load_best(self, method):
+            pass
+    parts = {'target': [data.Feature([0, 5, 2], 1)] * 4}
+    for before, best, kept in ((70.0, 70.0, 'warmup-1/best.pt'), (70.0, 70.5, 'epoch1/model1/best.pt')):
+        run = Scripted([before, 0.0, best])  # the start, the one validation inside fit, the best checkpoint
+        assert xlt.co_train(run, 1, 0, parts, 'warmup-1/best.pt') == kept
+        assert run.validated == [{'de': {'score': 0.0}}]
+    assert xlt.XLA.RUN['panx']['eval_steps'] == xlt.XLA.RUN['xnli']['eval_steps'] == 50  # Table 8's logging step
+
+
 # ----------------------------------------------------------------------------------------
 # GEN-LM (Section 3.2): successive max and successive cross.
 
