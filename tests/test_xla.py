@@ -362,6 +362,8 @@ def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages
     assert set(first['runs']) == {'warm-up (zero-shot + penalty), mean', 'XLA model 1', 'XLA model 2', 'XLA model 3',
                                   'XLA mean of the models'}
     assert (out / 'predictions' / 'panx' / 'test-de.tsv').exists() and (out / 'model3' / 'predictions').exists()
+    kept = lambda e, m: set(json.loads((out / f'epoch{e}' / f'model{m}' / 'results.json').read_text())['kept'])
+    assert all(kept(1, m) == {'source', 'target'} and kept(2, m) == {'target vicinal'} for m in (1, 2, 3))  # line 22
     stage = json.loads((out / 'epoch3' / 'model1' / 'results.json').read_text())
     assert set(stage['kept']) == {'source', 'target', 'source vicinal', 'target vicinal'}
     assert stage['kept']['source vicinal'] <= 3 * 40 and stage['kept']['source'] == 40
