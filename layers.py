@@ -406,6 +406,7 @@ def read_checkpoint(path):
         what = f'a dict with the keys {", ".join(map(str, list(obj)[:4]))}{" ..." if len(obj) > 4 else ""}' if isinstance(obj, dict) \
             else f'a {type(obj).__name__}'
         raise CheckpointError(f'{path} holds {what}, not XLM-R weights: {CHECKPOINTS}')
+    translation = not hf and any(k.startswith('decoder.layers.') for k in obj.get('model') or {})  # fairseq's, encoder-decoder
     if not hf and (obj.get('format') == FORMAT or {'config', 'encoder'} <= set(obj)):  # ours (or ours before its format)
         if 'encoder' not in obj:
             raise CheckpointError(f'{path} holds {", ".join(obj["meta"]["holds"])}, no encoder: give a converted '
@@ -417,7 +418,6 @@ def read_checkpoint(path):
     if not hf:  # fairseq: {'model': state dict, 'args': Namespace or 'cfg': {'model': ...}}
         args = obj.get('args') or (obj.get('cfg') or {}).get('model') or {}
         meta = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
-        translation = any(k.startswith('decoder.layers.') for k in obj['model'])
         sd, unknown = rename(obj['model'], *((TRANSLATION_NAMES, ()) if translation else (FAIRSEQ_NAMES, ('decoder.', 'encoder.'))))
     else:  # Hugging Face: a flat state dict, its config.json beside it
         cfg_file = os.path.join(os.path.dirname(path), 'config.json')
@@ -428,7 +428,7 @@ def read_checkpoint(path):
         sd, unknown = rename(obj, HF_NAMES, ('roberta.',))
     if 'enc.tok.weight' not in sd:
         raise CheckpointError(f'{path} has no word embeddings: not an XLM-R checkpoint')
-    return config_from(sd, meta, not hf and translation), sd, unknown
+    return config_from(sd, meta, translation), sd, unknown
 
 
 def is_cross(key):

@@ -741,13 +741,14 @@ def train(run, method, items, validate, batches_of, keep_last=0):
     state = resumed(run, method, opt, sched)
     log = open_log(run.path('log.jsonl'), state['step']) if rank == 0 else None
     started, lengths, collate = time.time(), [data.item_length(item) for item in items], data.collate_items(method.paired)
+    method.step = state['step']  # the optimiser step: methods with schedules (X-Mixup's p*, frozen phases) read it
     while state['epoch'] < args.epochs:
         # since: the logs of the steps since the last line; epoch_loss: (mean loss, steps) of each line of the epoch
         batches, since, epoch_loss = batches_of(state['epoch']), [], []
+        padding = data.pad_share(lengths, batches, run.chunks)
         bar = data.bar(total=len(batches), initial=state['step'] % per_epoch, desc=f'epoch {state["epoch"] + 1}/{args.epochs}')
         for batch in batches[state['step'] % per_epoch:]:
             method.train()
-            method.step = state['step']  # methods with schedules (X-Mixup's p*) read it
             since.append(train_step(model, items, batch, args, state['step'], rank, world, run.device, collate))
             frozen = method.frozen()
             for p in frozen:
@@ -773,16 +774,15 @@ def train(run, method, items, validate, batches_of, keep_last=0):
                                           'time': round(time.time() - started, 2), **logs}) + '\n')
                     log.flush()
             if args.eval_steps and state['step'] % args.eval_steps == 0 and state['step'] % per_epoch:  # within the epoch
-                end_epoch(run, method, validate, state, 0, epoch_loss, time.time() - started, log,
-                          data.pad_share(lengths, batches, run.chunks), round(state['step'] / per_epoch, 2))
+                end_epoch(run, method, validate, state, 0, epoch_loss, time.time() - started, log, padding,
+                          round(state['step'] / per_epoch, 2))
             if state['step'] % args.save_every == 0 and state['step'] % per_epoch:
                 save(run, 'last.pt', resume_point(method, opt, sched, state), args)
             if args.halt_after and state['step'] == args.halt_after:
                 os._exit(3)  # as if killed
         bar.close()
         state['epoch'] += 1
-        end_epoch(run, method, validate, state, keep_last, epoch_loss, time.time() - started, log,
-                  data.pad_share(lengths, batches, run.chunks))
+        end_epoch(run, method, validate, state, keep_last, epoch_loss, time.time() - started, log, padding)
         save(run, 'last.pt', resume_point(method, opt, sched, state), args)
     if dist.is_initialized():
         dist.barrier()  # every process reads best.pt (and the kept checkpoints) only once they are written

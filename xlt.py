@@ -711,7 +711,7 @@ class VecoPretrain(Method):
         cross-attention keeps the moments of phase 1 (one optimiser all along)."""
         P = self.cross_only_steps
         first, second = warmup_then_decay(int(args.warmup * P), 0, P), warmup_then_decay(int(args.warmup * (total - P)), P, total)
-        return lambda step: first(step) if step < self.cross_only_steps else second(step)
+        return lambda step: first(step) if step < P else second(step)
 
     @torch.no_grad()
     def held_out_losses(self, items, batch_size, seed, device):
@@ -1307,8 +1307,8 @@ def co_train(run, epoch, l, parts, start):
         lengths = [data.item_length(f) for f in items] if args.group_by_length else None
         batches = mixture_batches(sizes, args.alpha, sub.args.batch_size, sub.args.seed * 1000 + epoch, run.chunks, lengths)
         if batches:  # none when the peers agree on nothing: the model stays as it was
-            sub.fit(method, items, lambda: {args.train_lang: sub.evaluate(method, 'dev')[0][args.train_lang]},
-                    lambda _: batches)
+            sub.fit(method, items, lambda: {k: v for k, v in sub.evaluate(method, 'dev')[0].items() if k == args.train_lang},
+                    lambda _: batches)  # selection on the target language's dev score alone (none: the last weights)
             sub.load_best(method)
         after = target_dev(sub.evaluate(method, 'dev')[0])
         better = bool(batches) and (after is None or before is None or after > before)  # as the released code
