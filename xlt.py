@@ -1178,8 +1178,7 @@ class XLA(Baseline):
     def algorithm_1(cls, run):
         """Three warm-up models, then per XLA epoch: vicinal samples of the target text (from epoch 3
         of English too; GEN-LM, lines 6-7), each model's labels and DISTIL's choice (lines 8-10),
-        and each model l trained on what its peers j, k keep and agree on (AGREEMENT, lines 11-14),
-        drawn by Eq. 2. -> the three final models' checkpoints."""
+        and co-teaching (lines 3-22). -> the three final models' checkpoints."""
         args = run.args
         english, target = data.self_training_sets(run.tok, args.data_dir, args.task, args.train_lang, args.train_share,
                                                   args.max_len)
@@ -1199,14 +1198,30 @@ class XLA(Baseline):
                 if name in names:
                     unlabelled[name] = vicinal_samples(run, feats, vicinity, e, f'epoch{e}/{name.replace(" ", "-")}.pt')
                     run.say(f'XLA epoch {e}: {len(unlabelled[name])} {name} samples of {len(feats)} sentences')
-            eta = args.eta[min(e, len(args.eta)) - 1] / 100
-            labels = [run.cached(f'epoch{e}/labels-{m + 1}.pt', lambda m=m: distil(run, models[m], unlabelled, eta))
-                      for m in range(3)]
-            for m, sets_of in enumerate(labels):
-                run.say(f'XLA epoch {e}, model {m + 1} keeps ' + ', '.join(
-                    f'{int(s["keep"].sum())} of {len(s["keep"])} {name}' for name, s in sets_of.items()))
-            models = [co_train(run, e, l, taught_by_peers(l, labels, unlabelled, english if 'source' in names else None,
-                                                          args.union), models[l]) for l in range(3)]
+            models = cls.co_teaching(run, e, models, unlabelled, english if 'source' in names else None)
+        return models
+
+    @classmethod
+    def co_teaching(cls, run, e, models, unlabelled, english):
+        """Lines 3-22 of epoch e: for every ordered pair of peers (k, j), the third model l trains on
+        what k and j keep and agree on (AGREEMENT), so each model trains twice an epoch and later
+        pairs label with peers already trained in it. A checkpoint labels once an epoch (DISTIL).
+        models: each model's newest checkpoint -> the epoch's last ones."""
+        args, models, labelled = run.args, list(models), {}
+        eta = args.eta[min(e, len(args.eta)) - 1] / 100
+
+        def labels_of(m):  # the newest checkpoint of model m labels (named after its folder)
+            path = models[m]
+            if path not in labelled:
+                name = '-'.join(path.split('/')[-3:-1])
+                labelled[path] = run.cached(f'epoch{e}/labels-{name}.pt', lambda: distil(run, path, unlabelled, eta))
+                run.say(f'XLA epoch {e}, {name} keeps ' + ', '.join(f'{int(s["keep"].sum())} of {len(s["keep"])} {n}'
+                                                                    for n, s in labelled[path].items()))
+            return labelled[path]
+        for k in range(3):
+            for j in (j for j in range(3) if j != k):  # l = 3 - k - j trains
+                parts = taught_by_peers(labels_of(k), labels_of(j), unlabelled, english, args.union)
+                models[3 - k - j] = co_train(run, e, (k, j), parts, models[3 - k - j])
         return models
 
     @classmethod
@@ -1277,26 +1292,27 @@ def distil(run, model, unlabelled, eta):
     return out
 
 
-def taught_by_peers(l, labels, unlabelled, english=None, union=False):
-    """Model l's training sets of an epoch: English (when given) and, of every unlabelled set, the
-    samples its two peers j and k both keep and label alike, with that label (AGREEMENT): model l
-    never learns from its own labels. union (the ablation, the released --agreement_param 2): the
-    samples either keeps too, with its label. labels[m][set]: model m's {'labels', 'keep'}."""
-    j, k = [m for m in range(3) if m != l]
+def taught_by_peers(by_k, by_j, unlabelled, english=None, union=False):
+    """The training sets a pair of peers k and j give the third model: English (when given) and,
+    of every unlabelled set, the samples both keep and label alike, with that label (AGREEMENT):
+    a model never learns from its own labels. union (the ablation, the released --agreement_param
+    2): the samples either keeps too, with its label. by_k, by_j: {set: {'labels', 'keep'}}."""
     parts = {} if english is None else {'source': english}
     for name, feats in unlabelled.items():
-        a, b = labels[j][name], labels[k][name]
+        a, b = by_k[name], by_j[name]
         chosen = agreement(a['keep'], a['labels'], b['keep'], b['labels']) | (a['keep'] ^ b['keep'] if union else False)
         parts[name] = [replace(feats[i], label=(a if a['keep'][i] else b)['labels'][i]) for i in chosen.nonzero().squeeze(1).tolist()]
     return parts
 
 
-def co_train(run, epoch, l, parts, start):
-    """Model l's XLA epoch: one pass of Eq. 2's draws over the sets in `parts`, from its weights
-    `start`, with a new optimiser (Table 8: --xla_lr, 10% warm-up), the --train_lang dev score
-    selecting every --eval_steps (Table 8: 50) -> the best weights if that score beats `start`'s
-    (strictly, as the released code), else `start` (the model goes on as it was)."""
-    args, folder = run.args, f'epoch{epoch}/model{l + 1}'
+def co_train(run, epoch, pair, parts, start):
+    """The training of model l = 3 - k - j by its peers pair = (k, j) in an XLA epoch: one pass of
+    Eq. 2's draws over the sets in `parts`, from its weights `start`, with a new optimiser (Table 8:
+    --xla_lr, 10% warm-up), the --train_lang dev score selecting every --eval_steps (Table 8: 50)
+    -> the best weights if that score beats `start`'s (strictly, as the released code), else
+    `start` (the model goes on as it was)."""
+    (k, j), args, l = pair, run.args, 3 - sum(pair)
+    folder = f'epoch{epoch}/model{l + 1}-by{k + 1}{j + 1}'
     sub = run.sub(folder, epochs=1, lr=args.xla_lr, batch_size=args.xla_batch_size, warmup=0.1, seed=args.seed + l)
     target_dev = lambda dev: dev[args.train_lang]['score'] if args.train_lang in dev else None  # the paper's selection
 
@@ -1305,17 +1321,18 @@ def co_train(run, epoch, l, parts, start):
         before = target_dev(sub.evaluate(method, 'dev')[0])
         items, sizes = [f for feats in parts.values() for f in feats], [len(feats) for feats in parts.values()]
         lengths = [data.item_length(f) for f in items] if args.group_by_length else None
-        batches = mixture_batches(sizes, args.alpha, sub.args.batch_size, sub.args.seed * 1000 + epoch, run.chunks, lengths)
+        batches = mixture_batches(sizes, args.alpha, sub.args.batch_size, sub.args.seed * 1000 + epoch * 10 + k, run.chunks,
+                                  lengths)  # the two trainings of a model in an epoch draw apart
         if batches:  # none when the peers agree on nothing: the model stays as it was
-            sub.fit(method, items, lambda: {k: v for k, v in sub.evaluate(method, 'dev')[0].items() if k == args.train_lang},
+            sub.fit(method, items, lambda: {lang: v for lang, v in sub.evaluate(method, 'dev')[0].items() if lang == args.train_lang},
                     lambda _: batches)  # selection on the target language's dev score alone (none: the last weights)
             sub.load_best(method)
         after = target_dev(sub.evaluate(method, 'dev')[0])
         better = bool(batches) and (after is None or before is None or after > before)  # as the released code
         dev = '' if after is None else f'; {args.train_lang} dev {before:.1f} -> {after:.1f}' + (
             '' if better else ', not better: kept the model as it was')
-        run.say(f'XLA epoch {epoch}, model {l + 1}: trained on ' + ', '.join(f'{n} {name}' for name, n in zip(parts, sizes))
-                + f' samples{dev}')
+        run.say(f'XLA epoch {epoch}, model {l + 1} by {k + 1} and {j + 1}: trained on '
+                + ', '.join(f'{n} {name}' for name, n in zip(parts, sizes)) + f' samples{dev}')
         return {'kept': dict(zip(parts, sizes)), 'dev_before': before, 'dev_after': after, 'better': better}
     return f'{folder}/best.pt' if run.cached(f'{folder}/results.json', train)['better'] else start
 

@@ -213,8 +213,8 @@ def test_a_run_killed_inside_xla_s_loop_resumes_to_the_same_numbers(tmp_path, de
     demo_run(tmp_path / 'whole', demo_data, argv)
     os.makedirs(tmp_path / 'cut')
     os.symlink(demo_data, tmp_path / 'cut' / 'demo-data')
-    cut = start(['train.py', '--demo', '--out', str(tmp_path / 'cut'), *argv], 'XLA epoch 1, model 1: trained on')
-    cut.kill()  # somewhere in model 2's turn of the first XLA epoch
+    cut = start(['train.py', '--demo', '--out', str(tmp_path / 'cut'), *argv], 'XLA epoch 1, model 3 by 1 and 2: trained on')
+    cut.kill()  # somewhere in the first XLA epoch's second training (model 2, by 1 and 3)
     cut.wait()
     assert not os.path.exists(tmp_path / 'cut' / 'final-models.json')
     demo_run(tmp_path / 'cut', demo_data, argv + ['--resume'])

@@ -4,7 +4,6 @@ and cross; then the whole run, its resume, and two processes against one."""
 import argparse
 import json
 import math
-import shutil
 import sys
 
 import pytest
@@ -141,12 +140,12 @@ def test_each_model_learns_from_its_two_peers_never_from_itself():
     labels = [{'target': {'labels': [0 if i % 3 == m else 1 for i in range(9)], 'keep': torch.ones(9, dtype=torch.bool)}}
               for m in range(3)]
     english = [data.Feature([0, 5, 2], 1)]
-    for l in range(3):
-        parts = xlt.taught_by_peers(l, labels, {'target': feats}, english)
+    for k, j, l in ((0, 1, 2), (2, 0, 1), (1, 2, 0), (2, 1, 0)):
+        parts = xlt.taught_by_peers(labels[k], labels[j], {'target': feats}, english)
         assert parts['source'] is english
         assert [f.ids[1] - 10 for f in parts['target']] == [i for i in range(9) if i % 3 == l]
         assert all(f.label == 1 for f in parts['target'])  # the peers' label; its own would be 0
-    assert 'source' not in xlt.taught_by_peers(0, labels, {'target': feats})
+    assert 'source' not in xlt.taught_by_peers(labels[1], labels[2], {'target': feats})
     assert xlt.XLA.SETS == {1: ('source', 'target'), 2: ('target vicinal',),
                               3: ('source', 'target', 'source vicinal', 'target vicinal')}  # Algorithm 1, line 22
 
@@ -158,9 +157,29 @@ def test_union_adds_what_one_peer_alone_keeps_with_its_label():
     # (label 2); 3 only peer 2 keeps (label 0)
     peer_1 = {'target': {'labels': [1, 1, 2, 1], 'keep': torch.tensor([True, True, True, False])}}
     peer_2 = {'target': {'labels': [1, 0, 1, 0], 'keep': torch.tensor([True, True, False, True])}}
-    labels = [{'target': {'labels': [2, 2, 2, 2], 'keep': torch.ones(4, dtype=torch.bool)}}, peer_1, peer_2]
-    taught = lambda union: [(f.ids[1] - 10, f.label) for f in xlt.taught_by_peers(0, labels, {'target': feats}, None, union)['target']]
+    taught = lambda union: [(f.ids[1] - 10, f.label) for f in xlt.taught_by_peers(peer_1, peer_2, {'target': feats}, None, union)['target']]
     assert taught(False) == [(0, 1)] and taught(True) == [(0, 1), (2, 2), (3, 0)]
+
+
+def test_each_pair_of_peers_trains_the_third_model_on_labels_of_their_newest_checkpoints(monkeypatch):
+    """Algorithm 1, lines 3-22: for k, then j != k, the model l that is neither trains on what k and j
+    keep, so each model trains twice an epoch, and every pair labels with its newest checkpoints
+    (trained earlier in the epoch); a checkpoint labels once."""
+    labelled, trained = [], []
+    labels = lambda path: {'target': {'keep': torch.ones(1, dtype=torch.bool), 'labels': [0], 'by': path}}
+    monkeypatch.setattr(xlt, 'distil', lambda run, path, sets, eta: labelled.append(path) or labels(path))
+    monkeypatch.setattr(xlt, 'taught_by_peers', lambda by_k, by_j, *rest: (by_k['target']['by'], by_j['target']['by']))
+
+    def co_train(run, epoch, pair, labellers, start):  # the model trained, by whose labels, from where
+        trained.append((3 - sum(pair) + 1, labellers, start))
+        return f'T{len(trained)}'
+    monkeypatch.setattr(xlt, 'co_train', co_train)
+    run = argparse.Namespace(args=argparse.Namespace(eta=[80], union=False), say=print, cached=lambda name, compute: compute())
+    last = xlt.XLA.co_teaching(run, 1, ['w1', 'w2', 'w3'], {'target': []}, None)
+    # worked out by hand from Algorithm 1's loops: (k, j) = (1, 2), (1, 3), (2, 1), (2, 3), (3, 1), (3, 2)
+    assert trained == [(3, ('w1', 'w2'), 'w3'), (2, ('w1', 'T1'), 'w2'), (3, ('T2', 'w1'), 'T1'),
+                       (1, ('T2', 'T3'), 'w1'), (2, ('T3', 'T4'), 'T2'), (1, ('T3', 'T5'), 'T4')]
+    assert last == ['T6', 'T5', 'T3'] and labelled == ['w1', 'w2', 'T1', 'T2', 'T3', 'T4', 'T5']
 
 
 def test_eq2_sampling_probabilities():
@@ -220,8 +239,8 @@ def test_an_xla_epoch_trains_with_table_8s_optimiser_settings():
         def cached(self, name, compute):
             return {'better': False}
     run = Recording()
-    assert xlt.co_train(run, 2, 1, {}, 'warmup-2/best.pt') == 'warmup-2/best.pt'  # not better: the model as it was
-    assert run.made == ('epoch2/model2', {'epochs': 1, 'lr': 5e-6, 'batch_size': 16, 'warmup': 0.1, 'seed': 4})
+    assert xlt.co_train(run, 2, (0, 2), {}, 'warmup-2/best.pt') == 'warmup-2/best.pt'  # not better: the model as it was
+    assert run.made == ('epoch2/model2-by13', {'epochs': 1, 'lr': 5e-6, 'batch_size': 16, 'warmup': 0.1, 'seed': 4})
 
 
 def test_an_xla_training_is_kept_only_when_its_best_target_dev_score_beats_the_start():
@@ -259,9 +278,9 @@ def test_an_xla_training_is_kept_only_when_its_best_target_dev_score_beats_the_s
         def load_best(self, method):
             pass
     parts = {'target': [data.Feature([0, 5, 2], 1)] * 4}
-    for before, best, kept in ((70.0, 70.0, 'warmup-1/best.pt'), (70.0, 70.5, 'epoch1/model1/best.pt')):
+    for before, best, kept in ((70.0, 70.0, 'warmup-1/best.pt'), (70.0, 70.5, 'epoch1/model1-by23/best.pt')):
         run = Scripted([before, 0.0, best])  # the start, the one validation inside fit, the best checkpoint
-        assert xlt.co_train(run, 1, 0, parts, 'warmup-1/best.pt') == kept
+        assert xlt.co_train(run, 1, (1, 2), parts, 'warmup-1/best.pt') == kept
         assert run.validated == [{'de': {'score': 0.0}}]
     assert xlt.XLA.RUN['panx']['eval_steps'] == xlt.XLA.RUN['xnli']['eval_steps'] == 50  # Table 8's logging step
 
@@ -357,26 +376,29 @@ def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages
     monkeypatch.setattr(xlt, 'distil', lambda run, model, sets, eta: etas.append(eta) or distil(run, model, sets, eta))
     monkeypatch.setattr(xlt, 'mixture_batches', lambda sizes, alpha, *a, **k: alphas.append(alpha) or mixture(sizes, alpha, *a, **k))
     demo_run(out, demo_data, argv)
-    assert etas == [0.8] * 3 + [1.0] * 6 and alphas == [0.7] * 9  # Table 8's eta per epoch (80, 100, 100) and alpha
+    labellings = [len(list(out.glob(f'epoch{e}/labels-*.pt'))) for e in (1, 2, 3)]  # a checkpoint labels once an epoch
+    assert etas == [0.8] * labellings[0] + [1.0] * sum(labellings[1:])  # Table 8's eta per epoch (80, 100, 100)
+    assert alphas == [0.7] * 18  # Eq. 2's alpha in each model's two trainings an epoch
     first = json.loads((out / 'results.json').read_text())
     assert set(first['runs']) == {'warm-up (zero-shot + penalty), mean', 'XLA model 1', 'XLA model 2', 'XLA model 3',
                                   'XLA mean of the models'}
     assert (out / 'predictions' / 'panx' / 'test-de.tsv').exists() and (out / 'model3' / 'predictions').exists()
-    kept = lambda e, m: set(json.loads((out / f'epoch{e}' / f'model{m}' / 'results.json').read_text())['kept'])
-    assert all(kept(1, m) == {'source', 'target'} and kept(2, m) == {'target vicinal'} for m in (1, 2, 3))  # line 22
-    stage = json.loads((out / 'epoch3' / 'model1' / 'results.json').read_text())
+    kept = lambda e, m: set(json.loads((out / f'epoch{e}' / m / 'results.json').read_text())['kept'])
+    trainings = ('model3-by12', 'model2-by13', 'model3-by21', 'model1-by23', 'model2-by31', 'model1-by32')
+    assert all(kept(1, m) == {'source', 'target'} and kept(2, m) == {'target vicinal'} for m in trainings)  # line 22
+    stage = json.loads((out / 'epoch3' / 'model1-by23' / 'results.json').read_text())
     assert set(stage['kept']) == {'source', 'target', 'source vicinal', 'target vicinal'}
     assert stage['kept']['source vicinal'] <= 3 * 40 and stage['kept']['source'] == 40
-    # as if killed during epoch 2, model 2: its stage and everything after it is gone
-    for path in [out / 'epoch2' / 'model2' / name for name in ('results.json', 'best.pt', 'last.pt')] + [out / 'final-models.json']:
-        path.unlink(missing_ok=True)
-    shutil.rmtree(out / 'epoch3')
+    # as if killed during epoch 2's second training (model 2 by 1 and 3): what it and later stages wrote is gone
+    began = min(p.stat().st_mtime for p in (out / 'epoch2' / 'model2-by13').iterdir())
+    for path in [p for p in out.rglob('*') if p.is_file() and p.stat().st_mtime >= began]:
+        path.unlink()
     capsys.readouterr()
     demo_run(out, demo_data, argv + ['--resume'])
     said = capsys.readouterr().out
     trained = lambda e, m: f'XLA epoch {e}, model {m}: trained on' in said
-    assert 'warm-up 1 of 3' not in said and not any(trained(1, m) for m in (1, 2, 3)) and not trained(2, 1)
-    assert trained(2, 2) and trained(3, 3)
+    assert 'warm-up 1 of 3' not in said and not any(trained(1, m) for m in ('3 by 1 and 2', '1 by 3 and 2'))
+    assert not trained(2, '3 by 1 and 2') and trained(2, '2 by 1 and 3') and trained(3, '1 by 3 and 2')
     assert json.loads((out / 'results.json').read_text())['runs'] == first['runs']  # the same run, resumed
     (out / 'results.json').unlink()
     demo_run(out, demo_data, argv + ['--eval_only'])  # the models the run ended with, evaluated again
@@ -388,18 +410,19 @@ def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages
     capsys.readouterr()
     demo_run(out, demo_data, argv)  # a new run in a used folder starts over, but for finished warm-ups of its settings
     said = capsys.readouterr().out
-    assert 'warmup-1: reused' in said and 'warm-up 1 of 3' not in said and trained(1, 1)
+    assert 'warmup-1: reused' in said and 'warm-up 1 of 3' not in said and trained(1, '3 by 1 and 2')
     assert json.loads((out / 'results.json').read_text())['runs'] == first['runs']
     # --distil gmm end to end: a model keeps the samples whose low-loss posterior is at least --posterior
     posteriors, gmm_good = [], xlt.gmm_good
     monkeypatch.setattr(xlt, 'gmm_good', lambda loss: posteriors.append(gmm_good(loss)) or posteriors[-1])
     demo_run(tmp_path / 'gmm', demo_data, argv + ['--distil', 'gmm', '--xla_epochs', '1', '--warmup_dir', str(out)])
-    keep = [torch.load(tmp_path / 'gmm' / 'epoch1' / f'labels-{m}.pt', weights_only=True)['target']['keep'] for m in (1, 2, 3)]
-    assert len(posteriors) == 3 and all(torch.equal(k, p >= 0.5) for k, p in zip(keep, posteriors))
+    keep = [torch.load(tmp_path / 'gmm' / 'epoch1' / f'labels-xla-warmup-{m}.pt', weights_only=True)['target']['keep']
+            for m in (1, 2)]  # the warm-ups in --warmup_dir xla
+    assert all(torch.equal(k, p >= 0.5) for k, p in zip(keep, posteriors[:2]))  # the first two labellers
     assert any(0 < k.sum() < len(k) for k in keep)  # not a confidence share: what the posterior says
     # the ablations run: without vicinal samples epoch 2 trains on the target set, no sample is made
     demo_run(tmp_path / 'ablations', demo_data, argv + ['--no_vicinal', '--union', '--xla_epochs', '2', '--warmup_dir', str(out)])
-    assert set(json.loads((tmp_path / 'ablations' / 'epoch2' / 'model1' / 'results.json').read_text())['kept']) == {'target'}
+    assert set(json.loads((tmp_path / 'ablations' / 'epoch2' / 'model1-by23' / 'results.json').read_text())['kept']) == {'target'}
     assert not list((tmp_path / 'ablations').glob('epoch*/*vicinal*'))
 
 
