@@ -121,6 +121,11 @@ class Tokenizer:
         """For every id, whether its piece begins a word ('▁...'); the special tokens do not."""
         return [False] * 4 + [self.sp.id_to_piece(i - 1).startswith('▁') for i in range(4, self.mask)] + [False]
 
+    def piece_chars(self):
+        """For every id, the characters its piece adds to a word's text, '▁' not counted; 0 for the
+        special tokens."""
+        return [0] * 4 + [len(self.sp.id_to_piece(i - 1).removeprefix('▁')) for i in range(4, self.mask)] + [0]
+
 
 class DataError(ValueError):
     """Data that cannot be read; the message is one line: the file, the line and the fix."""

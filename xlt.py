@@ -1197,7 +1197,6 @@ class XLA(Baseline):
             for name, feats in (('target vicinal', target), ('source vicinal', english)):
                 if name in names:
                     unlabelled[name] = vicinal_samples(run, feats, vicinity, e, f'epoch{e}/{name.replace(" ", "-")}.pt')
-                    run.say(f'XLA epoch {e}: {len(unlabelled[name])} {name} samples of {len(feats)} sentences')
             models = cls.co_teaching(run, e, models, unlabelled, english if 'source' in names else None)
         return models
 
@@ -1240,42 +1239,59 @@ class XLA(Baseline):
 
 
 def vicinal_samples(run, feats, vicinity, epoch, name):
-    """GEN-LM (Section 3.2): the vicinal samples of every feature, unlabelled, made once (kept as
-    `name`): --delta samples of a sentence by successive max, or the delta1 x delta2 successive
-    cross of a pair's two parts; each sample replaces ceil(--aug_share x T) pieces of each part.
-    The draws follow (--seed, epoch, feature), so any number of processes makes the same samples.
-    vicinity: (encoder, MLM head), the frozen masked LM."""
+    """GEN-LM (Section 3.2) as the released code: the vicinal samples of every feature, unlabelled,
+    made once (kept as `name`). Each sentence (a pair's each) gets --delta samples, each masking
+    words chosen by masked_words and filled one at a time by the frozen masked LM
+    (fill_successively); a pair's δ1 and δ2 samples are crossed into δ1 x δ2 (successive cross). A
+    sample whose word count changed (a filled piece that does not start a word) is dropped, as
+    the released code drops it. The draws follow (--seed, epoch, feature), so any number of
+    processes makes the same samples. vicinity: (encoder, MLM head)."""
     args, tok, device, family = run.args, run.tok, run.device, TASKS[run.args.task].family
+    word_start, chars = torch.tensor(tok.word_starts()), torch.tensor(tok.piece_chars())
+    whole_word = word_start & (chars > 0)  # a fill that keeps the word count: not a continuation, not a lone '▁'
 
     def generate():
         encoder, mlm = (part.to(device) for part in vicinity)
         fillable = torch.arange(encoder.cfg.vocab_size, device=device)
         fillable = (fillable >= 4) & (fillable < tok.mask)  # not <s>, <pad>, </s>, <unk> nor <mask>
-        word_start = torch.tensor(tok.word_starts() + [False] * (encoder.cfg.vocab_size - tok.vocab_size), device=device)
 
-        def samples_of(index):  # a batch of features -> each one's samples
-            rows, orders = [], []  # sum(--delta) rows a feature: delta1 of part a, then delta2 of part b
-            for i in index:
-                g = torch.Generator().manual_seed(args.seed * 1_000_003 + epoch * 10_007 + i)
-                for span, delta in zip(parts_of(feats[i].ids, family), args.delta):
-                    rows += [feats[i].ids] * delta
-                    orders += masking_orders(span, delta, args.aug_share, g)
-            batch = data.collate([data.Feature(r) for r in rows])
-            order = torch.nn.utils.rnn.pad_sequence([torch.tensor(o, dtype=torch.long) for o in orders], True, -1)
-            filled = fill_successively(encoder, mlm, batch.ids.to(device), batch.mask.to(device), order.to(device),
-                                       fillable, word_start, tok.mask).cpu()
-            out, a = [], args.delta[0]
-            for i, made in zip(index, filled.split(sum(args.delta))):  # a feature's rows, cut to its length
-                made = made[:, :len(feats[i].ids)]  # a pair: successive cross, every sample of part a with every one of b
-                out.append(made if family == 'tagging' else crossed(made[:a], made[a:], parts_of(feats[i].ids, family)[0]))
+        def samples_of(index):  # a batch of features -> each one's samples, removed pieces as <pad>, and removals
+            plans = [masked_words(feats[i].ids, family, args.delta, args.aug_share, word_start, chars,
+                                  torch.Generator().manual_seed(args.seed * 1_000_003 + epoch * 10_007 + i)) for i in index]
+            rows = [(i, words) for i, (parts, _) in zip(index, plans) for sets in parts for words in sets]
+            if not rows:
+                return [(torch.zeros(0, len(feats[i].ids), dtype=torch.long), removed) for i, (_, removed) in zip(index, plans)]
+            batch = data.collate([data.Feature(feats[i].ids) for i, _ in rows])
+            words = torch.nn.utils.rnn.pad_sequence([torch.tensor(w).view(-1, 2) for _, w in rows], True, -1)
+            filled = fill_successively(encoder, mlm, batch.ids.to(device), batch.mask.to(device), words.to(device),
+                                       fillable, tok.mask, tok.pad).cpu()
+            firsts = words[..., 0]
+            ok = (whole_word[filled.gather(1, firsts.clamp(min=0))] | (firsts < 0)).all(1)
+            out, at = [], 0
+            for i, (parts, removed) in zip(index, plans):  # a feature's rows, cut to its length
+                counts = [len(sets) for sets in parts]
+                made, good = filled[at:at + sum(counts), :len(feats[i].ids)], ok[at:at + sum(counts)]
+                at += sum(counts)
+                if family != 'tagging' and parts:  # a pair: every sample of part a with every one of part b
+                    made = crossed(made[:counts[0]], made[counts[0]:], parts_of(feats[i].ids, family)[0])
+                    good = good[:counts[0]].repeat_interleave(counts[1]) & good[counts[0]:].repeat(counts[0])
+                out.append((made[good], {**removed, 'samples whose word count changed': int((~good).sum())}))
             return out
-        flat = [(i, row) for i, samples in enumerate(run.map(samples_of, feats, 'vicinal samples')) for row in samples]
+        made = run.map(samples_of, feats, 'vicinal samples')
+        removed = {k: sum(r.get(k, 0) for _, r in made) for k in dict.fromkeys(k for _, r in made for k in r)}
+        flat = [(i, row) for i, (rows, _) in enumerate(made) for row in rows]
         return {'ids': torch.cat([row for _, row in flat]).int() if flat else torch.zeros(0, dtype=torch.int),
                 'lengths': torch.tensor([len(row) for _, row in flat], dtype=torch.long),
-                'source': torch.tensor([i for i, _ in flat], dtype=torch.long)}
+                'source': torch.tensor([i for i, _ in flat], dtype=torch.long), 'removed': removed}
     stored = run.cached(name, generate)
-    rows = stored['ids'].split(stored['lengths'].tolist())
-    return [replace(feats[i], ids=r.tolist(), label=None) for i, r in zip(stored['source'].tolist(), rows)]
+    run.say(f'XLA epoch {epoch}: {len(stored["source"])} {name.split("/")[-1][:-3].replace("-", " ")} samples of '
+            f'{len(feats)} sentences; removed: ' + ', '.join(f'{n} {why}' for why, n in stored['removed'].items()))
+    out = []
+    for i, row in zip(stored['source'].tolist(), stored['ids'].long().split(stored['lengths'].tolist())):
+        real = row.ne(tok.pad)  # the removed pieces go; a tagging sample's words move to where their first pieces are
+        words = (real.cumsum(0) - 1)[feats[i].words].tolist() if feats[i].words is not None else None
+        out.append(replace(feats[i], ids=row[real].tolist(), label=None, words=words))
+    return out
 
 
 def distil(run, model, unlabelled, eta):
@@ -1368,31 +1384,55 @@ def parts_of(ids, family, eos=2):
     return [(1, cut), (cut + 2, len(ids) - 1)]
 
 
-def masking_orders(span, n_samples, share, generator):
-    """δ samples' choices of ceil(P * T) of a part's T positions, each its own random draw, in
-    the random order they are masked."""
-    start, end = span
-    k = math.ceil(share * (end - start))
-    return [(torch.randperm(end - start, generator=generator)[:k] + start).tolist() for _ in range(n_samples)]
+def masked_words(ids, family, delta, share, word_start, chars, generator):
+    """What a feature's vicinal samples mask, as the released code chooses it. A part (parts_of) of
+    under 5 or over 150 words, or without a word of 3 or more characters, gives the feature no
+    sample. Each of a part's δ samples masks k = max(int(P x n), 1) of its n words (a piece that
+    starts a word begins one), words of 3 or more characters only, taken as successive windows of
+    one random order of them (cycling); a set of words drawn before is dropped. -> the sets per
+    part, each word as its (first, end) positions in masking order, and {filter: count removed}."""
+    parts = []
+    for (start, end), d in zip(parts_of(ids, family), delta):
+        part = torch.tensor(ids[start:end], dtype=torch.long)
+        first = word_start[part] | (torch.arange(len(part)) == 0)
+        starts = first.nonzero().squeeze(1)
+        ends = torch.cat([starts[1:], torch.tensor([len(part)])])
+        n_chars = torch.zeros(len(starts), dtype=torch.long).index_add_(0, first.cumsum(0) - 1, chars[part])
+        eligible = (n_chars >= 3).nonzero().squeeze(1)
+        if not 5 <= len(starts) <= 150:
+            return [], {'sentences under 5 or over 150 words': 1}
+        if not len(eligible):
+            return [], {'sentences without a word of 3 or more characters': 1}
+        k = min(max(int(share * len(starts)), 1), len(eligible))
+        cycle = eligible[torch.randperm(len(eligible), generator=generator)].repeat(d)
+        sets = {}  # first come: a repeated set of words is dropped
+        for s in range(d):
+            window = cycle[s * k:(s + 1) * k].tolist()
+            sets.setdefault(frozenset(window), [[start + starts[w].item(), start + ends[w].item()] for w in window])
+        parts.append(list(sets.values()))
+    return parts, {'repeated sets of masked words': sum(delta) - sum(len(p) for p in parts)}
 
 
 @torch.no_grad()
-def fill_successively(encoder, mlm, ids, mask, order, fillable, word_start, mask_id):
-    """Successive max (Section 3.2) on rows ids (B, T). order (B, K): each row's chosen positions,
-    -1 padded. Step s masks position order[:, s]; the frozen MLM reads the row with the earlier
-    steps' fills in place, and the most probable piece fills it: a piece that `fillable` allows
-    (no special token) and that starts a word exactly when the replaced piece did, so that words
-    keep their boundaries and tagging its tags. The replaced piece itself may win (as in the
-    released code's argmax), so a sample changes at most, not exactly, the chosen pieces."""
-    ids, rows = ids.clone(), torch.arange(len(ids), device=ids.device)
-    for s in range(order.size(1)):
-        live = order[:, s] >= 0
-        r, pos = rows[live], order[live, s]
-        old = ids[r, pos]
+def fill_successively(encoder, mlm, ids, mask, words, fillable, mask_id, pad_id):
+    """Successive max (Section 3.2), a word at a time as the released code, on rows ids (B, T).
+    words (B, K, 2): each row's masked words in masking order, (first, end) positions, -1 padded.
+    Step s puts one <mask> in place of the word words[:, s]: its first piece becomes <mask>, the
+    others <pad>, which the attention mask and the position numbers skip as if removed. The
+    frozen MLM reads the row with the earlier steps' fills in place, and its most probable piece
+    that `fillable` allows (no special token) fills the mask; the replaced word may win. -> the
+    rows, a filled word as one piece followed by <pad> for its other pieces."""
+    ids, mask = ids.clone(), mask.clone()
+    rows, columns = torch.arange(len(ids), device=ids.device), torch.arange(ids.size(1), device=ids.device)
+    for s in range(words.size(1)):
+        first, end = words[:, s, 0], words[:, s, 1]
+        rest = (columns > first[:, None]) & (columns < end[:, None])  # none in a row without step s (-1, -1)
+        ids[rest], mask[rest] = pad_id, False
+        live = first >= 0
+        r, pos = rows[live], first[live]
         ids[r, pos] = mask_id
         logits = mlm(encoder(ids[r], mask[r])[torch.arange(len(r)), pos]).float()
-        allowed = fillable & (word_start == word_start[old, None])
-        ids[r, pos] = logits.masked_fill(~allowed, float('-inf')).argmax(-1)
+        ids[r, pos] = logits.masked_fill(~fillable, float('-inf')).argmax(-1)
     return ids
 
 

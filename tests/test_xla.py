@@ -297,26 +297,69 @@ class RecordingMLM(torch.nn.Module):
 
     def forward(self, ids, mask):
         self.inputs.append(ids.clone())
+        assert torch.equal(mask, ids.ne(1))  # what is <pad> is masked out, a removed piece too
         return torch.zeros(*ids.shape, 1)
 
     def head(self, h):
         return torch.arange(self.vocab, dtype=torch.float).expand(len(h), -1)
 
 
-def test_successive_max_fills_one_mask_at_a_time_with_the_best_allowed_piece():
+def test_successive_max_fills_one_word_at_a_time_with_the_best_allowed_piece():
     vocab, mask_id = 20, 19
     fillable = (torch.arange(vocab) >= 4) & (torch.arange(vocab) < mask_id)
-    word_start = torch.arange(vocab) % 2 == 0  # even ids begin words
     ids = torch.tensor([[0, 4, 5, 6, 7, 8, 2], [0, 9, 10, 11, 2, 1, 1]])
-    order = torch.tensor([[3, 1, 4], [2, -1, -1]])
+    words = torch.tensor([[[3, 5], [1, 3]], [[2, 4], [-1, -1]]])  # (first, end) of each masked word, in order
     fake = RecordingMLM(vocab)
-    out = xlt.fill_successively(fake, fake.head, ids, ids.ne(1), order, fillable, word_start, mask_id)
-    assert len(fake.inputs) == 3
-    for s, seen in enumerate(fake.inputs):
-        assert (seen == mask_id).sum(1).tolist() == [1] * len(seen)  # one mask per row and step
-    assert fake.inputs[1][0, 3] == 18  # step 2 reads step 1's fill
-    # the best piece of the same kind: 18 for a word start (even), 17 for a continuation (odd)
-    assert out.tolist() == [[0, 18, 5, 18, 17, 8, 2], [0, 9, 18, 11, 2, 1, 1]]
+    out = xlt.fill_successively(fake, fake.head, ids, ids.ne(1), words, fillable, mask_id, 1)
+    assert [seen.tolist() for seen in fake.inputs] == [  # one <mask> for the whole word, its other pieces <pad>
+        [[0, 4, 5, 19, 1, 8, 2], [0, 9, 19, 1, 2, 1, 1]],
+        [[0, 19, 1, 18, 1, 8, 2]]]  # step 2 reads step 1's fill; the row without a step 2 is not run
+    assert out.tolist() == [[0, 18, 1, 18, 1, 8, 2], [0, 9, 18, 1, 2, 1, 1]]  # the best piece that is no special token
+
+
+def test_a_word_s_other_pieces_as_padding_read_as_if_removed():
+    """The MLM's output for a row whose removed pieces are <pad> inside it equals its output for the
+    shorter row: the attention mask and the position numbers skip them."""
+    torch.manual_seed(0)
+    cfg = layers.Config(**{**layers.CONFIGS['tiny'].__dict__, 'vocab_size': 40})
+    encoder = layers.Encoder(cfg).eval()
+    mlm = layers.MLMHead(cfg, encoder.tok.weight).eval()
+    short = torch.tensor([[0, 7, 39, 12, 13, 2]])  # 39: the <mask> of a word whose pieces were 8, 9, 10
+    padded = torch.tensor([[0, 7, 39, 1, 1, 12, 13, 2]])
+    with torch.no_grad():
+        a, b = (mlm(encoder(x, x.ne(1))) for x in (short, padded))
+    assert torch.allclose(a, b[:, [0, 1, 2, 5, 6, 7]], atol=1e-5)
+    assert not torch.allclose(a, mlm(encoder(padded, torch.ones_like(padded, dtype=torch.bool)))[:, [0, 1, 2, 5, 6, 7]], atol=1e-3)
+
+
+def test_masked_words_as_the_released_code_chooses_them():
+    """Words: a word-start piece begins one; words of 3+ characters only; k = max(int(P n), 1) a
+    sample, successive windows of one random order; repeated sets dropped; 5-150 words."""
+    word_start = torch.arange(30) < 20  # 4-19 begin words, 20-29 continue them
+    chars = torch.tensor([0] * 4 + [2] * 6 + [3] * 10 + [1] * 10)  # 4-9: two characters, 10-19: three
+    g = lambda: torch.Generator().manual_seed(0)
+    sentence = lambda *words: [0] + [i for w in words for i in w] + [2]
+    for n in (4, 151):
+        assert xlt.masked_words(sentence(*[[12]] * n), 'tagging', [3], 0.3, word_start, chars, g()) == \
+            ([], {'sentences under 5 or over 150 words': 1})
+    assert xlt.masked_words(sentence(*[[5]] * 6), 'tagging', [3], 0.3, word_start, chars, g()) == \
+        ([], {'sentences without a word of 3 or more characters': 1})
+    # ten words: 0 and 2 too short (5 + 20 is 'xx' + 'x': three characters, eligible), 4 is three pieces
+    words = [[5], [12], [6], [13], [14, 21, 22], [15], [16], [5, 20], [17], [18]]
+    parts, removed = xlt.masked_words(sentence(*words), 'tagging', [3], 0.3, word_start, chars, g())
+    first = [1 + sum(len(w) for w in words[:i]) for i in range(10)]  # each word's position in the row
+    span = {first[i]: first[i] + len(words[i]) for i in range(10)}
+    (sets,), chosen = parts, [w for s in parts[0] for w in s]
+    assert removed == {'repeated sets of masked words': 0} and [len(s) for s in sets] == [3, 3, 3]  # int(0.3 x 10)
+    assert all(end == span[start] for start, end in chosen) and {first[0], first[2]}.isdisjoint(s for s, _ in chosen)
+    assert len({s for s, _ in chosen[:8]}) == 8 and chosen[8] == chosen[0]  # one order of the 8 eligible, cycled
+    # five words, one eligible: every sample would mask the same word, so one is left of three
+    parts, removed = xlt.masked_words(sentence([5], [5], [12], [5], [5]), 'tagging', [3], 0.3, word_start, chars, g())
+    assert parts == [[[[3, 4]]]] and removed == {'repeated sets of masked words': 2}
+    pair = [0, 12, 13, 14, 15, 16, 2, 2, 12, 13, 14, 15, 16, 17, 2]  # a pair: each part its own words and sets
+    parts, removed = xlt.masked_words(pair, 'classification', [2, 2], 0.3, word_start, chars, g())
+    assert [len(p) for p in parts] == [2, 2] and all(1 <= s <= 6 for p in parts[0] for w in p for s in w)
+    assert all(8 <= s <= 14 for p in parts[1] for w in p for s in w) and [len(p[0]) for p in parts] == [1, 1]
 
 
 @pytest.fixture(scope='module')
@@ -324,37 +367,41 @@ def demo_data(tmp_path_factory):
     return data.make_demo(str(tmp_path_factory.mktemp('demo') / 'demo-data'), n_train=40, n_eval=12)
 
 
-def test_generation_changes_at_most_the_chosen_share_and_cross_makes_d1_d2(demo_data, tmp_path):
+def test_generation_keeps_the_word_count_masks_at_most_k_words_and_crosses_d1_d2(demo_data, tmp_path):
     tok = data.Tokenizer(f'{demo_data}/sentencepiece.bpe.model')
     torch.manual_seed(0)
     cfg = layers.Config(**{**layers.CONFIGS['tiny'].__dict__, 'vocab_size': tok.vocab_size})
     encoder = layers.Encoder(cfg).eval()
     vicinity = encoder, layers.MLMHead(cfg, encoder.tok.weight).eval()
-    starts = tok.word_starts()
     for task, delta, share in (('xnli', [2, 3], 0.3), ('panx', [3], 0.4)):
-        feats = data.make_features(tok, task, data.read_split(demo_data, task, 'dev', 'de')[:6], 128)
+        feats = data.make_features(tok, task, data.read_split(demo_data, task, 'dev', 'de')[:8], 128)
+        feats[0] = data.Feature(feats[0].ids[:4] + [2] if task == 'panx' else [0, 9, 2, 2, 9, 2], None, 0, [1, 2, 3])
         args = train.parse_args(['--method', 'xla', '--task', task, '--demo', '--delta', *map(str, delta),
                                  '--aug_share', str(share), '--out', str(tmp_path)])
         args.data_dir = demo_data
         run = lambda **changes: train.Run(argparse.Namespace(**{**vars(args), **changes}), 0, 1, torch.device('cpu'), tok)
         samples = xlt.vicinal_samples(run(), feats, vicinity, 1, f'{task}.pt')
-        assert len(samples) == len(feats) * math.prod(delta)  # cross: delta1 x delta2 of every pair
         again = xlt.vicinal_samples(run(resume=True), feats, None, 1, f'{task}.pt')  # read back as written
         assert [(s.ids, s.example, s.words) for s in again] == [(s.ids, s.example, s.words) for s in samples]
-        for f in feats:
+        removed = torch.load(tmp_path / f'{task}.pt', weights_only=True)['removed']
+        assert removed['sentences under 5 or over 150 words'] == 1  # feats[0], and no sample of it
+        texts = lambda f: [tok.decode(f.ids[a:b]).split() for a, b in xlt.parts_of(f.ids, data.TASKS[task].family)]
+        for f in feats[1:]:
             made = [s for s in samples if s.example == f.example]
-            assert len({tuple(s.ids) for s in made}) > 1  # the samples differ from each other
-            for s in made:
-                assert s.label is None and s.words == f.words and len(s.ids) == len(f.ids)
-                changed = [t for t, (a, b) in enumerate(zip(f.ids, s.ids)) if a != b]
-                for start, end in xlt.parts_of(f.ids, data.TASKS[task].family):  # at most ceil(P x T) of each part
-                    assert sum(start <= t < end for t in changed) <= math.ceil(share * (end - start))
-                assert all(starts[f.ids[t]] == starts[s.ids[t]] and 4 <= s.ids[t] < tok.mask for t in changed)
-            if task == 'xnli':  # row i x 3 + j joins part a of a-sample i with part b of b-sample j
-                (a0, a1), (b0, b1) = xlt.parts_of(f.ids, 'classification')
-                a, b = [s.ids[a0:a1] for s in made], [s.ids[b0:b1] for s in made]
-                assert all(a[r] == a[r - r % 3] and b[r] == b[r % 3] for r in range(6))
-                assert all(s.ids[:a0] + s.ids[a1:b0] + s.ids[b1:] == f.ids[:a0] + f.ids[a1:b0] + f.ids[b1:] for s in made)
+            assert len({tuple(s.ids) for s in made}) == len(made)  # no sample twice
+            for s in made:  # the same words but at most k of 3+ characters, each now one piece
+                assert s.label is None and [len(p) for p in texts(s)] == [len(p) for p in texts(f)]
+                for old, new in zip(texts(f), texts(s)):
+                    changed = [w for w, v in zip(old, new) if w != v]
+                    assert len(changed) <= max(int(share * len(old)), 1) and all(len(w) >= 3 for w in changed)
+                if task == 'panx':  # the tags' first pieces follow their words
+                    assert len(s.words) == len(f.words) and all(tok.word_starts()[s.ids[p]] for p in s.words)
+            if task == 'xnli':  # successive cross: every a-sample with every b-sample (of those kept)
+                pairs = [tuple(map(tuple, texts(s))) for s in made]
+                assert len(pairs) <= 6 and len({a for a, _ in pairs}) * len({b for _, b in pairs}) >= len(pairs)
+        # every other sentence gets its delta1 x delta2 samples but those removed (no set repeats here)
+        assert removed['repeated sets of masked words'] == 0 and 0 < len(samples) < math.prod(delta) * (len(feats) - 1)
+        assert len(samples) + removed['samples whose word count changed'] == math.prod(delta) * (len(feats) - 1)
 
 
 def test_successive_cross_pairs_every_a_sample_with_every_b_sample():
