@@ -1092,21 +1092,22 @@ class XLA(Baseline):
     # Table 8 (XNER for panx and udpos). The warm-up (--lr, --batch_size, --epochs) and the XLA
     # epochs (--xla_lr, --xla_batch_size); eta: the share kept per epoch in percent; share: P;
     # delta: samples per sentence (one number) or per part of a pair (successive cross).
-    TAGGING = {'lr': 3e-5, 'batch_size': 20, 'epochs': 3, 'warmup': 0.07, 'max_len': 280, 'xla_lr': 5e-6, 'eval_steps': 50,
-               'xla_batch_size': 16, 'eta': [80, 100, 100], 'aug_share': 0.3, 'delta': [3], 'train_share': 1.0}
-    RUN = {'panx': TAGGING, 'udpos': TAGGING,
-           'xnli': {'lr': 1e-6, 'batch_size': 32, 'epochs': 6, 'weight_decay': 0.0, 'xla_lr': 1e-6, 'xla_batch_size': 32, 'eval_steps': 50,
-                    'eta': [50, 80, 100], 'aug_share': 0.3, 'delta': [2, 2], 'train_share': 0.05},
-           'pawsx': {'lr': 1e-6, 'batch_size': 32, 'epochs': 10, 'weight_decay': 0.0, 'xla_lr': 1e-6, 'xla_batch_size': 32, 'eval_steps': 50,
-                     'eta': [80, 90, 80], 'aug_share': 0.4, 'delta': [2, 2], 'train_share': 0.05}}
-    # the demo: the warm-up as every demo, the XLA epochs at a lower rate; 100% of the demo's data
-    DEMO = {'xla_lr': 1e-4, 'xla_batch_size': 32, 'train_share': 1.0, 'train_lang': 'de'}
+    TAGGING = {'lr': 3e-5, 'batch_size': 20, 'epochs': 3, 'warmup': 0.07, 'max_len': 280, 'eval_steps': 50, 'xla_lr': 5e-6,
+               'xla_batch_size': 16, 'xla_eval_steps': 50, 'eta': [80, 100, 100], 'aug_share': 0.3, 'delta': [3], 'train_share': 1.0}
+    PAIR = {'lr': 1e-6, 'batch_size': 32, 'weight_decay': 0.0, 'eval_steps': 50, 'xla_lr': 1e-6, 'xla_batch_size': 32,
+            'xla_eval_steps': 25, 'aug_share': 0.3, 'delta': [2, 2], 'train_share': 0.05}
+    RUN = {'panx': TAGGING, 'udpos': TAGGING, 'xnli': {**PAIR, 'epochs': 6, 'eta': [50, 80, 100]},
+           'pawsx': {**PAIR, 'epochs': 10, 'xla_epochs': 6, 'eta': [80, 90, 80], 'aug_share': 0.4}}
+    # the demo: the warm-up as every demo, the XLA epochs at a lower rate, selecting at their end; 100% of the demo's data
+    DEMO = {'xla_lr': 1e-4, 'xla_batch_size': 32, 'xla_eval_steps': None, 'train_share': 1.0, 'train_lang': 'de'}
     SETS = {1: ('source', 'target'), 2: ('target vicinal',),  # Algorithm 1, line 22: the sets of each epoch
             3: ('source', 'target', 'source vicinal', 'target vicinal')}
     OPTIONS = TranslateTrain.OPTIONS + (
         Option('xla_lr', help='learning rate of the XLA epochs (--lr: the warm-up\'s; Table 8)', valid=POSITIVE),
         Option('xla_batch_size', int, 'batch size of the XLA epochs (Table 8: 16, 32)', AT_LEAST_1),
-        Option('xla_epochs', int, 'epochs of co-teaching after the warm-up (default 3, Algorithm 1)', AT_LEAST_1, default=3),
+        Option('xla_epochs', int, 'epochs of co-teaching after the warm-up (Algorithm 1: 3; Table 8: PAWS-X 6)', AT_LEAST_1, default=3),
+        Option('xla_eval_steps', int, 'select on the --train_lang dev score every N steps of an XLA epoch (Table 8: 50; '
+               'XNLI, PAWS-X 25)', AT_LEAST_1),
         Option('eta', float, 'percent of the labelled samples each model keeps, per XLA epoch, by confidence (the last '
                'repeats; Table 8: 80 100 100 / 50 80 100 / 80 90 80)', (lambda v: 0 < v <= 100, 'percents above 0 and '
                'at most 100'), nargs='+'),
@@ -1126,6 +1127,14 @@ class XLA(Baseline):
 
     def __init__(self, encoder, task, args=None):
         super().__init__(encoder, task)  # the XLA epochs train without the warm-up's penalty
+
+    @classmethod
+    def released(cls, args):
+        """Table 8's settings; Table 8 gives XNLI's and PAWS-X's for 5% of the data alone: at 100% the
+        warm-up is the zero-shot baseline's (the papers' defaults), the XLA epochs Table 8's."""
+        run = cls.RUN.get(args.task, {})
+        hundred = args.train_share == 1 and run.get('train_share') == 0.05
+        return {k: v for k, v in run.items() if k not in ('lr', 'batch_size', 'epochs', 'weight_decay')} if hundred else run
 
     @classmethod
     def configure(cls, args, demo=None):
@@ -1324,12 +1333,13 @@ def taught_by_peers(by_k, by_j, unlabelled, english=None, union=False):
 def co_train(run, epoch, pair, parts, start):
     """The training of model l = 3 - k - j by its peers pair = (k, j) in an XLA epoch: one pass of
     Eq. 2's draws over the sets in `parts`, from its weights `start`, with a new optimiser (Table 8:
-    --xla_lr, 10% warm-up), the --train_lang dev score selecting every --eval_steps (Table 8: 50)
+    --xla_lr, 10% warm-up), the --train_lang dev score selecting every --xla_eval_steps (Table 8)
     -> the best weights if that score beats `start`'s (strictly, as the released code), else
     `start` (the model goes on as it was)."""
     (k, j), args, l = pair, run.args, 3 - sum(pair)
     folder = f'epoch{epoch}/model{l + 1}-by{k + 1}{j + 1}'
-    sub = run.sub(folder, epochs=1, lr=args.xla_lr, batch_size=args.xla_batch_size, warmup=0.1, seed=args.seed + l)
+    sub = run.sub(folder, epochs=1, lr=args.xla_lr, batch_size=args.xla_batch_size, warmup=0.1, seed=args.seed + l,
+                  eval_steps=args.xla_eval_steps)
     target_dev = lambda dev: dev[args.train_lang]['score'] if args.train_lang in dev else None  # the paper's selection
 
     def train():
