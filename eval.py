@@ -499,6 +499,24 @@ def summary(scores):
     return summarize({lang: s['score'] for lang, s in scores.items()}) if scores else {}
 
 
+def statistic(results, stat='mean'):
+    """The per-language mean (or 'std': np.std) of several runs' {'dev': summary, 'test': summary}."""
+    f = {'mean': np.mean, 'std': np.std}[stat]
+    return {split: {k: float(f([r[split][k] for r in results])) for k in results[0][split]} if results[0][split] else {}
+            for split in ('dev', 'test')}
+
+
+def seed_table(runs):
+    """The mean ± std (np.std) over finished runs of a task (the seeds of one command) of each test
+    row they all hold: the run's own and its other rows (XLA's models), per language."""
+    rows = [{'the run': r, **r.get('runs', {})} for r in (json.loads(read_text(f'{run}/results.json')) for run in runs)]
+    lines = []
+    for name in (n for n in rows[0] if all(n in r for r in rows)):
+        mean, std = (statistic([r[name] for r in rows], stat)['test'] for stat in ('mean', 'std'))
+        lines.append(f'  {name}: ' + ', '.join(f'{k} {mean[k]:.1f} ± {std[k]:.1f}' for k in mean))
+    return '\n'.join(lines)
+
+
 def results(task, method, dev, test, selected_by=None, runs=None, stage=None, name=None):
     """A run's results.json (dev and test per language with average and transfer gap, the kept
     checkpoint's selection rule) and its table; runs: other rows {name: {'dev': summary, 'test':
@@ -786,6 +804,11 @@ def collect_main(args):
         print(f'missing: {gap}')
     incomplete = {g.split(':')[0] for g in gaps}  # each gap begins '<task>:'
     print(f'submission in {args.out}: {len(TASKS) - len(incomplete)} of {len(TASKS)} tasks complete')
+    by_task = {}
+    for run in args.collect:
+        by_task.setdefault(finished_task(run), []).append(run)
+    for task, runs in ((t, r) for t, r in by_task.items() if len(r) > 1):  # a command's seeds: the papers' ± std
+        print(f'{task}, test, mean ± std over {len(runs)} runs:\n{seed_table(runs)}')
     if args.labels:
         scores = score_folder(args.out, args.labels, demo, [t for t in TASKS if t not in incomplete])
         print(xtreme_table(scores, demo) if scores else f'no labels in {args.labels} for the complete tasks')

@@ -1236,11 +1236,12 @@ class XLA(Baseline):
     def report(cls, run, models):
         methods = [run.restore(run.path(m), cls) for m in models]
         warm = [run.results_of(f'warmup-{m + 1}') for m in range(3)]
-        rows = {'warm-up (zero-shot + penalty), mean': mean_summary(warm)} if all(warm) else {}
+        rows = {'warm-up (zero-shot + penalty), mean': ev.statistic(warm)} if all(warm) else {}
         for m, (method, path) in enumerate(zip(methods, models)):  # each model's test predictions in model<m>/
             dev, test = run.evaluate(method, 'dev')[0], run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1])
             rows[f'XLA model {m + 1}'] = {'dev': ev.summary(dev), 'test': ev.summary(test), 'checkpoint': path}
-        rows['XLA mean of the models'] = mean_summary([rows[f'XLA model {m + 1}'] for m in range(3)])
+        for stat in ('mean', 'std'):  # the paper reports the mean of the three models, ± std over seeds (Section E.4)
+            rows[f'XLA {stat} of the models'] = ev.statistic([rows[f'XLA model {m + 1}'] for m in range(3)], stat)
         ensemble = Ensemble(methods)
         run.finish(run.evaluate(ensemble, 'dev')[0], run.test_scores(run.evaluate(ensemble, 'test')[1]),
                    'each model\'s last XLA epoch that kept the --train_lang dev score (or its warm-up: the best English '
@@ -1377,12 +1378,6 @@ def mixture_batches(sizes, alpha, batch_size, seed, chunks, lengths=None):
         return []
     order = torch.cat(picks)
     return data.cut_batches(order[torch.randperm(len(order), generator=g)].tolist(), batch_size, chunks, g, lengths)
-
-
-def mean_summary(results):
-    """The per-language mean of several runs' {'dev': summary, 'test': summary}."""
-    return {split: {k: sum(r[split][k] for r in results) / len(results) for k in results[0][split]}
-                    if results[0][split] else {} for split in ('dev', 'test')}
 
 
 def parts_of(ids, family, eos=2):

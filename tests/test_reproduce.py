@@ -147,11 +147,15 @@ def test_collect_reports_each_gap_and_scores_only_complete_tasks(runs, tmp_path)
     shutil.copytree(root / 'panx', tmp_path / 'better', symlinks=True)
     results = json.load(open(tmp_path / 'better' / 'results.json'))
     results['dev']['avg'] += 0.1
+    test, results['test'] = results['test'], {lang: score + 2 for lang, score in results['test'].items()}
     (tmp_path / 'better' / 'results.json').write_text(json.dumps(results))
     (tmp_path / 'better' / 'predictions' / 'panx' / 'test-de.tsv').write_text('mine\n')
     for order in ([root / 'panx', tmp_path / 'better'], [tmp_path / 'better', root / 'panx']):
-        run_eval(['--collect', *map(str, order), '--out', str(tmp_path / 'other')])
+        printed = run_eval(['--collect', *map(str, order), '--out', str(tmp_path / 'other')])
         assert (tmp_path / 'other' / 'panx' / 'test-de.tsv').read_text() == 'mine\n'
+        # and the two runs' mean ± std (np.std: half their distance), as the papers report seeds
+        assert 'panx, test, mean ± std over 2 runs:\n  the run: ' + ', '.join(
+            f'{lang} {score + 1:.1f} ± 1.0' for lang, score in test.items()) in printed
 
 
 def is_png(path):

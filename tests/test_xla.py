@@ -4,6 +4,7 @@ and cross; then the whole run, its resume, and two processes against one."""
 import argparse
 import json
 import math
+import statistics
 import sys
 
 import pytest
@@ -428,7 +429,11 @@ def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages
     assert alphas == [0.7] * 18  # Eq. 2's alpha in each model's two trainings an epoch
     first = json.loads((out / 'results.json').read_text())
     assert set(first['runs']) == {'warm-up (zero-shot + penalty), mean', 'XLA model 1', 'XLA model 2', 'XLA model 3',
-                                  'XLA mean of the models'}
+                                  'XLA mean of the models', 'XLA std of the models'}
+    models = [first['runs'][f'XLA model {m}']['test'] for m in (1, 2, 3)]
+    for lang in models[0]:  # the paper's report: the three models' mean and standard deviation
+        assert first['runs']['XLA mean of the models']['test'][lang] == pytest.approx(statistics.mean(m[lang] for m in models))
+        assert first['runs']['XLA std of the models']['test'][lang] == pytest.approx(statistics.pstdev(m[lang] for m in models))
     assert (out / 'predictions' / 'panx' / 'test-de.tsv').exists() and (out / 'model3' / 'predictions').exists()
     kept = lambda e, m: set(json.loads((out / f'epoch{e}' / m / 'results.json').read_text())['kept'])
     trainings = ('model3-by12', 'model2-by13', 'model3-by21', 'model1-by23', 'model2-by31', 'model1-by32')
