@@ -1121,6 +1121,7 @@ class XLA(Baseline):
         Option('alpha', help='Eq. 2\'s sampling factor over the training sets (default 0.7, Table 8)', valid=UNIT, default=0.7),
         Option('union', bool, 'ablation: a model learns what either peer keeps (both: if they agree), not what both agree on'),
         Option('no_vicinal', bool, 'ablation: no vicinal samples, each epoch\'s English and target sets alone'),
+        Option('single', bool, 'ablation: one model (warm-up 1) learns what it keeps itself, no co-teaching (Table 5\'s φ)'),
         Option('mlm', str, 'the checkpoint whose masked LM makes the vicinal samples (default --init)', path='checkpoint'),
         Option('warmup_dir', str, 'folder of the three warm-up runs warmup-1..3, reused when finished (default --out; '
                'share one folder between target languages)', changes='nothing'))
@@ -1174,7 +1175,7 @@ class XLA(Baseline):
         shared = lambda m: {'out': f'{args.warmup_dir}/warmup-{m + 1}'} if args.warmup_dir else {}  # for other runs
         return {f'warmup-{m + 1}': {'method': 'zeroshot', 'seed': args.seed + m, 'stage': f'warm-up {m + 1} of 3',
                                     'conf_penalty': 1.0 if args.conf_penalty is None else args.conf_penalty, **shared(m)}
-                for m in range(3)}
+                for m in range(1 if args.single else 3)}
 
     @classmethod
     def procedure(cls, run):
@@ -1198,7 +1199,7 @@ class XLA(Baseline):
             run.fail(f'{args.mlm or args.init} has no MLM head: pass --mlm a converted XLM-R checkpoint '
                      '(python layers.py convert keeps it)')
         vicinity = encoder.eval(), mlm.eval()  # frozen, on the CPU until GEN-LM runs
-        models = [f'{run.stage(f"warmup-{m + 1}")}/best.pt' for m in range(3)]
+        models = [f'{run.stage(name)}/best.pt' for name in cls.stages(args)]
         for e in range(1, args.xla_epochs + 1):
             names = cls.SETS[min(e, 3)]
             names = tuple(dict.fromkeys(n.removesuffix(' vicinal') for n in names)) if args.no_vicinal else names
@@ -1226,22 +1227,22 @@ class XLA(Baseline):
                 run.say(f'XLA epoch {e}, {name} keeps ' + ', '.join(f'{int(s["keep"].sum())} of {len(s["keep"])} {n}'
                                                                     for n, s in labelled[path].items()))
             return labelled[path]
-        for k in range(3):
-            for j in (j for j in range(3) if j != k):  # l = 3 - k - j trains
-                parts = taught_by_peers(labels_of(k), labels_of(j), unlabelled, english, args.union)
-                models[3 - k - j] = co_train(run, e, (k, j), parts, models[3 - k - j])
+        for k, j in [(k, j) for k in range(3) for j in range(3) if j != k] if len(models) == 3 else [(0, 0)]:
+            l = 3 - k - j if k != j else k  # the third model; --single: the one model, by itself
+            parts = taught_by_peers(labels_of(k), labels_of(j), unlabelled, english, args.union)
+            models[l] = co_train(run, e, l, (k, j), parts, models[l])
         return models
 
     @classmethod
     def report(cls, run, models):
         methods = [run.restore(run.path(m), cls) for m in models]
-        warm = [run.results_of(f'warmup-{m + 1}') for m in range(3)]
+        warm = [run.results_of(name) for name in cls.stages(run.args)]
         rows = {'warm-up (zero-shot + penalty), mean': ev.statistic(warm)} if all(warm) else {}
         for m, (method, path) in enumerate(zip(methods, models)):  # each model's test predictions in model<m>/
             dev, test = run.evaluate(method, 'dev')[0], run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1])
             rows[f'XLA model {m + 1}'] = {'dev': ev.summary(dev), 'test': ev.summary(test), 'checkpoint': path}
         for stat in ('mean', 'std'):  # the paper reports the mean of the three models, ± std over seeds (Section E.4)
-            rows[f'XLA {stat} of the models'] = ev.statistic([rows[f'XLA model {m + 1}'] for m in range(3)], stat)
+            rows[f'XLA {stat} of the models'] = ev.statistic([rows[f'XLA model {m + 1}'] for m in range(len(models))], stat)
         ensemble = Ensemble(methods)
         run.finish(run.evaluate(ensemble, 'dev')[0], run.test_scores(run.evaluate(ensemble, 'test')[1]),
                    'each model\'s last XLA epoch that kept the --train_lang dev score (or its warm-up: the best English '
@@ -1331,13 +1332,13 @@ def taught_by_peers(by_k, by_j, unlabelled, english=None, union=False):
     return parts
 
 
-def co_train(run, epoch, pair, parts, start):
-    """The training of model l = 3 - k - j by its peers pair = (k, j) in an XLA epoch: one pass of
+def co_train(run, epoch, l, pair, parts, start):
+    """The training of model l by its peers pair = (k, j) (--single: (l, l)) in an XLA epoch: one pass of
     Eq. 2's draws over the sets in `parts`, from its weights `start`, with a new optimiser (Table 8:
     --xla_lr, 10% warm-up), the --train_lang dev score selecting every --xla_eval_steps (Table 8)
     -> the best weights if that score beats `start`'s (strictly, as the released code), else
     `start` (the model goes on as it was)."""
-    (k, j), args, l = pair, run.args, 3 - sum(pair)
+    (k, j), args = pair, run.args
     folder = f'epoch{epoch}/model{l + 1}-by{k + 1}{j + 1}'
     sub = run.sub(folder, epochs=1, lr=args.xla_lr, batch_size=args.xla_batch_size, warmup=0.1, seed=args.seed + l,
                   eval_steps=args.xla_eval_steps)

@@ -171,8 +171,8 @@ def test_each_pair_of_peers_trains_the_third_model_on_labels_of_their_newest_che
     monkeypatch.setattr(xlt, 'distil', lambda run, path, sets, eta: labelled.append(path) or labels(path))
     monkeypatch.setattr(xlt, 'taught_by_peers', lambda by_k, by_j, *rest: (by_k['target']['by'], by_j['target']['by']))
 
-    def co_train(run, epoch, pair, labellers, start):  # the model trained, by whose labels, from where
-        trained.append((3 - sum(pair) + 1, labellers, start))
+    def co_train(run, epoch, l, pair, labellers, start):  # the model trained, by whose labels, from where
+        trained.append((l + 1, labellers, start))
         return f'T{len(trained)}'
     monkeypatch.setattr(xlt, 'co_train', co_train)
     run = argparse.Namespace(args=argparse.Namespace(eta=[80], union=False), say=print, cached=lambda name, compute: compute())
@@ -181,6 +181,8 @@ def test_each_pair_of_peers_trains_the_third_model_on_labels_of_their_newest_che
     assert trained == [(3, ('w1', 'w2'), 'w3'), (2, ('w1', 'T1'), 'w2'), (3, ('T2', 'w1'), 'T1'),
                        (1, ('T2', 'T3'), 'w1'), (2, ('T3', 'T4'), 'T2'), (1, ('T3', 'T5'), 'T4')]
     assert last == ['T6', 'T5', 'T3'] and labelled == ['w1', 'w2', 'T1', 'T2', 'T3', 'T4', 'T5']
+    trained.clear()  # --single: the one model learns what it keeps itself
+    assert xlt.XLA.co_teaching(run, 1, ['w1'], {'target': []}, None) == ['T1'] and trained == [(1, ('w1', 'w1'), 'w1')]
 
 
 def test_eq2_sampling_probabilities():
@@ -240,7 +242,7 @@ def test_an_xla_epoch_trains_with_table_8s_optimiser_settings():
         def cached(self, name, compute):
             return {'better': False}
     run = Recording()
-    assert xlt.co_train(run, 2, (0, 2), {}, 'warmup-2/best.pt') == 'warmup-2/best.pt'  # not better: the model as it was
+    assert xlt.co_train(run, 2, 1, (0, 2), {}, 'warmup-2/best.pt') == 'warmup-2/best.pt'  # not better: the model as it was
     assert run.made == ('epoch2/model2-by13', {'epochs': 1, 'lr': 5e-6, 'batch_size': 16, 'warmup': 0.1, 'seed': 4, 'eval_steps': 50})
 
 
@@ -281,7 +283,7 @@ def test_an_xla_training_is_kept_only_when_its_best_target_dev_score_beats_the_s
     parts = {'target': [data.Feature([0, 5, 2], 1)] * 4}
     for before, best, kept in ((70.0, 70.0, 'warmup-1/best.pt'), (70.0, 70.5, 'epoch1/model1-by23/best.pt')):
         run = Scripted([before, 0.0, best])  # the start, the one validation inside fit, the best checkpoint
-        assert xlt.co_train(run, 1, (1, 2), parts, 'warmup-1/best.pt') == kept
+        assert xlt.co_train(run, 1, 0, (1, 2), parts, 'warmup-1/best.pt') == kept
         assert run.validated == [{'de': {'score': 0.0}}]
     assert xlt.XLA.RUN['panx']['eval_steps'] == xlt.XLA.RUN['xnli']['eval_steps'] == 50  # Table 8's logging step
 
@@ -476,6 +478,12 @@ def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages
     demo_run(tmp_path / 'ablations', demo_data, argv + ['--no_vicinal', '--union', '--xla_epochs', '2', '--warmup_dir', str(out)])
     assert set(json.loads((tmp_path / 'ablations' / 'epoch2' / 'model1-by23' / 'results.json').read_text())['kept']) == {'target'}
     assert not list((tmp_path / 'ablations').glob('epoch*/*vicinal*'))
+    # a single model instead of co-teaching: one warm-up, trained on exactly what it keeps itself
+    demo_run(tmp_path / 'single', demo_data, argv + ['--single', '--xla_epochs', '1', '--warmup_dir', str(out)])
+    kept = torch.load(tmp_path / 'single' / 'epoch1' / 'labels-xla-warmup-1.pt', weights_only=True)['target']['keep']
+    trained = json.loads((tmp_path / 'single' / 'epoch1' / 'model1-by11' / 'results.json').read_text())['kept']
+    assert trained == {'source': 40, 'target': int(kept.sum())} and len(list((tmp_path / 'single').glob('epoch1/model*'))) == 1
+    assert {'XLA model 1', 'XLA mean of the models'} <= set(json.loads((tmp_path / 'single' / 'results.json').read_text())['runs'])
 
 
 def test_share_of_draws_disjoint_parts_in_order():
