@@ -547,19 +547,16 @@ def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=Fals
         if train:  # first and last token holding answer characters
             inside = [p for p, (s, e) in enumerate(spans) if s < e and s < a1 and e > a0]
             first, last = (inside[0], inside[-1]) if inside else (-1, -1)
-        budget, offset, windows = max_len - len(query) - 4, 0, []
-        while True:
-            windows.append((offset, min(len(ctx) - offset, budget)))
-            if offset + budget >= len(ctx):
-                break
-            offset += min(stride, budget)
-        # the window where each token has the most context on both sides (SQuAD's max-context rule)
-        best, owner = np.full(len(ctx), -1.0), np.zeros(len(ctx), dtype=int)
+        budget = max_len - len(query) - 4
+        step = min(stride, budget)
+        # window starts step tokens apart, up to the first window that reaches the context's end
+        windows = [(start, min(len(ctx) - start, budget)) for start in range(0, max(len(ctx) - budget, 0) + step, step)]
+        # the window where each token has the most context on both sides (SQuAD's max-context rule; ties: the first)
+        score = np.full((len(windows), len(ctx)), -1.0)  # -1 outside the window
         for w, (start, length) in enumerate(windows):
             p = np.arange(start, start + length)
-            score = np.minimum(p - start, start + length - 1 - p) + 0.01 * length
-            better = score > best[p]
-            best[p[better]], owner[p[better]] = score[better], w
+            score[w, p] = np.minimum(p - start, start + length - 1 - p) + 0.01 * length
+        owner = score.argmax(0)
         head = [tok.bos] + query + [tok.eos, tok.eos]
         for w, (start, length) in enumerate(windows):
             label = None
