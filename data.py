@@ -7,7 +7,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass
-from itertools import groupby
+from itertools import accumulate, groupby
 
 import numpy as np
 import sentencepiece as spm
@@ -877,17 +877,15 @@ def segment_pairs(tok, documents, max_len, counts):
     pairs, budget, word_start = [], max_len - 2, tok.word_starts()
     tally = lambda rule, segments: count(counts, rule, 1, len(segments), sum(map(len, segments)))
     for doc in documents:
-        segments, ends = [[]], [[]]  # ends: where each line of a segment ends
-        for ids in tok.encode_words(doc):  # one id list per line
+        lines, segments = tok.encode_words(doc), [[]]  # one id list per line (at least one id each)
+        for ids in lines:
             for start in range(0, len(ids), budget):
                 piece = ids[start:start + budget]
                 if len(segments[-1]) + len(piece) > budget:
                     segments.append([])
-                    ends.append([])
                 segments[-1] += piece
-                ends[-1].append(len(segments[-1]))
-        if len(segments) == 1:
-            rule, made = cut_in_two(segments[0], ends[0][:-1], word_start)
+        if len(segments) == 1:  # every line whole in it, so its lines end at their lengths' running sums
+            rule, made = cut_in_two(segments[0], list(accumulate(map(len, lines)))[:-1], word_start)
             tally(rule, segments)
             pairs += made
             continue
