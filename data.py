@@ -310,10 +310,9 @@ def read_squad(path, task='squad', train=False):
         examples = [{'id': qa['id'], 'question': qa['question'], 'context': p['context'],
                      'answers': [a for a in qa.get('answers', []) if a['text']]}
                     for article in data for p in article['paragraphs'] for qa in p['qas']]
-        for ex in examples:
-            for a in ex['answers']:
-                if not isinstance(a['answer_start'], int) or not isinstance(a['text'], str):
-                    raise TypeError("'answer_start'")
+        answers = [a for ex in examples for a in ex['answers']]
+        if not all(isinstance(a['answer_start'], int) and isinstance(a['text'], str) for a in answers):
+            raise TypeError("'answer_start'")
     except json.JSONDecodeError as e:
         raise DataError(f'{path}, line {e.lineno}: not valid JSON ({e.msg}); fix the file') from None
     except (KeyError, TypeError) as e:
