@@ -434,13 +434,11 @@ def read_retrieval(data_dir, task, split, lang):
 
 
 def id_sentences(path):
-    rows = {}
-    for n, line in enumerate(lines_of(path), 1):
-        if '\t' not in line:
-            raise DataError(f'{path}, line {n}: expected "id<TAB>sentence"; fix the line')
-        key, text = line.split('\t', 1)
-        rows[key] = text
-    return rows
+    lines = lines_of(path)
+    bad = next((n for n, line in enumerate(lines, 1) if '\t' not in line), None)
+    if bad:
+        raise DataError(f'{path}, line {bad}: expected "id<TAB>sentence"; fix the line')
+    return dict(line.split('\t', 1) for line in lines)
 
 
 # ----------------------------------------------------------------------------------------
