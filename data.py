@@ -7,7 +7,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass
-from itertools import groupby
+from itertools import accumulate, groupby
 
 import numpy as np
 import sentencepiece as spm
@@ -315,10 +315,9 @@ def read_squad(path, task='squad', train=False):
         examples = [{'id': qa['id'], 'question': qa['question'], 'context': p['context'],
                      'answers': [a for a in qa.get('answers', []) if a['text']]}
                     for article in data for p in article['paragraphs'] for qa in p['qas']]
-        for ex in examples:
-            for a in ex['answers']:
-                if not isinstance(a['answer_start'], int) or not isinstance(a['text'], str):
-                    raise TypeError("'answer_start'")
+        answers = [a for ex in examples for a in ex['answers']]
+        if not all(isinstance(a['answer_start'], int) and isinstance(a['text'], str) for a in answers):
+            raise TypeError("'answer_start'")
     except json.JSONDecodeError as e:
         raise DataError(f'{path}, line {e.lineno}: not valid JSON ({e.msg}); fix the file') from None
     except (KeyError, TypeError) as e:
@@ -440,13 +439,11 @@ def read_retrieval(data_dir, task, split, lang):
 
 
 def id_sentences(path):
-    rows = {}
-    for n, line in enumerate(lines_of(path), 1):
-        if '\t' not in line:
-            raise DataError(f'{path}, line {n}: expected "id<TAB>sentence"; fix the line')
-        key, text = line.split('\t', 1)
-        rows[key] = text
-    return rows
+    lines = lines_of(path)
+    bad = next((n for n, line in enumerate(lines, 1) if '\t' not in line), None)
+    if bad:
+        raise DataError(f'{path}, line {bad}: expected "id<TAB>sentence"; fix the line')
+    return dict(line.split('\t', 1) for line in lines)
 
 
 # ----------------------------------------------------------------------------------------
@@ -552,19 +549,16 @@ def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=Fals
         if train:  # first and last token holding answer characters
             inside = [p for p, (s, e) in enumerate(spans) if s < e and s < a1 and e > a0]
             first, last = (inside[0], inside[-1]) if inside else (-1, -1)
-        budget, offset, windows = max_len - len(query) - 4, 0, []
-        while True:
-            windows.append((offset, min(len(ctx) - offset, budget)))
-            if offset + budget >= len(ctx):
-                break
-            offset += min(stride, budget)
-        # the window where each token has the most context on both sides (SQuAD's max-context rule)
-        best, owner = np.full(len(ctx), -1.0), np.zeros(len(ctx), dtype=int)
+        budget = max_len - len(query) - 4
+        step = min(stride, budget)
+        # window starts step tokens apart, up to the first window that reaches the context's end
+        windows = [(start, min(len(ctx) - start, budget)) for start in range(0, max(len(ctx) - budget, 0) + step, step)]
+        # the window where each token has the most context on both sides (SQuAD's max-context rule; ties: the first)
+        score = np.full((len(windows), len(ctx)), -1.0)  # -1 outside the window
         for w, (start, length) in enumerate(windows):
             p = np.arange(start, start + length)
-            score = np.minimum(p - start, start + length - 1 - p) + 0.01 * length
-            better = score > best[p]
-            best[p[better]], owner[p[better]] = score[better], w
+            score[w, p] = np.minimum(p - start, start + length - 1 - p) + 0.01 * length
+        owner = score.argmax(0)
         head = [tok.bos] + query + [tok.eos, tok.eos]
         for w, (start, length) in enumerate(windows):
             label = None
@@ -885,17 +879,15 @@ def segment_pairs(tok, documents, max_len, counts):
     pairs, budget, word_start = [], max_len - 2, tok.word_starts()
     tally = lambda rule, segments: count(counts, rule, 1, len(segments), sum(map(len, segments)))
     for doc in documents:
-        segments, ends = [[]], [[]]  # ends: where each line of a segment ends
-        for ids in tok.encode_words(doc):  # one id list per line
+        lines, segments = tok.encode_words(doc), [[]]  # one id list per line (at least one id each)
+        for ids in lines:
             for start in range(0, len(ids), budget):
                 piece = ids[start:start + budget]
                 if len(segments[-1]) + len(piece) > budget:
                     segments.append([])
-                    ends.append([])
                 segments[-1] += piece
-                ends[-1].append(len(segments[-1]))
-        if len(segments) == 1:
-            rule, made = cut_in_two(segments[0], ends[0][:-1], word_start)
+        if len(segments) == 1:  # every line whole in it, so its lines end at their lengths' running sums
+            rule, made = cut_in_two(segments[0], list(accumulate(map(len, lines)))[:-1], word_start)
             tally(rule, segments)
             pairs += made
             continue

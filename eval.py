@@ -85,25 +85,15 @@ MLQA_ARTICLES = {'en': r'\b(a|an|the)\b', 'es': r'\b(un|una|unos|unas|el|la|los|
 def normalize_answer(s, lang=None):
     """SQuAD v1.1's normalisation (lang=None: XQuAD, TyDiQA) or MLQA's for `lang`: lower case,
     drop punctuation, drop articles, split into tokens (Chinese: one token per CJK character)."""
-    s = s.lower()
-    if lang is None:
-        s = ''.join(c for c in s if c not in SQUAD_PUNCT)
-        return ' '.join(re.sub(r'\b(a|an|the)\b', ' ', s).split())
-    if lang not in MLQA_ARTICLES:
+    if lang is not None and lang not in MLQA_ARTICLES:
         raise EvalError(f'MLQA has no normalisation for language {lang!r}')
-    s = ''.join(c for c in s if c not in MLQA_PUNCT)
-    if MLQA_ARTICLES[lang]:
-        s = re.sub(MLQA_ARTICLES[lang], ' ', s)
-    if lang != 'zh':
-        return ' '.join(s.split())
-    tokens, word = [], ''
-    for c in s:  # MLQA's mixed segmentation: CJK characters (U+4E00-U+9FA5) alone, the rest by spaces
-        if '\u4e00' <= c <= '\u9fa5' or c in MLQA_PUNCT:
-            tokens += word.split() + [c]
-            word = ''
-        else:
-            word += c
-    return ' '.join(t for t in tokens + word.split() if t.strip())
+    punct, articles = (SQUAD_PUNCT, r'\b(a|an|the)\b') if lang is None else (MLQA_PUNCT, MLQA_ARTICLES[lang])
+    s = ''.join(c for c in s.lower() if c not in punct)
+    if articles:
+        s = re.sub(articles, ' ', s)
+    if lang == 'zh':  # MLQA's mixed segmentation: CJK characters (U+4E00-U+9FA5) alone, the rest split at spaces
+        return ' '.join(re.findall(r'[\u4e00-\u9fa5]|[^\s\u4e00-\u9fa5]+', s))
+    return ' '.join(s.split())
 
 
 def qa_f1(pred, gold, lang=None):
