@@ -224,17 +224,13 @@ def check(args, world):
         if value and o.path == 'run':
             check_run(args, o.name, value)
         elif value and o.path == 'checkpoint' and not (args.demo and value == demo_start(args.out)):
-            try:
-                layers.check_format(value)
-            except layers.CheckpointError as e:
-                fail(str(e))
+            layers.check_format(value)  # a CheckpointError: main()'s one line
     if args.eval_only and not (args.init and cls.KEEPS == 'best.pt' or os.path.exists(os.path.join(args.out, cls.KEEPS))):
         fail(f'{args.out}/{cls.KEEPS} not found: --eval_only evaluates a finished run in --out (or the --init weights)')
     if args.resume and not (began(args.out) or args.init == demo_start(args.out) and began(os.path.dirname(args.init))):
         fail(f'nothing to resume in {args.out} (no run began there): drop --resume to start a new run, or give the '
              'folder of the stopped run')
-    if cls.stages(args):
-        check_stages(args, cls)
+    check_stages(args, cls)
     check_finished(args)
     return files
 
@@ -243,10 +239,9 @@ def check_stages(args, cls):
     """A finished stage kept outside the run's folder (--warmup_dir) serves other runs: other settings are refused."""
     for name, changes in cls.stages(args).items():
         settings = stage_settings(args, cls, name)
-        if 'out' in changes and is_finished(settings.out) and differences(read_config(settings.out), settings):
-            differ = differences(read_config(settings.out), settings)[0]
-            fail(f'{settings.out} holds a finished {name} with --{differ} {read_config(settings.out).get(differ)} (this run: '
-                 f'{getattr(settings, differ)}): give another folder, or remove that one')
+        if 'out' in changes and is_finished(settings.out) and (differ := differences(read_config(settings.out), settings)):
+            fail(f'{settings.out} holds a finished {name} with --{differ[0]} {read_config(settings.out).get(differ[0])} '
+                 f'(this run: {getattr(settings, differ[0])}): give another folder, or remove that one')
 
 
 def check_options(args, cls):
@@ -465,10 +460,7 @@ class Run:
         args, init = self.args, init or self.args.init
         cfg, mlm, dec = layers.CONFIGS[args.model], None, [None] * decoder
         if init:
-            try:
-                encoder, mlm, *dec = layers.load_pretrained(init, cross, decoder)
-            except layers.CheckpointError as e:
-                fail(str(e))
+            encoder, mlm, *dec = layers.load_pretrained(init, cross, decoder)  # a CheckpointError: main()'s one line
             got = encoder.cfg
             if (got.n_layer, got.dim, got.n_head, got.ffn_dim) != (cfg.n_layer, cfg.dim, cfg.n_head, cfg.ffn_dim):
                 fail(f'--init {init} is a {got.n_layer} x {got.dim} model, not the {args.model} preset '

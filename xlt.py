@@ -110,6 +110,7 @@ class Method(nn.Module):
                               'max_len': 384 if qa else 128, **(cls.released(args) if demo is None else demo)}.items():
             if getattr(args, option, None) is None:
                 setattr(args, option, value)
+        args.epochs = math.ceil(args.steps / args.eval_every) if args.steps else args.epochs  # an 'epoch': eval_every steps
 
     @classmethod
     def released(cls, args):
@@ -604,7 +605,6 @@ class VecoPretrain(Method):
     @classmethod
     def configure(cls, args, demo=None):
         super().configure(args, demo)
-        args.epochs = math.ceil(args.steps / args.eval_every)  # an 'epoch' of pre-training: eval_every steps
         if args.cross_only_steps is None:  # phase 1 trains the new cross-attention, which XLM has not
             args.cross_only_steps = int(args.warmup * args.steps) if args.init and not args.no_cs_mlm else 0
         if args.no_cs_mlm and args.cross_only_steps:
@@ -915,7 +915,6 @@ class VecoTranslate(Method):
         if args.src == args.tgt:
             raise ValueError(f'--src and --tgt are both {args.src}: translation needs two languages')
         super().configure(args, demo)
-        args.epochs = math.ceil(args.steps / args.eval_every)  # an 'epoch': eval_every steps
         args.dec_layers = args.dec_layers or min(6, CONFIGS[args.model].n_layer)
 
     @classmethod
