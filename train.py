@@ -319,7 +319,8 @@ def plan(args, world, files):
     """The run in a few named lines, for the banner and --dry_run."""
     found, cls = [path for path, _, _ in files if os.path.isfile(path)], xlt.method_class(args)
     stages, options = cls.stages(args), [o.name for o in cls.OPTIONS]
-    made = ' (the demo\'s pre-trained model, made first)' if args.demo and args.init and not is_finished(os.path.dirname(args.init)) else ''
+    made = ' (the demo\'s pre-trained model, made first)' if args.demo and args.init == demo_start(args.out) and \
+        not is_finished(os.path.dirname(args.init)) else ''
     return {'model': f'{args.model}, from {args.init or "random weights"}{made}',
             'data': 'generated into the run folder (--demo)' if args.demo else
             f'{args.data_dir}: {len(found)} files found, {len(files) - len(found)} optional ones missing',

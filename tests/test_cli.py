@@ -184,3 +184,9 @@ def test_overwrite_trains_a_teacher_of_the_new_settings(workdir, tmp_path):
     demo_run(tmp_path / 'st', demo, argv + ['--lr', '5e-4', '--overwrite'])
     assert json.load(open(tmp_path / 'st' / 'teacher' / 'config.json'))['lr'] == 5e-4  # the teacher was trained again
     assert not all(torch.equal(a, b) for a, b in zip(first, torch.load(tmp_path / 'st' / 'p_teacher.pt', weights_only=True)))
+
+
+def test_the_banner_says_the_demo_s_pre_trained_model_is_made_only_when_it_is(tmp_path):
+    argv = ['--method', 'xla', '--task', 'panx', '--demo', '--out', str(tmp_path / 'run')]
+    made = lambda *more: 'made first' in train.plan(train.parse_args([*argv, *more]), 1, [])['model']
+    assert made() and not made('--init', str(tmp_path / 'converted.pt'))  # a checkpoint of the user's is not made
