@@ -8,6 +8,7 @@ against the dense matmul rate measured on the same device.
     python tests/bench.py --generate            # beam search with cached keys and values against re-running the prefix
     python tests/bench.py --pipeline --compare  # a pass of training steps on XNLI-like lengths: ours against the released way
     python tests/bench.py --memory              # peak memory of a training step (each model in a process of its own)
+    python tests/bench.py --data                # the data path: tokenizing XNLI-length pairs, a run's start-up on them
 """
 import argparse
 import math
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -273,6 +275,106 @@ def peak_memory(args):
               f'({args.model}, training steps at batch {args.batch} x {args.seq})')
 
 
+XNLI_LANGS = ['ar', 'bg', 'de', 'el', 'es', 'fr', 'hi', 'ru', 'sw', 'th', 'tr', 'ur', 'vi', 'zh']
+
+
+def rss_anon_mb():
+    """This process's private memory (RssAnon): what it holds beyond files it maps."""
+    with open('/proc/self/status') as f:
+        return next(int(line.split()[1]) for line in f if line.startswith('RssAnon:')) / 1024
+
+
+def generated_xnli(folder, n, langs, seed=0):
+    """n XNLI-length English pairs (premise 18-40 words, hypothesis 6-15, Zipf-distributed words of
+    a 60k-word vocabulary) in XTREME's layout: train-en.tsv, their translations into each of langs
+    (each language its own words), and dev and test sets of 50 pairs in every language."""
+    rng = np.random.default_rng(seed)
+    letters = np.array(list('bcdfghklmnprstvz')), np.array(list('aeiou'))
+    vocab = np.array([''.join(rng.choice(letters[i % 2]) for i in range(rng.integers(2, 9))) for _ in range(60000)])
+    p = 1 / np.arange(1, len(vocab) + 1) ** 1.1
+    p /= p.sum()
+
+    def sentences(count, low, high, words):
+        lengths = rng.integers(low, high + 1, count)
+        flat = words[rng.choice(len(words), lengths.sum(), p=p)]
+        return [' '.join(s) for s in np.split(flat, np.cumsum(lengths)[:-1])]
+    premises, hypotheses = sentences(n, 18, 40, vocab), sentences(n, 6, 15, vocab)
+    labels = rng.choice(['entailment', 'neutral', 'contradiction'], n)
+    os.makedirs(f'{folder}/xnli/translate-train', exist_ok=True)
+    with open(f'{folder}/xnli/train-en.tsv', 'w') as f:
+        f.writelines(f'{a}\t{b}\t{c}\n' for a, b, c in zip(premises, hypotheses, labels))
+    for lang in langs:  # a 'translation': the same sentence in the language's own words
+        words = np.char.add(vocab, lang)
+        table = dict(zip(vocab, words))
+        with open(f'{folder}/xnli/translate-train/en-{lang}-translated.tsv', 'w') as f:
+            for a, b, c in zip(premises, hypotheses, labels):
+                ta, tb = (' '.join(table[w] for w in s.split()) for s in (a, b))
+                f.write(f'{a}\t{b}\t{ta}\t{tb}\t{c}\n')
+    for lang in ['en', *langs]:
+        words = vocab if lang == 'en' else np.char.add(vocab, lang)
+        for split in ('dev', 'test'):
+            with open(f'{folder}/xnli/{split}-{lang}.tsv', 'w') as f:
+                f.writelines(f'{a}\t{b}\tneutral\n' for a, b in zip(sentences(50, 18, 40, words), sentences(50, 6, 15, words)))
+    return premises + hypotheses
+
+
+def first_step(argv):
+    """In this process: train.py's run of argv up to its first training step -> (seconds, RssAnon MB
+    at the start, RssAnon MB at the first step)."""
+    import train
+
+    class FirstStep(Exception):
+        pass
+    start, base = time.perf_counter(), rss_anon_mb()
+
+    def stop(*a, **k):
+        raise FirstStep(time.perf_counter() - start, rss_anon_mb())
+    train.train_step = stop
+    try:
+        train.main(argv)
+    except FirstStep as e:
+        return e.args[0], base, e.args[1]
+    raise SystemExit('the run ended before its first training step')
+
+
+def data_bench(args):
+    """Tokenizing --examples XNLI-length pairs (read_split + make_features), then the start-up of
+    translate-train-all on them and their translations into XNLI's 14 other languages, twice (each in a
+    process of its own): the time to the first training step and the memory held then."""
+    import json
+    import subprocess
+    import sentencepiece as spm
+    folder = args.workdir or tempfile.mkdtemp(prefix='bench-data-')
+    langs = XNLI_LANGS  # translate-train-all reads all 14
+    if not os.path.exists(f'{folder}/xnli/train-en.tsv'):
+        t = time.perf_counter()
+        text = generated_xnli(folder, args.examples, langs)
+        print(f'generated {args.examples} pairs and {len(langs)} translations in {folder} ({time.perf_counter() - t:.0f} s)')
+        if not args.spm:
+            spm.SentencePieceTrainer.train(sentence_iterator=iter(text[:200000]), model_prefix=f'{folder}/spm',
+                                           vocab_size=32000, hard_vocab_limit=False, model_type='unigram', minloglevel=2)
+    tok = data.Tokenizer(args.spm or f'{folder}/spm.model')
+    base, t = rss_anon_mb(), time.perf_counter()
+    examples = data.read_split(folder, 'xnli', 'train', 'en')
+    read, held = time.perf_counter() - t, rss_anon_mb()
+    feats = data.make_features(tok, 'xnli', examples, 128)
+    took, total = time.perf_counter() - t, rss_anon_mb()
+    pieces = sum(len(f.ids) for f in feats) / len(feats)
+    print(f'read_split + make_features: {len(feats)} features, {len(feats) / took:.0f} examples/s ({read:.1f} s reading), '
+          f'{pieces:.1f} pieces a feature; memory +{held - base:.0f} MB examples, +{total - held:.0f} MB features '
+          f'({(total - held) * 2 ** 20 / len(feats):.0f} bytes a feature)')
+    argv = ['--method', 'translate-train-all', '--task', 'xnli', '--data_dir', folder, '--spm', args.spm or f'{folder}/spm.model',
+            '--model', 'tiny', '--from_scratch', '--out', f'{folder}/run', '--overwrite']
+    for start in ('first', 'second'):
+        out = subprocess.run([sys.executable, __file__, '--first_step', json.dumps(argv)], capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(out.stderr[-2000:])
+        seconds, before, at = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f'{start} start: first training step after {seconds:.1f} s; private memory {at:.0f} MB '
+              f'({at - before:.0f} MB more than after the imports), {(at - before) * 2 ** 20 / (args.examples * (1 + len(langs))):.0f} '
+              f'bytes an example')
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--model', default='base', choices=list(layers.CONFIGS))
@@ -295,7 +397,18 @@ def main():
     parser.add_argument('--compile', action='store_true', help='ours with compiled blocks (layers.compile_blocks)')
     parser.add_argument('--optimizer', action='store_true', help='an AdamW step on the preset\'s parameters: '
                         'torch\'s default against the fused one (train.py\'s)')
+    parser.add_argument('--data', action='store_true', help='the data path: tokenizing --examples XNLI-length pairs '
+                        '(default 39270 with --data, a tenth of XNLI), and a translate-train-all run\'s start-up on them '
+                        'and their 14 translations')
+    parser.add_argument('--workdir', help='--data: the generated data\'s folder, kept and reused (default: a new one)')
+    parser.add_argument('--first_step', help=argparse.SUPPRESS)  # --data: one start, in a process of its own
     args = parser.parse_args()
+    if args.first_step:
+        import json
+        return print(json.dumps(first_step(json.loads(args.first_step))))
+    if args.data:
+        args.examples = args.examples if args.examples != 256 else 39270  # a tenth of XNLI's 392,702
+        return data_bench(args)
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     if args.filter:
         return filter_bench(layers.CONFIGS[args.model], args, device)
