@@ -497,8 +497,8 @@ def statistic(results, stat='mean'):
 
 
 def seed_table(runs):
-    """The mean ± std (np.std) over finished runs of a task (the seeds of one command) of each test
-    row they all hold: the run's own and its other rows (XLA's models), per language."""
+    """The mean ± std (np.std) over finished runs of one command (its seeds) of each test row they
+    all hold: the run's own and its other rows (XLA's models), per language."""
     rows = [{'the run': r, **r.get('runs', {})} for r in (json.loads(read_text(f'{run}/results.json')) for run in runs)]
     lines = []
     for name in (n for n in rows[0] if all(n in r for r in rows)):
@@ -794,11 +794,15 @@ def collect_main(args):
         print(f'missing: {gap}')
     incomplete = {g.split(':')[0] for g in gaps}  # each gap begins '<task>:'
     print(f'submission in {args.out}: {len(TASKS) - len(incomplete)} of {len(TASKS)} tasks complete')
-    by_task = {}
+    from train import changing  # the options that leave results alike (--out, ...): runs of one command differ in them
+    same, groups = set(changing('nothing')) | {'seed'}, {}
     for run in args.collect:
-        by_task.setdefault(finished_task(run), []).append(run)
-    for task, runs in ((t, r) for t, r in by_task.items() if len(r) > 1):  # a command's seeds: the papers' ± std
-        print(f'{task}, test, mean ± std over {len(runs)} runs:\n{seed_table(runs)}')
+        config = json.loads(read_text(f'{run}/config.json')) if os.path.isfile(f'{run}/config.json') else {}
+        groups.setdefault((finished_task(run), json.dumps({k: v for k, v in config.items() if k not in same}, sort_keys=True)),
+                          []).append((run, config.get('seed')))
+    for (task, command), runs in ((k, r) for k, r in groups.items() if len(r) > 1):  # a command's seeds: the papers' ± std
+        print(f'{task}, {json.loads(command).get("method")}, test, mean ± std over {len(runs)} runs (--seed '
+              f'{", ".join(str(seed) for _, seed in runs)}):\n{seed_table([run for run, _ in runs])}')
     if args.labels:
         scores = score_folder(args.out, args.labels, demo, [t for t in TASKS if t not in incomplete])
         print(xtreme_table(scores, demo) if scores else f'no labels in {args.labels} for the complete tasks')

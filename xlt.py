@@ -1092,9 +1092,10 @@ class XLA(Baseline):
     # epochs (--xla_lr, --xla_batch_size); eta: the share kept per epoch in percent; share: P;
     # delta: samples per sentence (one number) or per part of a pair (successive cross).
     TAGGING = {'lr': 3e-5, 'batch_size': 20, 'epochs': 3, 'warmup': 0.07, 'max_len': 280, 'eval_steps': 50, 'xla_lr': 5e-6,
-               'xla_batch_size': 16, 'xla_eval_steps': 50, 'eta': [80, 100, 100], 'aug_share': 0.3, 'delta': [3], 'train_share': 1.0}
+               'xla_batch_size': 16, 'xla_weight_decay': 0.01, 'xla_eval_steps': 50, 'eta': [80, 100, 100], 'aug_share': 0.3,
+               'delta': [3], 'train_share': 1.0}
     PAIR = {'lr': 1e-6, 'batch_size': 32, 'weight_decay': 0.0, 'eval_steps': 50, 'xla_lr': 1e-6, 'xla_batch_size': 32,
-            'xla_eval_steps': 25, 'aug_share': 0.3, 'delta': [2, 2], 'train_share': 0.05}
+            'xla_weight_decay': 0.0, 'xla_eval_steps': 25, 'aug_share': 0.3, 'delta': [2, 2], 'train_share': 0.05}
     RUN = {'panx': TAGGING, 'udpos': TAGGING, 'xnli': {**PAIR, 'epochs': 6, 'eta': [50, 80, 100]},
            'pawsx': {**PAIR, 'epochs': 10, 'xla_epochs': 6, 'eta': [80, 90, 80], 'aug_share': 0.4}}
     # the demo: the warm-up as every demo, the XLA epochs at a lower rate, selecting at their end; 100% of the demo's data
@@ -1105,6 +1106,8 @@ class XLA(Baseline):
         Option('xla_lr', help='learning rate of the XLA epochs (--lr: the warm-up\'s; Table 8)', valid=POSITIVE),
         Option('xla_batch_size', int, 'batch size of the XLA epochs (Table 8: 16, 32)', AT_LEAST_1),
         Option('xla_epochs', int, 'epochs of co-teaching after the warm-up (Algorithm 1: 3; Table 8: PAWS-X 6)', AT_LEAST_1, default=3),
+        Option('xla_weight_decay', help='weight decay of the XLA epochs (Table 8: 0.01; XNLI, PAWS-X none)',
+               valid=NON_NEGATIVE),
         Option('xla_eval_steps', int, 'select on the --train_lang dev score every N steps of an XLA epoch (Table 8: 50; '
                'XNLI, PAWS-X 25)', AT_LEAST_1),
         Option('eta', float, 'percent of the labelled samples each model keeps, per XLA epoch, by confidence (the last '
@@ -1170,9 +1173,10 @@ class XLA(Baseline):
     @classmethod
     def stages(cls, args):
         """The warm-up (Section 3.1, lines 1-3): three zero-shot runs on English with the
-        confidence penalty (weight 1, or --conf_penalty), seeds --seed + m."""
+        confidence penalty (weight 1, or --conf_penalty), seeds 3 x --seed + m: runs of other seeds
+        share no model."""
         shared = lambda m: {'out': f'{args.warmup_dir}/warmup-{m + 1}'} if args.warmup_dir else {}  # for other runs
-        return {f'warmup-{m + 1}': {'method': 'zeroshot', 'seed': args.seed + m, 'stage': f'warm-up {m + 1} of 3',
+        return {f'warmup-{m + 1}': {'method': 'zeroshot', 'seed': 3 * args.seed + m, 'stage': f'warm-up {m + 1} of 3',
                                     'conf_penalty': 1.0 if args.conf_penalty is None else args.conf_penalty, **shared(m)}
                 for m in range(1 if args.single else 3)}
 
@@ -1256,7 +1260,7 @@ def vicinal_samples(run, feats, vicinity, epoch, name):
     sample whose word count changed (a filled piece that does not start a word) is dropped, as
     the released code drops it. The draws follow (--seed, epoch, feature), so any number of
     processes makes the same samples. vicinity: (encoder, MLM head)."""
-    args, tok, device, family = run.args, run.tok, run.device, TASKS[run.args.task].family
+    args, tok, device, family, source = run.args, run.tok, run.device, TASKS[run.args.task].family, 'source' in name
     word_start, chars = torch.tensor(tok.word_starts()), torch.tensor(tok.piece_chars())
     whole_word = word_start & (chars > 0)  # a fill that keeps the word count: not a continuation, not a lone '▁'
 
@@ -1266,8 +1270,9 @@ def vicinal_samples(run, feats, vicinity, epoch, name):
         fillable = (fillable >= 4) & (fillable < tok.mask)  # not <s>, <pad>, </s>, <unk> nor <mask>
 
         def samples_of(index):  # a batch of features -> each one's samples, removed pieces as <pad>, and removals
-            plans = [masked_words(feats[i].ids, family, args.delta, args.aug_share, word_start, chars,
-                                  torch.Generator().manual_seed(args.seed * 1_000_003 + epoch * 10_007 + i)) for i in index]
+            plans = [masked_words(feats[i], family, args.delta, args.aug_share, word_start, chars,
+                                  torch.Generator().manual_seed(((args.seed * 10 + epoch) * 2 + source) * 10 ** 10 + i))
+                     for i in index]
             rows = [(i, words) for i, (parts, _) in zip(index, plans) for sets in parts for words in sets]
             if not rows:
                 return [(torch.zeros(0, len(feats[i].ids), dtype=torch.long), removed) for i, (_, removed) in zip(index, plans)]
@@ -1339,8 +1344,8 @@ def co_train(run, epoch, l, pair, parts, start):
     `start` (the model goes on as it was)."""
     (k, j), args = pair, run.args
     folder = f'epoch{epoch}/model{l + 1}-by{k + 1}{j + 1}'
-    sub = run.sub(folder, epochs=1, lr=args.xla_lr, batch_size=args.xla_batch_size, warmup=0.1, seed=args.seed + l,
-                  eval_steps=args.xla_eval_steps)
+    sub = run.sub(folder, epochs=1, lr=args.xla_lr, batch_size=args.xla_batch_size, warmup=0.1, seed=3 * args.seed + l,
+                  eval_steps=args.xla_eval_steps, weight_decay=args.xla_weight_decay)
     target_dev = lambda dev: dev[args.train_lang]['score'] if args.train_lang in dev else None  # the paper's selection
 
     def train():
@@ -1389,17 +1394,20 @@ def parts_of(ids, family, eos=2):
     return [(1, cut), (cut + 2, len(ids) - 1)]
 
 
-def masked_words(ids, family, delta, share, word_start, chars, generator):
+def masked_words(feat, family, delta, share, word_start, chars, generator):
     """What a feature's vicinal samples mask, as the released code chooses it. A part (parts_of) of
     under 5 or over 150 words, or without a word of 3 or more characters, gives the feature no
-    sample. Each of a part's δ samples masks k = max(int(P x n), 1) of its n words (a piece that
-    starts a word begins one), words of 3 or more characters only, taken as successive windows of
-    one random order of them (cycling); a set of words drawn before is dropped. -> the sets per
-    part, each word as its (first, end) positions in masking order, and {filter: count removed}."""
+    sample. Each of a part's δ samples masks k = max(int(P x n), 1) of its n words (tagging: the
+    data's; a pair's: a piece that starts a word begins one), words of 3 or more characters only,
+    taken as successive windows of one random order of them (cycling); a set of words drawn
+    before is dropped. -> the sets per part, each word as its (first, end) positions in masking
+    order, and {filter: count removed}."""
     parts = []
-    for (start, end), d in zip(parts_of(ids, family), delta):
-        part = torch.tensor(ids[start:end], dtype=torch.long)
+    for (start, end), d in zip(parts_of(feat.ids, family), delta):
+        part = torch.tensor(feat.ids[start:end], dtype=torch.long)
         first = word_start[part] | (torch.arange(len(part)) == 0)
+        if feat.words is not None:  # the data's words: a word without pieces is an <unk>, which starts no word
+            first = torch.zeros(len(part), dtype=torch.bool).index_fill_(0, torch.tensor(feat.words) - start, True)
         starts = first.nonzero().squeeze(1)
         ends = torch.cat([starts[1:], torch.tensor([len(part)])])
         n_chars = torch.zeros(len(starts), dtype=torch.long).index_add_(0, first.cumsum(0) - 1, chars[part])

@@ -154,8 +154,13 @@ def test_collect_reports_each_gap_and_scores_only_complete_tasks(runs, tmp_path)
         printed = run_eval(['--collect', *map(str, order), '--out', str(tmp_path / 'other')])
         assert (tmp_path / 'other' / 'panx' / 'test-de.tsv').read_text() == 'mine\n'
         # and the two runs' mean ± std (np.std: half their distance), as the papers report seeds
-        assert 'panx, test, mean ± std over 2 runs:\n  the run: ' + ', '.join(
+        assert 'panx, zeroshot, test, mean ± std over 2 runs (--seed 1, 1):\n  the run: ' + ', '.join(
             f'{lang} {score + 1:.1f} ± 1.0' for lang, score in test.items()) in printed
+    shutil.copytree(root / 'panx', tmp_path / 'lr', symlinks=True)  # another command (its settings): not a seed of these
+    config = json.load(open(tmp_path / 'lr' / 'config.json'))
+    (tmp_path / 'lr' / 'config.json').write_text(json.dumps({**config, 'lr': 1.0, 'seed': 2, 'out': 'elsewhere'}))
+    printed = run_eval(['--collect', str(root / 'panx'), str(tmp_path / 'better'), str(tmp_path / 'lr'), '--out', str(tmp_path / 'o2')])
+    assert 'over 2 runs (--seed 1, 1)' in printed and 'over 3' not in printed
 
 
 def is_png(path):
