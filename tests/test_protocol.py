@@ -155,11 +155,15 @@ ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'}
 
 
 def start(argv, until):
-    """A run in its own process, once it has printed a line starting with `until` (an event, not a sleep)."""
+    """A run in its own process, once it has printed a line starting with `until` (an event, not a sleep),
+    or lines starting with each of a tuple of them, in order."""
     proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=ENV)
+    waiting = [until] if isinstance(until, str) else list(until)
     for line in proc.stdout:
-        if line.startswith(until):
+        if line.startswith(waiting[0]):
+            waiting.pop(0)
+        if not waiting:
             return proc
     proc.wait()
     raise AssertionError(f'{argv} ended before printing {until!r}: {proc.stderr.read()[-2000:]}')
@@ -214,8 +218,8 @@ def test_a_run_killed_inside_xla_s_loop_resumes_to_the_same_numbers(tmp_path, ca
     demo_run(tmp_path / 'whole', demo_data, argv)
     os.makedirs(tmp_path / 'cut')
     os.symlink(demo_data, tmp_path / 'cut' / 'demo-data')
-    cut = start(['train.py', '--demo', '--out', str(tmp_path / 'cut'), *argv], 'XLA epoch 1, warmup-3 keeps')
-    cut.kill()  # model 3 trained (not better here: warm-up 3 labels next): inside model 2's training by 1 and 3
+    cut = start(['train.py', '--demo', '--out', str(tmp_path / 'cut'), *argv], ('XLA epoch 1, model 3 by 1 and 2: trained', 'XLA epoch 1, '))
+    cut.kill()  # model 3 trained and kept, its new labeller labelled: inside model 2's training by 1 and 3
     cut.wait()
     assert not os.path.exists(tmp_path / 'cut' / 'final-models.json')
     capsys.readouterr()
