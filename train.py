@@ -545,10 +545,10 @@ class Run:
             return passes[p]
         return data.stepped(cut, args.steps, args.eval_every, f'--batch_size {args.batch_size}') if args.steps else cut
 
-    def evaluate(self, method, split):
-        """-> ({lang: scores}, {lang: predictions}) in every language of the split (eval_sets)."""
+    def evaluate(self, method, split, langs=None):
+        """-> ({lang: scores}, {lang: predictions}) in every language of the split (eval_sets), or in langs."""
         scores, preds = {}, {}
-        for lang, (gold, inputs, pairs) in self.sets[split].items():
+        for lang, (gold, inputs, pairs) in ((k, v) for k, v in self.sets[split].items() if langs is None or k in langs):
             key = lang, method.paired
             if key not in self.cache[split]:
                 items = (data.pair_features if method.paired else data.make_features)(

@@ -1261,10 +1261,10 @@ def vicinal_samples(run, feats, vicinity, epoch, name):
     the released code drops it. The draws follow (--seed, epoch, feature), so any number of
     processes makes the same samples. vicinity: (encoder, MLM head)."""
     args, tok, device, family, source = run.args, run.tok, run.device, TASKS[run.args.task].family, 'source' in name
-    word_start, chars = torch.tensor(tok.word_starts()), torch.tensor(tok.piece_chars())
-    whole_word = word_start & (chars > 0)  # a fill that keeps the word count: not a continuation, not a lone '▁'
 
     def generate():
+        word_start, chars = torch.tensor(tok.word_starts()), torch.tensor(tok.piece_chars())
+        whole_word = word_start & (chars > 0)  # a fill that keeps the word count: not a continuation, not a lone '▁'
         encoder, mlm = (part.to(device) for part in vicinity)
         fillable = torch.arange(encoder.cfg.vocab_size, device=device)
         fillable = (fillable >= 4) & (fillable < tok.mask)  # not <s>, <pad>, </s>, <unk> nor <mask>
@@ -1346,20 +1346,20 @@ def co_train(run, epoch, l, pair, parts, start):
     folder = f'epoch{epoch}/model{l + 1}-by{k + 1}{j + 1}'
     sub = run.sub(folder, epochs=1, lr=args.xla_lr, batch_size=args.xla_batch_size, warmup=0.1, seed=3 * args.seed + l,
                   eval_steps=args.xla_eval_steps, weight_decay=args.xla_weight_decay)
-    target_dev = lambda dev: dev[args.train_lang]['score'] if args.train_lang in dev else None  # the paper's selection
+    target_dev = lambda method: sub.evaluate(method, 'dev', [args.train_lang])[0]  # the paper's selection: the target alone
+    score = lambda dev: dev[args.train_lang]['score'] if args.train_lang in dev else None
 
     def train():
         method = run.restore(run.path(start), XLA)
-        before = target_dev(sub.evaluate(method, 'dev')[0])
+        before = score(target_dev(method))
         items, sizes = [f for feats in parts.values() for f in feats], [len(feats) for feats in parts.values()]
         lengths = [data.item_length(f) for f in items] if args.group_by_length else None
         batches = mixture_batches(sizes, args.alpha, sub.args.batch_size, sub.args.seed * 1000 + epoch * 10 + k, run.chunks,
                                   lengths)  # the two trainings of a model in an epoch draw apart
         if batches:  # none when the peers agree on nothing: the model stays as it was
-            sub.fit(method, items, lambda: {lang: v for lang, v in sub.evaluate(method, 'dev')[0].items() if lang == args.train_lang},
-                    lambda _: batches)  # selection on the target language's dev score alone (none: the last weights)
+            sub.fit(method, items, lambda: target_dev(method), lambda _: batches)  # none: the last weights
             sub.load_best(method)
-        after = target_dev(sub.evaluate(method, 'dev')[0])
+        after = score(target_dev(method))
         better = bool(batches) and (after is None or before is None or after > before)  # as the released code
         dev = '' if after is None else f'; {args.train_lang} dev {before:.1f} -> {after:.1f}' + (
             '' if better else ', not better: kept the model as it was')
