@@ -1,11 +1,16 @@
 """Text to tensors: XLM-R's tokenizer, the XTREME tasks, their files and batches."""
 import argparse
 import csv
+import fcntl
+import hashlib
 import io
 import json
 import math
+import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from itertools import accumulate, groupby
 
@@ -60,7 +65,7 @@ class Tokenizer:
             self.sp = spm.SentencePieceProcessor(model_file=path)
         except (RuntimeError, OSError):
             raise DataError(f'{path} is not a sentencepiece model: pass --spm with XLM-R\'s sentencepiece.bpe.model') from None
-        self.mask = self.sp.get_piece_size() + 1
+        self.mask, self.path = self.sp.get_piece_size() + 1, path
         self.vocab_size = self.mask + 1
 
     def _ids(self, spm_ids):
@@ -669,29 +674,47 @@ def task_files(data_dir, task, translated=(), round_trip=False, translations=Fal
 
 
 def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round_trip=False, max_len=None, share=None,
-                 stride=128):
-    """The training features of a method: English ('en'; a share of it), English's translations
-    into langs without English ('translation') or with it ('translations'); for a paired method
-    tuples (English, translation[, round trip]), English also paired with itself, as both released
-    codes do."""
+                 stride=128, cache=True):
+    """The training items of a method (Items): features of English ('en'; a share of it), of its
+    translations into langs without English ('translation') or with it ('translations'); for a
+    paired method tuples (English, translation[, round trip]), English also paired with itself, as
+    both released codes do. Tokenized once into <data_dir>/.cache (cached), or with cache False
+    into a temporary folder."""
+    files = [tok.path, split_path(data_dir, task, 'train')] + [
+        split_path(data_dir, task, kind, lang) for lang in langs for kind in ('translate-train', 'round-trip')[:1 + round_trip]]
+    settings = [CACHE_FORMAT, task, langs, trains_on, paired, round_trip, max_len, share, stride]
+    width = (2 + round_trip) if paired else 1  # the sides of an item
+    build = lambda path: write_items(path, tok, task, training_sources(data_dir, task, langs, trains_on, paired, round_trip,
+                                                                       share), width, max_len, stride)
+    folder = os.path.join(data_dir, '.cache') if cache else tempfile.mkdtemp()
+    try:
+        return Items(cached(build, [p for p in files if p and os.path.exists(p)], settings, folder))
+    finally:
+        if not cache:
+            shutil.rmtree(folder)  # the mapped files live on until the items go
+
+
+def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share):
+    """-> (name, examples, positions of their English examples) a source at a time: English (not
+    for a single-text method on 'translation'), then each language's translations and their round
+    trips where there are (write_items pairs the English itself where there are none)."""
     english = read_split(data_dir, task, 'train')
     if share:  # XLA's warm-up on the 5% setting: its share of English
         english = share_of(english, share, part=0)
-    pairs = {lang: read_translations(data_dir, task, 'train', lang, english) for lang in langs}
-    if not paired:
-        translated = [t for lang in langs for _, t in pairs[lang] if t is not None]
-        return make_features(tok, task, (english if trains_on != 'translation' else []) + translated, max_len, True, stride)
-    tuples, missing = [(e, e) + ((e,) if round_trip else ()) for e in english], []
+    if paired or trains_on != 'translation':
+        yield 'en', english, None
+    missing = []
     for lang in langs:
-        trip = read_round_trip(data_dir, task, lang, pairs[lang]) if round_trip else None
-        if round_trip and trip is None:
-            missing.append(lang)
-        tuples += [(e, t) + ((r,) if round_trip else ()) for (e, t), r in zip(pairs[lang], trip or [e for e, _ in pairs[lang]])
-                   if t is not None]
+        pairs = read_translations(data_dir, task, 'train', lang, english)
+        kept = [n for n, (_, t) in enumerate(pairs) if t is not None]
+        yield lang, [pairs[n][1] for n in kept], kept
+        trip = read_round_trip(data_dir, task, lang, pairs) if round_trip else None
+        if trip is not None:
+            yield f'{lang} round trip', [trip[n] for n in kept], kept
+        missing += [lang] * (round_trip and trip is None)
     if missing:
         warn(f'no round-trip data for {task} in {", ".join(missing)} (see the README): scheduled sampling feeds the '
              'real English text there')
-    return pair_features(tok, task, tuples, max_len, True, stride)
 
 
 def evaluation_set(data_dir, task, split, lang, translate_test=False, paired=False):
@@ -726,6 +749,158 @@ def self_training_sets(tok, data_dir, task, lang, share, max_len):
         target = [dict(t, label=None) for _, t in pairs if t is not None]
     english = share_of(english, share, part=0)
     return [make_features(tok, task, exs, max_len, train=True) for exs in (english, target)]
+
+
+# ----------------------------------------------------------------------------------------
+# Training sets on disk: tokenized once, with every core, into flat arrays beside the data, and
+# memory-mapped by every process of every later start (one copy a machine, in the page cache).
+
+CACHE_FORMAT = 1  # part of every cache's key: raised when features change for the same files and settings
+SLICE = 2000  # examples a worker tokenizes at a time (below progress()'s bar: workers draw none)
+
+
+def cached(build, files, settings, folder):
+    """folder/<key>, made by build(path) unless there; the key hashes the settings and each file's
+    path, size, mtime and content. One process builds, under a lock, while the others wait and
+    then read what it wrote; what builds killed halfway left behind is removed first."""
+    digest = hashlib.sha1(json.dumps(settings).encode())
+    for path in files:
+        stat = os.stat(path)
+        digest.update(f'{os.path.abspath(path)} {stat.st_size} {stat.st_mtime_ns}'.encode())
+        with open(path, 'rb') as f:
+            for block in iter(lambda: f.read(1 << 24), b''):
+                digest.update(block)
+    path = os.path.join(folder, digest.hexdigest()[:16])
+    try:
+        os.makedirs(folder, exist_ok=True)
+        lock = open(os.path.join(folder, '.lock'), 'w')
+    except OSError as e:
+        raise DataError(f'cannot write the feature cache in {folder} ({e.strerror}): make it writable or pass --no_cache')
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or its process dies
+        if not os.path.isdir(path):
+            for name in (n for n in os.listdir(folder) if '.tmp' in n):
+                shutil.rmtree(os.path.join(folder, name))
+            print(f'tokenizing the training data into {path}')
+            build(path)
+    return path
+
+
+def write_items(path, tok, task, sources, width, max_len, stride):
+    """Tokenize the sources (training_sources) into the flat files of Items, in a new folder moved
+    into place whole: a build killed halfway leaves none. Sources of more than a SLICE go to
+    worker processes, a slice each; the build holds one source's examples, never its features."""
+    global TOKENIZER
+    tmp, files, sides, pool, TOKENIZER = f'{path}.tmp{os.getpid()}', {}, {}, None, tok
+    total = {'feature': 0, 'example': 0}
+    os.makedirs(tmp)
+    for name, examples, kept in sources:
+        slices = [(task, examples[s:s + SLICE], max_len, stride) for s in range(0, len(examples), SLICE)]
+        if len(slices) > 1 and pool is None:  # fork: the workers run sentencepiece and numpy, never torch
+            pool = multiprocessing.get_context('fork').Pool(len(os.sched_getaffinity(0)))  # each with TOKENIZER
+        first = []  # the first feature of each example
+        for arrays in bar((pool.imap if pool else map)(feature_arrays, slices), total=len(slices), desc=f'tokenizing {name}',
+                          leave=False):
+            first.append(total['feature'] + np.searchsorted(arrays['example'], np.arange(arrays.pop('examples'))))
+            arrays['example'] += total['example']
+            total['feature'] += len(arrays['length'])
+            total['example'] += len(first[-1])
+            append(tmp, files, arrays)
+        first = np.concatenate(first + [[total['feature']]])
+        sides[name] = first[:-1], np.diff(first), kept
+    if pool:
+        pool.close()
+    index = item_index(sides, width) if width > 1 else np.arange(total['feature'])[:, None]
+    append(tmp, files, {'items': index})
+    for f in files.values():
+        f.close()
+    atomic_write(os.path.join(tmp, 'meta.json'), json.dumps({'family': TASKS[task].family, 'sides': index.shape[1]}))
+    os.replace(tmp, path)
+
+
+def append(folder, files, arrays):
+    for name, values in arrays.items():
+        if name not in files:
+            files[name] = open(os.path.join(folder, f'{name}.bin'), 'wb')
+        values.tofile(files[name])
+
+
+TOKENIZER = None  # the tokenizer of the build under way, which the worker processes inherit
+
+
+def feature_arrays(job):
+    """(task, examples, max_len, stride) -> their training features as flat int32 arrays: every
+    feature's ids one after another, its length, example (within examples) and label (a class, an
+    answer's start and end, or tagging's label per token with each feature's word starts)."""
+    task, examples, max_len, stride = job
+    feats = make_features(TOKENIZER, task, examples, max_len, True, stride)
+    flat = lambda lists: np.array([x for values in lists for x in values], np.int32)
+    arrays = {'ids': flat(f.ids for f in feats), 'length': np.array([len(f.ids) for f in feats], np.int32),
+              'example': np.array([f.example for f in feats], np.int32), 'examples': len(examples)}
+    if TASKS[task].family == 'tagging':
+        return dict(arrays, label=flat(f.label for f in feats), words=flat(f.words for f in feats),
+                    word_count=np.array([len(f.words) for f in feats], np.int32))
+    return dict(arrays, label=np.array([f.label for f in feats], np.int32))
+
+
+def item_index(sides, width):
+    """A paired method's items as their features' numbers, (items, width): each English example
+    with itself, then each language's examples with their English (and with width 3 their round
+    trip, else the English again), as pair_features aligns them in training."""
+    first, count, _ = sides.pop('en')
+    index = [aligned([(first, count)] * width)]
+    for name, (lang_first, lang_count, kept) in sides.items():
+        if not name.endswith('round trip'):
+            english = first[kept], count[kept]
+            trip_first, trip_count, _ = sides.get(f'{name} round trip', (*english, None))
+            trip = np.where(trip_count > 0, trip_first, english[0]), np.where(trip_count > 0, trip_count, english[1])
+            index.append(aligned([english, (lang_first, lang_count), trip][:width]))
+    return np.concatenate(index).astype(np.int64)
+
+
+def aligned(sides):
+    """Feature tuples of examples seen from several sides, given each side's (first feature,
+    feature count) per example: as many tuples as the longest side has features, a shorter side's
+    last feature repeating (pair_features' rule in training); none where a side has none."""
+    first, count = np.array([f for f, _ in sides]), np.array([c for _, c in sides])  # (sides, examples)
+    n = count.max(0) * (count.min(0) > 0)
+    row = np.repeat(np.arange(len(n)), n)
+    step = np.arange(len(row)) - np.repeat(np.cumsum(n) - n, n)  # the tuple's number within its example
+    return (first[:, row] + np.minimum(step, count[:, row] - 1)).T
+
+
+class Items:
+    """A training set memory-mapped from its folder (write_items): items[i] is a Feature, or a
+    paired method's tuple of them, made when read; only the offsets are held in memory."""
+
+    def __init__(self, path):
+        def load(name):
+            file = os.path.join(path, f'{name}.bin')
+            size = os.path.getsize(file) if os.path.exists(file) else 0
+            return np.memmap(file, np.int64 if name == 'items' else np.int32, 'r') if size else np.zeros(0, np.int32)
+        meta = json.load(open(os.path.join(path, 'meta.json')))
+        self.family, self.ids, self.example, self.label = meta['family'], load('ids'), load('example'), load('label')
+        self.index, self.words = load('items').reshape(-1, meta['sides']), load('words')
+        self.offsets = np.concatenate([[0], np.cumsum(load('length'), dtype=np.int64)])
+        self.word_offsets = np.concatenate([[0], np.cumsum(load('word_count'), dtype=np.int64)])
+
+    def __len__(self):
+        return len(self.index)
+
+    def __getitem__(self, i):
+        feats = tuple(self.feature(k) for k in self.index[i])
+        return feats if len(feats) > 1 else feats[0]
+
+    def feature(self, k):
+        a, b = self.offsets[k], self.offsets[k + 1]
+        if self.family == 'tagging':
+            words = self.words[self.word_offsets[k]:self.word_offsets[k + 1]].tolist()
+            return Feature(self.ids[a:b].tolist(), self.label[a:b].tolist(), int(self.example[k]), words)
+        label = tuple(self.label[2 * k:2 * k + 2].tolist()) if self.family == 'qa' else int(self.label[k])
+        return Feature(self.ids[a:b].tolist(), label, int(self.example[k]))
+
+    def lengths(self):
+        return np.diff(self.offsets)[self.index]
 
 
 # ----------------------------------------------------------------------------------------
@@ -781,10 +956,12 @@ BUCKET = 4  # by length in steps of this many tokens, not token by token: where 
 # model stalls more often (at 64% English: exactly sorted 4 of seeds 1-6, in steps of 4 2 of 6; random 3 of 1-12)
 
 
-def item_length(item):
-    """The tokens of each side of a training item: (n,) for a feature, one per side for a pair
-    (each side of a batch is padded on its own)."""
-    return tuple(len(f.ids) for f in item) if isinstance(item, tuple) else (len(item.ids),)
+def item_lengths(items):
+    """(items, sides) array of the tokens of each side of each item: one side for a feature, one
+    per side for a paired method's tuple (each side of a batch is padded on its own)."""
+    if isinstance(items, Items):
+        return items.lengths()
+    return np.array([[len(f.ids) for f in (item if isinstance(item, tuple) else (item,))] for item in items]).reshape(len(items), -1)
 
 
 def global_batches(n, batch_size, seed, chunks, lengths=None):
@@ -799,9 +976,10 @@ def cut_batches(order, size, chunks, g, lengths=None):
     sorted by length (in BUCKET steps) before it is cut, and the batches are then shuffled by g:
     a batch holds items of similar length and pads little, and the split depends on no process
     count. A last batch too small to give every process and micro-step (chunks) an item is dropped."""
-    if lengths is not None:  # lengths within BUCKET tokens keep their random order (and mix their labels)
-        mega, key = size * MEGA, lambda i: tuple(n // BUCKET for n in lengths[i])  # a pair: by one side, then the other
-        order = [i for s in range(0, len(order), mega) for i in sorted(order[s:s + mega], key=key)]
+    if lengths is not None:  # lengths within BUCKET tokens keep their random order (and mix their labels): a stable sort
+        key, mega = np.asarray(lengths) // BUCKET, size * MEGA  # a pair: by one side, then the other
+        parts = np.split(np.asarray(order), range(mega, len(order), mega))
+        order = np.concatenate([part[np.lexsort(key[part].T[::-1])] for part in parts]).tolist()
     batches = [order[i:i + size] for i in range(0, len(order), size)]
     if lengths is not None:
         batches = [batches[j] for j in torch.randperm(len(batches), generator=g).tolist()]
@@ -819,12 +997,11 @@ def stepped(cut, steps, eval_every, batch_size):
 
 def pad_share(lengths, batches, parts):
     """The share of padding tokens in an epoch's micro-batches (each global batch cut into
-    `parts`, as the training step cuts it; each side padded to its longest item). lengths: item_length's."""
-    real = padded = 0
+    `parts`, as the training step cuts it; each side padded to its longest item). lengths: item_lengths'."""
+    real, padded, lengths = 0, 0, np.asarray(lengths)
     for batch in batches:
-        for chunk in np.array_split(np.array(batch), parts):
-            for side in zip(*(lengths[i] for i in chunk)):
-                real, padded = real + sum(side), padded + len(side) * max(side)
+        for chunk in (lengths[c] for c in np.array_split(np.array(batch), parts) if len(c)):
+            real, padded = real + chunk.sum(), padded + len(chunk) * chunk.max(0).sum()
     return 1 - real / max(padded, 1)
 
 

@@ -59,6 +59,8 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute'),
     Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64),
     Option('save_every', int, 'steps between resume checkpoints', AT_LEAST_1, default=200),
+    Option('no_cache', bool, 'tokenize the training data into a temporary folder, not once into <data_dir>/.cache',
+           changes='nothing'),
     Option('eval_steps', int, 'also select within an epoch, every N steps (VECO\'s scripts: XNLI 500, SQuAD 200)', AT_LEAST_1),
     Option('log_every', int, 'steps between lines of log.jsonl, each their mean (the loop\'s one host sync)', AT_LEAST_1, default=10),
     Option('compile', bool, 'torch.compile each transformer block (the first steps compile; outputs as without, to 1e-5)'),
@@ -490,7 +492,7 @@ class Run:
             return None
         langs = {'translation': [args.train_lang], 'translations': data.target_langs(args)}.get(method.trains_on, [])
         items = data.training_set(self.tok, args.data_dir, args.task, langs, method.trains_on, method.paired,
-                                  method.round_trip, args.max_len, args.train_share, args.doc_stride)
+                                  method.round_trip, args.max_len, args.train_share, args.doc_stride, not args.no_cache)
         if not items:
             fail(f'no training examples for {args.task} in {args.data_dir}')
         return items
@@ -534,7 +536,7 @@ class Run:
         """-> batches_of(epoch): a permutation fixed by (--seed, epoch), grouped by length unless
         --no_group_by_length; a run counted in --steps reads pass after pass, an epoch being
         --eval_every steps."""
-        args, lengths = self.args, [data.item_length(item) for item in items]
+        args, lengths = self.args, data.item_lengths(items)
         passes = {}  # one pass in memory at a time
 
         def cut(p):
@@ -733,7 +735,7 @@ def train(run, method, items, validate, batches_of, keep_last=0):
     model = DDP(method, device_ids=[run.device.index] if run.device.type == 'cuda' else None) if world > 1 else method
     state = resumed(run, method, opt, sched)
     log = open_log(run.path('log.jsonl'), state['step']) if rank == 0 else None
-    started, lengths, collate = time.time(), [data.item_length(item) for item in items], data.collate_items(method.paired)
+    started, lengths, collate = time.time(), data.item_lengths(items), data.collate_items(method.paired)
     method.step = state['step']  # the optimiser step: methods with schedules (X-Mixup's p*, frozen phases) read it
     while state['epoch'] < args.epochs:
         # since: the logs of the steps since the last line; epoch_loss: (mean loss, steps) of each line of the epoch

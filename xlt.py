@@ -1353,7 +1353,7 @@ def co_train(run, epoch, l, pair, parts, start):
         method = run.restore(run.path(start), XLA)
         before = score(target_dev(method))
         items, sizes = [f for feats in parts.values() for f in feats], [len(feats) for feats in parts.values()]
-        lengths = [data.item_length(f) for f in items] if args.group_by_length else None
+        lengths = data.item_lengths(items) if args.group_by_length else None
         batches = mixture_batches(sizes, args.alpha, sub.args.batch_size, sub.args.seed * 1000 + epoch * 10 + k, run.chunks,
                                   lengths)  # the two trainings of a model in an epoch draw apart
         if batches:  # none when the peers agree on nothing: the model stays as it was

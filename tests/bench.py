@@ -278,10 +278,15 @@ def peak_memory(args):
 XNLI_LANGS = ['ar', 'bg', 'de', 'el', 'es', 'fr', 'hi', 'ru', 'sw', 'th', 'tr', 'ur', 'vi', 'zh']
 
 
-def rss_anon_mb():
-    """This process's private memory (RssAnon): what it holds beyond files it maps."""
+def memory_mb():
+    """This process's memory in MB: private (RssAnon: beyond the files it maps), file pages mapped
+    (RssFile: the page cache, shared between processes), its proportional share (Pss: a page
+    mapped by two processes counts half in each) and its peak resident set (VmHWM)."""
     with open('/proc/self/status') as f:
-        return next(int(line.split()[1]) for line in f if line.startswith('RssAnon:')) / 1024
+        status = {k: int(v.split()[0]) / 1024 for k, v in (line.split(':', 1) for line in f) if k in ('RssAnon', 'RssFile', 'VmHWM')}
+    with open('/proc/self/smaps_rollup') as f:
+        status['Pss'] = next(int(line.split()[1]) for line in f if line.startswith('Pss:')) / 1024
+    return status
 
 
 def generated_xnli(folder, n, langs, seed=0):
@@ -319,16 +324,16 @@ def generated_xnli(folder, n, langs, seed=0):
 
 
 def first_step(argv):
-    """In this process: train.py's run of argv up to its first training step -> (seconds, RssAnon MB
-    at the start, RssAnon MB at the first step)."""
+    """In this process: train.py's run of argv up to its first training step -> (seconds, memory_mb()
+    at the start, memory_mb() at the first step)."""
     import train
 
     class FirstStep(Exception):
         pass
-    start, base = time.perf_counter(), rss_anon_mb()
+    start, base = time.perf_counter(), memory_mb()
 
     def stop(*a, **k):
-        raise FirstStep(time.perf_counter() - start, rss_anon_mb())
+        raise FirstStep(time.perf_counter() - start, memory_mb())
     train.train_step = stop
     try:
         train.main(argv)
@@ -339,9 +344,12 @@ def first_step(argv):
 
 def data_bench(args):
     """Tokenizing --examples XNLI-length pairs (read_split + make_features), then the start-up of
-    translate-train-all on them and their translations into XNLI's 14 other languages, twice (each in a
-    process of its own): the time to the first training step and the memory held then."""
+    translate-train-all on them and their translations into XNLI's 14 other languages, each start in
+    processes of its own: the first (it tokenizes the set into the cache, under torchrun with --ranks
+    processes), the second (one process) and the third (--ranks processes): the time to the first
+    training step and the memory then."""
     import json
+    import shutil
     import subprocess
     import sentencepiece as spm
     folder = args.workdir or tempfile.mkdtemp(prefix='bench-data-')
@@ -354,25 +362,34 @@ def data_bench(args):
             spm.SentencePieceTrainer.train(sentence_iterator=iter(text[:200000]), model_prefix=f'{folder}/spm',
                                            vocab_size=32000, hard_vocab_limit=False, model_type='unigram', minloglevel=2)
     tok = data.Tokenizer(args.spm or f'{folder}/spm.model')
-    base, t = rss_anon_mb(), time.perf_counter()
-    examples = data.read_split(folder, 'xnli', 'train', 'en')
-    read, held = time.perf_counter() - t, rss_anon_mb()
+    base, t = memory_mb()['RssAnon'], time.perf_counter()
+    examples = data.read_split(folder, 'xnli', 'train', 'en')[:args.examples]
+    read, held = time.perf_counter() - t, memory_mb()['RssAnon']
     feats = data.make_features(tok, 'xnli', examples, 128)
-    took, total = time.perf_counter() - t, rss_anon_mb()
+    took, total = time.perf_counter() - t, memory_mb()['RssAnon']
     pieces = sum(len(f.ids) for f in feats) / len(feats)
-    print(f'read_split + make_features: {len(feats)} features, {len(feats) / took:.0f} examples/s ({read:.1f} s reading), '
-          f'{pieces:.1f} pieces a feature; memory +{held - base:.0f} MB examples, +{total - held:.0f} MB features '
+    print(f'read_split + make_features in one process: {len(feats)} features, {len(feats) / took:.0f} examples/s ({read:.1f} s '
+          f'reading), {pieces:.1f} pieces a feature; memory +{held - base:.0f} MB examples, +{total - held:.0f} MB features '
           f'({(total - held) * 2 ** 20 / len(feats):.0f} bytes a feature)')
+    del examples, feats
     argv = ['--method', 'translate-train-all', '--task', 'xnli', '--data_dir', folder, '--spm', args.spm or f'{folder}/spm.model',
-            '--model', 'tiny', '--from_scratch', '--out', f'{folder}/run', '--overwrite']
-    for start in ('first', 'second'):
-        out = subprocess.run([sys.executable, __file__, '--first_step', json.dumps(argv)], capture_output=True, text=True)
+            '--model', 'tiny', '--from_scratch', '--out', f'{folder}/run', '--overwrite'] + (['--no_cache'] if args.no_cache else [])
+    shutil.rmtree(f'{folder}/.cache', ignore_errors=True)
+    torchrun = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(args.ranks)]
+    for start, ranks in (('first', args.ranks), ('second', 1), ('third', args.ranks)):
+        out = subprocess.run((torchrun if ranks > 1 else [sys.executable]) + [__file__, '--first_step', json.dumps(argv)],
+                             capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
         if out.returncode:
-            raise SystemExit(out.stderr[-2000:])
-        seconds, before, at = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f'{start} start: first training step after {seconds:.1f} s; private memory {at:.0f} MB '
-              f'({at - before:.0f} MB more than after the imports), {(at - before) * 2 ** 20 / (args.examples * (1 + len(langs))):.0f} '
-              f'bytes an example')
+            raise SystemExit(out.stderr[-3000:])
+        builds = out.stdout.count('tokenizing the training data into')
+        for line in [line for line in out.stdout.splitlines() if line.startswith('[')]:
+            seconds, before, at = json.loads(line)
+            print(f'{start} start ({ranks} process{"es" * (ranks > 1)}, {builds} build{"s" * (builds != 1)}): first training step '
+                  f'after {seconds:.1f} s; private {at["RssAnon"]:.0f} MB ({at["RssAnon"] - before["RssAnon"]:.0f} MB more than '
+                  f'after the imports), page cache mapped {at["RssFile"]:.0f} MB, proportional {at["Pss"]:.0f} MB, peak '
+                  f'resident {at["VmHWM"]:.0f} MB')
+    cache = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(f'{folder}/.cache') for f in fs)
+    print(f'the cache: {cache / 2 ** 30:.2f} GB in {folder}/.cache')
 
 
 def main():
@@ -401,6 +418,8 @@ def main():
                         '(default 39270 with --data, a tenth of XNLI), and a translate-train-all run\'s start-up on them '
                         'and their 14 translations')
     parser.add_argument('--workdir', help='--data: the generated data\'s folder, kept and reused (default: a new one)')
+    parser.add_argument('--ranks', type=int, default=2, help='--data: processes of the first and third starts (torchrun)')
+    parser.add_argument('--no_cache', action='store_true', help='--data: the runs with --no_cache')
     parser.add_argument('--first_step', help=argparse.SUPPRESS)  # --data: one start, in a process of its own
     args = parser.parse_args()
     if args.first_step:

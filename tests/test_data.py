@@ -4,6 +4,9 @@ import glob
 import io
 import json
 import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -362,3 +365,130 @@ def test_files_that_are_not_utf8_fail_in_one_line_and_bom_crlf_are_read(tmp_path
     (tmp_path / 'bad.json').write_bytes('{"data": "Grüße"}'.encode('latin-1'))
     with pytest.raises(data.DataError, match='bad.json, line 1: not UTF-8'):
         ev.read_qa_file(str(tmp_path / 'bad.json'))
+
+
+# ----------------------------------------------------------------------------------------
+# Training sets on disk (data.training_set): tokenized once, memory-mapped, rebuilt when anything they depend on changes.
+
+def features_by_hand(tok, data_dir, task, paired, round_trip, max_len=None):
+    """translate-train-all's features, or a paired method's tuples, from the readers and
+    make_features / pair_features, as training_set gave them before it kept them on disk."""
+    english, langs = data.read_split(data_dir, task, 'train'), ['de', 'zh']
+    pairs = {lang: data.read_translations(data_dir, task, 'train', lang, english) for lang in langs}
+    if not paired:
+        return data.make_features(tok, task, english + [t for lang in langs for _, t in pairs[lang] if t], max_len, True)
+    tuples = [(e, e, e)[:2 + round_trip] for e in english]
+    for lang in langs:
+        trip = data.read_round_trip(data_dir, task, lang, pairs[lang]) if round_trip else None
+        tuples += [(e, t, r)[:2 + round_trip] for (e, t), r in zip(pairs[lang], trip or [e for e, _ in pairs[lang]]) if t]
+    return data.pair_features(tok, task, tuples, max_len, True)
+
+
+def same_features(items, feats, example=True):
+    sides = lambda item: item if isinstance(item, tuple) else (item,)
+    fields = lambda f: (f.ids, f.label, f.words) + ((f.example,) if example else ())
+    assert len(items) == len(feats) > 0
+    assert all([fields(f) for f in sides(items[i])] == [fields(f) for f in sides(feats[i])] for i in range(len(feats)))
+    assert data.item_lengths(items).tolist() == [[len(f.ids) for f in sides(item)] for item in feats]
+
+
+@pytest.mark.parametrize('task, paired, round_trip, max_len, slice_', [
+    ('xnli', False, False, None, 7), ('panx', False, False, 6, 2000), ('mlqa', False, False, 20, 2000),
+    ('xnli', True, True, None, 2000), ('panx', True, False, 6, 7), ('mlqa', True, True, 20, 5)])
+def test_training_sets_on_disk_hold_the_features_of_the_readers(demo_dir, monkeypatch, task, paired, round_trip, max_len,
+                                                                slice_):
+    """Every field of every item as make_features / pair_features give it, cached or not. Short
+    max_len cut the demo's sentences into 3-5 tagging chunks and 1-3 QA windows, English and
+    translation apart; a small SLICE sends slices to worker processes."""
+    monkeypatch.setattr(data, 'SLICE', slice_)
+    tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
+    feats = features_by_hand(tok, demo_dir, task, paired, round_trip, max_len)
+    for cache in (False, True):
+        items = data.training_set(tok, demo_dir, task, ['de', 'zh'], 'translations', paired, round_trip, max_len, cache=cache)
+        same_features(items, feats, example=not paired)  # a pair's sides number their examples apart
+
+
+def test_paired_items_repeat_a_shorter_sides_last_feature_and_skip_what_a_side_lacks():
+    """English examples of 1, 2 and 0 features (0; 1-2; none), translated with 3, 1 and 1 (3-5;
+    6; 7); round trips of 0, 2 and 1 (none, its English stands in; 8-9; 10).
+    The third example gives no tuple: its English has no feature."""
+    sides = lambda: {'en': (np.array([0, 1, 3]), np.array([1, 2, 0]), None),
+                     'de': (np.array([3, 6, 7]), np.array([3, 1, 1]), [0, 1, 2]),
+                     'de round trip': (np.array([8, 8, 10]), np.array([0, 2, 1]), [0, 1, 2])}
+    expected = [[0, 0, 0], [1, 1, 1], [2, 2, 2],  # English with itself
+                [0, 3, 0], [0, 4, 0], [0, 5, 0],  # a tuple for each of the translation's 3 features
+                [1, 6, 8], [2, 6, 9]]
+    assert data.item_index(sides(), 3).tolist() == expected
+    assert data.item_index({k: v for k, v in sides().items() if k != 'de round trip'}, 2).tolist() == [
+        [0, 0], [1, 1], [2, 2], [0, 3], [0, 4], [0, 5], [1, 6], [2, 6]]
+
+
+def test_a_missing_round_trip_pairs_the_english_with_itself(tmp_path):
+    demo = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=5)
+    os.remove(data.split_path(demo, 'panx', 'round-trip', 'zh'))
+    tok = data.Tokenizer(f'{demo}/sentencepiece.bpe.model')
+    items = data.training_set(tok, demo, 'panx', ['de', 'zh'], 'translations', True, True)
+    same_features(items, features_by_hand(tok, demo, 'panx', True, True), example=False)
+
+
+def test_the_cache_is_built_once_and_again_when_a_file_the_tokenizer_or_a_setting_changes(tmp_path, spm_path, capsys):
+    demo = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=5)
+    tok, other = data.Tokenizer(f'{demo}/sentencepiece.bpe.model'), data.Tokenizer(spm_path)
+    builds = lambda: capsys.readouterr().out.count('tokenizing the training data into')
+    load = lambda tok=tok, max_len=None: data.training_set(tok, demo, 'panx', ['de', 'zh'], 'translations', max_len=max_len)
+    load(), load()
+    assert builds() == 1
+    load(max_len=16)
+    load(other)
+    assert builds() == 2
+    translations = data.split_path(demo, 'panx', 'translate-train', 'zh')
+    with open(translations, encoding='utf-8') as f:
+        text = f.read()
+    with open(translations, 'a', encoding='utf-8') as f:
+        f.write('\nNeu\tB-LOC\n')  # one more sentence in the translations, of one word
+    with pytest.raises(data.DataError, match='sentences for'):  # read, not taken from the cache: it no longer aligns
+        load()
+    with open(translations, 'w', encoding='utf-8') as f:
+        f.write(text.replace('\tB-LOC', '\tB-ORG', 1))  # the same length, one tag changed
+    same_features(load(), features_by_hand(tok, demo, 'panx', False, False))
+    assert builds() == 2  # the one that failed, and the one after the mend
+    assert len(os.listdir(os.path.join(demo, '.cache'))) == 5  # four sets and the lock
+
+
+def build_in_a_process(demo, kill_after=None, together=None):
+    """training_set in a new process: killed (SIGKILL) once kill_after arrays are written, or,
+    with together (a folder), building only once two processes have started (each leaves a file
+    there), so that without the lock both would build."""
+    script = f'''
+import glob, os, signal, sys, time
+sys.path.insert(0, {ROOT!r})
+import data
+write, written, together = data.append, [], {together!r}
+def append(folder, files, arrays):
+    while together and len(glob.glob(together + '/started-*')) < 2:
+        time.sleep(0.01)  # waits for the other process to start
+    write(folder, files, arrays)
+    written.append(1)
+    if len(written) == {kill_after}:
+        os.kill(os.getpid(), signal.SIGKILL)
+data.append = append
+if together:
+    open(f'{{together}}/started-{{os.getpid()}}', 'w').close()
+tok = data.Tokenizer({demo!r} + '/sentencepiece.bpe.model')
+print(len(data.training_set(tok, {demo!r}, 'xnli', ['de', 'zh'], 'translations')))
+'''
+    return subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, text=True)
+
+
+def test_a_build_killed_halfway_is_never_read_and_two_processes_build_once(tmp_path):
+    demo, cache = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=5), tmp_path / 'demo' / '.cache'
+    assert build_in_a_process(demo, kill_after=2).wait() == -signal.SIGKILL  # killed in the first translations
+    assert [n for n in os.listdir(cache) if n != '.lock'][0].count('.tmp') == 1  # its folder was never moved into place
+    starts = [build_in_a_process(demo, together=str(tmp_path)) for _ in range(2)]
+    outs = [p.communicate()[0] for p in starts]
+    assert all(p.returncode == 0 for p in starts) and outs[0].split()[-1] == outs[1].split()[-1]
+    assert sum(out.count('tokenizing the training data into') for out in outs) == 1
+    assert len(os.listdir(cache)) == 2 and not any('.tmp' in n for n in os.listdir(cache))  # the lock and one set
+    tok = data.Tokenizer(f'{demo}/sentencepiece.bpe.model')
+    same_features(data.training_set(tok, demo, 'xnli', ['de', 'zh'], 'translations'),
+                  features_by_hand(tok, demo, 'xnli', False, False))
