@@ -12,7 +12,7 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
-from itertools import accumulate, groupby
+from itertools import accumulate, groupby, islice, zip_longest
 
 import numpy as np
 import sentencepiece as spm
@@ -209,30 +209,46 @@ def need(path, what):
     return path
 
 
-def read_text(path):
-    """A file's text: UTF-8 with or without a BOM, CRLF line ends as LF; anything else is one line
-    naming the file and the line."""
+def text_lines(path):
+    """A file's lines, read one at a time: UTF-8 with or without a BOM, CRLF line ends as LF;
+    anything else is one line naming the file and the line."""
     with open(path, 'rb') as f:
-        raw = f.read()
-    try:
-        return raw.decode('utf-8-sig').replace('\r\n', '\n')
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b'\n') + 1
-        raise DataError(f'{path}, line {line}: not UTF-8 (byte 0x{raw[e.start]:02x}); '
-                        'convert the file to UTF-8 (e.g. iconv -t UTF-8)') from None
+        for n, raw in enumerate(f, 1):
+            try:
+                yield raw.decode('utf-8-sig' if n == 1 else 'utf-8').rstrip('\n').removesuffix('\r')
+            except UnicodeDecodeError as e:
+                raise DataError(f'{path}, line {n}: not UTF-8 (byte 0x{raw[e.start]:02x}); '
+                                'convert the file to UTF-8 (e.g. iconv -t UTF-8)') from None
+
+
+def read_text(path):
+    return ''.join(line + '\n' for line in text_lines(path))
 
 
 def lines_of(path):
-    lines = read_text(path).split('\n')
-    return lines[:-1] if lines and not lines[-1] else lines
+    return list(text_lines(path))
 
 
-def parallel_lines(a_path, b_path):
-    """The lines of two parallel files, line n of one translating line n of the other."""
-    a, b = lines_of(a_path), lines_of(b_path)
-    if len(a) != len(b):
-        raise DataError(f'{a_path} has {len(a)} lines and {b_path} {len(b)}: parallel files align line by line')
-    return a, b
+def documents(path):
+    """The documents of a file, a blank line between two, as lists of their lines that are not blank."""
+    doc = []
+    for line in text_lines(path):
+        if line.strip():
+            doc.append(line)
+        elif not line and doc:
+            yield doc
+            doc = []
+    if doc:
+        yield doc
+
+
+def line_pairs(a_path, b_path):
+    """Line n of one file with line n of the other, read a line at a time."""
+    for n, (a, b) in enumerate(zip_longest(text_lines(a_path), text_lines(b_path)), 1):
+        if a is None or b is None:
+            raise DataError(f'{a_path if b is None else b_path} has more lines than {b_path if b is None else a_path} '
+                            f'(line {n}): parallel files align line by line')
+        yield a, b
 
 
 VERBOSE = True  # warnings about skipped data; the training script turns them off on all but one process
@@ -683,9 +699,11 @@ def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round
     files = [tok.path, split_path(data_dir, task, 'train')] + [
         split_path(data_dir, task, kind, lang) for lang in langs for kind in ('translate-train', 'round-trip')[:1 + round_trip]]
     settings = [CACHE_FORMAT, task, langs, trains_on, paired, round_trip, max_len, share, stride]
-    width = (2 + round_trip) if paired else 1  # the sides of an item
-    build = lambda path: write_items(path, tok, task, training_sources(data_dir, task, langs, trains_on, paired, round_trip,
-                                                                       share), width, max_len, stride)
+    width, kept = (2 + round_trip) if paired else 1, {}  # the sides of an item
+    jobs = lambda: training_jobs(training_sources(data_dir, task, langs, trains_on, paired, round_trip, share), task,
+                                 max_len, stride, kept)
+    build = lambda path: write_items(path, tok, jobs(), feature_arrays, lambda done, total: training_index(done, total, kept, width),
+                                     {'family': TASKS[task].family})
     folder = os.path.join(data_dir, '.cache') if cache else tempfile.mkdtemp()
     try:
         return Items(cached(build, [p for p in files if p and os.path.exists(p)], settings, folder))
@@ -786,35 +804,31 @@ def cached(build, files, settings, folder):
     return path
 
 
-def write_items(path, tok, task, sources, width, max_len, stride):
-    """Tokenize the sources (training_sources) into the flat files of Items, in a new folder moved
-    into place whole: a build killed halfway leaves none. Sources of more than a SLICE go to
-    worker processes, a slice each; the build holds one source's examples, never its features."""
+def write_items(path, tok, jobs, work, index_of, meta):
+    """Items in a new folder moved into place whole (a build killed halfway leaves none): work(job)
+    -> (arrays, info) over jobs, (name, job) pairs, each result's arrays appended to flat files as
+    it comes; then index_of([(name, features before it, info) of each job], features) -> (item
+    index, more meta). Jobs go to forked worker processes a window at a time, so that a stream of
+    them is held a window at a time."""
     global TOKENIZER
-    tmp, files, sides, pool, TOKENIZER = f'{path}.tmp{os.getpid()}', {}, {}, None, tok
-    total = {'feature': 0, 'example': 0}
+    tmp, files, done, total, pool, TOKENIZER = f'{path}.tmp{os.getpid()}', {}, [], 0, None, tok
     os.makedirs(tmp)
-    for name, examples, kept in sources:
-        slices = [(task, examples[s:s + SLICE], max_len, stride) for s in range(0, len(examples), SLICE)]
-        if len(slices) > 1 and pool is None:  # fork: the workers run sentencepiece and numpy, never torch
-            pool = multiprocessing.get_context('fork').Pool(len(os.sched_getaffinity(0)))  # each with TOKENIZER
-        first = []  # the first feature of each example
-        for arrays in bar((pool.imap if pool else map)(feature_arrays, slices), total=len(slices), desc=f'tokenizing {name}',
-                          leave=False):
-            first.append(total['feature'] + np.searchsorted(arrays['example'], np.arange(arrays.pop('examples'))))
-            arrays['example'] += total['example']
-            total['feature'] += len(arrays['length'])
-            total['example'] += len(first[-1])
+    jobs, cores, progress = iter(jobs), len(os.sched_getaffinity(0)), bar(desc='tokenizing', unit=' jobs', leave=False)
+    while window := list(islice(jobs, 4 * cores)):
+        if pool is None and len(window) > 1:  # fork: the workers run sentencepiece and numpy, never torch
+            pool = multiprocessing.get_context('fork').Pool(cores)  # each with TOKENIZER
+        for (name, _), (arrays, info) in zip(window, (pool.imap if pool else map)(work, [job for _, job in window])):
+            done.append((name, total, info))
+            total += len(arrays['length'])
             append(tmp, files, arrays)
-        first = np.concatenate(first + [[total['feature']]])
-        sides[name] = first[:-1], np.diff(first), kept
+            progress.update()
     if pool:
         pool.close()
-    index = item_index(sides, width) if width > 1 else np.arange(total['feature'])[:, None]
-    append(tmp, files, {'items': index})
+    index, more = index_of(done, total)
+    append(tmp, files, {'items': index.astype(np.int64)})
     for f in files.values():
         f.close()
-    atomic_write(os.path.join(tmp, 'meta.json'), json.dumps({'family': TASKS[task].family, 'sides': index.shape[1]}))
+    atomic_write(os.path.join(tmp, 'meta.json'), json.dumps(dict(meta, sides=index.shape[1], **more)))
     os.replace(tmp, path)
 
 
@@ -826,21 +840,44 @@ def append(folder, files, arrays):
 
 
 TOKENIZER = None  # the tokenizer of the build under way, which the worker processes inherit
+flat = lambda lists: np.array([x for values in lists for x in values], np.int32)
 
 
 def feature_arrays(job):
-    """(task, examples, max_len, stride) -> their training features as flat int32 arrays: every
-    feature's ids one after another, its length, example (within examples) and label (a class, an
-    answer's start and end, or tagging's label per token with each feature's word starts)."""
-    task, examples, max_len, stride = job
+    """(task, examples, max_len, stride, number of the first example) -> (their training features
+    as flat int32 arrays: every feature's ids one after another, its length, example and label (a
+    class, an answer's start and end, or tagging's label per token with each feature's word
+    starts); each example's first feature, and the features' count, counted from 0)."""
+    task, examples, max_len, stride, base = job
     feats = make_features(TOKENIZER, task, examples, max_len, True, stride)
-    flat = lambda lists: np.array([x for values in lists for x in values], np.int32)
     arrays = {'ids': flat(f.ids for f in feats), 'length': np.array([len(f.ids) for f in feats], np.int32),
-              'example': np.array([f.example for f in feats], np.int32), 'examples': len(examples)}
+              'example': np.array([base + f.example for f in feats], np.int32)}
     if TASKS[task].family == 'tagging':
-        return dict(arrays, label=flat(f.label for f in feats), words=flat(f.words for f in feats),
-                    word_count=np.array([len(f.words) for f in feats], np.int32))
-    return dict(arrays, label=np.array([f.label for f in feats], np.int32))
+        arrays.update(label=flat(f.label for f in feats), words=flat(f.words for f in feats),
+                      word_count=np.array([len(f.words) for f in feats], np.int32))
+    else:
+        arrays['label'] = np.array([f.label for f in feats], np.int32)
+    return arrays, np.searchsorted(arrays['example'] - base, np.arange(len(examples) + 1))
+
+
+def training_jobs(sources, task, max_len, stride, kept):
+    """The sources' examples a SLICE at a time, for feature_arrays; kept: {source: positions of its English}."""
+    base = 0
+    for name, examples, positions in sources:
+        kept[name] = positions
+        for s in range(0, len(examples), SLICE):
+            yield name, (task, examples[s:s + SLICE], max_len, stride, base + s)
+        base += len(examples)
+
+
+def training_index(done, total, kept, width):
+    """write_items' index_of for a training set: each feature alone, or a paired method's tuples."""
+    if width == 1:
+        return np.arange(total)[:, None], {}
+    joined = lambda parts: np.concatenate([np.zeros(0, np.int64)] + parts)
+    sides = {name: (joined([before + first[:-1] for n, before, first in done if n == name]),
+                    joined([np.diff(first) for n, _, first in done if n == name]), positions) for name, positions in kept.items()}
+    return item_index(sides, width), {}
 
 
 def item_index(sides, width):
@@ -881,7 +918,7 @@ class Items:
         meta = json.load(open(os.path.join(path, 'meta.json')))
         self.family, self.ids, self.example, self.label = meta['family'], load('ids'), load('example'), load('label')
         self.index, self.words = load('items').reshape(-1, meta['sides']), load('words')
-        self.offsets = np.concatenate([[0], np.cumsum(load('length'), dtype=np.int64)])
+        self.offsets, self.meta = np.concatenate([[0], np.cumsum(load('length'), dtype=np.int64)]), meta
         self.word_offsets = np.concatenate([[0], np.cumsum(load('word_count'), dtype=np.int64)])
 
     def __len__(self):
@@ -897,7 +934,7 @@ class Items:
             words = self.words[self.word_offsets[k]:self.word_offsets[k + 1]].tolist()
             return Feature(self.ids[a:b].tolist(), self.label[a:b].tolist(), int(self.example[k]), words)
         label = tuple(self.label[2 * k:2 * k + 2].tolist()) if self.family == 'qa' else int(self.label[k])
-        return Feature(self.ids[a:b].tolist(), label, int(self.example[k]))
+        return Feature(self.ids[a:b].tolist(), label, int(self.example[k]) if len(self.example) else 0)
 
     def lengths(self):
         return np.diff(self.offsets)[self.index]
@@ -1026,6 +1063,7 @@ def length_batches(features, batch_size):
 #   pretrain/parallel/{a}-{b}.{b}   {a}-{b}.{b} translate each other (OPUS's Moses layout)
 
 PARA_LEN = 128  # longest parallel sentence, in tokens (Table 5's bilingual length)
+TEXT_CHUNK = 1000  # documents or parallel lines a worker tokenizes at a time
 
 
 def pretrain_files(data_dir, mono_only=False):
@@ -1094,33 +1132,66 @@ def cut_in_two(segment, line_ends, word_start):
     return rule, [(segment[:cut], segment[cut:])]
 
 
-def read_pretraining(tok, data_dir, max_len, mono_only=False):
-    """-> (items, {group: item positions}, counts): items are (x, y) Feature pairs, <s> x </s> and
-    <s> y </s>, labelled 1 on parallel pairs and 0 on adjacent monolingual segments; counts: what
-    each rule used and what was left out, {rule: [documents or lines, segments, pieces]}."""
-    items, groups, counts = [], {}, {}
-    for group, paths in bar(pretrain_files(data_dir, mono_only).items(), desc='pre-training text'):
-        if group.startswith('mono:'):
-            docs = [[line for line in doc.split('\n') if line.strip()] for doc in read_text(paths[0]).split('\n\n')]
-            pairs = segment_pairs(tok, [d for d in docs if d], max_len, counts)
-        else:
-            lines = list(zip(*parallel_lines(*paths)))
-            kept = [(a, b) for a, b in lines if a.strip() and b.strip()]
-            longest = min(max_len, PARA_LEN) - 2  # Table 5: bilingual pairs of at most 128 tokens
-            whole = list(zip(tok.encode_words([a for a, _ in kept]), tok.encode_words([b for _, b in kept])))
-            pairs = [(x[:longest], y[:longest]) for x, y in whole]
-            used = sum(len(x) + len(y) for x, y in pairs)
-            count(counts, 'parallel lines, a pair each', len(pairs), 2 * len(pairs), used)
-            count(counts, 'left out: parallel lines with an empty side', len(lines) - len(kept), 0, 0)
-            count(counts, f'left out: parallel pieces past {longest} a side', 0, 0, sum(len(x) + len(y) for x, y in whole) - used)
-        label = int(group.startswith('para:'))
-        groups[group] = list(range(len(items), len(items) + len(pairs)))
-        items += [(Feature([tok.bos] + x + [tok.eos], label), Feature([tok.bos] + y + [tok.eos], label)) for x, y in pairs]
-    return items, {g: positions for g, positions in groups.items() if positions}, counts
+def pretraining_set(tok, data_dir, max_len, mono_only=False, cache=True):
+    """-> (items, {group: its items' positions}, counts): items are (x, y) Feature pairs, <s> x </s>
+    and <s> y </s>, labelled 1 on parallel pairs and 0 on adjacent monolingual segments; counts:
+    what each rule used and what was left out, {rule: [documents or lines, segments, pieces]}. The
+    text is read a chunk at a time and tokenized once into <data_dir>/.cache (as training_set)."""
+    groups = pretrain_files(data_dir, mono_only)
+    jobs = ((group, (group.startswith('para:'), chunk, max_len)) for group, paths in groups.items()
+            for chunk in chunks(documents(paths[0]) if group.startswith('mono:') else line_pairs(*paths), TEXT_CHUNK))
+    build = lambda path: write_items(path, tok, jobs, pair_arrays, pretraining_index, {'family': 'pretrain'})
+    folder = os.path.join(data_dir, '.cache') if cache else tempfile.mkdtemp()
+    try:
+        items = Items(cached(build, [tok.path] + [p for paths in groups.values() for p in paths],
+                             [CACHE_FORMAT, 'pretrain', max_len, mono_only], folder))
+    finally:
+        if not cache:
+            shutil.rmtree(folder)
+    return items, {g: range(*ends) for g, ends in items.meta['groups'].items()}, items.meta['counts']
+
+
+def chunks(iterable, n):
+    iterable = iter(iterable)
+    while chunk := list(islice(iterable, n)):
+        yield chunk
+
+
+def pair_arrays(job):
+    """(parallel, documents or line pairs, max_len) -> (the (x, y) pairs' features as flat arrays,
+    x then y, and the counts of what each rule used)."""
+    parallel, part, max_len = job
+    counts, tok = {}, TOKENIZER
+    if not parallel:
+        pairs = segment_pairs(tok, part, max_len, counts)
+    else:
+        kept = [(a, b) for a, b in part if a.strip() and b.strip()]
+        longest = min(max_len, PARA_LEN) - 2  # Table 5: bilingual pairs of at most 128 tokens
+        whole = list(zip(tok.encode_words([a for a, _ in kept]), tok.encode_words([b for _, b in kept])))
+        pairs = [(x[:longest], y[:longest]) for x, y in whole]
+        used = sum(len(x) + len(y) for x, y in pairs)
+        count(counts, 'parallel lines, a pair each', len(pairs), 2 * len(pairs), used)
+        count(counts, 'left out: parallel lines with an empty side', len(part) - len(kept), 0, 0)
+        count(counts, f'left out: parallel pieces past {longest} a side', 0, 0, sum(len(x) + len(y) for x, y in whole) - used)
+    sides = [[tok.bos] + side + [tok.eos] for pair in pairs for side in pair]
+    return {'ids': flat(sides), 'length': np.array([len(s) for s in sides], np.int32),
+            'label': np.full(len(sides), int(parallel), np.int32)}, counts
+
+
+def pretraining_index(done, total):
+    """write_items' index_of for pre-training: items (x, y) of consecutive features, each group's
+    items [first, end), and the counts of its chunks added up."""
+    groups, counts = {}, {}
+    for (name, before, chunk_counts), end in zip(done, [before for _, before, _ in done[1:]] + [total]):
+        groups[name] = [groups.get(name, [before // 2])[0], end // 2]
+        for rule, values in chunk_counts.items():
+            count(counts, rule, *values)
+    return np.arange(total).reshape(-1, 2), {'groups': {g: ends for g, ends in groups.items() if ends[1] > ends[0]},
+                                            'counts': counts}
 
 
 def pretraining_table(counts):
-    """What each rule of read_pretraining used and what was left out, as printed lines."""
+    """What each rule of pretraining_set used and what was left out, as printed lines."""
     rows = [f'  {rule:<46}{d:>11,}{s:>11,}{p:>13,}' for rule, (d, s, p) in counts.items() if d or s or p]
     return '\n'.join([f'{"pre-training data":<48}{"docs/lines":>11}{"segments":>11}{"pieces":>13}'] + rows)
 
@@ -1132,7 +1203,7 @@ def split_held_out(groups, share=0.02, most=500):
     for g, positions in groups.items():
         n = min(most, round(len(positions) * share), len(positions) - 1)
         n = max(n, 1 if len(positions) >= 20 else 0)
-        train[g], held = positions[:len(positions) - n], held + positions[len(positions) - n:]
+        train[g], held = positions[:len(positions) - n], held + list(positions[len(positions) - n:])
     return train, held
 
 
@@ -1142,7 +1213,7 @@ def sampling_weights(sizes, alpha=0.5):
     return q ** alpha / (q ** alpha).sum()
 
 
-def pretrain_batches(groups, sizes, n_steps, seed):
+def pretrain_batches(groups, sizes, n_steps, seed, alpha=0.5):
     """The batches of n_steps steps: monolingual and bilingual steps alternate (when both kinds
     are there), of sizes[0] and sizes[1] pairs; each batch is drawn from one language (pair),
     chosen with sampling_weights among its kind, its pairs drawn without replacement (with it
@@ -1150,7 +1221,7 @@ def pretrain_batches(groups, sizes, n_steps, seed):
     rng = np.random.default_rng(seed)
     kinds = [([g for g in groups if g.startswith(kind)], size) for kind, size in zip(('mono:', 'para:'), sizes)]
     kinds = [(names, size) for names, size in kinds if names]
-    weights = [sampling_weights([len(groups[g]) for g in names]) for names, _ in kinds]
+    weights = [sampling_weights([len(groups[g]) for g in names], alpha) for names, _ in kinds]
     batches = []
     for step in range(n_steps):
         (names, batch_size), p = kinds[step % len(kinds)], weights[step % len(kinds)]
@@ -1181,7 +1252,8 @@ def translation_items(tok, data_dir, src, tgt, split, lang_ids, max_len):
     released data preparation keeps 1 to 250 pieces; every test line is kept (cut to fit 512
     positions), so that each gets a translation."""
     paths = parallel_files(data_dir, src, tgt, split)
-    x_lines, y_lines = parallel_lines(*paths)
+    pairs = list(line_pairs(*paths))
+    x_lines, y_lines = [x for x, _ in pairs], [y for _, y in pairs]
     longest, test = 512 - 2, split == 'test'
     items, skipped = [], {'with an empty side': 0, f'longer than {max_len} pieces': 0}
     for x, y in zip(tok.encode_lines(x_lines), tok.encode_lines(y_lines)):

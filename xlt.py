@@ -598,7 +598,9 @@ class VecoPretrain(Method):
                          Option('para_batch_size', int, 'pairs of a bilingual step; --batch_size is the monolingual '
                                 'one (default 4 x --batch_size, Table 5\'s 1024 / 4096; the demo: 1 x)', AT_LEAST_1),
                          Option('no_cs_mlm', bool, 'CS-MLM off, no cross-attention: MLM and TLM, Table 2\'s XLM'),
-                         Option('mono_only', bool, 'the monolingual text alone (Table 2\'s first rows)'))
+                         Option('mono_only', bool, 'the monolingual text alone (Table 2\'s first rows)'),
+                         Option('lang_alpha', float, 'languages drawn with p_i ~ n_i^alpha over their pairs n_i (Section 4: 0.5, '
+                                'as XLM; XLM-R took 0.3)', POSITIVE, default=0.5))
 
     RUN = {'pretrain': {'steps': 240000, 'eval_every': 2000, 'warmup': 0.05, 'batch_size': 1024, 'max_len': 512}}  # Table 5
 
@@ -631,7 +633,7 @@ class VecoPretrain(Method):
                      'XLM-R checkpoint, python layers.py convert)')
         torch.manual_seed(args.seed)
         method = cls(encoder, run.tok.mask, mlm, args.cross_only_steps, cs_mlm=not args.no_cs_mlm).to(run.device)
-        items, groups, used = data.read_pretraining(run.tok, args.data_dir, args.max_len, args.mono_only)
+        items, groups, used = data.pretraining_set(run.tok, args.data_dir, args.max_len, args.mono_only, not args.no_cache)
         run.say(data.pretraining_table(used))
         groups, held = data.split_held_out(groups)
         if not groups:
@@ -641,7 +643,7 @@ class VecoPretrain(Method):
         steps = lambda epoch: min(args.eval_every, args.steps - epoch * args.eval_every)  # an 'epoch': eval_every steps
         sizes = (args.batch_size, args.para_batch_size)
         run.fit(method, items, validate, lambda epoch: data.pretrain_batches(groups, sizes, steps(epoch),
-                                                                              args.seed * 1000 + epoch))
+                                                                              args.seed * 1000 + epoch, args.lang_alpha))
         run.load_best(method)
         losses = validate()
         names = sorted({k for row in losses.values() for k in row} - {'score'})

@@ -13,6 +13,7 @@ against the dense matmul rate measured on the same device.
 import argparse
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -392,6 +393,88 @@ def data_bench(args):
     print(f'the cache: {cache / 2 ** 30:.2f} GB in {folder}/.cache')
 
 
+def generated_text(folder, megabytes, seed=0):
+    """About `megabytes` MB of pre-training text in the README's layout: monolingual documents
+    (5-30 lines of 8-40 Zipf-distributed words) in English and German (German: each word with a
+    suffix), a third each, and a third of English-German parallel lines. -> a sample of lines."""
+    rng = np.random.default_rng(seed)
+    letters = np.array(list('bcdfghklmnprstvz')), np.array(list('aeiou'))
+    vocab = np.array([''.join(rng.choice(letters[i % 2]) for i in range(rng.integers(2, 9))) for _ in range(60000)])
+    p = 1 / np.arange(1, len(vocab) + 1) ** 1.1
+    p /= p.sum()
+
+    def lines(n):
+        lengths = rng.integers(8, 41, n)
+        return [' '.join(vocab[w]) for w in np.split(rng.choice(len(vocab), lengths.sum(), p=p), np.cumsum(lengths)[:-1])]
+    os.makedirs(f'{folder}/pretrain/mono', exist_ok=True)
+    os.makedirs(f'{folder}/pretrain/parallel', exist_ok=True)
+    files = {name: open(f'{folder}/pretrain/{name}', 'w') for name in ('mono/en.txt', 'mono/de.txt', 'parallel/en-de.en', 'parallel/en-de.de')}
+    sample, budget = [], megabytes * 2 ** 20 / 3
+    for name in ('mono/en.txt', 'mono/de.txt'):
+        while files[name].tell() < budget:
+            doc = lines(int(rng.integers(5, 31)))
+            files[name].write('\n'.join(w + 'de' * name.endswith('de.txt') for w in doc) + '\n\n')
+            sample += doc[:2] if len(sample) < 100000 else []
+    while files['parallel/en-de.en'].tell() + files['parallel/en-de.de'].tell() < budget:
+        block = lines(1000)
+        files['parallel/en-de.en'].write(''.join(s + '\n' for s in block))
+        files['parallel/en-de.de'].write(''.join(' '.join(w + 'de' for w in s.split()) + '\n' for s in block))
+    for f in files.values():
+        f.close()
+    return sample
+
+
+def timed_steps(argv):
+    """In this process: train.py's run of argv -> (seconds from its first training step to its
+    last, steps, peak resident MB)."""
+    import resource
+    import train
+    times, step = [], train.train_step
+
+    def timed(*a, **k):
+        times.append(time.perf_counter())
+        return step(*a, **k)
+    train.train_step = timed
+    train.main(argv)
+    return times[-1] - times[0], len(times), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def pretrain_bench(args):
+    """VECO's pre-training on --pretrain_text MB of generated text: the preparation (tokenizing
+    into the cache), in a process of its own, then a run of --steps steps after it: MB/s, steps/s
+    and the peak resident memory of each."""
+    import json
+    import subprocess
+    import sentencepiece as spm
+    folder = args.workdir or tempfile.mkdtemp(prefix='bench-pretrain-')
+    if not os.path.exists(f'{folder}/pretrain'):
+        t = time.perf_counter()
+        sample = generated_text(folder, args.pretrain_text)
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(sample), model_prefix=f'{folder}/spm', vocab_size=32000,
+                                       hard_vocab_limit=False, model_type='unigram', minloglevel=2)
+        print(f'generated {args.pretrain_text} MB of text in {folder} ({time.perf_counter() - t:.0f} s)')
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(f'{folder}/pretrain') for f in fs) / 2 ** 20
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    prepare = (f'import sys, time, resource, json; sys.path.insert(0, {root!r}); import data; t = time.perf_counter(); '
+               f'items, groups, _ = data.pretraining_set(data.Tokenizer({folder!r} + "/spm.model"), {folder!r}, 512); '
+               'print(json.dumps([time.perf_counter() - t, len(items), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]))')
+    shutil.rmtree(f'{folder}/.cache', ignore_errors=True)
+    out = subprocess.run([sys.executable, '-c', prepare], capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(out.stderr[-3000:])
+    seconds, pairs, peak = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f'preparation: {size:.0f} MB of text into {pairs} pairs in {seconds:.0f} s, {size / seconds:.1f} MB/s; peak resident {peak:.0f} MB')
+    argv = ['--method', 'veco', '--task', 'pretrain', '--data_dir', folder, '--spm', f'{folder}/spm.model', '--model', 'tiny',
+            '--from_scratch', '--steps', str(args.steps), '--eval_every', str(args.steps), '--batch_size', '16',
+            '--para_batch_size', '16', '--out', f'{folder}/run', '--overwrite']
+    out = subprocess.run([sys.executable, __file__, '--timed_steps', json.dumps(argv)], capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(out.stderr[-3000:])
+    seconds, steps, peak = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f'pre-training after it (tiny, batches of 16 pairs): {(steps - 1) / seconds:.2f} steps/s over {steps} steps; '
+          f'peak resident {peak:.0f} MB')
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--model', default='base', choices=list(layers.CONFIGS))
@@ -421,10 +504,18 @@ def main():
     parser.add_argument('--ranks', type=int, default=2, help='--data: processes of the first and third starts (torchrun)')
     parser.add_argument('--no_cache', action='store_true', help='--data: the runs with --no_cache')
     parser.add_argument('--first_step', help=argparse.SUPPRESS)  # --data: one start, in a process of its own
+    parser.add_argument('--pretrain_text', type=int, help='VECO\'s pre-training on this many MB of generated text: '
+                        'the preparation\'s MB/s, then --steps steps: steps/s and peak memory of each')
+    parser.add_argument('--timed_steps', help=argparse.SUPPRESS)  # --pretrain_text: the run, in a process of its own
     args = parser.parse_args()
     if args.first_step:
         import json
         return print(json.dumps(first_step(json.loads(args.first_step))))
+    if args.timed_steps:
+        import json
+        return print(json.dumps(timed_steps(json.loads(args.timed_steps))))
+    if args.pretrain_text:
+        return pretrain_bench(args)
     if args.data:
         args.examples = args.examples if args.examples != 256 else 39270  # a tenth of XNLI's 392,702
         return data_bench(args)

@@ -212,6 +212,17 @@ def test_steps_alternate_monolingual_and_bilingual_batches_of_their_own_sizes():
     assert (pre.batch_size, pre.para_batch_size, demo.para_batch_size) == (1024, 4096, 16)  # Table 5; the demo 1:1
 
 
+def test_languages_are_drawn_with_the_smoothing_exponent():
+    """p_i = q_i^alpha / sum_j q_j^alpha, q_i a language's share of the pairs: Swahili's 10% is
+    drawn 34% of the time at XLM-R's 0.3, 25% at VECO's (and XLM's) 0.5, 10% at 1."""
+    groups = {'mono:en': range(0, 900), 'mono:sw': range(900, 1000)}
+    for alpha, expected in ((0.3, 0.1 ** 0.3 / (0.1 ** 0.3 + 0.9 ** 0.3)), (0.5, 0.1 ** 0.5 / (0.1 ** 0.5 + 0.9 ** 0.5)),
+                            (1.0, 0.1)):
+        batches = data.pretrain_batches(groups, (1, 1), 4000, seed=0, alpha=alpha)
+        assert abs(sum(b[0] >= 900 for b in batches) / 4000 - expected) < 0.03  # 4 standard deviations
+    assert train.parse_args(['--method', 'veco', '--task', 'pretrain', '--from_scratch']).lang_alpha == 0.5
+
+
 def test_tlm_pairs_are_xlmr_pairs():
     a, b = torch.tensor([[0, 5, 6, 2], [0, 7, 2, 1]]), torch.tensor([[0, 8, 2, 1, 1], [0, 9, 10, 11, 2]])
     ids, mask, order = xlt.concat_pairs(a, a.ne(1), b, b.ne(1))
@@ -352,7 +363,7 @@ def test_every_monolingual_document_makes_pairs(tmp_path, demo_data):
     # five lines, two a segment: segments (1 2) (3 4) (5); two lines: one segment; one line; one word
     docs = ['\n'.join([line] * 5), '\n'.join([line] * 2), line, word]
     (tmp_path / 'pretrain' / 'mono' / 'en.txt').write_text('\n\n'.join(docs) + '\n')
-    items, groups, counts = data.read_pretraining(tok, str(tmp_path), max_len=2 * n + 2)
+    items, groups, counts = data.pretraining_set(tok, str(tmp_path), max_len=2 * n + 2)
     starts = [i for i in range(1, n) if tok.sp.id_to_piece(ids[i] - 1).startswith('\u2581')]
     cut = min(starts, key=lambda i: abs(i - n / 2))  # the word start nearest the middle
     two = [0] + ids * 2 + [2]
@@ -363,6 +374,34 @@ def test_every_monolingual_document_makes_pairs(tmp_path, demo_data):
     assert counts == {'adjacent segments': [1, 2, 4 * n], 'odd last segment, with the one before': [1, 1, n],
                       'one segment, cut at a line': [1, 1, 2 * n], 'one line, cut at a word': [1, 1, n],
                       'left out: a single word': [1, 1, len(tok.encode(word))]}
+
+
+def test_pretraining_text_is_read_a_chunk_at_a_time_and_as_a_whole_file(tmp_path, demo_data, monkeypatch):
+    """Documents and parallel lines read a chunk at a time (here one each) from files with a BOM,
+    CRLF line ends, a line of spaces and extra blank lines give the pairs, groups and counts of
+    the same text read in one chunk from plain files."""
+    tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
+    line, word = 'Anna reads the book .', 'Anna'
+    docs = ['\n'.join([line] * 5), '\n'.join([line] * 2), line, word]
+    para = [('Anna reads .', 'Anna liest .'), ('the book', ''), ('a', 'ein'), ('Anna', 'Anna'), ('book .', 'Buch .')]
+
+    def write(folder, mono, parallel, end='\n'):
+        os.makedirs(folder / 'pretrain' / 'mono')
+        os.makedirs(folder / 'pretrain' / 'parallel')
+        (folder / 'pretrain' / 'mono' / 'en.txt').write_bytes(mono.replace('\n', end).encode('utf-8-sig' if end != '\n' else 'utf-8'))
+        for side, lang in enumerate(('en', 'de')):
+            (folder / 'pretrain' / 'parallel' / f'en-de.{lang}').write_bytes(''.join(p[side] + end for p in parallel).encode())
+        return str(folder)
+    plain = write(tmp_path / 'plain', '\n\n'.join(docs) + '\n', para)
+    messy = write(tmp_path / 'messy', '\n\n\n'.join(docs[:2]).replace(line, line + '\n   ', 1) + '\n\n' + '\n\n'.join(docs[2:]),
+                  para, end='\r\n')
+    expected = data.pretraining_set(tok, plain, 64)
+    monkeypatch.setattr(data, 'TEXT_CHUNK', 1)
+    items, groups, counts = data.pretraining_set(tok, messy, 64)
+    assert [(x.ids, y.ids, x.label) for x, y in items] == [(x.ids, y.ids, x.label) for x, y in expected[0]]
+    assert groups == expected[1] == {'mono:en': range(0, 3), 'para:en-de': range(3, 7)}  # 3 documents of pairs; a line has an empty side
+    assert counts == expected[2] and counts['left out: parallel lines with an empty side'] == [1, 0, 0]
+    assert counts['parallel lines, a pair each'][:2] == [4, 8]
 
 
 def test_fine_tuning_defaults_are_vecos():
