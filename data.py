@@ -813,6 +813,8 @@ def write_items(path, tok, jobs, work, index_of, meta):
     global TOKENIZER
     tmp, files, done, total, pool, TOKENIZER = f'{path}.tmp{os.getpid()}', {}, [], 0, None, tok
     os.makedirs(tmp)
+    ends = {'ends': 0, 'word_ends': 0}  # the offsets of each feature's ids and words, from a first 0
+    append(tmp, files, {key: np.zeros(1, np.int64) for key in ends})
     jobs, cores, progress = iter(jobs), len(os.sched_getaffinity(0)), bar(desc='tokenizing', unit=' jobs', leave=False)
     while window := list(islice(jobs, 4 * cores)):
         if pool is None and len(window) > 1:  # fork: the workers run sentencepiece and numpy, never torch
@@ -820,6 +822,9 @@ def write_items(path, tok, jobs, work, index_of, meta):
         for (name, _), (arrays, info) in zip(window, (pool.imap if pool else map)(work, [job for _, job in window])):
             done.append((name, total, info))
             total += len(arrays['length'])
+            for key, counts in (('ends', arrays['length']), ('word_ends', arrays.pop('word_count', []))):
+                arrays[key] = ends[key] + np.cumsum(counts, dtype=np.int64)
+                ends[key] += int(np.sum(counts))
             append(tmp, files, arrays)
             progress.update()
     if pool:
@@ -908,18 +913,17 @@ def aligned(sides):
 
 class Items:
     """A training set memory-mapped from its folder (write_items): items[i] is a Feature, or a
-    paired method's tuple of them, made when read; only the offsets are held in memory."""
+    paired method's tuple of them, made when read."""
 
     def __init__(self, path):
         def load(name):
             file = os.path.join(path, f'{name}.bin')
             size = os.path.getsize(file) if os.path.exists(file) else 0
-            return np.memmap(file, np.int64 if name == 'items' else np.int32, 'r') if size else np.zeros(0, np.int32)
+            return np.memmap(file, np.int64 if name in ('items', 'ends', 'word_ends') else np.int32, 'r') if size else np.zeros(0, np.int32)
         meta = json.load(open(os.path.join(path, 'meta.json')))
         self.family, self.ids, self.example, self.label = meta['family'], load('ids'), load('example'), load('label')
-        self.index, self.words = load('items').reshape(-1, meta['sides']), load('words')
-        self.offsets, self.meta = np.concatenate([[0], np.cumsum(load('length'), dtype=np.int64)]), meta
-        self.word_offsets = np.concatenate([[0], np.cumsum(load('word_count'), dtype=np.int64)])
+        self.index, self.words, self.length = load('items').reshape(-1, meta['sides']), load('words'), load('length')
+        self.offsets, self.word_offsets, self.meta = load('ends'), load('word_ends'), meta  # nothing held in memory
 
     def __len__(self):
         return len(self.index)
@@ -937,7 +941,7 @@ class Items:
         return Feature(self.ids[a:b].tolist(), label, int(self.example[k]) if len(self.example) else 0)
 
     def lengths(self):
-        return np.diff(self.offsets)[self.index]
+        return self.length[self.index]
 
 
 # ----------------------------------------------------------------------------------------
