@@ -8,9 +8,12 @@ import json
 import math
 import multiprocessing
 import os
+import queue
 import shutil
 import sys
 import tempfile
+import threading
+from contextlib import nullcontext
 from dataclasses import dataclass
 from itertools import accumulate, groupby, islice, zip_longest
 
@@ -811,30 +814,48 @@ def write_items(path, tok, jobs, work, index_of, meta):
     index, more meta). Jobs go to forked worker processes a window at a time, so that a stream of
     them is held a window at a time."""
     global TOKENIZER
-    tmp, files, done, total, pool, TOKENIZER = f'{path}.tmp{os.getpid()}', {}, [], 0, None, tok
+    tmp, files, done, total, TOKENIZER = f'{path}.tmp{os.getpid()}', {}, [], 0, tok
     os.makedirs(tmp)
     ends = {'ends': 0, 'word_ends': 0}  # the offsets of each feature's ids and words, from a first 0
     append(tmp, files, {key: np.zeros(1, np.int64) for key in ends})
-    jobs, cores, progress = iter(jobs), len(os.sched_getaffinity(0)), bar(desc='tokenizing', unit=' jobs', leave=False)
-    while window := list(islice(jobs, 4 * cores)):
-        if pool is None and len(window) > 1:  # fork: the workers run sentencepiece and numpy, never torch
-            pool = multiprocessing.get_context('fork').Pool(cores)  # each with TOKENIZER
-        for (name, _), (arrays, info) in zip(window, (pool.imap if pool else map)(work, [job for _, job in window])):
-            done.append((name, total, info))
-            total += len(arrays['length'])
-            for key, counts in (('ends', arrays['length']), ('word_ends', arrays.pop('word_count', []))):
-                arrays[key] = ends[key] + np.cumsum(counts, dtype=np.int64)
-                ends[key] += int(np.sum(counts))
-            append(tmp, files, arrays)
-            progress.update()
-    if pool:
-        pool.close()
+    cores, progress = len(os.sched_getaffinity(0)), bar(desc='tokenizing', unit=' jobs', leave=False)
+    # forked with TOKENIZER, before prefetched's thread starts; the workers run sentencepiece and numpy, never torch
+    with multiprocessing.get_context('fork').Pool(cores) if cores > 1 else nullcontext() as pool:
+        jobs = prefetched(jobs, 4 * cores)
+        while window := list(islice(jobs, 4 * cores)):
+            for (name, _), (arrays, info) in zip(window, (pool.imap if pool else map)(work, [job for _, job in window])):
+                done.append((name, total, info))
+                total += len(arrays['length'])
+                for key, counts in (('ends', arrays['length']), ('word_ends', arrays.pop('word_count', []))):
+                    arrays[key] = ends[key] + np.cumsum(counts, dtype=np.int64)
+                    ends[key] += int(np.sum(counts))
+                append(tmp, files, arrays)
+                progress.update()
     index, more = index_of(done, total)
     append(tmp, files, {'items': index.astype(np.int64)})
     for f in files.values():
         f.close()
     atomic_write(os.path.join(tmp, 'meta.json'), json.dumps(dict(meta, sides=index.shape[1], **more)))
     os.replace(tmp, path)
+
+
+def prefetched(iterable, n):
+    """iterable's items, made by a thread at most n ahead: the next file is read while the workers
+    tokenize the last one's."""
+    ahead, end = queue.Queue(n), object()
+
+    def fill():
+        try:
+            for item in iterable:
+                ahead.put(item)
+        except Exception as e:  # raised where the items are taken
+            ahead.put(e)
+        ahead.put(end)
+    threading.Thread(target=fill, daemon=True).start()
+    while (item := ahead.get()) is not end:
+        if isinstance(item, Exception):
+            raise item
+        yield item
 
 
 def append(folder, files, arrays):
@@ -920,7 +941,7 @@ class Items:
             file = os.path.join(path, f'{name}.bin')
             size = os.path.getsize(file) if os.path.exists(file) else 0
             return np.memmap(file, np.int64 if name in ('items', 'ends', 'word_ends') else np.int32, 'r') if size else np.zeros(0, np.int32)
-        meta = json.load(open(os.path.join(path, 'meta.json')))
+        meta = json.loads(read_text(os.path.join(path, 'meta.json')))
         self.family, self.ids, self.example, self.label = meta['family'], load('ids'), load('example'), load('label')
         self.index, self.words, self.length = load('items').reshape(-1, meta['sides']), load('words'), load('length')
         self.offsets, self.word_offsets, self.meta = load('ends'), load('word_ends'), meta  # nothing held in memory
@@ -939,9 +960,6 @@ class Items:
             return Feature(self.ids[a:b].tolist(), self.label[a:b].tolist(), int(self.example[k]), words)
         label = tuple(self.label[2 * k:2 * k + 2].tolist()) if self.family == 'qa' else int(self.label[k])
         return Feature(self.ids[a:b].tolist(), label, int(self.example[k]) if len(self.example) else 0)
-
-    def lengths(self):
-        return self.length[self.index]
 
 
 # ----------------------------------------------------------------------------------------
@@ -997,12 +1015,14 @@ BUCKET = 4  # by length in steps of this many tokens, not token by token: where 
 # model stalls more often (at 64% English: exactly sorted 4 of seeds 1-6, in steps of 4 2 of 6; random 3 of 1-12)
 
 
-def item_lengths(items):
-    """(items, sides) array of the tokens of each side of each item: one side for a feature, one
-    per side for a paired method's tuple (each side of a batch is padded on its own)."""
+def item_lengths(items, index=None):
+    """(items, sides) array of the tokens of each side of items[index] (all items by default):
+    one side for a feature, one per side for a paired method's tuple (each side of a batch is
+    padded on its own)."""
     if isinstance(items, Items):
-        return items.lengths()
-    return np.array([[len(f.ids) for f in (item if isinstance(item, tuple) else (item,))] for item in items]).reshape(len(items), -1)
+        return items.length[items.index[slice(None) if index is None else index]]
+    index = range(len(items)) if index is None else index
+    return np.array([[len(f.ids) for f in (items[i] if isinstance(items[i], tuple) else (items[i],))] for i in index]).reshape(len(index), -1)
 
 
 def global_batches(n, batch_size, seed, chunks, lengths=None):
@@ -1036,12 +1056,13 @@ def stepped(cut, steps, eval_every, batch_size):
     return lambda epoch: [cut(s // per_pass)[s % per_pass] for s in range(epoch * eval_every, min((epoch + 1) * eval_every, steps))]
 
 
-def pad_share(lengths, batches, parts):
+def pad_share(lengths_of, batches, parts):
     """The share of padding tokens in an epoch's micro-batches (each global batch cut into
-    `parts`, as the training step cuts it; each side padded to its longest item). lengths: item_lengths'."""
-    real, padded, lengths = 0, 0, np.asarray(lengths)
+    `parts`, as the training step cuts it; each side padded to its longest item). lengths_of(index)
+    -> item_lengths' of those items: only an epoch's are read."""
+    real = padded = 0
     for batch in batches:
-        for chunk in (lengths[c] for c in np.array_split(np.array(batch), parts) if len(c)):
+        for chunk in (lengths_of(c) for c in np.array_split(np.array(batch), parts) if len(c)):
             real, padded = real + chunk.sum(), padded + len(chunk) * chunk.max(0).sum()
     return 1 - real / max(padded, 1)
 

@@ -735,12 +735,12 @@ def train(run, method, items, validate, batches_of, keep_last=0):
     model = DDP(method, device_ids=[run.device.index] if run.device.type == 'cuda' else None) if world > 1 else method
     state = resumed(run, method, opt, sched)
     log = open_log(run.path('log.jsonl'), state['step']) if rank == 0 else None
-    started, lengths, collate = time.time(), data.item_lengths(items), data.collate_items(method.paired)
+    started, collate = time.time(), data.collate_items(method.paired)
     method.step = state['step']  # the optimiser step: methods with schedules (X-Mixup's p*, frozen phases) read it
     while state['epoch'] < args.epochs:
         # since: the logs of the steps since the last line; epoch_loss: (mean loss, steps) of each line of the epoch
         batches, since, epoch_loss = batches_of(state['epoch']), [], []
-        padding = data.pad_share(lengths, batches, run.chunks)
+        padding = data.pad_share(lambda index: data.item_lengths(items, index), batches, run.chunks)
         bar = data.bar(total=len(batches), initial=state['step'] % per_epoch, desc=f'epoch {state["epoch"] + 1}/{args.epochs}')
         for batch in batches[state['step'] % per_epoch:]:
             method.train()

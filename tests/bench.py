@@ -236,7 +236,7 @@ def pipeline_bench(models, cfg, args, device):
         print(f'{label:<30} {real / median:>9.0f} real tokens/s   padding {1 - real / padded:6.1%}   ({median:.1f} s)')
         times[way] = median
     print(f'ours / released way: {times["released way"] / times["ours"]:.2f}x; random batches each padded to their '
-          f'longest would pad {data.pad_share([(n,) for n in lengths], plain, 1):.1%}')
+          f'longest would pad {data.pad_share(lambda c: np.array(lengths)[c, None], plain, 1):.1%}')
 
 
 def optimizer_bench(cfg, args):
@@ -440,9 +440,9 @@ def timed_steps(argv):
 
 
 def pretrain_bench(args):
-    """VECO's pre-training on --pretrain_text MB of generated text: the preparation (tokenizing
-    into the cache), in a process of its own, then a run of --steps steps after it: MB/s, steps/s
-    and the peak resident memory of each."""
+    """VECO's pre-training on --pretrain_text MB of generated text, segments of up to --seq pieces:
+    the preparation (tokenizing into the cache), in a process of its own, then a run of --steps
+    steps after it: MB/s, steps/s and the peak resident memory of each."""
     import json
     import subprocess
     import sentencepiece as spm
@@ -456,7 +456,7 @@ def pretrain_bench(args):
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(f'{folder}/pretrain') for f in fs) / 2 ** 20
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     prepare = (f'import sys, time, resource, json; sys.path.insert(0, {root!r}); import data; t = time.perf_counter(); '
-               f'items, groups, _ = data.pretraining_set(data.Tokenizer({folder!r} + "/spm.model"), {folder!r}, 512); '
+               f'items, groups, _ = data.pretraining_set(data.Tokenizer({folder!r} + "/spm.model"), {folder!r}, {args.seq}); '
                'print(json.dumps([time.perf_counter() - t, len(items), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]))')
     shutil.rmtree(f'{folder}/.cache', ignore_errors=True)
     out = subprocess.run([sys.executable, '-c', prepare], capture_output=True, text=True)
@@ -465,13 +465,13 @@ def pretrain_bench(args):
     seconds, pairs, peak = json.loads(out.stdout.strip().splitlines()[-1])
     print(f'preparation: {size:.0f} MB of text into {pairs} pairs in {seconds:.0f} s, {size / seconds:.1f} MB/s; peak resident {peak:.0f} MB')
     argv = ['--method', 'veco', '--task', 'pretrain', '--data_dir', folder, '--spm', f'{folder}/spm.model', '--model', 'tiny',
-            '--from_scratch', '--steps', str(args.steps), '--eval_every', str(args.steps), '--batch_size', '16',
+            '--from_scratch', '--steps', str(args.steps), '--eval_every', str(args.steps), '--batch_size', '16', '--max_len', str(args.seq),
             '--para_batch_size', '16', '--out', f'{folder}/run', '--overwrite']
     out = subprocess.run([sys.executable, __file__, '--timed_steps', json.dumps(argv)], capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
     seconds, steps, peak = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f'pre-training after it (tiny, batches of 16 pairs): {(steps - 1) / seconds:.2f} steps/s over {steps} steps; '
+    print(f'pre-training after it (tiny, batches of 16 pairs of --seq {args.seq}): {(steps - 1) / seconds:.2f} steps/s over {steps} steps; '
           f'peak resident {peak:.0f} MB')
 
 
