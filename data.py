@@ -819,22 +819,24 @@ def write_items(path, tok, jobs, work, index_of, meta):
     ends = {'ends': 0, 'word_ends': 0}  # the offsets of each feature's ids and words, from a first 0
     append(tmp, files, {key: np.zeros(1, np.int64) for key in ends})
     cores, progress = len(os.sched_getaffinity(0)), bar(desc='tokenizing', unit=' jobs', leave=False)
-    # forked with TOKENIZER, before prefetched's thread starts; the workers run sentencepiece and numpy, never torch
-    with multiprocessing.get_context('fork').Pool(cores) if cores > 1 else nullcontext() as pool:
-        jobs = prefetched(jobs, 4 * cores)
-        while window := list(islice(jobs, 4 * cores)):
-            for (name, _), (arrays, info) in zip(window, (pool.imap if pool else map)(work, [job for _, job in window])):
-                done.append((name, total, info))
-                total += len(arrays['length'])
-                for key, counts in (('ends', arrays['length']), ('word_ends', arrays.pop('word_count', []))):
-                    arrays[key] = ends[key] + np.cumsum(counts, dtype=np.int64)
-                    ends[key] += int(np.sum(counts))
-                append(tmp, files, arrays)
-                progress.update()
-    index, more = index_of(done, total)
-    append(tmp, files, {'items': index.astype(np.int64)})
-    for f in files.values():
-        f.close()
+    try:
+        # forked with TOKENIZER, before prefetched's thread starts; the workers run sentencepiece and numpy, never torch
+        with multiprocessing.get_context('fork').Pool(cores) if cores > 1 else nullcontext() as pool:
+            jobs = prefetched(jobs, 4 * cores)
+            while window := list(islice(jobs, 4 * cores)):
+                for (name, _), (arrays, info) in zip(window, (pool.imap if pool else map)(work, [job for _, job in window])):
+                    done.append((name, total, info))
+                    total += len(arrays['length'])
+                    for key, counts in (('ends', arrays['length']), ('word_ends', arrays.pop('word_count', []))):
+                        arrays[key] = ends[key] + np.cumsum(counts, dtype=np.int64)
+                        ends[key] += int(np.sum(counts))
+                    append(tmp, files, arrays)
+                    progress.update()
+        index, more = index_of(done, total)
+        append(tmp, files, {'items': index.astype(np.int64)})
+    finally:  # a build that fails leaves its folder for the next one to remove, its files closed
+        for f in files.values():
+            f.close()
     atomic_write(os.path.join(tmp, 'meta.json'), json.dumps(dict(meta, sides=index.shape[1], **more)))
     os.replace(tmp, path)
 

@@ -482,7 +482,9 @@ print(len(data.training_set(tok, {demo!r}, 'xnli', ['de', 'zh'], 'translations')
 
 def test_a_build_killed_halfway_is_never_read_and_two_processes_build_once(tmp_path):
     demo, cache = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=5), tmp_path / 'demo' / '.cache'
-    assert build_in_a_process(demo, kill_after=2).wait() == -signal.SIGKILL  # killed in the first translations
+    killed = build_in_a_process(demo, kill_after=2)
+    killed.communicate()
+    assert killed.returncode == -signal.SIGKILL  # killed in the first translations
     assert [n for n in os.listdir(cache) if n != '.lock'][0].count('.tmp') == 1  # its folder was never moved into place
     starts = [build_in_a_process(demo, together=str(tmp_path)) for _ in range(2)]
     outs = [p.communicate()[0] for p in starts]
