@@ -833,7 +833,7 @@ def write_items(path, tok, jobs, work, index_of, meta):
                     append(tmp, files, arrays)
                     progress.update()
         index, more = index_of(done, total)
-        append(tmp, files, {'items': index.astype(np.int64)})
+        append(tmp, files, {'items': index.astype(np.int64, copy=False)})
     finally:  # a build that fails leaves its folder for the next one to remove, its files closed
         for f in files.values():
             f.close()
@@ -935,18 +935,23 @@ def aligned(sides):
 
 
 class Items:
-    """A training set memory-mapped from its folder (write_items): items[i] is a Feature, or a
-    paired method's tuple of them, made when read."""
+    """A training set on disk (write_items): items[i] is a Feature, or a paired method's tuple of
+    them, made when read. The index, offsets and lengths are memory-mapped; a feature's ids and
+    labels are read from their files (pread) when it is made, since mapped pages read at random
+    stay in the process's resident set, 64 KB or so each (the kernel maps their neighbours too).
+    The page cache holds one copy for every process either way."""
 
     def __init__(self, path):
-        def load(name):
-            file = os.path.join(path, f'{name}.bin')
-            size = os.path.getsize(file) if os.path.exists(file) else 0
-            return np.memmap(file, np.int64 if name in ('items', 'ends', 'word_ends') else np.int32, 'r') if size else np.zeros(0, np.int32)
-        meta = json.loads(read_text(os.path.join(path, 'meta.json')))
-        self.family, self.ids, self.example, self.label = meta['family'], load('ids'), load('example'), load('label')
-        self.index, self.words, self.length = load('items').reshape(-1, meta['sides']), load('words'), load('length')
-        self.offsets, self.word_offsets, self.meta = load('ends'), load('word_ends'), meta  # nothing held in memory
+        meta, file = json.loads(read_text(os.path.join(path, 'meta.json'))), lambda name: os.path.join(path, f'{name}.bin')
+        there = lambda name: os.path.exists(file(name)) and os.path.getsize(file(name)) > 0
+        mapped = lambda name, dtype=np.int64: np.memmap(file(name), dtype, 'r') if there(name) else np.zeros(0, dtype)
+        self.family, self.meta, self.length = meta['family'], meta, mapped('length', np.int32)
+        self.index, self.offsets, self.word_offsets = mapped('items').reshape(-1, meta['sides']), mapped('ends'), mapped('word_ends')
+        self.files = {name: os.open(file(name), os.O_RDONLY) for name in ('ids', 'label', 'words', 'example') if there(name)}
+
+    def __del__(self):
+        for fd in getattr(self, 'files', {}).values():
+            os.close(fd)
 
     def __len__(self):
         return len(self.index)
@@ -955,13 +960,17 @@ class Items:
         feats = tuple(self.feature(k) for k in self.index[i])
         return feats if len(feats) > 1 else feats[0]
 
+    def read(self, name, a, b):
+        """Values a to b of the int32 array `name`, from its file."""
+        return np.frombuffer(os.pread(self.files[name], 4 * (b - a), 4 * a), np.int32).tolist() if name in self.files else []
+
     def feature(self, k):
-        a, b = self.offsets[k], self.offsets[k + 1]
+        a, b, example = int(self.offsets[k]), int(self.offsets[k + 1]), (self.read('example', k, k + 1) or [0])[0]
         if self.family == 'tagging':
-            words = self.words[self.word_offsets[k]:self.word_offsets[k + 1]].tolist()
-            return Feature(self.ids[a:b].tolist(), self.label[a:b].tolist(), int(self.example[k]), words)
-        label = tuple(self.label[2 * k:2 * k + 2].tolist()) if self.family == 'qa' else int(self.label[k])
-        return Feature(self.ids[a:b].tolist(), label, int(self.example[k]) if len(self.example) else 0)
+            words = self.read('words', int(self.word_offsets[k]), int(self.word_offsets[k + 1]))
+            return Feature(self.read('ids', a, b), self.read('label', a, b), example, words)
+        label = tuple(self.read('label', 2 * k, 2 * k + 2)) if self.family == 'qa' else self.read('label', k, k + 1)[0]
+        return Feature(self.read('ids', a, b), label, example)
 
 
 # ----------------------------------------------------------------------------------------

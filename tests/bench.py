@@ -396,15 +396,17 @@ def data_bench(args):
 def generated_text(folder, megabytes, seed=0):
     """About `megabytes` MB of pre-training text in the README's layout: monolingual documents
     (5-30 lines of 8-40 Zipf-distributed words) in English and German (German: each word with a
-    suffix), a third each, and a third of English-German parallel lines. -> a sample of lines."""
+    suffix), a third each, and a third of English-German parallel lines of 40-60 words (at --seq
+    64 every batch then has the same shape, so that memory tells the data apart from the
+    compute). -> a sample of lines."""
     rng = np.random.default_rng(seed)
     letters = np.array(list('bcdfghklmnprstvz')), np.array(list('aeiou'))
     vocab = np.array([''.join(rng.choice(letters[i % 2]) for i in range(rng.integers(2, 9))) for _ in range(60000)])
     p = 1 / np.arange(1, len(vocab) + 1) ** 1.1
     p /= p.sum()
 
-    def lines(n):
-        lengths = rng.integers(8, 41, n)
+    def lines(n, low=8, high=40):
+        lengths = rng.integers(low, high + 1, n)
         return [' '.join(vocab[w]) for w in np.split(rng.choice(len(vocab), lengths.sum(), p=p), np.cumsum(lengths)[:-1])]
     os.makedirs(f'{folder}/pretrain/mono', exist_ok=True)
     os.makedirs(f'{folder}/pretrain/parallel', exist_ok=True)
@@ -416,7 +418,7 @@ def generated_text(folder, megabytes, seed=0):
             files[name].write('\n'.join(w + 'de' * name.endswith('de.txt') for w in doc) + '\n\n')
             sample += doc[:2] if len(sample) < 100000 else []
     while files['parallel/en-de.en'].tell() + files['parallel/en-de.de'].tell() < budget:
-        block = lines(1000)
+        block = lines(1000, 40, 60)
         files['parallel/en-de.en'].write(''.join(s + '\n' for s in block))
         files['parallel/en-de.de'].write(''.join(' '.join(w + 'de' for w in s.split()) + '\n' for s in block))
     for f in files.values():
@@ -426,17 +428,19 @@ def generated_text(folder, megabytes, seed=0):
 
 def timed_steps(argv):
     """In this process: train.py's run of argv -> (seconds from its first training step to its
-    last, steps, peak resident MB)."""
+    last, steps, peak resident MB, the most private and mapped MB seen at a step)."""
     import resource
     import train
-    times, step = [], train.train_step
+    times, seen, step = [], [], train.train_step
 
     def timed(*a, **k):
         times.append(time.perf_counter())
+        seen.append(memory_mb())
         return step(*a, **k)
     train.train_step = timed
     train.main(argv)
-    return times[-1] - times[0], len(times), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return (times[-1] - times[0], len(times), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            max(m['RssAnon'] for m in seen), max(m['RssFile'] for m in seen))
 
 
 def pretrain_bench(args):
@@ -466,13 +470,13 @@ def pretrain_bench(args):
     print(f'preparation: {size:.0f} MB of text into {pairs} pairs in {seconds:.0f} s, {size / seconds:.1f} MB/s; peak resident {peak:.0f} MB')
     argv = ['--method', 'veco', '--task', 'pretrain', '--data_dir', folder, '--spm', f'{folder}/spm.model', '--model', 'tiny',
             '--from_scratch', '--steps', str(args.steps), '--eval_every', str(args.steps), '--batch_size', '16', '--max_len', str(args.seq),
-            '--para_batch_size', '16', '--out', f'{folder}/run', '--overwrite']
+            '--para_batch_size', '16', '--eval_batch_size', '16', '--out', f'{folder}/run', '--overwrite']
     out = subprocess.run([sys.executable, __file__, '--timed_steps', json.dumps(argv)], capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
-    seconds, steps, peak = json.loads(out.stdout.strip().splitlines()[-1])
+    seconds, steps, peak, private, mapped = json.loads(out.stdout.strip().splitlines()[-1])
     print(f'pre-training after it (tiny, batches of 16 pairs of --seq {args.seq}): {(steps - 1) / seconds:.2f} steps/s over {steps} steps; '
-          f'peak resident {peak:.0f} MB')
+          f'peak resident {peak:.0f} MB; at a step, at most {private:.0f} MB private and {mapped:.0f} MB of mapped files')
 
 
 def main():
