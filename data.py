@@ -218,7 +218,8 @@ def text_lines(path):
     with open(path, 'rb') as f:
         for n, raw in enumerate(f, 1):
             try:
-                yield raw.decode('utf-8-sig' if n == 1 else 'utf-8').rstrip('\n').removesuffix('\r')
+                text = raw.decode('utf-8-sig' if n == 1 else 'utf-8')
+                yield text[:-2] if text.endswith('\r\n') else text.removesuffix('\n')
             except UnicodeDecodeError as e:
                 raise DataError(f'{path}, line {n}: not UTF-8 (byte 0x{raw[e.start]:02x}); '
                                 'convert the file to UTF-8 (e.g. iconv -t UTF-8)') from None
@@ -257,8 +258,13 @@ def line_pairs(a_path, b_path):
 VERBOSE = True  # warnings about skipped data; the training script turns them off on all but one process
 
 
+HEARD = None  # the warnings of a build under way: kept in its meta.json and given at every load (Items)
+
+
 def warn(message):
-    if VERBOSE:
+    if HEARD is not None:
+        HEARD.append(message)
+    elif VERBOSE:
         print(f'warning: {message}')
 
 
@@ -792,6 +798,8 @@ def cached(build, files, settings, folder):
             for block in iter(lambda: f.read(1 << 24), b''):
                 digest.update(block)
     path = os.path.join(folder, digest.hexdigest()[:16])
+    if os.path.isdir(path):  # moved into place whole: complete, and read without waiting for other builds
+        return path
     try:
         os.makedirs(folder, exist_ok=True)
         lock = open(os.path.join(folder, '.lock'), 'w')
@@ -813,16 +821,16 @@ def write_items(path, tok, jobs, work, index_of, meta):
     it comes; then index_of([(name, features before it, info) of each job], features) -> (item
     index, more meta). Jobs go to forked worker processes a window at a time, so that a stream of
     them is held a window at a time."""
-    global TOKENIZER
-    tmp, files, done, total, TOKENIZER = f'{path}.tmp{os.getpid()}', {}, [], 0, tok
+    global TOKENIZER, HEARD
+    tmp, files, done, total, TOKENIZER, HEARD = f'{path}.tmp{os.getpid()}', {}, [], 0, tok, []
     os.makedirs(tmp)
     ends = {'ends': 0, 'word_ends': 0}  # the offsets of each feature's ids and words, from a first 0
     append(tmp, files, {key: np.zeros(1, np.int64) for key in ends})
-    cores, progress = len(os.sched_getaffinity(0)), bar(desc='tokenizing', unit=' jobs', leave=False)
+    cores = len(os.sched_getaffinity(0))
     try:
-        # forked with TOKENIZER, before prefetched's thread starts; the workers run sentencepiece and numpy, never torch
+        # forked with TOKENIZER before any thread starts (the bar's, prefetched's); the workers run sentencepiece and numpy
         with multiprocessing.get_context('fork').Pool(cores) if cores > 1 else nullcontext() as pool:
-            jobs = prefetched(jobs, 4 * cores)
+            jobs, progress = prefetched(jobs, 4 * cores), bar(desc='tokenizing', unit=' jobs', leave=False)
             while window := list(islice(jobs, 4 * cores)):
                 for (name, _), (arrays, info) in zip(window, (pool.imap if pool else map)(work, [job for _, job in window])):
                     done.append((name, total, info))
@@ -832,32 +840,44 @@ def write_items(path, tok, jobs, work, index_of, meta):
                         ends[key] += int(np.sum(counts))
                     append(tmp, files, arrays)
                     progress.update()
+            progress.close()
         index, more = index_of(done, total)
         append(tmp, files, {'items': index.astype(np.int64, copy=False)})
+        for f in files.values():  # on disk before the folder is moved into place
+            f.flush()
+            os.fsync(f.fileno())
     finally:  # a build that fails leaves its folder for the next one to remove, its files closed
         for f in files.values():
             f.close()
-    atomic_write(os.path.join(tmp, 'meta.json'), json.dumps(dict(meta, sides=index.shape[1], **more)))
+        heard, HEARD = HEARD, None
+    atomic_write(os.path.join(tmp, 'meta.json'), json.dumps(dict(meta, sides=index.shape[1], warnings=heard, **more)))
     os.replace(tmp, path)
 
 
 def prefetched(iterable, n):
     """iterable's items, made by a thread at most n ahead: the next file is read while the workers
     tokenize the last one's."""
-    ahead, end = queue.Queue(n), object()
+    ahead, end, stop = queue.Queue(n), object(), threading.Event()
 
     def fill():
         try:
             for item in iterable:
                 ahead.put(item)
+                if stop.is_set():
+                    return
         except Exception as e:  # raised where the items are taken
             ahead.put(e)
         ahead.put(end)
     threading.Thread(target=fill, daemon=True).start()
-    while (item := ahead.get()) is not end:
-        if isinstance(item, Exception):
-            raise item
-        yield item
+    try:
+        while (item := ahead.get()) is not end:
+            if isinstance(item, Exception):
+                raise item
+            yield item
+    finally:  # taken no further (an error, an interrupt): a put waiting for room ends, and the thread with it
+        stop.set()
+        while not ahead.empty():
+            ahead.get_nowait()
 
 
 def append(folder, files, arrays):
@@ -948,6 +968,8 @@ class Items:
         self.family, self.meta, self.length = meta['family'], meta, mapped('length', np.int32)
         self.index, self.offsets, self.word_offsets = mapped('items').reshape(-1, meta['sides']), mapped('ends'), mapped('word_ends')
         self.files = {name: os.open(file(name), os.O_RDONLY) for name in ('ids', 'label', 'words', 'example') if there(name)}
+        for message in meta['warnings']:  # what the readers said when the set was built
+            warn(message)
 
     def __del__(self):
         for fd in getattr(self, 'files', {}).values():
@@ -1032,8 +1054,9 @@ def item_lengths(items, index=None):
     padded on its own)."""
     if isinstance(items, Items):
         return items.length[items.index[slice(None) if index is None else index]]
-    index = range(len(items)) if index is None else index
-    return np.array([[len(f.ids) for f in (items[i] if isinstance(items[i], tuple) else (items[i],))] for i in index]).reshape(len(index), -1)
+    rows = [[len(f.ids) for f in (items[i] if isinstance(items[i], tuple) else (items[i],))]
+            for i in (range(len(items)) if index is None else index)]
+    return np.array(rows, np.int64).reshape(len(rows), -1) if rows else np.zeros((0, 1), np.int64)
 
 
 def global_batches(n, batch_size, seed, chunks, lengths=None):
