@@ -219,7 +219,8 @@ def text_lines(path):
         for n, raw in enumerate(f, 1):
             try:
                 text = raw.decode('utf-8-sig' if n == 1 else 'utf-8')
-                yield text[:-2] if text.endswith('\r\n') else text.removesuffix('\n')
+                if text:  # empty only for a file that holds a BOM alone: no line
+                    yield text[:-2] if text.endswith('\r\n') else text.removesuffix('\n')
             except UnicodeDecodeError as e:
                 raise DataError(f'{path}, line {n}: not UTF-8 (byte 0x{raw[e.start]:02x}); '
                                 'convert the file to UTF-8 (e.g. iconv -t UTF-8)') from None

@@ -365,6 +365,8 @@ def test_files_that_are_not_utf8_fail_in_one_line_and_bom_crlf_are_read(tmp_path
     (tmp_path / 'bad.json').write_bytes('{"data": "Grüße"}'.encode('latin-1'))
     with pytest.raises(data.DataError, match='bad.json, line 1: not UTF-8'):
         ev.read_qa_file(str(tmp_path / 'bad.json'))
+    (tmp_path / 'bom-only.txt').write_bytes(b'\xef\xbb\xbf')  # a BOM alone: no line, as an empty file
+    assert data.lines_of(str(tmp_path / 'bom-only.txt')) == [] and data.read_text(str(tmp_path / 'bom-only.txt')) == ''
 
 
 # ----------------------------------------------------------------------------------------
