@@ -2,6 +2,7 @@
 import argparse
 import csv
 import fcntl
+import functools
 import hashlib
 import io
 import json
@@ -125,6 +126,7 @@ class Tokenizer:
         """Text of ids; special tokens are dropped."""
         return self.sp.decode([0 if i == self.unk else i - 1 for i in ids if self.unk <= i < self.mask])
 
+    @functools.cache  # the same list for every call: the pre-training build asks once a chunk
     def word_starts(self):
         """For every id, whether its piece begins a word ('▁...'); the special tokens do not."""
         return [False] * 4 + [self.sp.id_to_piece(i - 1).startswith('▁') for i in range(4, self.mask)] + [False]
@@ -708,18 +710,13 @@ def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round
     into a temporary folder."""
     files = [tok.path, split_path(data_dir, task, 'train')] + [
         split_path(data_dir, task, kind, lang) for lang in langs for kind in ('translate-train', 'round-trip')[:1 + round_trip]]
-    settings = [CACHE_FORMAT, task, langs, trains_on, paired, round_trip, max_len, share, stride]
+    settings = [task, langs, trains_on, paired, round_trip, max_len, share, stride]
     width, kept = (2 + round_trip) if paired else 1, {}  # the sides of an item
     jobs = lambda: training_jobs(training_sources(data_dir, task, langs, trains_on, paired, round_trip, share), task,
                                  max_len, stride, kept)
     build = lambda path: write_items(path, tok, jobs(), feature_arrays, lambda done, total: training_index(done, total, kept, width),
                                      {'family': TASKS[task].family})
-    folder = os.path.join(data_dir, '.cache') if cache else tempfile.mkdtemp()
-    try:
-        return Items(cached(build, [p for p in files if p and os.path.exists(p)], settings, folder))
-    finally:
-        if not cache:
-            shutil.rmtree(folder)  # the mapped files live on until the items go
+    return stored(build, files, settings, data_dir, cache)
 
 
 def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share):
@@ -787,11 +784,23 @@ CACHE_FORMAT = 1  # part of every cache's key: raised when features change for t
 SLICE = 2000  # examples a worker tokenizes at a time (below progress()'s bar: workers draw none)
 
 
+def stored(build, files, settings, data_dir, cache=True):
+    """The Items that build(path) writes, kept in <data_dir>/.cache (cached: files that are not
+    there are left out of the key), or with cache False built into a temporary folder that is
+    removed once they are open (the open files live on until the items go)."""
+    folder = os.path.join(data_dir, '.cache') if cache else tempfile.mkdtemp()
+    try:
+        return Items(cached(build, [p for p in files if p and os.path.exists(p)], settings, folder))
+    finally:
+        if not cache:
+            shutil.rmtree(folder)
+
+
 def cached(build, files, settings, folder):
-    """folder/<key>, made by build(path) unless there; the key hashes the settings and each file's
-    path, size, mtime and content. One process builds, under a lock, while the others wait and
-    then read what it wrote; what builds killed halfway left behind is removed first."""
-    digest = hashlib.sha1(json.dumps(settings).encode())
+    """folder/<key>, made by build(path) unless there; the key hashes CACHE_FORMAT, the settings
+    and each file's path, size, mtime and content. One process builds, under a lock, while the
+    others wait and then read what it wrote; what builds killed halfway left behind is removed first."""
+    digest = hashlib.sha1(json.dumps([CACHE_FORMAT] + settings).encode())
     for path in files:
         stat = os.stat(path)
         digest.update(f'{os.path.abspath(path)} {stat.st_size} {stat.st_mtime_ns}'.encode())
@@ -1201,13 +1210,8 @@ def pretraining_set(tok, data_dir, max_len, mono_only=False, cache=True):
     jobs = ((group, (group.startswith('para:'), chunk, max_len)) for group, paths in groups.items()
             for chunk in chunks(documents(paths[0]) if group.startswith('mono:') else line_pairs(*paths), TEXT_CHUNK))
     build = lambda path: write_items(path, tok, jobs, pair_arrays, pretraining_index, {'family': 'pretrain'})
-    folder = os.path.join(data_dir, '.cache') if cache else tempfile.mkdtemp()
-    try:
-        items = Items(cached(build, [tok.path] + [p for paths in groups.values() for p in paths],
-                             [CACHE_FORMAT, 'pretrain', max_len, mono_only], folder))
-    finally:
-        if not cache:
-            shutil.rmtree(folder)
+    items = stored(build, [tok.path] + [p for paths in groups.values() for p in paths], ['pretrain', max_len, mono_only],
+                   data_dir, cache)
     return items, {g: range(*ends) for g, ends in items.meta['groups'].items()}, items.meta['counts']
 
 
