@@ -711,9 +711,33 @@ def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round
     files = [tok.path, split_path(data_dir, task, 'train')] + [
         split_path(data_dir, task, kind, lang) for lang in langs for kind in ('translate-train', 'round-trip')[:1 + round_trip]]
     settings = [task, langs, trains_on, paired, round_trip, max_len, share, stride]
-    width, kept = (2 + round_trip) if paired else 1, {}  # the sides of an item
-    jobs = lambda: training_jobs(training_sources(data_dir, task, langs, trains_on, paired, round_trip, share), task,
-                                 max_len, stride, kept)
+    sources = lambda: training_sources(data_dir, task, langs, trains_on, paired, round_trip, share)
+    return feature_set(tok, task, files, settings, sources, (2 + round_trip) if paired else 1, max_len, stride, data_dir, cache)
+
+
+def unlabelled_set(tok, data_dir, task, lang, share, max_len=None, cache=True):
+    """XLA's D_t: lang's unlabelled training features (Items). They are the target language's
+    own training split without its labels (tagging: XTREME ships train-<lang>.tsv for PAN-X), or
+    the target side of translate-train (XNLI, PAWS-X). With share below 1 the draw is disjoint
+    from English's (training_set's share), so the two are not translations of each other (the
+    paper's 5% setting)."""
+    tagging = TASKS[task].family == 'tagging'
+    files = [tok.path, split_path(data_dir, task, 'train'), split_path(data_dir, task, 'train' if tagging else 'translate-train', lang)]
+
+    def sources():
+        if tagging:  # the two languages' own training sets: each its own draw
+            yield lang, share_of([dict(ex, tags=None) for ex in read_split(data_dir, task, 'train', lang)], share, part=1), None
+        else:  # drawn from the pairs, so that the draw is disjoint from English's where translations are missing
+            pairs = share_of(read_translations(data_dir, task, 'train', lang, read_split(data_dir, task, 'train')), share, part=1)
+            yield lang, [dict(t, label=None) for _, t in pairs if t is not None], None
+    return feature_set(tok, task, files, ['unlabelled', task, lang, share, max_len], sources, 1, max_len, 128, data_dir, cache)
+
+
+def feature_set(tok, task, files, settings, sources, width, max_len, stride, data_dir, cache):
+    """Items of the features of sources() ((name, examples, positions of their English) a source at a
+    time), tokenized by feature_arrays (stored): each feature alone (width 1), or tuples of width."""
+    kept = {}  # each source's English positions, as its jobs are made
+    jobs = lambda: training_jobs(sources(), task, max_len, stride, kept)
     build = lambda path: write_items(path, tok, jobs(), feature_arrays, lambda done, total: training_index(done, total, kept, width),
                                      {'family': TASKS[task].family})
     return stored(build, files, settings, data_dir, cache)
@@ -758,22 +782,6 @@ def evaluation_set(data_dir, task, split, lang, translate_test=False, paired=Fal
     if lang == 'en':
         return gold, inputs, [(ex, ex) for ex in inputs]
     return gold, inputs, [(t or ex, ex) for ex, t in read_translations(data_dir, task, split, lang, inputs)]
-
-
-def self_training_sets(tok, data_dir, task, lang, share, max_len):
-    """XLA's (D_s: the English training features, D_t: lang's unlabelled training features). D_t
-    is the target language's own training split without its labels (tagging: XTREME ships
-    train-<lang>.tsv for PAN-X), or the target side of translate-train (XNLI, PAWS-X). With share
-    below 1 the two are disjoint random draws, so they are not translations of each other (the
-    paper's 5% setting)."""
-    english = read_split(data_dir, task, 'train')
-    if TASKS[task].family == 'tagging':  # the two languages' own training sets: each its own draw
-        target = share_of([dict(ex, tags=None) for ex in read_split(data_dir, task, 'train', lang)], share, part=1)
-    else:  # drawn from the pairs, so that the draw is disjoint from English's where translations are missing
-        pairs = share_of(read_translations(data_dir, task, 'train', lang, english), share, part=1)
-        target = [dict(t, label=None) for _, t in pairs if t is not None]
-    english = share_of(english, share, part=0)
-    return [make_features(tok, task, exs, max_len, train=True) for exs in (english, target)]
 
 
 # ----------------------------------------------------------------------------------------
@@ -830,19 +838,19 @@ def write_items(path, tok, jobs, work, index_of, meta):
     -> (arrays, info) over jobs, (name, job) pairs, each result's arrays appended to flat files as
     it comes; then index_of([(name, features before it, info) of each job], features) -> (item
     index, more meta). Jobs go to forked worker processes a window at a time, so that a stream of
-    them is held a window at a time."""
+    them is held a window at a time; with work None they are results already (XLA's samples)."""
     global TOKENIZER, HEARD
     tmp, files, done, total, TOKENIZER, HEARD = f'{path}.tmp{os.getpid()}', {}, [], 0, tok, []
     os.makedirs(tmp)
     ends = {'ends': 0, 'word_ends': 0}  # the offsets of each feature's ids and words, from a first 0
     append(tmp, files, {key: np.zeros(1, np.int64) for key in ends})
-    cores = len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0)) if work else 1
     try:
         # forked with TOKENIZER before any thread starts (the bar's, prefetched's); the workers run sentencepiece and numpy
         with multiprocessing.get_context('fork').Pool(cores) if cores > 1 else nullcontext() as pool:
             jobs, progress = prefetched(jobs, 4 * cores), bar(desc='tokenizing', unit=' jobs', leave=False)
             while window := list(islice(jobs, 4 * cores)):
-                for (name, _), (arrays, info) in zip(window, (pool.imap if pool else map)(work, [job for _, job in window])):
+                for (name, _), (arrays, info) in zip(window, (pool.imap if pool else map)(work or (lambda job: job), [job for _, job in window])):
                     done.append((name, total, info))
                     total += len(arrays['length'])
                     for key, counts in (('ends', arrays['length']), ('word_ends', arrays.pop('word_count', []))):
@@ -861,6 +869,7 @@ def write_items(path, tok, jobs, work, index_of, meta):
             f.close()
         heard, HEARD = HEARD, None
     atomic_write(os.path.join(tmp, 'meta.json'), json.dumps(dict(meta, sides=index.shape[1], warnings=heard, **more)))
+    shutil.rmtree(path, ignore_errors=True)  # an earlier run's (XLA's samples, made anew in a run's folder)
     os.replace(tmp, path)
 
 
@@ -913,7 +922,7 @@ def feature_arrays(job):
     if TASKS[task].family == 'tagging':
         arrays.update(label=flat(f.label for f in feats), words=flat(f.words for f in feats),
                       word_count=np.array([len(f.words) for f in feats], np.int32))
-    else:
+    elif all(f.label is not None for f in feats):  # none for unlabelled text (XLA's D_t): its items have label None
         arrays['label'] = np.array([f.label for f in feats], np.int32)
     return arrays, np.searchsorted(arrays['example'] - base, np.arange(len(examples) + 1))
 
@@ -996,13 +1005,19 @@ class Items:
         """Values a to b of the int32 array `name`, from its file."""
         return np.frombuffer(os.pread(self.files[name], 4 * (b - a), 4 * a), np.int32).tolist() if name in self.files else []
 
+    def lengths(self, index=None):
+        """item_lengths' (items, sides) array: the token count of each side of items[index] (default all)."""
+        return self.length[self.index[slice(None) if index is None else index]]
+
     def feature(self, k):
         a, b, example = int(self.offsets[k]), int(self.offsets[k + 1]), (self.read('example', k, k + 1) or [0])[0]
-        if self.family == 'tagging':
-            words = self.read('words', int(self.word_offsets[k]), int(self.word_offsets[k + 1]))
-            return Feature(self.read('ids', a, b), self.read('label', a, b), example, words)
-        label = tuple(self.read('label', 2 * k, 2 * k + 2)) if self.family == 'qa' else self.read('label', k, k + 1)[0]
-        return Feature(self.read('ids', a, b), label, example)
+        words = self.read('words', int(self.word_offsets[k]), int(self.word_offsets[k + 1])) if self.family == 'tagging' else None
+        label = self.read('label', *{'tagging': (a, b), 'qa': (2 * k, 2 * k + 2)}.get(self.family, (k, k + 1)))
+        if 'label' not in self.files:  # unlabelled text (XLA's)
+            label = None
+        elif self.family != 'tagging':  # a class, or QA's (start, end)
+            label = tuple(label) if self.family == 'qa' else label[0]
+        return Feature(self.read('ids', a, b), label, example, words)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1062,8 +1077,8 @@ def item_lengths(items, index=None):
     """(items, sides) array of the tokens of each side of items[index] (all items by default):
     one side for a feature, one per side for a paired method's tuple (each side of a batch is
     padded on its own)."""
-    if isinstance(items, Items):
-        return items.length[items.index[slice(None) if index is None else index]]
+    if hasattr(items, 'lengths'):  # a set on disk (Items), or XLA's choice of samples
+        return items.lengths(index)
     rows = [[len(f.ids) for f in (items[i] if isinstance(items[i], tuple) else (items[i],))]
             for i in (range(len(items)) if index is None else index)]
     return np.array(rows, np.int64).reshape(len(rows), -1) if rows else np.zeros((0, 1), np.int64)
@@ -1119,9 +1134,9 @@ def collate_items(paired):
                                                         alt=[i[2] for i in items] if len(items[0]) > 2 else None)
 
 
-def length_batches(features, batch_size):
-    """Evaluation batches: feature positions sorted by length, so each batch pads little."""
-    order = sorted(range(len(features)), key=lambda i: len(features[i].ids))
+def length_batches(lengths, batch_size):
+    """Evaluation batches: positions sorted by their lengths (item_lengths' of a side), so each batch pads little."""
+    order = np.argsort(lengths, kind='stable').tolist()
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
 

@@ -23,7 +23,7 @@ from collections import Counter
 import numpy as np
 import torch
 
-from data import (GROUPS, TASKS, DataError, Feature, collate, evaluation_set, is_demo, languages, length_batches, lines_of,
+from data import (GROUPS, TASKS, DataError, Feature, collate, evaluation_set, is_demo, item_lengths, languages, length_batches, lines_of,
                   read_retrieval, read_text, split_path, suffix, word_predictions, write_text)
 from layers import Parser, atomic_write, mean_pool
 
@@ -414,7 +414,7 @@ def embed_texts(encoder, tok, texts, layer, batch_size, device):
     feats = [Feature(tok.encode_pair(ids[:longest])) for ids in (tok.encode(t) for t in texts)]
     out = torch.zeros(len(texts), encoder.cfg.dim)
     encoder.eval()
-    for index in length_batches(feats, batch_size):
+    for index in length_batches(item_lengths(feats)[:, 0], batch_size):
         b = collate([feats[i] for i in index]).to(device)
         out[index] = mean_pool(encoder.run(encoder.embed(b.ids), b.mask, 0, layer), b.mask).float().cpu()
     return out

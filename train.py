@@ -576,9 +576,8 @@ class Run:
     def map(self, fn, feats, desc='eval'):
         """fn(positions) -> a result per position, over batches of feats sorted by length and
         shared out over the processes -> every feature's result, in order, on every process."""
-        out = {}
-        for index in data.bar(data.length_batches(feats, self.args.eval_batch_size)[self.rank::self.world], desc=desc,
-                              leave=False):
+        out, batches = {}, data.length_batches(data.item_lengths(feats)[:, 0], self.args.eval_batch_size)
+        for index in data.bar(batches[self.rank::self.world], desc=desc, leave=False):
             with layers.autocast(self.device):
                 out.update(zip(index, fn(index)))
         if self.world > 1:
@@ -661,10 +660,12 @@ class Run:
 
     def cached(self, name, compute):
         """compute() once, kept as `name` (JSON for .json, else torch.save): --resume and
-        --eval_only read it back; a new run computes it again."""
+        --eval_only read it back; a new run computes it again. compute() may give None on processes
+        other than 0, which then read what process 0 kept."""
         path = self.path(name)
+        read = lambda: json.loads(data.read_text(path)) if name.endswith('.json') else torch.load(path, weights_only=True)
         if (self.args.resume or self.args.eval_only) and os.path.exists(path):
-            return json.loads(data.read_text(path)) if name.endswith('.json') else torch.load(path, weights_only=True)
+            return read()
         if self.args.eval_only:
             fail(f'{path} not found: --eval_only evaluates a finished run in --out')
         value = compute()
@@ -674,7 +675,7 @@ class Run:
             layers.atomic_write(path, json.dumps(value, indent=2) if name.endswith('.json') else value)
         if dist.is_initialized():
             dist.barrier()
-        return value
+        return read() if value is None else value
 
     def retrieval(self):
         """bucc2018 / tatoeba: nothing is trained; the mean-pooled states of one layer (the method's

@@ -8,10 +8,12 @@ nothing: the run object train.py hands to a procedure keeps what must survive a 
 """
 import itertools
 import math
+import os
 from contextlib import nullcontext
 from dataclasses import replace
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -726,7 +728,7 @@ class VecoPretrain(Method):
             torch.manual_seed(seed)
             for kind in ('mono', 'para'):
                 part = [item for item in items if item[0].label == (kind == 'para')]
-                for index in data.length_batches([x for x, _ in part], batch_size):
+                for index in data.length_batches(data.item_lengths(part)[:, 0], batch_size):
                     pair = data.collate_pairs([part[i][0] for i in index], [part[i][1] for i in index]).to(device)
                     parallel = pair.src.labels.bool()
                     (x, x_bar), (y, y_bar) = self.masked(pair.src, parallel), self.masked(pair.tgt, parallel)
@@ -1011,7 +1013,7 @@ class VecoTranslate(Method):
         """The label-smoothed loss and the nll per target token of items (the valid set); score: -loss."""
         self.eval()
         loss = nll = tokens = 0.0
-        for index in data.length_batches([x for x, _ in items], batch_size):
+        for index in data.length_batches(data.item_lengths(items)[:, 0], batch_size):
             pair = data.collate_pairs([items[i][0] for i in index], [items[i][1] for i in index]).to(device)
             with autocast(device):
                 smoothed, plain = self.token_losses(pair)
@@ -1195,8 +1197,10 @@ class XLA(Baseline):
         of English too; GEN-LM, lines 6-7), each model's labels and DISTIL's choice (lines 8-10),
         and co-teaching (lines 3-22). -> the three final models' checkpoints."""
         args = run.args
-        english, target = data.self_training_sets(run.tok, args.data_dir, args.task, args.train_lang, args.train_share,
-                                                  args.max_len)
+        english = data.training_set(run.tok, args.data_dir, args.task, [], max_len=args.max_len, share=args.train_share,
+                                    stride=args.doc_stride, cache=not args.no_cache)  # D_s: the warm-ups' set
+        target = data.unlabelled_set(run.tok, args.data_dir, args.task, args.train_lang, args.train_share, args.max_len,
+                                     not args.no_cache)  # D_t
         if not (args.mlm or args.init):
             run.fail('XLA\'s vicinal samples need a masked LM: pass --mlm (a converted XLM-R checkpoint, python layers.py convert)')
         encoder, mlm = run.encoder(init=args.mlm or args.init)  # now: a missing masked LM must not wait until epoch 2
@@ -1211,7 +1215,7 @@ class XLA(Baseline):
             unlabelled = {'target': target} if 'target' in names else {}  # the sets the models label this epoch
             for name, feats in (('target vicinal', target), ('source vicinal', english)):
                 if name in names:
-                    unlabelled[name] = vicinal_samples(run, feats, vicinity, e, f'epoch{e}/{name.replace(" ", "-")}.pt')
+                    unlabelled[name] = vicinal_samples(run, feats, vicinity, e, f'epoch{e}/{name.replace(" ", "-")}')
             models = cls.co_teaching(run, e, models, unlabelled, english if 'source' in names else None)
         return models
 
@@ -1254,88 +1258,187 @@ class XLA(Baseline):
                    'dev); the ensemble averages the models\' probabilities', rows, 'ensemble')
 
 
+REMOVED = ('sentences under 5 or over 150 words', 'sentences without a word of 3 or more characters',
+           'repeated sets of masked words', 'samples whose word count changed')  # what GEN-LM drops, counted
+WINDOW = 64  # batches sorted by length together in gathered
+
+
 def vicinal_samples(run, feats, vicinity, epoch, name):
     """GEN-LM (Section 3.2) as the released code: the vicinal samples of every feature, unlabelled,
-    made once (kept as `name`). Each sentence (a pair's each) gets --delta samples, each masking
-    words chosen by masked_words and filled one at a time by the frozen masked LM
-    (fill_successively); a pair's δ1 and δ2 samples are crossed into δ1 x δ2 (successive cross). A
-    sample whose word count changed (a filled piece that does not start a word) is dropped, as
-    the released code drops it. The draws follow (--seed, epoch, feature), so any number of
-    processes makes the same samples. vicinity: (encoder, MLM head)."""
+    made once and kept as a set on disk (data.Items) in the run's folder `name`. Each sentence (a
+    pair's each) gets --delta samples, each masking words chosen by masked_words and filled one at
+    a time by the frozen masked LM (fill_successively); a pair's δ1 and δ2 samples are crossed
+    into δ1 x δ2 (successive cross). A sample whose word count changed (a filled piece that does
+    not start a word) is dropped, as the released code drops it. The draws follow (--seed, epoch,
+    feature), so any number of processes makes the same samples. vicinity: (encoder, MLM head)."""
     args, tok, device, family, source = run.args, run.tok, run.device, TASKS[run.args.task].family, 'source' in name
-
-    def generate():
+    if not (args.resume and os.path.exists(run.path(f'{name}/meta.json'))):  # moved into place whole, meta.json in it
         word_start, chars = torch.tensor(tok.word_starts()), torch.tensor(tok.piece_chars())
         whole_word = word_start & (chars > 0)  # a fill that keeps the word count: not a continuation, not a lone '▁'
         encoder, mlm = (part.to(device) for part in vicinity)
         fillable = torch.arange(encoder.cfg.vocab_size, device=device)
         fillable = (fillable >= 4) & (fillable < tok.mask)  # not <s>, <pad>, </s>, <unk> nor <mask>
 
-        def samples_of(index):  # a batch of features -> each one's samples, removed pieces as <pad>, and removals
-            plans = [masked_words(feats[i], family, args.delta, args.aug_share, word_start, chars,
+        def samples_of(index):  # a batch of features -> each one's samples as sample_arrays
+            batch_feats = [feats[i] for i in index]
+            plans = [masked_words(f, family, args.delta, args.aug_share, word_start, chars,
                                   torch.Generator().manual_seed(((args.seed * 10 + epoch) * 2 + source) * 10 ** 10 + i))
-                     for i in index]
-            rows = [(i, words) for i, (parts, _) in zip(index, plans) for sets in parts for words in sets]
-            if not rows:
-                return [(torch.zeros(0, len(feats[i].ids), dtype=torch.long), removed) for i, (_, removed) in zip(index, plans)]
-            batch = data.collate([data.Feature(feats[i].ids) for i, _ in rows])
-            words = torch.nn.utils.rnn.pad_sequence([torch.tensor(w).view(-1, 2) for _, w in rows], True, -1)
-            filled = fill_successively(encoder, mlm, batch.ids.to(device), batch.mask.to(device), words.to(device),
-                                       fillable, tok.mask, tok.pad).cpu()
-            firsts = words[..., 0]
-            ok = (whole_word[filled.gather(1, firsts.clamp(min=0))] | (firsts < 0)).all(1)
+                     for i, f in zip(index, batch_feats)]
+            rows = [(f, words) for f, (parts, _) in zip(batch_feats, plans) for sets in parts for words in sets]
+            filled, ok = torch.zeros(0, max(len(f.ids) for f in batch_feats), dtype=torch.long), torch.zeros(0, dtype=torch.bool)
+            if rows:
+                batch = data.collate([data.Feature(f.ids) for f, _ in rows])
+                words = torch.nn.utils.rnn.pad_sequence([torch.tensor(w).view(-1, 2) for _, w in rows], True, -1)
+                filled = fill_successively(encoder, mlm, batch.ids.to(device), batch.mask.to(device), words.to(device),
+                                           fillable, tok.mask, tok.pad).cpu()
+                firsts = words[..., 0]
+                ok = (whole_word[filled.gather(1, firsts.clamp(min=0))] | (firsts < 0)).all(1)
             out, at = [], 0
-            for i, (parts, removed) in zip(index, plans):  # a feature's rows, cut to its length
+            for f, (parts, removed) in zip(batch_feats, plans):  # a feature's rows, cut to its length
                 counts = [len(sets) for sets in parts]
-                made, good = filled[at:at + sum(counts), :len(feats[i].ids)], ok[at:at + sum(counts)]
+                made, good = filled[at:at + sum(counts), :len(f.ids)], ok[at:at + sum(counts)]
                 at += sum(counts)
                 if family != 'tagging' and parts:  # a pair: every sample of part a with every one of part b
-                    made = crossed(made[:counts[0]], made[counts[0]:], parts_of(feats[i].ids, family)[0])
+                    made = crossed(made[:counts[0]], made[counts[0]:], parts_of(f.ids, family)[0])
                     good = good[:counts[0]].repeat_interleave(counts[1]) & good[counts[0]:].repeat(counts[0])
-                out.append((made[good], {**removed, 'samples whose word count changed': int((~good).sum())}))
+                removed = [removed.get(why, 0) for why in REMOVED[:-1]] + [int((~good).sum())]
+                out.append(sample_arrays(f, made[good], removed, tok.pad))
             return out
-        made = run.map(samples_of, feats, 'vicinal samples')
-        removed = {k: sum(r.get(k, 0) for _, r in made) for k in dict.fromkeys(k for _, r in made for k in r)}
-        flat = [(i, row) for i, (rows, _) in enumerate(made) for row in rows]
-        return {'ids': torch.cat([row for _, row in flat]).int() if flat else torch.zeros(0, dtype=torch.int),
-                'lengths': torch.tensor([len(row) for _, row in flat], dtype=torch.long),
-                'source': torch.tensor([i for i, _ in flat], dtype=torch.long), 'removed': removed}
-    stored = run.cached(name, generate)
-    run.say(f'XLA epoch {epoch}: {len(stored["source"])} {name.split("/")[-1][:-3].replace("-", " ")} samples of '
-            f'{len(feats)} sentences; removed: ' + ', '.join(f'{n} {why}' for why, n in stored['removed'].items()))
-    out = []
-    for i, row in zip(stored['source'].tolist(), stored['ids'].long().split(stored['lengths'].tolist())):
-        real = row.ne(tok.pad)  # the removed pieces go; a tagging sample's words move to where their first pieces are
-        words = (real.cumsum(0) - 1)[feats[i].words].tolist() if feats[i].words is not None else None
-        out.append(replace(feats[i], ids=row[real].tolist(), label=None, words=words))
-    return out
+        fields = ('ids', 'length', 'example', 'removed') + ('words', 'word_count') * (family == 'tagging')
+        made = gathered(run, samples_of, feats, dict.fromkeys(fields, np.int32), name)
+        if made is not None:  # process 0 writes them (write_items: arrays in feature_arrays' layout)
+            removed = dict(zip(REMOVED, made.pop('removed').reshape(-1, len(REMOVED)).sum(0).tolist()))
+            data.write_items(run.path(name), None, [(name, (made, None))], None,
+                             lambda done, total: (np.arange(total)[:, None], {}), {'family': family, 'removed': removed})
+        run.keep(name)
+        barrier(run)
+    samples = data.Items(run.path(name))
+    run.say(f'XLA epoch {epoch}: {len(samples)} {name.split("/")[-1].replace("-", " ")} samples of {len(feats)} sentences; '
+            'removed: ' + ', '.join(f'{n} {why}' for why, n in samples.meta['removed'].items()))
+    return samples
+
+
+def sample_arrays(feat, rows, removed, pad):
+    """A feature's vicinal samples, rows of its ids with <pad> where pieces were removed, as
+    data.feature_arrays' fields (unlabelled): the pieces left, a tagging sample's words moved to
+    where their first pieces are now; and the counts of what was removed (REMOVED)."""
+    real = rows.ne(pad)
+    arrays = {'ids': rows[real], 'length': real.sum(1), 'example': torch.full((len(rows),), feat.example),
+              'removed': torch.tensor(removed)}
+    if feat.words is not None:
+        arrays.update(words=(real.cumsum(1) - 1)[:, feat.words].flatten(), word_count=torch.full((len(rows),), len(feat.words)))
+    return {key: values.numpy().astype(np.int32) for key, values in arrays.items()}
+
+
+@torch.no_grad()
+def gathered(run, fn, items, fields, name):
+    """fn(positions) -> per position {field: array}, over this process's block of items in batches
+    sorted by length a WINDOW at a time. The blocks are contiguous, so in rank order they hold the
+    items in order whatever the number of processes. Each process writes its block's arrays, each
+    field joined in order, to a file; -> on process 0, {field: the arrays of every item in order}
+    (fields: their dtypes), read from those files; None on the others (nothing else is gathered)."""
+    lo, hi = len(items) * run.rank // run.world, len(items) * (run.rank + 1) // run.world
+    lengths, size = data.item_lengths(items, np.arange(lo, hi))[:, 0], WINDOW * run.args.eval_batch_size
+    out = {field: [np.zeros(0, dtype)] for field, dtype in fields.items()}
+    for start in data.bar(range(lo, hi, size), desc=name, leave=False):
+        window, done = np.arange(start, min(start + size, hi)), {}
+        for batch in data.length_batches(lengths[window - lo], run.args.eval_batch_size):
+            with autocast(run.device):
+                done.update(zip(window[batch].tolist(), fn(window[batch].tolist())))
+        for field in fields:
+            out[field].append(np.concatenate([done[i][field] for i in window.tolist()]))
+    part = lambda rank: run.path(f'{name}.part{rank}.npz')
+    os.makedirs(os.path.dirname(part(run.rank)), exist_ok=True)
+    np.savez(part(run.rank), **{field: np.concatenate(arrays) for field, arrays in out.items()})
+    barrier(run)
+    if run.rank != 0:
+        return None
+    parts = [dict(np.load(part(rank))) for rank in range(run.world)]
+    for rank in range(run.world):
+        os.remove(part(rank))
+    return {field: np.concatenate([p[field] for p in parts]) for field in fields}
+
+
+def barrier(run):
+    if run.world > 1:
+        torch.distributed.barrier()
 
 
 def distil(run, model, unlabelled, eta):
-    """One model's labels of each unlabelled set and DISTIL's choice (Section 3.3): {set: {'labels':
-    [label per sample], 'keep': bool per sample}}, keeping the top eta by confidence, or the
-    samples whose posterior of the low-loss GMM component is at least --posterior."""
-    method, out = run.restore(run.path(model), XLA), {}
-    for name, feats in unlabelled.items():
-        scored = [pseudo_labels(method.family, o, f.words) for o, f in zip(run.outputs(method, feats), feats)]
-        labels, confidence, loss = (list(column) for column in zip(*scored)) if scored else ([], [], [])
-        keep = (top_confident(torch.tensor(confidence), eta) if run.args.distil == 'confidence' else
-                gmm_good(torch.tensor(loss)) >= run.args.posterior) if feats else torch.zeros(0, dtype=torch.bool)
-        out[name] = {'labels': labels, 'keep': keep}
-    return out
+    """One model's labels of each unlabelled set and DISTIL's choice (Section 3.3): {set: {'label':
+    its samples' labels one after another (a class, or a tag per word), 'ends': where each sample's
+    end (from a first 0), 'confidence', 'keep': bool per sample}}, keeping the top eta by
+    confidence, or the samples whose posterior of the low-loss GMM component is at least
+    --posterior; computed by every process (gathered), returned by process 0 (None elsewhere)."""
+    method, out = run.restore(run.path(model), XLA).eval(), {}
+
+    def scored(items, index):  # a batch -> each sample's labels and scores
+        batch = data.collate([items[i] for i in index]).to(run.device)
+        labels, count, confidence, loss = (t.cpu() for t in pseudo_labels(method.family, method.predict(batch), batch.first))
+        return [{'label': label.int().numpy(), 'count': np.array([len(label)], np.int32), 'confidence': c[None].numpy(),
+                 'loss': x[None].numpy()} for label, c, x in zip(labels.split(count.tolist()), confidence, loss)]
+    for name, items in unlabelled.items():
+        s = gathered(run, lambda index: scored(items, index), items, {'label': np.int32, 'count': np.int32,
+                                                                     'confidence': np.float32, 'loss': np.float32}, name)
+        if s is None:
+            continue
+        confidence, loss = torch.from_numpy(s['confidence']), torch.from_numpy(s['loss'])
+        keep = (top_confident(confidence, eta) if run.args.distil == 'confidence' else
+                gmm_good(loss) >= run.args.posterior) if len(loss) else torch.zeros(0, dtype=torch.bool)
+        out[name] = {'label': torch.from_numpy(s['label']).long(), 'ends': torch.from_numpy(np.cumsum(np.r_[0, s['count']])),
+                     'confidence': confidence, 'keep': keep}
+    return out if run.rank == 0 else None
 
 
 def taught_by_peers(by_k, by_j, unlabelled, english=None, union=False):
     """The training sets a pair of peers k and j give the third model: English (when given) and,
     of every unlabelled set, the samples both keep and label alike, with that label (AGREEMENT):
     a model never learns from its own labels. union (the ablation, the released --agreement_param
-    2): the samples either keeps too, with its label. by_k, by_j: {set: {'labels', 'keep'}}."""
-    parts = {} if english is None else {'source': english}
-    for name, feats in unlabelled.items():
+    2): the samples either keeps too, with its label. by_k, by_j: distil's {set: {'label', 'ends',
+    'keep'}}. -> {set: Chosen's part (items, positions, labels, ends)}."""
+    parts = {} if english is None else {'source': (english, None, None, None)}
+    for name, items in unlabelled.items():
         a, b = by_k[name], by_j[name]
-        chosen = agreement(a['keep'], a['labels'], b['keep'], b['labels']) | (a['keep'] ^ b['keep'] if union else False)
-        parts[name] = [replace(feats[i], label=(a if a['keep'][i] else b)['labels'][i]) for i in chosen.nonzero().squeeze(1).tolist()]
+        chosen = agreement(a, b) | (a['keep'] ^ b['keep'] if union else False)
+        count = a['ends'].diff()  # a sample's labels: one, or one per word
+        labels = torch.where(a['keep'].repeat_interleave(count), a['label'], b['label'])  # where both keep, alike
+        parts[name] = (items, chosen.nonzero().squeeze(1), labels[chosen.repeat_interleave(count)],
+                       torch.cat([torch.zeros(1, dtype=torch.long), count[chosen].cumsum(0)]))
     return parts
+
+
+class Chosen:
+    """What a model trains on in an XLA epoch (co_train): of each set, the samples its peers chose,
+    with their labels (taught_by_peers), or all of English with its own; the sets one after
+    another, each sample read from its set when it is used. parts: [(items, positions or None for
+    all, labels or None for their own, ends: where each sample's labels end)]."""
+
+    def __init__(self, parts):
+        self.parts = [(items, torch.arange(len(items)) if at is None else at, labels, ends) for items, at, labels, ends in parts]
+        self.starts = np.cumsum([0] + [len(at) for _, at, _, _ in self.parts])
+        self.length = np.concatenate([np.zeros((0, 1), np.int64)] + [data.item_lengths(items, at.numpy())
+                                                                    for items, at, _, _ in self.parts])
+
+    def __len__(self):
+        return int(self.starts[-1])
+
+    def lengths(self, index=None):
+        return self.length if index is None else self.length[index]
+
+    def __getitem__(self, n):
+        part = int(np.searchsorted(self.starts, n, 'right')) - 1
+        items, at, labels, ends = self.parts[part]
+        k = n - self.starts[part]
+        feat = items[int(at[k])]
+        if labels is None:
+            return feat
+        label = labels[ends[k]:ends[k + 1]].tolist()  # a class, or the words' tags on their first pieces
+        if feat.words is None:
+            return replace(feat, label=label[0])
+        tags = [IGNORE] * len(feat.ids)
+        for w, tag in zip(feat.words, label):
+            tags[w] = tag
+        return replace(feat, label=tags)
 
 
 def co_train(run, epoch, l, pair, parts, start):
@@ -1354,7 +1457,8 @@ def co_train(run, epoch, l, pair, parts, start):
     def train():
         method = run.restore(run.path(start), XLA)
         before = score(target_dev(method))
-        items, sizes = [f for feats in parts.values() for f in feats], [len(feats) for feats in parts.values()]
+        items = Chosen(parts.values())
+        sizes = np.diff(items.starts).tolist()
         lengths = data.item_lengths(items) if args.group_by_length else None
         batches = mixture_batches(sizes, args.alpha, sub.args.batch_size, sub.args.seed * 1000 + epoch * 10 + k, run.chunks,
                                   lengths)  # the two trainings of a model in an epoch draw apart
@@ -1460,19 +1564,17 @@ def crossed(a_samples, b_samples, a_span):
     return out
 
 
-def pseudo_labels(family, logits, words=None):
-    """A model's labels of unlabelled samples and DISTIL's scores: (label: the argmax class, or
-    the argmax tag of each word on its first piece and IGNORE elsewhere; confidence: max_c p_c,
-    or its mean over the words (Section 3.3); loss: the cross-entropy against that label, the
-    same mean of -log max_c p_c), for one sample's logits (C,) or (T, C)."""
-    p = logits.float().softmax(-1)
+def pseudo_labels(family, logits, first=None):
+    """A model's labels of a batch of unlabelled samples and DISTIL's scores, from logits (B, C) or
+    (B, T, C): (labels: the argmax class of each sample, or the argmax tag of each word on its
+    first piece (first: (B, T)), the batch's one after another; each sample's count of them;
+    confidence: max_c p_c, or its mean over the words (Section 3.3); loss: the cross-entropy
+    against that label, the same mean of -log max_c p_c)."""
+    top, label = logits.float().softmax(-1).max(-1)
     if family == 'classification':
-        top, label = p.max(-1)
-        return label.item(), top.item(), -top.log().item()
-    top, tags = p[words].max(-1)
-    label = torch.full((len(p),), IGNORE, dtype=torch.long)
-    label[words] = tags
-    return label.tolist(), top.mean().item(), -top.log().mean().item()
+        return label, torch.ones_like(label), top, -top.log()
+    count = first.sum(1)
+    return label[first], count, (top * first).sum(1) / count, -(top.log() * first).sum(1) / count
 
 
 def top_confident(confidence, eta):
@@ -1511,10 +1613,11 @@ def gmm_good(losses, iters=100, init=None):
     return responsibilities(x, mu, var, pi)[:, mu.argmin()].float()
 
 
-def agreement(keep_j, labels_j, keep_k, labels_k):
-    """AGREEMENT (Section 3.3): the samples both peers keep and label alike (every tag, for tagging)."""
-    return torch.tensor([a and b and x == y for a, b, x, y in zip(keep_j.tolist(), keep_k.tolist(), labels_j, labels_k)],
-                        dtype=torch.bool)
+def agreement(a, b):
+    """AGREEMENT (Section 3.3): the samples both peers keep and label alike (every word's tag, for
+    tagging). a, b: two peers' distil output of one set ({'label', 'ends', 'keep'})."""
+    differ = torch.cat([torch.zeros(1, dtype=torch.long), a['label'].ne(b['label']).long().cumsum(0)])[a['ends']]
+    return a['keep'] & b['keep'] & (differ[1:] == differ[:-1])  # no label of the sample differs
 
 
 def mixing_probabilities(sizes, alpha):

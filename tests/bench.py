@@ -9,6 +9,7 @@ against the dense matmul rate measured on the same device.
     python tests/bench.py --pipeline --compare  # a pass of training steps on XNLI-like lengths: ours against the released way
     python tests/bench.py --memory              # peak memory of a training step (each model in a process of its own)
     python tests/bench.py --data                # the data path: tokenizing XNLI-length pairs, a run's start-up on them
+    python tests/bench.py --xla_share 0.2       # XLA's stages on a share of XNLI-length data: memory per process
 """
 import argparse
 import math
@@ -293,7 +294,7 @@ def memory_mb():
 def generated_xnli(folder, n, langs, seed=0):
     """n XNLI-length English pairs (premise 18-40 words, hypothesis 6-15, Zipf-distributed words of
     a 60k-word vocabulary) in XTREME's layout: train-en.tsv, their translations into each of langs
-    (each language its own words), and dev and test sets of 50 pairs in every language."""
+    (each language its own words), and dev and test sets of 50 pairs in each of XNLI's languages."""
     rng = np.random.default_rng(seed)
     letters = np.array(list('bcdfghklmnprstvz')), np.array(list('aeiou'))
     vocab = np.array([''.join(rng.choice(letters[i % 2]) for i in range(rng.integers(2, 9))) for _ in range(60000)])
@@ -316,7 +317,7 @@ def generated_xnli(folder, n, langs, seed=0):
             for a, b, c in zip(premises, hypotheses, labels):
                 ta, tb = (' '.join(table[w] for w in s.split()) for s in (a, b))
                 f.write(f'{a}\t{b}\t{ta}\t{tb}\t{c}\n')
-    for lang in ['en', *langs]:
+    for lang in ['en', *XNLI_LANGS]:
         words = vocab if lang == 'en' else np.char.add(vocab, lang)
         for split in ('dev', 'test'):
             with open(f'{folder}/xnli/{split}-{lang}.tsv', 'w') as f:
@@ -479,6 +480,68 @@ def pretrain_bench(args):
           f'peak resident {peak:.0f} MB; at a step, at most {private:.0f} MB private and {mapped:.0f} MB of mapped files')
 
 
+def xla_stages(argv):
+    """In this process: train.py's XLA run of argv, the co-teaching trainings replaced by reading what
+    they would train on: every batch of the first training of each epoch (the others pass) ->
+    (memory_mb() after the imports, at each of those readings, and the peak resident MB)."""
+    import resource
+    import train
+    start, seen = memory_mb(), []
+
+    def reading_only(run, epoch, l, pair, parts, model):
+        if pair == (0, 1):  # the sets of the epoch, their labels and their samples made: what a training reads
+            items = xlt.Chosen(parts.values())
+            batches = xlt.mixture_batches(np.diff(items.starts).tolist(), run.args.alpha, run.args.xla_batch_size, epoch, 1,
+                                          data.item_lengths(items))
+            for batch in batches[run.rank::run.world]:
+                data.collate([items[i] for i in batch])
+            seen.append(dict(memory_mb(), items=len(items)))
+        return model
+    xlt.co_train = reading_only
+    train.main(argv)
+    return start, seen, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def xla_bench(args):
+    """XLA on --xla_share of --examples generated XNLI-length pairs and their German translations,
+    tiny random model, under torchrun with --ranks processes: three warm-ups of one epoch, then
+    three XLA epochs of GEN-LM (the vicinal samples), DISTIL (three models' labels of every set)
+    and the reading of what each epoch's first training trains on (xla_stages) -> each process's
+    memory after each epoch and its peak."""
+    import json
+    import subprocess
+    import sentencepiece as spm
+    folder = args.workdir or tempfile.mkdtemp(prefix='bench-xla-')
+    if not os.path.exists(f'{folder}/xnli/train-en.tsv'):
+        text = generated_xnli(folder, args.examples, ['de'])
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(text[:200000]), model_prefix=f'{folder}/spm',
+                                       vocab_size=32000, hard_vocab_limit=False, model_type='unigram', minloglevel=2)
+    tok = data.Tokenizer(f'{folder}/spm.model')
+    cfg = layers.Config(**{**layers.CONFIGS['tiny'].__dict__, 'vocab_size': tok.vocab_size})
+    encoder = layers.Encoder(cfg)  # a random model with its MLM head, in the layout --init reads
+    mlm = layers.MLMHead(cfg, encoder.tok.weight)
+    with torch.no_grad():  # that fills in whole words, as a trained one mostly does: the samples keep their number
+        mlm.bias += 10.0 * (torch.tensor(tok.word_starts()) & (torch.tensor(tok.piece_chars()) > 0))
+    layers.save_checkpoint(f'{folder}/init.pt', {'model': 'tiny'}, config=cfg.__dict__, encoder=encoder.state_dict(),
+                           mlm=mlm.state_dict())
+    argv = ['--method', 'xla', '--task', 'xnli', '--train_lang', 'de', '--data_dir', folder, '--spm', f'{folder}/spm.model',
+            '--model', 'tiny', '--init', f'{folder}/init.pt', '--train_share', str(args.xla_share), '--epochs', '1',
+            '--lr', '1e-4', '--out', f'{folder}/run', '--overwrite']
+    torchrun = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(args.ranks)] if args.ranks > 1 else [sys.executable]
+    t = time.perf_counter()
+    out = subprocess.run(torchrun + [__file__, '--xla_stages', json.dumps(argv)], capture_output=True, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS='1'))
+    if out.returncode:
+        raise SystemExit(out.stderr[-3000:])
+    print('\n'.join(line for line in out.stdout.splitlines() if line.startswith('XLA epoch') and 'keeps' not in line))
+    print(f'{args.ranks} process(es), {args.xla_share:.0%} of {args.examples} pairs, {time.perf_counter() - t:.0f} s in all')
+    for line in [line for line in out.stdout.splitlines() if line.startswith('[')]:
+        start, seen, peak = json.loads(line)
+        print(f'after the imports: private {start["RssAnon"]:.0f} MB; ' + '; '.join(
+            f'epoch {e + 1} ({m["items"]} items read): private {m["RssAnon"]:.0f} MB, mapped {m["RssFile"]:.0f} MB'
+            for e, m in enumerate(seen)) + f'; peak resident {peak:.0f} MB ({peak - start["VmHWM"]:.0f} MB beyond the imports)')
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--model', default='base', choices=list(layers.CONFIGS))
@@ -510,6 +573,9 @@ def main():
     parser.add_argument('--first_step', help=argparse.SUPPRESS)  # --data: one start, in a process of its own
     parser.add_argument('--pretrain_text', type=int, help='VECO\'s pre-training on this many MB of generated text: '
                         'the preparation\'s MB/s, then --steps steps: steps/s and peak memory of each')
+    parser.add_argument('--xla_share', type=float, help='XLA\'s warm-ups, GEN-LM, DISTIL and reading on this share of '
+                        '--examples XNLI-length pairs (default all 392,702): each process\'s memory (--ranks, --workdir)')
+    parser.add_argument('--xla_stages', help=argparse.SUPPRESS)  # --xla_share: the run, in each process
     parser.add_argument('--timed_steps', help=argparse.SUPPRESS)  # --pretrain_text: the run, in a process of its own
     args = parser.parse_args()
     if args.first_step:
@@ -518,6 +584,14 @@ def main():
     if args.timed_steps:
         import json
         return print(json.dumps(timed_steps(json.loads(args.timed_steps))))
+    if args.xla_stages:
+        import json
+        line = json.dumps(xla_stages(json.loads(args.xla_stages))) + '\n'
+        sys.stdout.flush()  # then the line in one write: the processes' lines do not interleave
+        return sys.stdout.write(line) and sys.stdout.flush()
+    if args.xla_share:
+        args.examples = args.examples if args.examples != 256 else 392702  # XNLI's
+        return xla_bench(args)
     if args.pretrain_text:
         return pretrain_bench(args)
     if args.data:

@@ -250,9 +250,8 @@ def test_length_batches_waste_little_padding(demo_dir, capsys):
     batches are drawn by length, against most of the tokens when padding to 128."""
     rng = np.random.default_rng(0)
     lengths = np.clip(rng.lognormal(np.log(40), 0.5, 5000).astype(int), 5, 128)
-    feats = [data.Feature(list(range(n))) for n in lengths]
-    batches = data.length_batches(feats, 32)
-    assert sorted(i for b in batches for i in b) == list(range(len(feats)))
+    batches = data.length_batches(lengths, 32)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     share = data.pad_share(lambda c: lengths[c, None], batches, 1)  # one side each, one micro-batch a batch
     fixed = 1 - lengths.sum() / (128 * len(lengths))
     print(f'padding: {share:.1%} of tokens by length, {fixed:.1%} padded to 128')

@@ -13,6 +13,7 @@ import torch
 from dataclasses import replace
 
 import data
+from data import IGNORE
 import layers
 import train
 import xlt
@@ -86,16 +87,21 @@ def test_confidence_keeps_exactly_the_ceiling_of_eta_n_most_confident():
 
 
 def test_pseudo_labels_and_confidence_by_hand():
-    logits = torch.tensor([0.0, 2.0, 1.0])
-    p = [math.exp(v) / sum(math.exp(u) for u in (0.0, 2.0, 1.0)) for v in (0.0, 2.0, 1.0)]
-    label, conf, loss = xlt.pseudo_labels('classification', logits)
-    assert label == 1 and abs(conf - p[1]) < 1e-6 and abs(loss + math.log(p[1])) < 1e-6
-    # tagging: the argmax tag on each word's first piece, IGNORE elsewhere; confidence the mean over the words
-    logits = torch.tensor([[9.0, 0.0], [0.0, 1.0], [5.0, 0.0], [3.0, 0.0], [0.0, 0.0]])
-    label, conf, loss = xlt.pseudo_labels('tagging', logits, [1, 3])
-    top = [1 / (1 + math.exp(-1)), 1 / (1 + math.exp(-3))]
-    assert label == [-100, 1, -100, 0, -100]
-    assert abs(conf - sum(top) / 2) < 1e-6 and abs(loss + (math.log(top[0]) + math.log(top[1])) / 2) < 1e-6
+    logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0]])  # a batch of two samples
+    p = lambda row, c: math.exp(logits[row, c]) / sum(math.exp(u) for u in logits[row].tolist())
+    label, count, conf, loss = xlt.pseudo_labels('classification', logits)
+    assert label.tolist() == [1, 0] and count.tolist() == [1, 1]
+    assert torch.allclose(conf, torch.tensor([p(0, 1), p(1, 0)])) and torch.allclose(loss, -conf.log())
+    # tagging: the argmax tag of each word's first piece, the words one after another; confidence the mean over the words
+    logits = torch.tensor([[[9.0, 0.0], [0.0, 1.0], [5.0, 0.0], [3.0, 0.0], [0.0, 0.0]],
+                           [[0.0, 9.0], [0.0, 2.0], [7.0, 0.0], [0.0, 0.0], [0.0, 0.0]]])
+    first = torch.tensor([[0, 1, 0, 1, 0], [0, 1, 0, 0, 0]], dtype=torch.bool)  # words at 1 and 3; at 1
+    label, count, conf, loss = xlt.pseudo_labels('tagging', logits, first)
+    sigmoid = lambda x: 1 / (1 + math.exp(-x))
+    top = [[sigmoid(1), sigmoid(3)], [sigmoid(2)]]
+    assert label.tolist() == [1, 0, 1] and count.tolist() == [2, 1]
+    assert torch.allclose(conf, torch.tensor([sum(t) / len(t) for t in top]))
+    assert torch.allclose(loss, torch.tensor([-sum(map(math.log, t)) / len(t) for t in top]))
 
 
 def by_hand_em_step(x, mu, var, pi):
@@ -130,24 +136,30 @@ def test_gmm_splits_two_clusters_whatever_the_starting_order():
         assert good[truth].min() > 0.99 and good[~truth].max() < 0.01
 
 
+def labelled(labels, keep):
+    """distil's output of a set: each sample's labels (a list each) one after another, with their ends."""
+    return {'label': torch.tensor([x for sample in labels for x in sample]), 'keep': torch.tensor(keep, dtype=torch.bool),
+            'ends': torch.tensor([0] + list(itertools.accumulate(map(len, labels))))}
+
+
 def test_agreement_keeps_only_samples_both_keep_with_equal_labels():
-    keep_j, keep_k = torch.tensor([1, 1, 1, 0, 1], dtype=torch.bool), torch.tensor([1, 1, 0, 1, 1], dtype=torch.bool)
-    labels_j, labels_k = [0, [1, 2], 2, 1, [3, -100]], [0, [1, 0], 2, 1, [3, -100]]  # tagging: every tag must agree
-    assert xlt.agreement(keep_j, labels_j, keep_k, labels_k).tolist() == [True, False, False, False, True]
+    j = labelled([[0], [1, 2], [2], [1], [3, 4], [5, 6, 7]], [1, 1, 1, 0, 1, 1])  # tagging: every tag must agree
+    k = labelled([[0], [1, 0], [2], [1], [3, 4], [5, 6, 8]], [1, 1, 0, 1, 1, 1])
+    assert xlt.agreement(j, k).tolist() == [True, False, False, False, True, False]
 
 
 def test_each_model_learns_from_its_two_peers_never_from_itself():
     feats = [data.Feature([0, 10 + i, 2]) for i in range(9)]
     # model m labels sample i with 1, except the samples i % 3 == m, which it labels 0: two peers agree
     # only on the samples of the third model, and both label those 1 where that model says 0
-    labels = [{'target': {'labels': [0 if i % 3 == m else 1 for i in range(9)], 'keep': torch.ones(9, dtype=torch.bool)}}
-              for m in range(3)]
+    labels = [{'target': labelled([[0 if i % 3 == m else 1] for i in range(9)], [1] * 9)} for m in range(3)]
     english = [data.Feature([0, 5, 2], 1)]
     for k, j, l in ((0, 1, 2), (2, 0, 1), (1, 2, 0), (2, 1, 0)):
         parts = xlt.taught_by_peers(labels[k], labels[j], {'target': feats}, english)
-        assert parts['source'] is english
-        assert [f.ids[1] - 10 for f in parts['target']] == [i for i in range(9) if i % 3 == l]
-        assert all(f.label == 1 for f in parts['target'])  # the peers' label; its own would be 0
+        items = xlt.Chosen(parts.values())  # what model l trains on: English, then the target samples
+        assert items[0] is english[0] and parts['source'][0] is english
+        assert [items[n].ids[1] - 10 for n in range(1, len(items))] == [i for i in range(9) if i % 3 == l]
+        assert all(items[n].label == 1 for n in range(1, len(items)))  # the peers' label; its own would be 0
     assert 'source' not in xlt.taught_by_peers(labels[1], labels[2], {'target': feats})
     assert xlt.XLA.SETS == {1: ('source', 'target'), 2: ('target vicinal',),
                               3: ('source', 'target', 'source vicinal', 'target vicinal')}  # Algorithm 1, line 22
@@ -158,10 +170,17 @@ def test_union_adds_what_one_peer_alone_keeps_with_its_label():
     feats = [data.Feature([0, 10 + i, 2]) for i in range(4)]
     # for model 0, peers 1 and 2: sample 0 both keep with label 1; 1 both keep, labels differ; 2 only peer 1 keeps
     # (label 2); 3 only peer 2 keeps (label 0)
-    peer_1 = {'target': {'labels': [1, 1, 2, 1], 'keep': torch.tensor([True, True, True, False])}}
-    peer_2 = {'target': {'labels': [1, 0, 1, 0], 'keep': torch.tensor([True, True, False, True])}}
-    taught = lambda union: [(f.ids[1] - 10, f.label) for f in xlt.taught_by_peers(peer_1, peer_2, {'target': feats}, None, union)['target']]
+    peer_1 = {'target': labelled([[1], [1], [2], [1]], [True, True, True, False])}
+    peer_2 = {'target': labelled([[1], [0], [1], [0]], [True, True, False, True])}
+    chosen = lambda union: xlt.Chosen(xlt.taught_by_peers(peer_1, peer_2, {'target': feats}, None, union).values())
+    taught = lambda union: [(f.ids[1] - 10, f.label) for f in map(chosen(union).__getitem__, range(len(chosen(union))))]
     assert taught(False) == [(0, 1)] and taught(True) == [(0, 1), (2, 2), (3, 0)]
+    # tagging, the same choices: a tag per word, set on the word's first piece (words at 1 and 3, or at 2)
+    feats = [data.Feature([0, 10 + i, 7, 8, 2], [IGNORE] * 5, i, [1, 3] if i % 2 else [2]) for i in range(4)]
+    peer_1 = {'target': labelled([[1], [4, 5], [2], [1, 1]], [True, True, True, False])}
+    peer_2 = {'target': labelled([[1], [4, 6], [1], [0, 3]], [True, True, False, True])}
+    assert taught(False) == [(0, [IGNORE, IGNORE, 1, IGNORE, IGNORE])]
+    assert taught(True)[1:] == [(2, [IGNORE, IGNORE, 2, IGNORE, IGNORE]), (3, [IGNORE, 0, IGNORE, 3, IGNORE])]
 
 
 def test_each_pair_of_peers_trains_the_third_model_on_labels_of_their_newest_checkpoints(monkeypatch):
@@ -286,7 +305,7 @@ def test_an_xla_training_is_kept_only_when_its_best_target_dev_score_beats_the_s
 
         def load_best(self, method):
             pass
-    parts = {'target': [data.Feature([0, 5, 2], 1)] * 4}
+    parts = {'target': ([data.Feature([0, 5, 2], 1)] * 4, None, None, None)}  # Chosen's part: all four
     for before, best, kept in ((70.0, 70.0, 'warmup-1/best.pt'), (70.0, 70.5, 'epoch1/model1-by23/best.pt')):
         run = Scripted([before, 0.0, best])  # the start, the one validation inside fit, the best checkpoint
         assert xlt.co_train(run, 1, 0, (1, 2), parts, 'warmup-1/best.pt') == kept
@@ -398,10 +417,11 @@ def test_generation_keeps_the_word_count_masks_at_most_k_words_and_crosses_d1_d2
                                  '--aug_share', str(share), '--out', str(tmp_path)])
         args.data_dir = demo_data
         run = lambda **changes: train.Run(argparse.Namespace(**{**vars(args), **changes}), 0, 1, torch.device('cpu'), tok)
-        samples = xlt.vicinal_samples(run(), feats, vicinity, 1, f'{task}.pt')
-        again = xlt.vicinal_samples(run(resume=True), feats, None, 1, f'{task}.pt')  # read back as written
+        samples = xlt.vicinal_samples(run(), feats, vicinity, 1, task)
+        again = xlt.vicinal_samples(run(resume=True), feats, None, 1, task)  # read back as written
         assert [(s.ids, s.example, s.words) for s in again] == [(s.ids, s.example, s.words) for s in samples]
-        removed = torch.load(tmp_path / f'{task}.pt', weights_only=True)['removed']
+        samples = [samples[n] for n in range(len(samples))]
+        removed = json.loads((tmp_path / task / 'meta.json').read_text())['removed']
         assert removed['sentences under 5 or over 150 words'] == 1  # feats[0], and no sample of it
         texts = lambda f: [tok.decode(f.ids[a:b]).split() for a, b in xlt.parts_of(f.ids, data.TASKS[task].family)]
         for f in feats[1:]:
@@ -545,9 +565,14 @@ def test_xla_under_two_processes_makes_the_samples_one_process_makes(demo_data, 
     args = train.parse_args(['--demo', '--out', str(out), *argv])
     args.data_dir, args.out = demo_data, str(tmp_path)
     tok = data.Tokenizer(f'{demo_data}/sentencepiece.bpe.model')
-    target = data.self_training_sets(tok, demo_data, 'panx', args.train_lang, args.train_share, args.max_len)[1]
+    target = data.unlabelled_set(tok, demo_data, 'panx', args.train_lang, args.train_share, args.max_len)
     run = train.Run(args, 0, 1, torch.device('cpu'), tok)
-    one = xlt.vicinal_samples(run, target, [part.eval() for part in run.encoder(init=args.init)], 2, 'one.pt')
-    two = torch.load(out / 'epoch2' / 'target-vicinal.pt', weights_only=True)
-    assert [s.ids for s in one] == [r.tolist() for r in two['ids'].split(two['lengths'].tolist())]
-    assert [s.example for s in one] == [target[i].example for i in two['source'].tolist()]
+    one = xlt.vicinal_samples(run, target, [part.eval() for part in run.encoder(init=args.init)], 2, 'one')
+    two = data.Items(str(out / 'epoch2' / 'target-vicinal'))
+    fields = lambda items: [(s.ids, s.example, s.words, s.label) for s in map(items.__getitem__, range(len(items)))]
+    assert len(one) > len(target) and fields(one) == fields(two)
+    # DISTIL's labels and choices, each process labelling its block, = one process labelling all
+    labels = xlt.distil(run, str(out / 'warmup-1' / 'best.pt'), {'target': target}, args.eta[0] / 100)['target']
+    sharded = torch.load(out / 'epoch1' / 'labels-warmup-1.pt', weights_only=True)['target']
+    assert [torch.equal(labels[key], sharded[key]) for key in ('label', 'ends', 'keep')] == [True] * 3
+    assert torch.allclose(labels['confidence'], sharded['confidence'], atol=1e-5) and 0 < labels['keep'].sum() < len(target)
