@@ -16,7 +16,7 @@ import tempfile
 import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
-from itertools import accumulate, groupby, islice, zip_longest
+from itertools import accumulate, islice, zip_longest
 
 import numpy as np
 import sentencepiece as spm
@@ -491,10 +491,8 @@ class Feature:
     label: object = None  # class index | tag id per token (IGNORE but on first sub-words) | (start, end) token
     example: int = 0  # index of the example it came from
     words: list = None  # tagging: position of each word's first sub-word
-    qid: str = None  # QA windows: question id, the context, each token's character span in it
-    context: str = None  # (None off the context), and whether this window is the token's fullest
-    spans: list = None
-    max_context: list = None
+    spans: list = None  # QA windows: each token's character span in its example's context (None off
+    max_context: list = None  # the context), and whether this window is the token's fullest
 
 
 def share_of(examples, share, part=0, seed=0):
@@ -598,8 +596,8 @@ def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=Fals
             if train:
                 within = start <= first and last < start + length
                 label = (first - start + len(head), last - start + len(head)) if within else (0, 0)
-            feats.append(Feature(head + ctx[start:start + length] + [tok.eos], label, n, qid=ex['id'],
-                                 context=ex['context'], spans=[None] * len(head) + spans[start:start + length] + [None],
+            feats.append(Feature(head + ctx[start:start + length] + [tok.eos], label, n,
+                                 spans=[None] * len(head) + spans[start:start + length] + [None],
                                  max_context=[False] * len(head) + (owner[start:start + length] == w).tolist() + [False]))
     return feats
 
@@ -611,24 +609,6 @@ def make_features(tok, task, examples, max_len=None, train=False, stride=128):
     if family == 'tagging':
         return tagging_features(tok, task, examples, max_len or 128)
     return qa_features(tok, examples, max_len or 384, stride, train=train)
-
-
-def pair_features(tok, task, pairs, max_len=None, train=False, stride=128):
-    """(English, target-language[, round-trip English]) example tuples -> feature tuples, aligned
-    per example: one for classification, chunk by chunk for tagging, window by window for QA. In
-    training a shorter side's last feature repeats; in evaluation every target feature appears
-    exactly once (its predictions are what is scored)."""
-    if not pairs:
-        return []
-    # each side's features by example (make_features gives an example's features one after another)
-    features = [make_features(tok, task, [p[i] for p in pairs], max_len, train, stride) for i in range(len(pairs[0]))]
-    sides = [{n: list(group) for n, group in groupby(feats, key=lambda f: f.example)} for feats in features]
-    out = []
-    for n in sorted(set(sides[0]) & set(sides[1])):  # a round trip without features falls back to the source
-        lists = [s.get(n, sides[0][n]) for s in sides]
-        count = max(map(len, lists)) if train else len(lists[1])
-        out += [tuple(f[min(i, len(f) - 1)] for f in lists) for i in range(count)]
-    return out
 
 
 # ----------------------------------------------------------------------------------------
@@ -733,14 +713,25 @@ def unlabelled_set(tok, data_dir, task, lang, share, max_len=None, cache=True):
     return feature_set(tok, task, files, ['unlabelled', task, lang, share, max_len], sources, 1, max_len, 128, data_dir, cache)
 
 
-def feature_set(tok, task, files, settings, sources, width, max_len, stride, data_dir, cache):
+def feature_set(tok, task, files, settings, sources, width, max_len, stride, data_dir, cache, train=True):
     """Items of the features of sources() ((name, examples, positions of their English) a source at a
     time), tokenized by feature_arrays (stored): each feature alone (width 1), or tuples of width."""
     kept = {}  # each source's English positions, as its jobs are made
-    jobs = lambda: training_jobs(sources(), task, max_len, stride, kept)
-    build = lambda path: write_items(path, tok, jobs(), feature_arrays, lambda done, total: training_index(done, total, kept, width),
-                                     {'family': TASKS[task].family})
-    return stored(build, files, settings, data_dir, cache)
+    jobs = lambda: training_jobs(sources(), task, max_len, stride, kept, train)
+    index_of = lambda done, total: training_index(done, total, kept, width, train)
+    return stored(lambda path: write_items(path, tok, jobs(), feature_arrays, index_of, {'family': TASKS[task].family}),
+                  files, settings, data_dir, cache, quiet=not train)  # evaluation sets build quietly
+
+
+def evaluation_items(tok, data_dir, task, inputs, pairs, max_len=None, stride=128, cache=True):
+    """The evaluation features of inputs (Items), or of pairs ((English translation, input), for
+    paired methods: each target feature once, with its English), kept as the training sets are,
+    keyed by the examples themselves (evaluation_set's: a split, or its translations)."""
+    digest = hashlib.sha1(json.dumps([inputs, pairs]).encode()).hexdigest()
+    # the inputs first, so that a feature's example is its input's number
+    sources = lambda: [('input', inputs, None)] + ([] if pairs is None else [('en', [en for en, _ in pairs], None)])
+    return feature_set(tok, task, [tok.path], ['evaluation', task, max_len, stride, digest], sources,
+                       1 if pairs is None else 2, max_len, stride, data_dir, cache, train=False)
 
 
 def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share):
@@ -792,19 +783,19 @@ CACHE_FORMAT = 1  # part of every cache's key: raised when features change for t
 SLICE = 2000  # examples a worker tokenizes at a time (below progress()'s bar: workers draw none)
 
 
-def stored(build, files, settings, data_dir, cache=True):
+def stored(build, files, settings, data_dir, cache=True, quiet=False):
     """The Items that build(path) writes, kept in <data_dir>/.cache (cached: files that are not
     there are left out of the key), or with cache False built into a temporary folder that is
     removed once they are open (the open files live on until the items go)."""
     folder = os.path.join(data_dir, '.cache') if cache else tempfile.mkdtemp()
     try:
-        return Items(cached(build, [p for p in files if p and os.path.exists(p)], settings, folder))
+        return Items(cached(build, [p for p in files if p and os.path.exists(p)], settings, folder, quiet))
     finally:
         if not cache:
             shutil.rmtree(folder)
 
 
-def cached(build, files, settings, folder):
+def cached(build, files, settings, folder, quiet=False):
     """folder/<key>, made by build(path) unless there; the key hashes CACHE_FORMAT, the settings
     and each file's path, size, mtime and content. One process builds, under a lock, while the
     others wait and then read what it wrote; what builds killed halfway left behind is removed first."""
@@ -828,7 +819,8 @@ def cached(build, files, settings, folder):
         if not os.path.isdir(path):
             for name in (n for n in os.listdir(folder) if '.tmp' in n):
                 shutil.rmtree(os.path.join(folder, name))
-            print(f'tokenizing the training data into {path}')
+            if not quiet:
+                print(f'tokenizing the training data into {path}')
             build(path)
     return path
 
@@ -911,12 +903,13 @@ flat = lambda lists: np.array([x for values in lists for x in values], np.int32)
 
 
 def feature_arrays(job):
-    """(task, examples, max_len, stride, number of the first example) -> (their training features
-    as flat int32 arrays: every feature's ids one after another, its length, example and label (a
+    """(task, examples, max_len, stride, number of the first example, train) -> (their features as
+    flat int32 arrays: every feature's ids one after another, its length, example and label (a
     class, an answer's start and end, or tagging's label per token with each feature's word
-    starts); each example's first feature, and the features' count, counted from 0)."""
-    task, examples, max_len, stride, base = job
-    feats = make_features(TOKENIZER, task, examples, max_len, True, stride)
+    starts; QA's evaluation windows: each token's span, -1 off the context, and max_context);
+    each example's first feature, and the features' count, counted from 0)."""
+    task, examples, max_len, stride, base, train = job
+    feats = make_features(TOKENIZER, task, examples, max_len, train, stride)
     arrays = {'ids': flat(f.ids for f in feats), 'length': np.array([len(f.ids) for f in feats], np.int32),
               'example': np.array([base + f.example for f in feats], np.int32)}
     if TASKS[task].family == 'tagging':
@@ -924,33 +917,39 @@ def feature_arrays(job):
                       word_count=np.array([len(f.words) for f in feats], np.int32))
     elif all(f.label is not None for f in feats):  # none for unlabelled text (XLA's D_t): its items have label None
         arrays['label'] = np.array([f.label for f in feats], np.int32)
+    if TASKS[task].family == 'qa' and not train:
+        arrays.update(spans=flat((-1, -1) if span is None else span for f in feats for span in f.spans),
+                      max_context=flat(f.max_context for f in feats))
     return arrays, np.searchsorted(arrays['example'] - base, np.arange(len(examples) + 1))
 
 
-def training_jobs(sources, task, max_len, stride, kept):
+def training_jobs(sources, task, max_len, stride, kept, train=True):
     """The sources' examples a SLICE at a time, for feature_arrays; kept: {source: positions of its English}."""
     base = 0
     for name, examples, positions in sources:
         kept[name] = positions
         for s in range(0, len(examples), SLICE):
-            yield name, (task, examples[s:s + SLICE], max_len, stride, base + s)
+            yield name, (task, examples[s:s + SLICE], max_len, stride, base + s, train)
         base += len(examples)
 
 
-def training_index(done, total, kept, width):
-    """write_items' index_of for a training set: each feature alone, or a paired method's tuples."""
+def training_index(done, total, kept, width, train=True):
+    """write_items' index_of for a set: each feature alone, or a paired method's tuples (in
+    evaluation: of the sources 'en' and 'input', every input feature once)."""
     if width == 1:
         return np.arange(total)[:, None], {}
     joined = lambda parts: np.concatenate([np.zeros(0, np.int64)] + parts)
     sides = {name: (joined([before + first[:-1] for n, before, first in done if n == name]),
                     joined([np.diff(first) for n, _, first in done if n == name]), positions) for name, positions in kept.items()}
+    if not train:
+        return aligned([sides[name][:2] for name in ('en', 'input')], train).astype(np.int64), {}
     return item_index(sides, width), {}
 
 
 def item_index(sides, width):
     """A paired method's items as their features' numbers, (items, width): each English example
     with itself, then each language's examples with their English (and with width 3 their round
-    trip, else the English again), as pair_features aligns them in training."""
+    trip, else the English again), aligned as in training."""
     first, count, _ = sides.pop('en')
     index = [aligned([(first, count)] * width)]
     for name, (lang_first, lang_count, kept) in sides.items():
@@ -962,12 +961,13 @@ def item_index(sides, width):
     return np.concatenate(index).astype(np.int64)
 
 
-def aligned(sides):
+def aligned(sides, train=True):
     """Feature tuples of examples seen from several sides, given each side's (first feature,
-    feature count) per example: as many tuples as the longest side has features, a shorter side's
-    last feature repeating (pair_features' rule in training); none where a side has none."""
+    feature count) per example: as many tuples as the longest side has features (in evaluation
+    the last side's, the target's), a shorter side's last feature repeating; none where a side
+    has none."""
     first, count = np.array([f for f, _ in sides]), np.array([c for _, c in sides])  # (sides, examples)
-    n = count.max(0) * (count.min(0) > 0)
+    n = (count.max(0) if train else count[-1]) * (count.min(0) > 0)
     row = np.repeat(np.arange(len(n)), n)
     step = np.arange(len(row)) - np.repeat(np.cumsum(n) - n, n)  # the tuple's number within its example
     return (first[:, row] + np.minimum(step, count[:, row] - 1)).T
@@ -986,7 +986,8 @@ class Items:
         mapped = lambda name, dtype=np.int64: np.memmap(file(name), dtype, 'r') if there(name) else np.zeros(0, dtype)
         self.family, self.meta, self.length = meta['family'], meta, mapped('length', np.int32)
         self.index, self.offsets, self.word_offsets = mapped('items').reshape(-1, meta['sides']), mapped('ends'), mapped('word_ends')
-        self.files = {name: os.open(file(name), os.O_RDONLY) for name in ('ids', 'label', 'words', 'example') if there(name)}
+        self.files = {name: os.open(file(name), os.O_RDONLY) for name in ('ids', 'label', 'words', 'example', 'spans',
+                                                                            'max_context') if there(name)}
         for message in meta['warnings']:  # what the readers said when the set was built
             warn(message)
 
@@ -1017,7 +1018,11 @@ class Items:
             label = None
         elif self.family != 'tagging':  # a class, or QA's (start, end)
             label = tuple(label) if self.family == 'qa' else label[0]
-        return Feature(self.read('ids', a, b), label, example, words)
+        if 'spans' not in self.files:
+            return Feature(self.read('ids', a, b), label, example, words)
+        spans = self.read('spans', 2 * a, 2 * b)  # QA's evaluation windows
+        spans = [None if s < 0 else (s, e) for s, e in zip(spans[::2], spans[1::2])]
+        return Feature(self.read('ids', a, b), label, example, words, spans, [bool(x) for x in self.read('max_context', a, b)])
 
 
 # ----------------------------------------------------------------------------------------
@@ -1132,6 +1137,48 @@ def collate_items(paired):
         return collate
     return lambda items, index=None: collate_pairs([i[0] for i in items], [i[1] for i in items], index,
                                                         alt=[i[2] for i in items] if len(items[0]) > 2 else None)
+
+
+class Ragged:
+    """Results of different lengths one after another (Run.map's): item i's are
+    values[ends[i]:ends[i + 1]]; kept on disk as the pair (values, ends)."""
+
+    def __init__(self, values, ends):
+        self.values, self.ends = values, ends
+
+    def __len__(self):
+        return len(self.ends) - 1
+
+    def __getitem__(self, i):
+        return self.values[int(self.ends[i]):int(self.ends[i + 1])]
+
+    def __iter__(self):
+        return map(self.__getitem__, range(len(self)))
+
+
+def joined(parts):
+    """[(values, counts: each item's number of values)] of blocks in order -> a Ragged of them all."""
+    parts = [(v, c) for v, c in parts if len(c)]
+    values = torch.cat([v for v, _ in parts]) if parts else torch.zeros(0)
+    counts = torch.cat([c for _, c in parts]) if parts else torch.zeros(0, dtype=torch.long)
+    return Ragged(values, torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
+
+
+WINDOW = 64  # in_windows sorts this many batches by length at a time
+
+
+def in_windows(fn, lengths, positions, batch_size, desc):
+    """fn(batch of positions) -> a tuple of tensors per position, over positions (a range) in
+    batches sorted by their lengths WINDOW batches at a time, so that only a window's results are
+    Python objects -> each window's [(values, counts) per field], the positions in order."""
+    blocks = []
+    for start in bar(range(positions.start, positions.stop, WINDOW * batch_size), desc=desc, leave=False):
+        window, done = np.arange(start, min(start + WINDOW * batch_size, positions.stop)), {}
+        for batch in length_batches(lengths[window], batch_size):
+            done.update(zip(window[batch].tolist(), fn(window[batch].tolist())))
+        results = zip(*(done[i] for i in window.tolist()))  # field by field
+        blocks.append([(torch.cat(r), torch.tensor([len(x) for x in r])) for r in results])
+    return blocks
 
 
 def length_batches(lengths, batch_size):

@@ -370,7 +370,7 @@ def predictions(task, feats, outputs, examples):
     if info.family == 'tagging':
         words = word_predictions(feats, [o.argmax(-1).tolist() for o in outputs], len(examples))
         return [[info.labels[i] for i in w] for w in words]
-    return decode_qa(feats, [o[:, 0] for o in outputs], [o[:, 1] for o in outputs])
+    return decode_qa(feats, [o[:, 0] for o in outputs], [o[:, 1] for o in outputs], examples)
 
 
 def scores_of(task, lang, examples, preds):
@@ -385,16 +385,18 @@ def scores_of(task, lang, examples, preds):
     return dict(s, score=main_score(s))
 
 
-def decode_qa(windows, start_logits, end_logits, max_answer_len=30):
+def decode_qa(windows, start_logits, end_logits, examples, max_answer_len=30):
     """Best answer per question over all its windows -> {question id: answer text}.
     A span (i, j) is valid when both ends are context tokens, i <= j < i + max_answer_len and
     token i has its fullest context in this window; the valid span with the highest start + end
     score wins across windows and is cut from the original context by character offsets. (The
     reference scripts search only the 20 best starts x 20 best ends; here every valid span is
-    scored at once.) windows: features from data.qa_features; logits: one (T,) tensor each."""
+    scored at once.) windows: features from data.qa_features of the examples; logits: one (T,)
+    tensor each."""
     best = {}
     for w, s, e in zip(windows, start_logits, end_logits):
-        best.setdefault(w.qid, (float('-inf'), ''))  # a question with no valid span (no context) answers ''
+        qid, text = examples[w.example]['id'], examples[w.example]['context']
+        best.setdefault(qid, (float('-inf'), ''))  # a question with no valid span (no context) answers ''
         T = len(w.ids)
         s, e = s[:T].float(), e[:T].float()
         context = torch.tensor([span is not None for span in w.spans])
@@ -402,8 +404,8 @@ def decode_qa(windows, start_logits, end_logits, max_answer_len=30):
         valid &= torch.ones(T, T, dtype=torch.bool).triu().tril(max_answer_len - 1)
         score, k = (s[:, None] + e[None, :]).masked_fill(~valid, float('-inf')).flatten().max(0)
         i, j = divmod(k.item(), T)
-        if score.item() > best[w.qid][0]:
-            best[w.qid] = (score.item(), w.context[w.spans[i][0]:w.spans[j][1]])
+        if score.item() > best[qid][0]:
+            best[qid] = (score.item(), text[w.spans[i][0]:w.spans[j][1]])
     return {qid: text for qid, (score, text) in best.items()}
 
 

@@ -59,8 +59,7 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute'),
     Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64),
     Option('save_every', int, 'steps between resume checkpoints', AT_LEAST_1, default=200),
-    Option('no_cache', bool, 'tokenize the training data into a temporary folder, not once into <data_dir>/.cache',
-           changes='nothing'),
+    Option('no_cache', bool, 'tokenize the data into a temporary folder, not once into <data_dir>/.cache'),
     Option('eval_steps', int, 'also select within an epoch, every N steps (VECO\'s scripts: XNLI 500, SQuAD 200)', AT_LEAST_1),
     Option('log_every', int, 'steps between lines of log.jsonl, each their mean (the loop\'s one host sync)', AT_LEAST_1, default=10),
     Option('compile', bool, 'torch.compile each transformer block (the first steps compile; outputs as without, to 1e-5)'),
@@ -70,7 +69,7 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('dry_run', bool, 'check the options and every file the run reads, print the plan, and stop (writes nothing)'),
     Option('halt_after', int, argparse.SUPPRESS))  # tests: die abruptly after this many steps
 FREE = ('spm', 'data_dir', 'out', 'grad_accum', 'grad_checkpoint', 'eval_batch_size', 'save_every', 'log_every', 'compile',
-        'resume', 'eval_only', 'overwrite', 'dry_run', 'halt_after')  # the trainer's options that leave results alike
+        'no_cache', 'resume', 'eval_only', 'overwrite', 'dry_run', 'halt_after')  # the trainer's options that leave results alike
 SCORED = ('method', 'task', 'model', 'max_len', 'translate_test', 'layer', 'doc_stride')  # and those --eval_only's scores depend on
 OPTIONS = tuple(o._replace(changes='nothing' if o.name in FREE else 'scores' if o.name in SCORED else 'results')
                 for o in OPTIONS)
@@ -519,7 +518,6 @@ class Run:
                     shutil.rmtree(self.path(name))
                 elif os.path.exists(self.path(name)):
                     os.remove(self.path(name))
-            os.makedirs(self.out, exist_ok=True)
             layers.atomic_write(self.path('config.json'), json.dumps(vars(self.args), indent=2))
         self.begun = True
 
@@ -551,39 +549,48 @@ class Run:
         """-> ({lang: scores}, {lang: predictions}) in every language of the split (eval_sets), or in langs."""
         scores, preds = {}, {}
         for lang, (gold, inputs, pairs) in ((k, v) for k, v in self.sets[split].items() if langs is None or k in langs):
-            key = lang, method.paired
-            if key not in self.cache[split]:
-                items = (data.pair_features if method.paired else data.make_features)(
-                    self.tok, self.args.task, pairs if method.paired else inputs, self.args.max_len, False, self.args.doc_stride)
-                self.cache[split][key] = items, [item[1] for item in items] if method.paired else items
-            items, feats = self.cache[split][key]
+            key, args = (lang, method.paired), self.args
+            if key not in self.cache[split]:  # the features, kept on disk (data.evaluation_items), open for the run
+                self.cache[split][key] = data.evaluation_items(self.tok, args.data_dir, args.task, inputs, pairs if method.paired
+                                                               else None, args.max_len, args.doc_stride, not args.no_cache)
+            items = self.cache[split][key]
+            feats = (item[1] if method.paired else item for item in items)  # the target side, read as it is scored
             preds[lang] = ev.predictions(self.args.task, feats, self.outputs(method, items), inputs)
             if all(ex.get('label', ex.get('tags', ex.get('answers'))) for ex in gold):
                 scores[lang] = ev.scores_of(self.args.task, lang, gold, preds[lang])
         return scores, preds
 
-    def outputs(self, method, items):
-        """The method's outputs for every item (a pair's: on its target side)."""
+    def outputs(self, method, items, then=lambda output: output):
+        """The method's outputs for every item on its target side (a single-text method reads a pair's
+        second alone), each cut to its tokens and passed through then -> a data.Ragged of them."""
         method.eval()
-        target, collate = [item[1] if isinstance(item, tuple) else item for item in items], data.collate_items(method.paired)
+        collate, paired = data.collate_items(method.paired), isinstance(items[0], tuple) if len(items) else False
 
         def of(index):
-            result = method.predict(collate([items[i] for i in index], index).to(self.device)).float().cpu()
-            return [r if method.family == 'classification' else r[:len(target[i].ids)] for i, r in zip(index, result)]
-        return self.map(of, target)
+            batch = collate([items[i] if method.paired or not paired else items[i][1] for i in index], index)
+            lengths = (batch.tgt if method.paired else batch).mask.sum(1).tolist()
+            result = method.predict(batch.to(self.device)).float().cpu()
+            return [(then(r if method.family == 'classification' else r[:n]),) for r, n in zip(result, lengths)]
+        return self.map(of, data.item_lengths(items)[:, int(paired)])[0]
 
     @torch.no_grad()
-    def map(self, fn, feats, desc='eval'):
-        """fn(positions) -> a result per position, over batches of feats sorted by length and
-        shared out over the processes -> every feature's result, in order, on every process."""
-        out, batches = {}, data.length_batches(data.item_lengths(feats)[:, 0], self.args.eval_batch_size)
-        for index in data.bar(batches[self.rank::self.world], desc=desc, leave=False):
-            with layers.autocast(self.device):
-                out.update(zip(index, fn(index)))
+    def map(self, fn, lengths, desc='eval', fields=1, everywhere=True):
+        """fn(positions) -> a tuple of `fields` tensors per position, over this process's block of
+        positions (data.in_windows, by `lengths`); under DDP the blocks go through files in the run's
+        folder (no all_gather_object). -> a data.Ragged per field of every position's results, the
+        same for any number of processes, on every process (or on process 0 alone, else None)."""
+        block = range(len(lengths) * self.rank // self.world, len(lengths) * (self.rank + 1) // self.world)
+        with layers.free_threads(), layers.autocast(self.device):
+            blocks = data.in_windows(fn, lengths, block, self.args.eval_batch_size, desc)
         if self.world > 1:
-            dist.all_gather_object(parts := [None] * self.world, out)
-            out = {k: v for part in parts for k, v in part.items()}
-        return [out[i] for i in range(len(feats))]
+            os.makedirs(self.out, exist_ok=True)  # a stage's, before it begins
+            torch.save(blocks, self.path(f'.map-{self.rank}.pt'))
+            dist.barrier()
+            read = lambda rank: torch.load(self.path(f'.map-{rank}.pt'), weights_only=True)
+            blocks = [b for rank in range(self.world) for b in read(rank)] if everywhere or self.rank == 0 else None
+            dist.barrier()
+            os.remove(self.path(f'.map-{self.rank}.pt'))
+        return None if blocks is None else [data.joined([b[f] for b in blocks]) for f in range(fields)]
 
     def report(self, method):
         """The kept model's dev and test scores in every language and its test predictions:
@@ -659,11 +666,11 @@ class Run:
         return Run(args, self.rank, self.world, self.device, self.tok, self.sets, self.cache)
 
     def cached(self, name, compute):
-        """compute() once, kept as `name` (JSON for .json, else torch.save): --resume and
-        --eval_only read it back; a new run computes it again. compute() may give None on processes
-        other than 0, which then read what process 0 kept."""
+        """compute() once, kept as `name` (JSON for .json, else torch.save, read memory-mapped):
+        --resume and --eval_only read it back; a new run computes it again. compute() may give None
+        on processes other than 0, which then read what process 0 kept."""
         path = self.path(name)
-        read = lambda: json.loads(data.read_text(path)) if name.endswith('.json') else torch.load(path, weights_only=True)
+        read = lambda: json.loads(data.read_text(path)) if name.endswith('.json') else torch.load(path, weights_only=True, mmap=True)
         if (self.args.resume or self.args.eval_only) and os.path.exists(path):
             return read()
         if self.args.eval_only:
@@ -671,7 +678,6 @@ class Run:
         value = compute()
         self.keep(name)
         if self.rank == 0:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
             layers.atomic_write(path, json.dumps(value, indent=2) if name.endswith('.json') else value)
         if dist.is_initialized():
             dist.barrier()
@@ -703,8 +709,7 @@ class Run:
         if self.rank == 0:
             print(message)
 
-    def fail(self, message):
-        fail(message)
+    fail = staticmethod(fail)
 
 
 def stage_settings(args, cls, name):
@@ -860,7 +865,6 @@ def resume_point(method, opt, sched, state):
 def save(run, name, parts, args, keep=0):
     """A checkpoint (layers.save_checkpoint: atomic), from the first process; keep: the last `keep` of its folder."""
     if run.rank == 0:
-        os.makedirs(os.path.dirname(run.path(name)), exist_ok=True)
         layers.save_checkpoint(run.path(name), {**identity(args), 'settings': json.loads(json.dumps(vars(args)))}, **parts)
         layers.keep_last(os.path.dirname(run.path(name)), keep)
 

@@ -326,7 +326,7 @@ class Taught(Method):
         method = run.build()
         items = run.items(method)  # None with --eval_only
         if items and (run.args.self_teach or run.args.teacher):
-            method.p_teacher = run.cached('p_teacher.pt', lambda: teacher_probabilities(run, items))
+            method.p_teacher = data.Ragged(*run.cached('p_teacher.pt', lambda: teacher_probabilities(run, items)))
         run.fit(method, items)
         run.report(method)
 
@@ -335,8 +335,8 @@ def teacher_probabilities(run, items):
     """The teacher's probabilities for the target side of every training item; a single-text
     teacher reads the target text alone."""
     teacher = run.restore(run.args.teacher or run.path(run.stage('teacher')))
-    outputs = run.outputs(teacher, items if teacher.paired else [item[1] for item in items])
-    return [probabilities(teacher.family, o) for o in outputs]
+    p = run.outputs(teacher, items, lambda output: probabilities(teacher.family, output))
+    return p.values, p.ends  # (data.Ragged's, as torch.save keeps it)
 
 
 class Filter(Taught):
@@ -969,8 +969,9 @@ class VecoTranslate(Method):
         def decode(index):  # in fp32 as the released inference script, unless --decode_bf16 (on a GPU)
             with nullcontext() if args.decode_bf16 else torch.autocast(run.device.type, enabled=False):
                 return method.generate(data.collate([test[i][0] for i in index]).to(run.device), args.beam, args.lenpen)
-        hyps = run.map(decode, [x for x, _ in test], 'decode')
-        hyps = [tok.decode(ids) for ids in hyps]
+        hyps = run.map(lambda index: [(torch.tensor(h, dtype=torch.long),) for h in decode(index)],
+                       data.item_lengths(test)[:, 0], 'decode')[0]
+        hyps = [tok.decode(ids.tolist()) for ids in hyps]
         refs = data.lines_of(data.parallel_files(args.data_dir, args.src, args.tgt, 'test')[1])
         bleu = ev.bleu(hyps, refs)
         tokenized = ev.tokenized_bleu([ev.tokenize_13a(h) for h in hyps], [ev.tokenize_13a(r) for r in refs])
@@ -1260,7 +1261,6 @@ class XLA(Baseline):
 
 REMOVED = ('sentences under 5 or over 150 words', 'sentences without a word of 3 or more characters',
            'repeated sets of masked words', 'samples whose word count changed')  # what GEN-LM drops, counted
-WINDOW = 64  # batches sorted by length together in gathered
 
 
 def vicinal_samples(run, feats, vicinity, epoch, name):
@@ -1305,8 +1305,9 @@ def vicinal_samples(run, feats, vicinity, epoch, name):
                 out.append(sample_arrays(f, made[good], removed, tok.pad))
             return out
         fields = ('ids', 'length', 'example', 'removed') + ('words', 'word_count') * (family == 'tagging')
-        made = gathered(run, samples_of, feats, dict.fromkeys(fields, np.int32), name)
+        made = run.map(samples_of, data.item_lengths(feats)[:, 0], name, len(fields), everywhere=False)
         if made is not None:  # process 0 writes them (write_items: arrays in feature_arrays' layout)
+            made = {field: ragged.values.numpy().astype(np.int32) for field, ragged in zip(fields, made)}
             removed = dict(zip(REMOVED, made.pop('removed').reshape(-1, len(REMOVED)).sum(0).tolist()))
             data.write_items(run.path(name), None, [(name, (made, None))], None,
                              lambda done, total: (np.arange(total)[:, None], {}), {'family': family, 'removed': removed})
@@ -1323,40 +1324,10 @@ def sample_arrays(feat, rows, removed, pad):
     data.feature_arrays' fields (unlabelled): the pieces left, a tagging sample's words moved to
     where their first pieces are now; and the counts of what was removed (REMOVED)."""
     real = rows.ne(pad)
-    arrays = {'ids': rows[real], 'length': real.sum(1), 'example': torch.full((len(rows),), feat.example),
-              'removed': torch.tensor(removed)}
-    if feat.words is not None:
-        arrays.update(words=(real.cumsum(1) - 1)[:, feat.words].flatten(), word_count=torch.full((len(rows),), len(feat.words)))
-    return {key: values.numpy().astype(np.int32) for key, values in arrays.items()}
-
-
-@torch.no_grad()
-def gathered(run, fn, items, fields, name):
-    """fn(positions) -> per position {field: array}, over this process's block of items in batches
-    sorted by length a WINDOW at a time. The blocks are contiguous, so in rank order they hold the
-    items in order whatever the number of processes. Each process writes its block's arrays, each
-    field joined in order, to a file; -> on process 0, {field: the arrays of every item in order}
-    (fields: their dtypes), read from those files; None on the others (nothing else is gathered)."""
-    lo, hi = len(items) * run.rank // run.world, len(items) * (run.rank + 1) // run.world
-    lengths, size = data.item_lengths(items, np.arange(lo, hi))[:, 0], WINDOW * run.args.eval_batch_size
-    out = {field: [np.zeros(0, dtype)] for field, dtype in fields.items()}
-    for start in data.bar(range(lo, hi, size), desc=name, leave=False):
-        window, done = np.arange(start, min(start + size, hi)), {}
-        for batch in data.length_batches(lengths[window - lo], run.args.eval_batch_size):
-            with autocast(run.device):
-                done.update(zip(window[batch].tolist(), fn(window[batch].tolist())))
-        for field in fields:
-            out[field].append(np.concatenate([done[i][field] for i in window.tolist()]))
-    part = lambda rank: run.path(f'{name}.part{rank}.npz')
-    os.makedirs(os.path.dirname(part(run.rank)), exist_ok=True)
-    np.savez(part(run.rank), **{field: np.concatenate(arrays) for field, arrays in out.items()})
-    barrier(run)
-    if run.rank != 0:
-        return None
-    parts = [dict(np.load(part(rank))) for rank in range(run.world)]
-    for rank in range(run.world):
-        os.remove(part(rank))
-    return {field: np.concatenate([p[field] for p in parts]) for field in fields}
+    arrays = rows[real], real.sum(1), torch.full((len(rows),), feat.example), torch.tensor(removed)
+    if feat.words is None:
+        return arrays
+    return arrays + ((real.cumsum(1) - 1)[:, feat.words].flatten(), torch.full((len(rows),), len(feat.words)))
 
 
 def barrier(run):
@@ -1369,24 +1340,21 @@ def distil(run, model, unlabelled, eta):
     its samples' labels one after another (a class, or a tag per word), 'ends': where each sample's
     end (from a first 0), 'confidence', 'keep': bool per sample}}, keeping the top eta by
     confidence, or the samples whose posterior of the low-loss GMM component is at least
-    --posterior; computed by every process (gathered), returned by process 0 (None elsewhere)."""
+    --posterior; computed by every process (run.map), returned by process 0 (None elsewhere)."""
     method, out = run.restore(run.path(model), XLA).eval(), {}
 
     def scored(items, index):  # a batch -> each sample's labels and scores
         batch = data.collate([items[i] for i in index]).to(run.device)
         labels, count, confidence, loss = (t.cpu() for t in pseudo_labels(method.family, method.predict(batch), batch.first))
-        return [{'label': label.int().numpy(), 'count': np.array([len(label)], np.int32), 'confidence': c[None].numpy(),
-                 'loss': x[None].numpy()} for label, c, x in zip(labels.split(count.tolist()), confidence, loss)]
+        return list(zip(labels.split(count.tolist()), confidence[:, None], loss[:, None]))
     for name, items in unlabelled.items():
-        s = gathered(run, lambda index: scored(items, index), items, {'label': np.int32, 'count': np.int32,
-                                                                     'confidence': np.float32, 'loss': np.float32}, name)
-        if s is None:
+        made = run.map(lambda index: scored(items, index), data.item_lengths(items)[:, 0], name, 3, everywhere=False)
+        if made is None:
             continue
-        confidence, loss = torch.from_numpy(s['confidence']), torch.from_numpy(s['loss'])
+        (label, ends), confidence, loss = (made[0].values, made[0].ends), made[1].values, made[2].values
         keep = (top_confident(confidence, eta) if run.args.distil == 'confidence' else
                 gmm_good(loss) >= run.args.posterior) if len(loss) else torch.zeros(0, dtype=torch.bool)
-        out[name] = {'label': torch.from_numpy(s['label']).long(), 'ends': torch.from_numpy(np.cumsum(np.r_[0, s['count']])),
-                     'confidence': confidence, 'keep': keep}
+        out[name] = {'label': label.long(), 'ends': ends, 'confidence': confidence, 'keep': keep}
     return out if run.rank == 0 else None
 
 

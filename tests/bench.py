@@ -502,6 +502,19 @@ def xla_stages(argv):
     return start, seen, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def xla_prepare(argv):
+    """In this process: the sets an XLA run of argv reads (D_s, the warm-ups' English, and D_t, as
+    XLA.algorithm_1 asks for them) tokenized into the data folder's cache -> (seconds, peak
+    resident MB). The build reads the whole files, whatever the share."""
+    import resource
+    import train
+    args, start = train.parse_args(argv), time.perf_counter()
+    tok = data.Tokenizer(args.spm)
+    data.training_set(tok, args.data_dir, args.task, [], max_len=args.max_len, share=args.train_share, stride=args.doc_stride)
+    data.unlabelled_set(tok, args.data_dir, args.task, args.train_lang, args.train_share, args.max_len)
+    return time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def xla_bench(args):
     """XLA on --xla_share of --examples generated XNLI-length pairs and their German translations,
     tiny random model, under torchrun with --ranks processes: three warm-ups of one epoch, then
@@ -528,13 +541,20 @@ def xla_bench(args):
             '--model', 'tiny', '--init', f'{folder}/init.pt', '--train_share', str(args.xla_share), '--epochs', '1',
             '--lr', '1e-4', '--out', f'{folder}/run', '--overwrite']
     torchrun = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(args.ranks)] if args.ranks > 1 else [sys.executable]
+    run = lambda launch, flag: subprocess.run(launch + [__file__, flag, json.dumps(argv)], capture_output=True, text=True,
+                                              env=dict(os.environ, OMP_NUM_THREADS='1'))
+    out = run([sys.executable], '--xla_prepare')  # the sets tokenized first, in a process of its own
+    if out.returncode:
+        raise SystemExit(out.stderr[-3000:])
+    seconds, peak = json.loads(out.stdout.splitlines()[-1])
+    print(f'preparation (D_s and D_t into the cache, one process): {seconds:.0f} s, peak resident {peak:.0f} MB')
     t = time.perf_counter()
-    out = subprocess.run(torchrun + [__file__, '--xla_stages', json.dumps(argv)], capture_output=True, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS='1'))
+    out = run(torchrun, '--xla_stages')
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
     print('\n'.join(line for line in out.stdout.splitlines() if line.startswith('XLA epoch') and 'keeps' not in line))
-    print(f'{args.ranks} process(es), {args.xla_share:.0%} of {args.examples} pairs, {time.perf_counter() - t:.0f} s in all')
+    print(f'{args.ranks} process(es), {args.xla_share:.0%} of {args.examples} pairs, {time.perf_counter() - t:.0f} s in all; '
+          f'sets tokenized by the stages: {out.stdout.count("tokenizing the training data")}')
     for line in [line for line in out.stdout.splitlines() if line.startswith('[')]:
         start, seen, peak = json.loads(line)
         print(f'after the imports: private {start["RssAnon"]:.0f} MB; ' + '; '.join(
@@ -576,6 +596,7 @@ def main():
     parser.add_argument('--xla_share', type=float, help='XLA\'s warm-ups, GEN-LM, DISTIL and reading on this share of '
                         '--examples XNLI-length pairs (default all 392,702): each process\'s memory (--ranks, --workdir)')
     parser.add_argument('--xla_stages', help=argparse.SUPPRESS)  # --xla_share: the run, in each process
+    parser.add_argument('--xla_prepare', help=argparse.SUPPRESS)  # --xla_share: its sets tokenized first
     parser.add_argument('--timed_steps', help=argparse.SUPPRESS)  # --pretrain_text: the run, in a process of its own
     args = parser.parse_args()
     if args.first_step:
@@ -584,6 +605,9 @@ def main():
     if args.timed_steps:
         import json
         return print(json.dumps(timed_steps(json.loads(args.timed_steps))))
+    if args.xla_prepare:
+        import json
+        return print(json.dumps(xla_prepare(json.loads(args.xla_prepare))))
     if args.xla_stages:
         import json
         line = json.dumps(xla_stages(json.loads(args.xla_stages))) + '\n'

@@ -166,9 +166,9 @@ def test_qa_round_trip_on_the_mock_files(mock_tok):
                 s[f.label[0]], e[f.label[1]] = 10, 10
             starts.append(s)
             ends.append(e)
-        decoded = ev.decode_qa(feats, starts, ends, max_answer_len=1000)
-        for ex in examples:
-            inside = any(f.label != (0, 0) for f in feats if f.qid == ex['id'])
+        decoded = ev.decode_qa(feats, starts, ends, examples, max_answer_len=1000)
+        for n, ex in enumerate(examples):
+            inside = any(f.label != (0, 0) for f in feats if f.example == n)
             if inside:
                 assert decoded[ex['id']] == ex['answers'][0]['text'], path
                 answered += 1
@@ -184,12 +184,11 @@ def test_qa_windows(mock_tok):
     owners = sum(np.array(f.max_context, dtype=int)[[i for i, s in enumerate(f.spans) if s is not None]].sum() for f in feats)
     assert owners >= n_ctx  # every context token is "max context" in one window (answer cuts may add tokens)
     assert sum(f.label != (0, 0) for f in feats) >= 1
-    # the stride reaches the windows through make_features and pair_features (VECO's --doc_stride 64)
+    # the stride reaches the windows through make_features (VECO's --doc_stride 64)
     first = lambda feats: [next(s for s in f.spans if s is not None)[0] for f in feats]  # each window's first character
     for stride in (16, 24):
         by_hand = first(data.qa_features(mock_tok, ex, 64, stride, train=True))
         assert first(data.make_features(mock_tok, 'xquad', ex, 64, True, stride)) == by_hand
-        assert first([b for _, b in data.pair_features(mock_tok, 'xquad', [(ex[0], ex[0])], 64, True, stride)]) == by_hand
 
 
 def test_cuts_make_token_boundaries(spm_path):
@@ -296,13 +295,6 @@ def test_qa_evaluation_reads_blind_and_small_windows_end(mock_tok):
     assert feats and all(len(f.ids) <= 24 and any(s is not None for s in f.spans) for f in feats)
 
 
-def test_round_trip_without_features_falls_back_to_the_source(mock_tok):
-    ex = data.read_squad(os.path.join(MOCK, 'labels', 'xquad', 'test-de.json'))[:1]
-    lost = [dict(ex[0], answers=[{'text': 'nowhere to be found', 'answer_start': 0}])]  # dropped in training
-    triples = data.pair_features(mock_tok, 'xquad', [(ex[0], ex[0], lost[0])], 96, train=True)
-    assert triples and all(alt is english for english, _, alt in triples)
-
-
 def test_mixed_label_columns_are_refused(tmp_path):
     (tmp_path / 'xnli').mkdir()
     (tmp_path / 'xnli' / 'dev-de.tsv').write_text('a\tb\tneutral\na\tb\n', encoding='utf-8')
@@ -338,7 +330,7 @@ def test_unusable_qa_examples_are_skipped_and_counted(tmp_path, capsys, mock_tok
     squad_file(tmp_path / 'xquad' / 'xquad.de.json', [good, ('q9', '', 'Wo ?', [{'text': '', 'answer_start': 0}])])
     test = data.read_split(str(tmp_path), 'xquad', 'test', 'de')
     feats = data.qa_features(mock_tok, test, 64, 32)
-    answers = ev.decode_qa(feats, [torch.randn(len(f.ids)) for f in feats], [torch.randn(len(f.ids)) for f in feats])
+    answers = ev.decode_qa(feats, [torch.randn(len(f.ids)) for f in feats], [torch.randn(len(f.ids)) for f in feats], test)
     assert set(answers) == {'q1', 'q9'} and answers['q9'] == ''
 
 
@@ -371,6 +363,25 @@ def test_files_that_are_not_utf8_fail_in_one_line_and_bom_crlf_are_read(tmp_path
 # ----------------------------------------------------------------------------------------
 # Training sets on disk (data.training_set): tokenized once, memory-mapped, rebuilt when anything they depend on changes.
 
+def pair_features(tok, task, pairs, max_len=None, train=False):
+    """The paired methods' tuples by hand, from make_features of each side of (English, target[,
+    round trip]) examples: an example's sides' features one by one, in training as many as its
+    longest side has (a shorter side's last one repeating), in evaluation one per target feature;
+    none for an example the English or the target lacks; a round trip without features gives way
+    to the English."""
+    sides = []
+    for side in range(len(pairs[0])):
+        by_example = {}
+        for f in data.make_features(tok, task, [p[side] for p in pairs], max_len, train):
+            by_example.setdefault(f.example, []).append(f)
+        sides.append(by_example)
+    out = []
+    for n in sorted(set(sides[0]) & set(sides[1])):
+        lists = [side.get(n, sides[0][n]) for side in sides]
+        out += [tuple(f[min(i, len(f) - 1)] for f in lists) for i in range(max(map(len, lists)) if train else len(lists[1]))]
+    return out
+
+
 def features_by_hand(tok, data_dir, task, paired, round_trip, max_len=None):
     """translate-train-all's features, or a paired method's tuples, from the readers and
     make_features / pair_features, as training_set gave them before it kept them on disk."""
@@ -382,7 +393,7 @@ def features_by_hand(tok, data_dir, task, paired, round_trip, max_len=None):
     for lang in langs:
         trip = data.read_round_trip(data_dir, task, lang, pairs[lang]) if round_trip else None
         tuples += [(e, t, r)[:2 + round_trip] for (e, t), r in zip(pairs[lang], trip or [e for e, _ in pairs[lang]]) if t]
-    return data.pair_features(tok, task, tuples, max_len, True)
+    return pair_features(tok, task, tuples, max_len, True)
 
 
 def same_features(items, feats, example=True):
@@ -407,6 +418,26 @@ def test_training_sets_on_disk_hold_the_features_of_the_readers(demo_dir, monkey
     for cache in (False, True):
         items = data.training_set(tok, demo_dir, task, ['de', 'zh'], 'translations', paired, round_trip, max_len, cache=cache)
         same_features(items, feats, example=not paired)  # a pair's sides number their examples apart
+
+
+@pytest.mark.parametrize('task, paired, max_len, slice_', [
+    ('xnli', False, None, 7), ('panx', True, 6, 2000), ('mlqa', False, 20, 3), ('mlqa', True, 20, 2000)])
+def test_evaluation_sets_on_disk_hold_the_features_of_the_readers(demo_dir, monkeypatch, task, paired, max_len, slice_):
+    """Every field of every evaluation feature, QA's spans and fullest-context flags among them, as
+    make_features / pair_features give them in evaluation: a pair's every target feature once,
+    with its English; a feature's example is its input's number."""
+    monkeypatch.setattr(data, 'SLICE', slice_)
+    tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
+    gold, inputs, pairs = data.evaluation_set(demo_dir, task, 'dev', 'de', paired=paired)
+    feats = pair_features(tok, task, pairs, max_len) if paired else data.make_features(tok, task, inputs, max_len)
+    sides = lambda item: item[1:] if isinstance(item, tuple) else (item,)  # the target side's every field
+    fields = lambda f: (f.ids, f.label, f.words, f.example, f.spans, f.max_context)
+    for cache in (False, True):
+        items = data.evaluation_items(tok, demo_dir, task, inputs, pairs, max_len, cache=cache)
+        assert len(items) == len(feats) > len(inputs) * (max_len is not None)  # short max_len: several a sentence
+        assert [fields(f) for i in range(len(items)) for f in sides(items[i])] == [fields(f) for i in feats for f in sides(i)]
+        if paired:  # the English side too
+            assert [items[i][0].ids for i in range(len(items))] == [f[0].ids for f in feats]
 
 
 def test_paired_items_repeat_a_shorter_sides_last_feature_and_skip_what_a_side_lacks():

@@ -143,27 +143,28 @@ def test_mismatched_predictions_fail_in_one_line(tmp_path):
 # ----------------------------------------------------------------------------------------
 # Decoding, retrieval, CKA, tables.
 
-def window(qid, context, spans, max_context):
-    head = 3  # <s> q </s> before the context, </s> after
-    return Feature(ids=[0] * (head + len(spans) + 1), qid=qid, context=context,
-                   spans=[None] * head + spans + [None], max_context=[False] * head + max_context + [False])
+def window(spans, max_context):
+    head = 3  # <s> q </s> before the context, </s> after; the question's window
+    return Feature(ids=[0] * (head + len(spans) + 1), example=0, spans=[None] * head + spans + [None],
+                   max_context=[False] * head + max_context + [False])
 
 
 def test_decode_qa_picks_the_best_valid_span_across_windows():
     context = 'Anna lives in Paris now'
     spans = [(0, 4), (5, 10), (11, 13), (14, 19), (20, 23)]
-    w1 = window('q', context, spans[:4], [True, True, True, False])
-    w2 = window('q', context, spans[2:], [False, True, True])
+    w1 = window(spans[:4], [True, True, True, False])
+    w2 = window(spans[2:], [False, True, True])
+    question = [{'id': 'q', 'context': context}]
     # positions: 3 Anna, 4 lives, 5 in, 6 Paris in w1; 3 in, 4 Paris, 5 now in w2; <s> and </s> are not context
     s1 = torch.tensor([9.0, 0, 0, 1, 0, 0, 7, 9])
     e1 = torch.tensor([9.0, 0, 0, 0, 3, 0, 2, 9])
     s2 = torch.tensor([0.0, 0, 0, 0, 4, 0, 0])
     e2 = torch.tensor([0.0, 0, 0, 0, 4, 0, 0])
     # 'Paris' would score 9 in w1, but w1 is not where it has its fullest context: w2's 8 wins
-    assert ev.decode_qa([w1, w2], [s1, s2], [e1, e2]) == {'q': 'Paris'}
-    assert ev.decode_qa([w1], [s1], [e1]) == {'q': 'Anna lives'}  # start 1 + end 3, the best valid span left
+    assert ev.decode_qa([w1, w2], [s1, s2], [e1, e2], question) == {'q': 'Paris'}
+    assert ev.decode_qa([w1], [s1], [e1], question) == {'q': 'Anna lives'}  # start 1 + end 3, the best valid span left
     # an answer longer than max_answer_len tokens is not allowed
-    assert ev.decode_qa([w1], [s1], [e1], max_answer_len=1) != {'q': 'Anna lives'}
+    assert ev.decode_qa([w1], [s1], [e1], question, max_answer_len=1) != {'q': 'Anna lives'}
 
 
 def test_linear_cka_against_the_hsic_formula():

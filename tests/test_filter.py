@@ -117,7 +117,7 @@ def test_self_teaching_end_to_end(tmp_path, capsys):
     assert printed.index(f'filter on xnli (student) in {tmp_path / "st"}: a new run') \
         < printed.index(f'filter on xnli (teacher) in {teacher}: a new run') < printed.index('dev (xnli, teacher)') \
         < printed.index('dev (xnli, student)')
-    probs = torch.load(stored, weights_only=True)
+    probs = data.Ragged(*torch.load(stored, weights_only=True))  # (values, ends)
     assert len(probs) == 450 and all(torch.allclose(p.sum(), torch.tensor(1.0)) for p in probs)  # 150 x (en, de, zh)
     assert os.path.exists(teacher / 'results.json') and os.path.exists(tmp_path / 'st' / 'results.json')
     logged = [json.loads(line) for line in open(tmp_path / 'st' / 'log.jsonl')]
@@ -128,7 +128,7 @@ def test_self_teaching_end_to_end(tmp_path, capsys):
     assert stored.stat().st_mtime_ns == stamp
     # the student alone, from the finished teacher: the same probabilities, the same student
     again = run(tmp_path / 'student', demo, '--method', 'filter', '--task', 'xnli', '--teacher', str(teacher), '--epochs', '3')
-    assert all(torch.equal(a, b) for a, b in zip(probs, torch.load(tmp_path / 'student' / 'p_teacher.pt', weights_only=True)))
+    assert all(torch.equal(a, b) for a, b in zip(probs, data.Ragged(*torch.load(tmp_path / 'student' / 'p_teacher.pt', weights_only=True))))
     assert again['test'] == pytest.approx(results['test'])
     scores = eval_cli(tmp_path / 'st', demo)['xnli']
     assert results['test'] == pytest.approx({**scores['accuracy'], 'avg': scores['avg_accuracy'],
@@ -136,9 +136,9 @@ def test_self_teaching_end_to_end(tmp_path, capsys):
     assert results['dev']['en'] > 40
     # a new run (not --resume) predicts its stored probabilities again, whatever the folder held
     (tmp_path / 'redo').mkdir()
-    torch.save(probs[:10], tmp_path / 'redo' / 'p_teacher.pt')
+    torch.save((probs.values[:30], probs.ends[:11]), tmp_path / 'redo' / 'p_teacher.pt')  # 10 items'
     run(tmp_path / 'redo', demo, '--method', 'filter', '--task', 'xnli', '--teacher', str(teacher), '--epochs', '1')
-    assert len(torch.load(tmp_path / "redo" / "p_teacher.pt", weights_only=True)) == 450
+    assert len(data.Ragged(*torch.load(tmp_path / "redo" / "p_teacher.pt", weights_only=True))) == 450
     with pytest.raises(SystemExit, match='is a run of xnli, not panx'):
         run(tmp_path / 'other', demo, '--method', 'filter', '--task', 'panx', '--teacher', str(teacher), '--epochs', '1')
 

@@ -306,3 +306,26 @@ def test_a_score_within_an_epoch_is_kept_when_it_is_the_best(tmp_path):
     assert state['best'] == 70.0
     now = torch.load(tmp_path / 'best.pt', weights_only=True)['method']
     assert all(torch.equal(now[k], v) for k, v in kept.items())
+
+
+def test_evaluation_takes_the_cores_other_processes_leave_free(monkeypatch):
+    """Since the last evaluation the machine's cores computed `busy` seconds in `wall` seconds,
+    this process `own` of them: the others kept (busy - own) / wall cores busy. Evaluation runs
+    on the cores left (at least 1, at most torch's count) and gives torch's count back; with
+    OMP_NUM_THREADS set (torchrun sets it) it changes nothing."""
+    cores, before = len(os.sched_getaffinity(0)), torch.get_num_threads()
+    monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
+    try:
+        torch.set_num_threads(cores)
+        for busy, own, wall, threads in ((10.0, 10.0, 10.0, cores), (20.0, 10.0, 10.0, max(1, cores - 1)),
+                                         (10.0 * cores + 6, 4.0, 10.0, 1), (16.0, 12.0, 10.0, cores)):
+            monkeypatch.setattr(layers, 'LAST_USE', (100.0, 50.0, 1000.0))
+            monkeypatch.setattr(layers, 'cpu_use', lambda: (100.0 + busy, 50.0 + own, 1000.0 + wall))
+            with layers.free_threads():
+                assert torch.get_num_threads() == threads, (busy, own)
+            assert torch.get_num_threads() == cores
+        monkeypatch.setenv('OMP_NUM_THREADS', str(cores))
+        with layers.free_threads():
+            assert torch.get_num_threads() == cores
+    finally:
+        torch.set_num_threads(before)
