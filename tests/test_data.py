@@ -529,3 +529,21 @@ def test_a_build_killed_halfway_is_never_read_and_two_processes_build_once(tmp_p
     tok = data.Tokenizer(f'{demo}/sentencepiece.bpe.model')
     same_features(data.training_set(tok, demo, 'xnli', ['de', 'zh'], 'translations'),
                   features_by_hand(tok, demo, 'xnli', False, False))
+
+
+def test_in_windows_gives_every_positions_results_in_order(monkeypatch):
+    """Batches sorted by length within windows of WINDOW batches, each position's results (of
+    several lengths, none for some) joined back in position order, one field apart from another."""
+    monkeypatch.setattr(data, 'WINDOW', 2)
+    lengths = np.random.default_rng(0).integers(1, 50, 23)
+    seen = []
+
+    def fn(batch):
+        seen.append(batch)
+        assert len(batch) <= 3 and list(lengths[batch]) == sorted(lengths[batch])
+        return [(torch.full((i % 3,), i), torch.tensor([float(-i)])) for i in batch]
+    blocks = data.in_windows(fn, lengths, range(4, 21), 3, 'test')
+    assert sorted(i for b in seen for i in b) == list(range(4, 21)) and len(blocks) == 3  # windows of 6 positions
+    values, scores = (data.joined([b[f] for b in blocks]) for f in (0, 1))
+    assert [r.tolist() for r in values] == [[i] * (i % 3) for i in range(4, 21)]
+    assert scores.values.tolist() == [-i for i in range(4, 21)] and len(scores) == 17
