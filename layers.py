@@ -482,7 +482,9 @@ def atomic_write(path, obj):
     folder (made if missing), then rename it into place: an interrupted write never leaves a
     half-written file."""
     tmp = f'{path}.tmp{os.getpid()}'
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(folder):  # made when missing; a file in its place fails below, naming itself
+        os.makedirs(folder, exist_ok=True)
     try:
         with open(tmp, 'wb') as f:
             if isinstance(obj, (str, bytes)):
