@@ -728,9 +728,10 @@ def evaluation_items(tok, data_dir, task, inputs, pairs, max_len=None, stride=12
     """The evaluation features of inputs (Items), or of pairs ((English translation, input), for
     paired methods: each target feature once, with its English), kept as the training sets are,
     keyed by the examples themselves (evaluation_set's: a split, or its translations)."""
-    digest = hashlib.sha1(json.dumps([inputs, pairs]).encode()).hexdigest()
+    english = None if pairs is None else [en for en, _ in pairs]  # the pairs' second sides are the inputs
+    digest = hashlib.sha1(json.dumps([inputs, english]).encode()).hexdigest()
     # the inputs first, so that a feature's example is its input's number
-    sources = lambda: [('input', inputs, None)] + ([] if pairs is None else [('en', [en for en, _ in pairs], None)])
+    sources = lambda: [('input', inputs, None)] + ([] if english is None else [('en', english, None)])
     return feature_set(tok, task, [tok.path], ['evaluation', task, max_len, stride, digest], sources,
                        1 if pairs is None else 2, max_len, stride, data_dir, cache, train=False)
 
@@ -1156,13 +1157,13 @@ class Ragged:
     def __iter__(self):
         return map(self.__getitem__, range(len(self)))
 
-
-def joined(parts):
-    """[(values, counts: each item's number of values)] of blocks in order -> a Ragged of them all."""
-    parts = [(v, c) for v, c in parts if len(c)]
-    values = torch.cat([v for v, _ in parts]) if parts else torch.zeros(0)
-    counts = torch.cat([c for _, c in parts]) if parts else torch.zeros(0, dtype=torch.long)
-    return Ragged(values, torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
+    @classmethod
+    def joined(cls, parts):
+        """[(values, counts: each item's number of values)] of blocks in order -> a Ragged of them all."""
+        parts = [(v, c) for v, c in parts if len(c)]
+        values = torch.cat([v for v, _ in parts]) if parts else torch.zeros(0)
+        counts = torch.cat([c for _, c in parts]) if parts else torch.zeros(0, dtype=torch.long)
+        return cls(values, torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
 
 
 WINDOW = 64  # in_windows sorts this many batches by length at a time

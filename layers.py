@@ -569,7 +569,9 @@ def autocast(device):
 
 def cpu_use():
     """(seconds all cores have computed, this process's share of them (its threads' and its ended
-    workers'), now), from /proc/stat and os.times."""
+    workers'), now), from /proc/stat and os.times; None where there is no /proc/stat (not Linux)."""
+    if not os.path.exists('/proc/stat'):
+        return None
     with open('/proc/stat') as f:
         ticks = [int(t) for t in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf('SC_CLK_TCK'), sum(os.times()[:4]), time.monotonic()
@@ -587,8 +589,8 @@ def free_threads():
     OMP_NUM_THREADS (torchrun sets 1) is left as it is."""
     global LAST_USE
     before, now = torch.get_num_threads(), cpu_use()
-    others = ((now[0] - LAST_USE[0]) - (now[1] - LAST_USE[1])) / max(now[2] - LAST_USE[2], 1e-3)  # cores busy
-    if 'OMP_NUM_THREADS' not in os.environ:
+    if 'OMP_NUM_THREADS' not in os.environ and now:
+        others = ((now[0] - LAST_USE[0]) - (now[1] - LAST_USE[1])) / max(now[2] - LAST_USE[2], 1e-3)  # cores busy
         torch.set_num_threads(max(1, min(before, round(len(os.sched_getaffinity(0)) - others))))
     try:
         yield

@@ -564,14 +564,14 @@ class Run:
         """The method's outputs for every item on its target side (a single-text method reads a pair's
         second alone), each cut to its tokens and passed through then -> a data.Ragged of them."""
         method.eval()
-        collate, paired = data.collate_items(method.paired), isinstance(items[0], tuple) if len(items) else False
+        collate, tuples = data.collate_items(method.paired), isinstance(items[0], tuple) if len(items) else False
 
         def of(index):
-            batch = collate([items[i] if method.paired or not paired else items[i][1] for i in index], index)
+            batch = collate([items[i] if method.paired or not tuples else items[i][1] for i in index], index)
             lengths = (batch.tgt if method.paired else batch).mask.sum(1).tolist()
             result = method.predict(batch.to(self.device)).float().cpu()
             return [(then(r if method.family == 'classification' else r[:n]),) for r, n in zip(result, lengths)]
-        return self.map(of, data.item_lengths(items)[:, int(paired)])[0]
+        return self.map(of, data.item_lengths(items)[:, int(tuples)])[0]
 
     @torch.no_grad()
     def map(self, fn, lengths, desc='eval', fields=1, everywhere=True):
@@ -590,7 +590,7 @@ class Run:
             blocks = [b for rank in range(self.world) for b in read(rank)] if everywhere or self.rank == 0 else None
             dist.barrier()
             os.remove(self.path(f'.map-{self.rank}.pt'))
-        return None if blocks is None else [data.joined([b[f] for b in blocks]) for f in range(fields)]
+        return None if blocks is None else [data.Ragged.joined([b[f] for b in blocks]) for f in range(fields)]
 
     def report(self, method):
         """The kept model's dev and test scores in every language and its test predictions:

@@ -544,6 +544,6 @@ def test_in_windows_gives_every_positions_results_in_order(monkeypatch):
         return [(torch.full((i % 3,), i), torch.tensor([float(-i)])) for i in batch]
     blocks = data.in_windows(fn, lengths, range(4, 21), 3, 'test')
     assert sorted(i for b in seen for i in b) == list(range(4, 21)) and len(blocks) == 3  # windows of 6 positions
-    values, scores = (data.joined([b[f] for b in blocks]) for f in (0, 1))
+    values, scores = (data.Ragged.joined([b[f] for b in blocks]) for f in (0, 1))
     assert [r.tolist() for r in values] == [[i] * (i % 3) for i in range(4, 21)]
     assert scores.values.tolist() == [-i for i in range(4, 21)] and len(scores) == 17

@@ -324,6 +324,9 @@ def test_evaluation_takes_the_cores_other_processes_leave_free(monkeypatch):
             with layers.free_threads():
                 assert torch.get_num_threads() == threads, (busy, own)
             assert torch.get_num_threads() == cores
+        monkeypatch.setattr(layers, 'cpu_use', lambda: None)  # no /proc/stat (not Linux): torch's count as it is
+        with layers.free_threads():
+            assert torch.get_num_threads() == cores
         monkeypatch.setenv('OMP_NUM_THREADS', str(cores))
         with layers.free_threads():
             assert torch.get_num_threads() == cores
