@@ -11,6 +11,7 @@ import math
 import multiprocessing
 import os
 import queue
+import random
 import shutil
 import sys
 import tempfile
@@ -160,7 +161,8 @@ QA_FILES = {
 }
 
 
-DEMO_VERSION = 3  # raised when the demo gains files (2: translation, 3: target-language tagging train sets)
+DEMO_VERSION = 4  # raised when the demo's files change (2: translation, 3: target-language tagging train sets,
+# 4: the published translations' shapes)
 
 
 def is_demo(data_dir, current=False):
@@ -550,7 +552,7 @@ def tagging_features(tok, task, examples, max_len=128):
                 tags += [labels.index(ex['tags'][end]) if ex['tags'] else IGNORE] + [IGNORE] * (len(pieces[end]) - 1)
                 ids += pieces[end]
                 end += 1
-            feats.append(Feature(ids + [tok.eos], tags + [IGNORE], n, words))
+            feats.append(Feature(ids + [tok.eos], tags + [IGNORE] if ex['tags'] else None, n, words))
             start = end
     return feats
 
@@ -781,7 +783,7 @@ def evaluation_set(data_dir, task, split, lang, translate_test=False, paired=Fal
 # Training sets on disk: tokenized once, with every core, into flat arrays beside the data, and
 # memory-mapped by every process of every later start (one copy a machine, in the page cache).
 
-CACHE_FORMAT = 1  # part of every cache's key: raised when features change for the same files and settings
+CACHE_FORMAT = 2  # part of every cache's key: raised when features change for the same files and settings
 SLICE = 2000  # examples a worker tokenizes at a time (below progress()'s bar: workers draw none)
 
 
@@ -914,12 +916,15 @@ def feature_arrays(job):
     feats = make_features(TOKENIZER, task, examples, max_len, train, stride)
     arrays = {'ids': flat(f.ids for f in feats), 'length': np.array([len(f.ids) for f in feats], np.int32),
               'example': np.array([base + f.example for f in feats], np.int32)}
-    if TASKS[task].family == 'tagging':
-        arrays.update(label=flat(f.label for f in feats), words=flat(f.words for f in feats),
-                      word_count=np.array([len(f.words) for f in feats], np.int32))
-    elif all(f.label is not None for f in feats):  # none for unlabelled text (XLA's D_t): its items have label None
-        arrays['label'] = np.array([f.label for f in feats], np.int32)
-    if TASKS[task].family == 'qa' and not train:
+    family = TASKS[task].family
+    # a label of each feature's own example, or IGNORE in its shape where it has none (a test file, one side of a pair)
+    blank = {'tagging': lambda f: [IGNORE] * len(f.ids), 'qa': lambda f: (IGNORE, IGNORE)}.get(family, lambda f: IGNORE)
+    labels = [blank(f) if f.label is None else f.label for f in feats]
+    arrays.update(label=np.array(labels, np.int32) if family == 'classification' else flat(labels),
+                  labelled=np.array([f.label is not None for f in feats], np.int32))
+    if family == 'tagging':
+        arrays.update(words=flat(f.words for f in feats), word_count=np.array([len(f.words) for f in feats], np.int32))
+    if family == 'qa' and not train:
         arrays.update(spans=flat((-1, -1) if span is None else span for f in feats for span in f.spans),
                       max_context=flat(f.max_context for f in feats))
     return arrays, np.searchsorted(arrays['example'] - base, np.arange(len(examples) + 1))
@@ -987,6 +992,7 @@ class Items:
         there = lambda name: os.path.exists(file(name)) and os.path.getsize(file(name)) > 0
         mapped = lambda name, dtype=np.int64: np.memmap(file(name), dtype, 'r') if there(name) else np.zeros(0, dtype)
         self.family, self.meta, self.length = meta['family'], meta, mapped('length', np.int32)
+        self.labelled = mapped('labelled', np.int32)  # whether a feature's own example has a label (none: XLA's samples)
         self.index, self.offsets, self.word_offsets = mapped('items').reshape(-1, meta['sides']), mapped('ends'), mapped('word_ends')
         self.files = {name: os.open(file(name), os.O_RDONLY) for name in ('ids', 'label', 'words', 'example', 'spans',
                                                                             'max_context') if there(name)}
@@ -1015,11 +1021,10 @@ class Items:
     def feature(self, k):
         a, b, example = int(self.offsets[k]), int(self.offsets[k + 1]), (self.read('example', k, k + 1) or [0])[0]
         words = self.read('words', int(self.word_offsets[k]), int(self.word_offsets[k + 1])) if self.family == 'tagging' else None
-        label = self.read('label', *{'tagging': (a, b), 'qa': (2 * k, 2 * k + 2)}.get(self.family, (k, k + 1)))
-        if 'label' not in self.files:  # unlabelled text (XLA's)
-            label = None
-        elif self.family != 'tagging':  # a class, or QA's (start, end)
-            label = tuple(label) if self.family == 'qa' else label[0]
+        label = None  # the feature's own example has none, whatever the other side of its pair has
+        if k < len(self.labelled) and self.labelled[k]:  # a tag per token, a class, or QA's (start, end)
+            label = self.read('label', *{'tagging': (a, b), 'qa': (2 * k, 2 * k + 2)}.get(self.family, (k, k + 1)))
+            label = label if self.family == 'tagging' else tuple(label) if self.family == 'qa' else label[0]
         if 'spans' not in self.files:
             return Feature(self.read('ids', a, b), label, example, words)
         spans = self.read('spans', 2 * a, 2 * b)  # QA's evaluation windows
@@ -1060,7 +1065,7 @@ def collate(features, index=None, pad_id=1):
     pad = lambda rows, value: torch.nn.utils.rnn.pad_sequence([torch.tensor(r) for r in rows], True, value)
     ids = pad([f.ids for f in features], pad_id)
     labels = first = None
-    if features[0].label is not None:  # tag lists padded with IGNORE, else a class or a (start, end) each
+    if all(f.label is not None for f in features):  # tag lists padded with IGNORE, else a class or a (start, end) each
         labels = [f.label for f in features]
         labels = pad(labels, IGNORE) if isinstance(labels[0], list) else torch.tensor(labels)
     if features[0].words is not None:
@@ -1508,8 +1513,12 @@ def demo_examples(task, n, rng):
 
 
 def demo_files(task, split, rows):
-    """{path: text} of one task and split, rows: [{lang: example}], in the layout the readers read.
-    Test files carry no labels (as XTREME's); their gold goes to labels/<task>/test-<lang>.<ext>."""
+    """{path: text} of one task and split, rows: [{lang: example}], in the layout the readers read,
+    in the shapes of the published files: test files carry no labels (their gold goes to
+    labels/<task>/test-<lang>.<ext>), classification translations carry the label (XNLI's
+    translate-test rows have it), tagging translations no tags (XTREME publishes none, FILTER's
+    have none), QA translations their answers; translate-train leaves some English examples out,
+    in another order (demo_translated)."""
     family, files, test = TASKS[task].family, {}, split == 'test'
     squad = lambda exs, blank=False: json.dumps({'version': 'demo', 'data': [{'paragraphs': [{'context': e['context'], 'qas': [
         {'id': e['id'], 'question': e['question'],
@@ -1532,12 +1541,26 @@ def demo_files(task, split, rows):
             if split == 'train':
                 files[split_path('', task, 'round-trip', other)] = text([r['rt'] for r in rows])
             trans, path = [r[other] for r in rows], split_path('', task, f'translate-{split}', other if split == 'train' else lang)
-            if family == 'classification':  # the original pair, then its translation
-                files[path] = tsv_text((o['a'], o['b'], t['a'], t['b']) + ((o['label'],) if not test else ())
-                                       for o, t in zip(exs, trans))
+            pairs = demo_translated(task, other, list(zip(exs, trans))) if split == 'train' else list(zip(exs, trans))
+            if family == 'classification':  # the original pair, its translation, the label
+                files[path] = tsv_text((o['a'], o['b'], t['a'], t['b'], o['label']) for o, t in pairs)
             elif path and (family == 'tagging' or split != 'dev' or task == 'mlqa'):
-                files[path] = text(trans, not test or family == 'qa')  # QA: with their answers, as XTREME's translate-test sets
+                files[path] = text([t for _, t in pairs], family == 'qa')
     return files
+
+
+def demo_translated(task, lang, pairs):
+    """translate-train's (English, translation) pairs as the published files have them: a tenth of
+    the English examples without a translation and the rest in another order (classification,
+    QA; tagging translations align sentence by sentence), and PAWS-X's blank translations."""
+    rng, family = random.Random(f'{task} {lang}'), TASKS[task].family  # the tasks' own draws stay as they were
+    if family == 'tagging':
+        return pairs
+    kept = [p for p in pairs if rng.random() >= 0.1]
+    rng.shuffle(kept)
+    if task == 'pawsx':
+        kept = [(o, dict(t, b='') if rng.random() < 0.02 else t) for o, t in kept]
+    return kept
 
 
 def tagged_text(examples, tags=True):
@@ -1594,7 +1617,6 @@ def demo_parallel(rng, n, stem, langs):
 def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
     """Write the demo data of every task and a sentencepiece model trained on it; the marker
     demo.json, written last, lists the languages."""
-    import random
     rng, files = random.Random(seed), {}
     for task in TASKS:
         if task in ('bucc2018', 'tatoeba'):
