@@ -1316,7 +1316,7 @@ def pair_arrays(job):
         count(counts, f'left out: parallel pieces past {longest} a side', 0, 0, sum(len(x) + len(y) for x, y in whole) - used)
     sides = [[tok.bos] + side + [tok.eos] for pair in pairs for side in pair]
     return {'ids': flat(sides), 'length': np.array([len(s) for s in sides], np.int32),
-            'label': np.full(len(sides), int(parallel), np.int32)}, counts
+            'label': np.full(len(sides), int(parallel), np.int32), 'labelled': np.ones(len(sides), np.int32)}, counts
 
 
 def pretraining_index(done, total):

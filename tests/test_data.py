@@ -475,6 +475,75 @@ def test_paired_items_repeat_a_shorter_sides_last_feature_and_skip_what_a_side_l
         [0, 0], [1, 1], [2, 2], [0, 3], [0, 4], [0, 5], [1, 6], [2, 6]]
 
 
+# ----------------------------------------------------------------------------------------
+# Labels per side: each feature carries its own example's label, or None, whatever its pair holds.
+
+def labels_by_hand(task, examples, feats):
+    """What a feature's label must be, from the readers' examples: its example's class, or None."""
+    label = lambda ex: None if ex.get('label') is None else data.TASKS[task].labels.index(ex['label'])
+    return [label(examples[f.example]) for f in feats]
+
+
+def test_a_labelled_english_side_beside_an_unlabelled_target_reads_each_side_s_own(demo_dir):
+    """XNLI's translate-test rows carry the label and its test rows none: the English side of each
+    pair has its label, the target None; a batch of them has labels on the English side alone."""
+    tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
+    gold, inputs, pairs = data.evaluation_set(demo_dir, 'xnli', 'test', 'de', paired=True)
+    items = data.evaluation_items(tok, demo_dir, 'xnli', inputs, pairs, cache=False)
+    english, target = zip(*(items[i] for i in range(len(items))))
+    assert [f.label for f in target] == [None] * len(inputs)
+    assert [f.label for f in english] == labels_by_hand('xnli', [en for en, _ in pairs], target)
+    assert None not in [f.label for f in english]
+    batch = data.collate_items(True)([items[i] for i in range(len(items))])
+    assert batch.tgt.labels is None and batch.src.labels.tolist() == [f.label for f in english]
+
+
+def test_a_labelled_target_with_an_unlabelled_or_missing_translation(tmp_path, spm_path):
+    """A dev set with labels whose translate-dev rows have none (4 columns), one row untranslated:
+    that example pairs with itself and keeps its label on both sides; a batch of the English side
+    mixes labelled and unlabelled features and carries no labels."""
+    rows = [('A man sleeps .', 'Nobody sleeps .', 'contradiction'), ('She reads .', 'She reads a book .', 'neutral'),
+            ('It rains .', 'Water falls .', 'entailment')]
+    write_xtreme_tsv(tmp_path / 'xnli' / 'dev-de.tsv', rows)
+    write_xtreme_tsv(tmp_path / 'xnli' / 'translate-dev' / 'dev-de-en-translated.tsv',
+                     [(a, b, f'{a} (en)', f'{b} (en)') for a, b, _ in rows[:2]])
+    gold, inputs, pairs = data.evaluation_set(str(tmp_path), 'xnli', 'dev', 'de', paired=True)
+    items = data.evaluation_items(data.Tokenizer(spm_path), str(tmp_path), 'xnli', inputs, pairs, cache=False)
+    classes = data.TASKS['xnli'].labels
+    assert [(en.label, t.label) for en, t in (items[i] for i in range(3))] == [
+        (None, classes.index('contradiction')), (None, classes.index('neutral')), (classes.index('entailment'),) * 2]
+    batch = data.collate_items(True)([items[i] for i in range(3)])
+    assert batch.src.labels is None and batch.tgt.labels.tolist() == [classes.index(l) for *_, l in rows]
+
+
+def test_qa_translate_test_with_answers_on_one_side_reads_blind_and_scores_the_translations(demo_dir):
+    """MLQA's translate-test questions carry answers and its test questions none: evaluation
+    features hold no answer on either side, and translate-test scores the translations' answers."""
+    tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
+    gold, inputs, pairs = data.evaluation_set(demo_dir, 'mlqa', 'test', 'de', paired=True)
+    assert all(en['answers'] and not ex['answers'] for en, ex in pairs)
+    items = data.evaluation_items(tok, demo_dir, 'mlqa', inputs, pairs, 20, cache=False)
+    assert len(items) > len(inputs) and all(f.label is None for i in range(len(items)) for f in items[i])
+    gold, inputs, _ = data.evaluation_set(demo_dir, 'mlqa', 'test', 'de', translate_test=True)
+    assert gold is inputs and all(ex['answers'] for ex in gold)
+
+
+def test_tagging_translations_without_tags_train_filter_on_the_english_side(demo_dir):
+    """FILTER's tagging translations have no tags: a pair (English, translation) has English's tags
+    on its source side and None on its target; English with itself has them on both."""
+    tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
+    items = data.training_set(tok, demo_dir, 'panx', ['de', 'zh'], 'translations', paired=True, cache=False)
+    english = data.read_split(demo_dir, 'panx', 'train')
+    tags = lambda f: [data.TASKS['panx'].labels.index(t) for t in english[f.example]['tags']]
+    first = lambda f: [f.label[i] for i in f.words]  # the label on each word's first piece
+    assert len(items) == 3 * len(english)  # one feature a sentence; every sentence translated
+    for i in range(len(items)):
+        src, tgt = items[i]
+        assert first(src) == tags(src) and (tgt.label is None) == (i >= len(english))
+    batch = data.collate_items(True)([items[0], items[len(english)]])
+    assert batch.tgt.labels is None and batch.src.labels.ne(data.IGNORE).any()
+
+
 def test_a_missing_round_trip_pairs_the_english_with_itself_and_is_said_at_every_start(tmp_path, capsys):
     demo = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=5)
     os.remove(data.split_path(demo, 'panx', 'round-trip', 'zh'))

@@ -1,0 +1,76 @@
+"""Every method on every task family it declares, end to end on the demo's files, which have the
+published files' shapes (test labels stripped, translate-test rows labelled, translate-train
+leaving examples out in another order, tagging translations without tags): each run reaches
+results.json and a prediction file per test language, in the leaderboard's layout."""
+import json
+import os
+
+import pytest
+
+import data
+import xlt
+from conftest import demo_run, quick_pretrained
+
+VARIANTS = {'veco': [[], ['--translate_train_all']]}  # VECO's NLU, and its translate-train-all (VecoAll)
+QUICK = ['--from_scratch', '--epochs', '1', '--batch_size', '16', '--max_len', '48']  # QA: windows of 48 tokens
+
+
+def runs():
+    """(method, its variant's options, task): a task of each family the class declares, the tasks of a
+    family taken in turn across the methods, so that every task is met."""
+    turn, out = {}, []
+    for name, method in xlt.METHODS.items():
+        for options in VARIANTS.get(name, [[]]):
+            cls = method.resolve(train_args(name, 'xnli', options))
+            for family in dict.fromkeys(data.TASKS[t].family for t in cls.TASKS if t in data.TASKS):
+                tasks = [t for t in cls.TASKS if t in data.TASKS and data.TASKS[t].family == family]
+                turn[family] = turn.get(family, -1) + 1
+                out.append((name, options, tasks[turn[family] % len(tasks)]))
+    return out
+
+
+def train_args(method, task, options):
+    import train
+    return train.parse_args(['--method', method, '--task', task, '--demo', *options])
+
+
+@pytest.fixture(scope='module')
+def demo(tmp_path_factory):
+    return data.make_demo(str(tmp_path_factory.mktemp('demo') / 'demo-data'), n_train=48, n_eval=8)
+
+
+@pytest.fixture(scope='module')
+def finished(demo, tmp_path_factory):
+    """Runs that others start from (a retrieval encoder, X-Mixup's tagging teacher), made once."""
+    done, root = {}, tmp_path_factory.mktemp('finished')
+
+    def run(task):  # a zero-shot run of task, or the demo's briefly pre-trained masked LM
+        if task not in done:
+            made = quick_pretrained(demo, root / task, steps=20) if task == 'pretrain' else None
+            made or demo_run(root / task, demo, ['--method', 'zeroshot', '--task', task, *QUICK])
+            done[task] = made or str(root / task)
+        return done[task]
+    return run
+
+
+def needs(method, task, finished):
+    """What a run needs beyond the demo: an encoder to retrieve with; X-Mixup's tagging teacher; the
+    language a method trains on where it takes one; XLA's masked LM, and its stages kept short."""
+    family = data.TASKS[task].family
+    if family == 'retrieval':
+        return ['--init', os.path.join(finished('xnli'), 'best.pt')]
+    quick = QUICK[1:] if method == 'xla' else QUICK  # XLA's vicinal samples come from a masked LM
+    more = ['--teacher', finished(task)] if method == 'xmixup' and family == 'tagging' else []
+    more += ['--train_lang', 'de'] * ('train_lang' in {o.name for o in xlt.METHODS[method].OPTIONS})
+    return quick + more + ['--init', finished('pretrain'), '--xla_epochs', '1', '--xla_batch_size', '16'] * (method == 'xla')
+
+
+@pytest.mark.parametrize('method, options, task', runs(), ids=lambda v: ' '.join(v) if isinstance(v, list) else v)
+def test_every_method_reaches_results_and_predictions_on_every_family(demo, finished, tmp_path, method, options, task):
+    out = tmp_path / 'run'
+    demo_run(out, demo, ['--method', method, '--task', task, *options, *needs(method, task, finished)])
+    results = json.load(open(out / 'results.json'))
+    langs = data.languages(task, demo=True)
+    assert set(results['test']) >= set(langs)
+    written = sorted(os.listdir(out / 'predictions' / task))
+    assert written == sorted(f'test-{lang}.{data.suffix(task)}' for lang in langs)
