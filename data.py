@@ -695,7 +695,12 @@ def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round
         split_path(data_dir, task, kind, lang) for lang in langs for kind in ('translate-train', 'round-trip')[:1 + round_trip]]
     settings = [task, langs, trains_on, paired, round_trip, max_len, share, stride]
     sources = lambda: training_sources(data_dir, task, langs, trains_on, paired, round_trip, share)
-    return feature_set(tok, task, files, settings, sources, (2 + round_trip) if paired else 1, max_len, stride, data_dir, cache)
+    items = feature_set(tok, task, files, settings, sources, (2 + round_trip) if paired else 1, max_len, stride, data_dir, cache)
+    if not paired and not items.labelled.all():  # a single-text method learns every feature's own label
+        raise DataError(f'{task}: {len(items) - int(items.labelled.sum())} of {len(items)} training examples have no label: '
+                        'translations without tags (XTREME publishes none for POS and NER, FILTER\'s have none) teach a '
+                        'single-text method nothing; train on English, or pair them with it')
+    return items
 
 
 def unlabelled_set(tok, data_dir, task, lang, share, max_len=None, cache=True):

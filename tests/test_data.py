@@ -542,6 +542,8 @@ def test_tagging_translations_without_tags_train_filter_on_the_english_side(demo
         assert first(src) == tags(src) and (tgt.label is None) == (i >= len(english))
     batch = data.collate_items(True)([items[0], items[len(english)]])
     assert batch.tgt.labels is None and batch.src.labels.ne(data.IGNORE).any()
+    with pytest.raises(data.DataError, match=f'^panx: {2 * len(english)} of {3 * len(english)} training examples have no label: translations without tags'):
+        data.training_set(tok, demo_dir, 'panx', ['de', 'zh'], 'translations', cache=False)  # a single-text method's set
 
 
 def test_a_missing_round_trip_pairs_the_english_with_itself_and_is_said_at_every_start(tmp_path, capsys):

@@ -331,7 +331,7 @@ def test_equation_index_covers_the_papers_and_names_only_existing_code():
 
 @pytest.mark.parametrize('argv', [
     ['--method', 'filter', '--task', 'xnli'], ['--method', 'xmixup', '--task', 'pawsx'],
-    ['--method', 'translate-train-all', '--task', 'panx'], ['--task', 'mlqa', '--translate_test'],
+    ['--method', 'translate-train-all', '--task', 'tydiqa'], ['--task', 'mlqa', '--translate_test'],
     ['--task', 'bucc2018'], ['--method', 'veco', '--task', 'pretrain', '--steps', '2', '--eval_every', '2']])
 def test_the_dry_run_checks_exactly_the_files_a_run_reads(tmp_path, monkeypatch, argv):
     """A real run on data in the README's layout (the demo's files, without --demo) opens every

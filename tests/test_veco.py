@@ -425,7 +425,8 @@ def test_translate_train_all_trains_on_every_translation(demo_data):
     args.data_dir = demo_data
     tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
     items = train.Run(args, 0, 1, torch.device('cpu'), tok).items(xlt.method_class(args)(layers.Encoder(layers.CONFIGS['tiny']), 'pawsx'))
-    assert len(items) == 3 * len(data.read_split(demo_data, 'pawsx', 'train'))  # English, de and zh
+    translated = [t for lang in ('de', 'zh') for _, t in data.read_translations(demo_data, 'pawsx', 'train', lang) if t]
+    assert len(items) == len(data.read_split(demo_data, 'pawsx', 'train')) + len(translated)  # English, de and zh
 
 
 def released_nlg_state(seed=0, V=50, D=32, H=2, Fd=64, L=3):
