@@ -1261,7 +1261,7 @@ def segment_pairs(tok, documents, max_len, counts):
         tally('adjacent segments', even)
         pairs += [(even[i], even[i + 1]) for i in range(0, len(even), 2)]
         if len(segments) % 2:
-            tally('odd last segment, with the one before', segments[-1:])
+            count(counts, 'odd last segment, with the one before', 0, 1, len(segments[-1]))  # its document counted once
             pairs.append((segments[-2], segments[-1]))
     return pairs
 
@@ -1273,12 +1273,16 @@ def count(counts, rule, documents, segments, pieces):
 
 def cut_in_two(segment, line_ends, word_start):
     """-> (rule, pairs): a document of one segment cut at the line boundary nearest its middle, one
-    of a single line at the word start nearest its middle; a single word is left out."""
+    of a single line at the word start nearest its middle, or at the piece boundary nearest it
+    where the line has no word start past its first piece (text written without spaces: CC-100's
+    zh, ja, th; a single long word); a single piece is left out."""
     cuts, rule = line_ends, 'one segment, cut at a line'
     if not cuts:
         cuts, rule = [i for i in range(1, len(segment)) if word_start[segment[i]]], 'one line, cut at a word'
     if not cuts:
-        return 'left out: a single word', []
+        cuts, rule = list(range(1, len(segment))), 'one line of one word (no spaces), cut at a piece'
+    if not cuts:
+        return 'left out: a single piece', []
     cut = min(cuts, key=lambda c: abs(2 * c - len(segment)))
     return rule, [(segment[:cut], segment[cut:])]
 

@@ -402,10 +402,10 @@ def pair_features(tok, task, pairs, max_len=None, train=False):
     return out
 
 
-def features_by_hand(tok, data_dir, task, paired, round_trip, max_len=None):
+def features_by_hand(tok, data_dir, task, paired, round_trip, max_len=None, langs=('de', 'zh')):
     """translate-train-all's features, or a paired method's tuples, from the readers and
     make_features / pair_features, as training_set gave them before it kept them on disk."""
-    english, langs = data.read_split(data_dir, task, 'train'), ['de', 'zh']
+    english = data.read_split(data_dir, task, 'train')
     pairs = {lang: data.read_translations(data_dir, task, 'train', lang, english) for lang in langs}
     if not paired:
         return data.make_features(tok, task, english + [t for lang in langs for _, t in pairs[lang] if t], max_len, True)
@@ -434,9 +434,10 @@ def test_training_sets_on_disk_hold_the_features_of_the_readers(demo_dir, monkey
     translation apart; a small SLICE sends slices to worker processes."""
     monkeypatch.setattr(data, 'SLICE', slice_)
     tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
-    feats = features_by_hand(tok, demo_dir, task, paired, round_trip, max_len)
+    langs = [] if data.TASKS[task].family == 'tagging' and not paired else ['de', 'zh']  # untagged translations: English
+    feats = features_by_hand(tok, demo_dir, task, paired, round_trip, max_len, langs)
     for cache in (False, True):
-        items = data.training_set(tok, demo_dir, task, ['de', 'zh'], 'translations', paired, round_trip, max_len, cache=cache)
+        items = data.training_set(tok, demo_dir, task, langs, 'translations', paired, round_trip, max_len, cache=cache)
         same_features(items, feats, example=not paired)  # a pair's sides number their examples apart
 
 
@@ -561,7 +562,7 @@ def test_the_cache_is_built_once_and_again_when_a_file_the_tokenizer_or_a_settin
     demo = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=5)
     tok, other = data.Tokenizer(f'{demo}/sentencepiece.bpe.model'), data.Tokenizer(spm_path)
     builds = lambda: capsys.readouterr().out.count('tokenizing the training data into')
-    load = lambda tok=tok, max_len=None: data.training_set(tok, demo, 'panx', ['de', 'zh'], 'translations', max_len=max_len)
+    load = lambda tok=tok, max_len=None: data.training_set(tok, demo, 'panx', ['de', 'zh'], 'translations', True, max_len=max_len)
     load(), load()
     assert builds() == 1
     load(max_len=16)
@@ -576,7 +577,7 @@ def test_the_cache_is_built_once_and_again_when_a_file_the_tokenizer_or_a_settin
         load()
     with open(translations, 'w', encoding='utf-8') as f:
         f.write(text.replace('\tB-LOC', '\tB-ORG', 1))  # the same length, one tag changed
-    same_features(load(), features_by_hand(tok, demo, 'panx', False, False))
+    same_features(load(), features_by_hand(tok, demo, 'panx', True, False), example=False)
     assert builds() == 2  # the one that failed, and the one after the mend
     assert len(os.listdir(os.path.join(demo, '.cache'))) == 5  # four sets and the lock
 

@@ -354,26 +354,32 @@ def test_pretraining_set_up_errors_are_one_line(tmp_path, demo_data):
 
 def test_every_monolingual_document_makes_pairs(tmp_path, demo_data):
     """Adjacent segments pair in order, an odd last one with the one before it; a one-segment
-    document is cut at a line boundary, a one-line one at the word start nearest its middle."""
+    document is cut at a line boundary, a one-line one at the word start nearest its middle, a
+    line without spaces at the piece nearest its middle; a single piece is left out. Each
+    document is counted once."""
     tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
-    line, word = 'Anna reads the book .', 'Anna'
-    ids = tok.encode(line)
-    n = len(ids)
+    line, chinese, piece = 'Anna reads the book .', data.demo_say('fact', data.demo_fact(__import__('random').Random(0)), 'zh')[0], '.'
+    ids, zh = tok.encode(line), tok.encode(chinese)
+    n, m = len(ids), len(zh)
+    assert len(tok.encode(piece)) == 1 and m > 3 and ' ' not in chinese
     os.makedirs(tmp_path / 'pretrain' / 'mono')
-    # five lines, two a segment: segments (1 2) (3 4) (5); two lines: one segment; one line; one word
-    docs = ['\n'.join([line] * 5), '\n'.join([line] * 2), line, word]
+    # five lines, two a segment: segments (1 2) (3 4) (5); two lines: one segment; one line; Chinese; one piece
+    docs = ['\n'.join([line] * 5), '\n'.join([line] * 2), line, chinese, piece]
     (tmp_path / 'pretrain' / 'mono' / 'en.txt').write_text('\n\n'.join(docs) + '\n')
     items, groups, counts = data.pretraining_set(tok, str(tmp_path), max_len=2 * n + 2)
     starts = [i for i in range(1, n) if tok.sp.id_to_piece(ids[i] - 1).startswith('\u2581')]
     cut = min(starts, key=lambda i: abs(i - n / 2))  # the word start nearest the middle
+    middle = min(range(1, m), key=lambda i: abs(i - m / 2))  # the piece boundary nearest it
     two = [0] + ids * 2 + [2]
     expected = [(two, two), (two, [0] + ids + [2]),  # (1 2)-(3 4), then the odd (5) with (3 4)
                 (two[:n + 1] + [2], [0] + ids + [2]),  # two lines: one segment, cut between them
-                ([0] + ids[:cut] + [2], [0] + ids[cut:] + [2])]  # one line, cut at a word
+                ([0] + ids[:cut] + [2], [0] + ids[cut:] + [2]),  # one line, cut at a word
+                ([0] + zh[:middle] + [2], [0] + zh[middle:] + [2])]  # no spaces: cut at a piece
     assert [(x.ids, y.ids) for x, y in items] == expected and all(x.label == 0 for x, _ in items)
-    assert counts == {'adjacent segments': [1, 2, 4 * n], 'odd last segment, with the one before': [1, 1, n],
+    assert counts == {'adjacent segments': [1, 2, 4 * n], 'odd last segment, with the one before': [0, 1, n],
                       'one segment, cut at a line': [1, 1, 2 * n], 'one line, cut at a word': [1, 1, n],
-                      'left out: a single word': [1, 1, len(tok.encode(word))]}
+                      'one line of one word (no spaces), cut at a piece': [1, 1, m], 'left out: a single piece': [1, 1, 1]}
+    assert sum(documents for documents, _, _ in counts.values()) == len(docs)
 
 
 def test_pretraining_text_is_read_a_chunk_at_a_time_and_as_a_whole_file(tmp_path, demo_data, monkeypatch):
