@@ -94,6 +94,8 @@ def test_ctrl_c_names_the_last_checkpoint_and_how_to_resume(tmp_path):
     """A real SIGINT once the first epoch's line is out (an event, not a sleep). The child gets
     SIGINT's default action back: a shell that starts pytest in the background (`cmd &` in a
     script) hands its children SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    os.makedirs(tmp_path / 'run')
+    os.symlink(data.make_demo(str(tmp_path / 'demo-data'), n_train=200, n_eval=30), tmp_path / 'run' / 'demo-data')
     proc = subprocess.Popen([sys.executable, 'train.py', '--demo', '--task', 'pawsx', '--epochs', '50', '--save_every', '5',
                              '--out', str(tmp_path / 'run')], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'},

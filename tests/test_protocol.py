@@ -171,6 +171,8 @@ def start(argv, until):
 
 def test_one_run_per_folder_the_other_stops_in_one_line_and_touches_nothing(tmp_path):
     out = tmp_path / 'run'
+    os.makedirs(out)
+    os.symlink(data.make_demo(str(tmp_path / 'demo-data'), n_train=200, n_eval=30), out / 'demo-data')  # small: quick epochs
     command = ['train.py', '--demo', '--task', 'pawsx', '--epochs', '2', '--out', str(out)]
     first = start(command, 'epoch 1/2 ')
     first.send_signal(signal.SIGSTOP)  # it holds the folder, and keeps still while the others try
