@@ -24,7 +24,7 @@ def workdir(tmp_path_factory):
     """A folder as a user has it: a finished demo run, a file, an empty folder, files that are not
     checkpoints (text, empty, a torch file holding a list)."""
     root = tmp_path_factory.mktemp('user')
-    demo_run(root / 'finished', data.make_demo(str(root / 'demo-data')), ['--task', 'pawsx', '--epochs', '1'])
+    demo_run(root / 'finished', data.make_demo(str(root / 'demo-data'), n_train=200, n_eval=30), ['--task', 'pawsx', '--epochs', '1'])
     (root / 'notes.txt').write_text('a file\n')
     (root / 'empty').mkdir()
     (root / 'bad.pt').write_text('101\n')

@@ -30,7 +30,7 @@ def runs(tmp_path_factory):
     """Demo runs of all nine tasks: PAN-X trained for 2 epochs (its printed output kept), the other
     eight evaluating its encoder with fresh heads (--eval_only --init), which is enough to score."""
     root = tmp_path_factory.mktemp('runs')
-    demo = data.make_demo(str(root / 'demo-data'))
+    demo = data.make_demo(str(root / 'demo-data'), n_train=300, n_eval=40)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         demo_run(root / 'panx', demo, ['--task', 'panx', '--epochs', '2'])
