@@ -314,7 +314,10 @@ def fold_tied(sd):
             if original not in sd:
                 sd[original] = t
             elif not torch.equal(t, sd[original]):
-                raise CheckpointError(f'the MLM decoder {copy.split(".")[1]} differs from {original}; this model ties them')
+                what = {'dec_tok.weight': 'the decoder\'s token embeddings', 'dec_out.weight': 'the decoder\'s output projection'}
+                raise CheckpointError(f'{what.get(copy, "the MLM decoder " + copy.split(".")[1])} differs from {original}; '
+                                      'this model ties them' + (' (the file was trained without share_all_embeddings)'
+                                                               if copy in what else ''))
     if any(k.startswith('mlm.') for k in sd) and 'enc.tok.weight' in sd:
         sd['mlm.weight'] = sd['enc.tok.weight']
 
@@ -383,6 +386,9 @@ def config_from(sd, meta, scaled=False):
     heads = meta.get('num_attention_heads') or meta.get('encoder_attention_heads')
     if not heads:
         raise CheckpointError('the checkpoint does not say its number of attention heads (config.json or args)')
+    if scaled and meta.get('decoder_attention_heads', heads) != heads:  # the decoder is built with the encoder's Config
+        raise CheckpointError(f'the checkpoint\'s decoder has {meta["decoder_attention_heads"]} attention heads and its '
+                              f'encoder {heads}: this model gives its decoder the encoder\'s heads, so it cannot read it')
     if meta.get('hidden_act', 'gelu') != 'gelu' or meta.get('activation_fn', 'gelu') != 'gelu':
         raise CheckpointError('this model uses exact GELU; the checkpoint asks for another activation')
     n_layer = 1 + max(int(k.split('.')[2]) for k in sd if k.startswith('enc.blocks.'))

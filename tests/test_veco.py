@@ -512,6 +512,23 @@ def test_released_nlg_checkpoint_is_the_translation_model(tmp_path):
     assert released is None and pre.new_cross
 
 
+def test_translation_files_this_model_cannot_read_are_refused_naming_why(tmp_path):
+    """A decoder with other heads than the encoder (read with the encoder's, its log-probabilities
+    would be off), and embeddings not shared between encoder and decoder: one line each, naming it."""
+    ckpt = released_nlg_state()
+    ckpt['args'].decoder_attention_heads = 4
+    torch.save(ckpt, tmp_path / 'heads.pt')
+    with pytest.raises(layers.CheckpointError, match='^the checkpoint\'s decoder has 4 attention heads and its encoder 2'):
+        layers.load_pretrained(str(tmp_path / 'heads.pt'), cross=True, decoder=True)
+    for key, what in (('decoder.embed_tokens.weight', 'token embeddings'), ('decoder.output_projection.weight', 'output projection')):
+        ckpt = released_nlg_state()
+        ckpt['model'][key] = ckpt['model'][key] + 1  # its own tensor, as fairseq saves it without share_all_embeddings
+        torch.save(ckpt, tmp_path / 'apart.pt')
+        with pytest.raises(layers.CheckpointError, match=f'^the decoder\'s {what} differs from enc.tok.weight; this model '
+                           'ties them \\(the file was trained without share_all_embeddings\\)$'):
+            layers.load_pretrained(str(tmp_path / 'apart.pt'), cross=True, decoder=True)
+
+
 def test_released_nlu_checkpoint_is_the_encoder(tmp_path):
     """VECO's NLU checkpoint is Hugging Face's XLM-R layout (roberta.*; its config a model_type of
     its own): the encoder equals XLM-R's computation written out in float64."""
