@@ -203,14 +203,15 @@ def per_example_loss(family, logits, labels):
     return (F.cross_entropy(start, labels[:, 0], reduction='none') + F.cross_entropy(end, labels[:, 1], reduction='none')) / 2
 
 
-def entropy_per_example(family, logits, labels):
-    """H(p) of the predictions per example (B,), weighted as per_example_loss weights its
-    cross-entropy: per example; per labelled token for tagging; for QA the mean of the start and
-    the end distribution's entropy (padding has p = 0 and adds nothing)."""
+def entropy_per_example(family, logits, mask):
+    """H(p) of the predictions per example (B,): per example; for tagging the mean over every real
+    token of the batch (mask: the attention mask), as the released model.py's NegEntropy over its
+    active logits, weighted per example as per_example_loss weights tokens; for QA the mean of the
+    start and the end distribution's entropy (padding has p = 0 and adds nothing)."""
     dim = 1 if family == 'qa' else -1
     logp = logits.float().log_softmax(dim)
     h = -torch.where(logp.isfinite(), logp.exp() * logp, 0.0).sum(dim)
-    return per_example(family, h, labels.ne(IGNORE))
+    return per_example(family, h, mask)
 
 
 def kl_per_example(family, p_teacher, logits, first=None, T=1.0):
@@ -267,7 +268,7 @@ class Baseline(Method):
         logits = self.predict(batch)
         loss, logs = per_example_loss(self.family, logits, batch.labels), {}
         if self.conf_penalty:  # XLA's Eq. 1, the confidence penalty: CE - H(p), penalising confident predictions
-            h = entropy_per_example(self.family, logits, batch.labels)
+            h = entropy_per_example(self.family, logits, batch.mask)
             loss, logs['entropy'] = loss - self.conf_penalty * h, h.mean().detach()
         return loss.mean(), {'loss': loss.mean().detach(), **logs}
 
@@ -1551,9 +1552,10 @@ def pseudo_labels(family, logits, first=None):
 
 
 def top_confident(confidence, eta):
-    """DISTIL by model confidence: the ceil(eta * N) samples with the highest confidence."""
-    keep = torch.zeros(len(confidence), dtype=torch.bool)  # (the round: 0.07 x 100 is 7.000000000000001)
-    keep[torch.argsort(confidence, descending=True, stable=True)[:math.ceil(round(eta * len(confidence), 6))]] = True
+    """DISTIL by model confidence: the floor(eta * N) samples with the highest confidence, as the
+    released unsup_utils.py (len * top_k // 100)."""
+    keep = torch.zeros(len(confidence), dtype=torch.bool)  # (the round: 0.29 x 100 is 28.999999999999996)
+    keep[torch.argsort(confidence, descending=True, stable=True)[:math.floor(round(eta * len(confidence), 6))]] = True
     return keep
 
 

@@ -29,7 +29,7 @@ def by_hand_entropy(row):
 def test_uniform_predictions_have_entropy_log_c():
     for family, logits, labels in (('classification', torch.zeros(2, 3), torch.tensor([0, 2])),
                                    ('tagging', torch.zeros(2, 4, 7), torch.tensor([[1, -100, 3, 0], [2, 2, -100, -100]]))):
-        h = xlt.entropy_per_example(family, logits, labels)
+        h = xlt.entropy_per_example(family, logits, labels.ne(-100))
         assert torch.allclose(h.mean(), torch.tensor(math.log(logits.size(-1))))
     # QA: uniform over the real positions of each row, padding (-inf) excluded
     logits = torch.zeros(2, 5, 2)
@@ -47,19 +47,21 @@ def test_penalised_loss_is_cross_entropy_minus_entropy_by_hand():
         m = xlt.Baseline(layers.Encoder(cfg), task, train.argparse.Namespace(conf_penalty=1.0)).eval()
         batch = data.Batch(ids, ids.ne(1), labels)
         logits = m.predict(batch)
-        terms = []  # (CE - H) of each labelled example or token
+        ce, entropy = [], []  # of each example; tagging: CE of each labelled token, H of every real token
         if task == 'xnli':
             for b in range(3):
                 h, logp = by_hand_entropy(logits[b].tolist())
-                terms.append(-logp[labels[b]] - h)
+                ce.append(-logp[labels[b]])
+                entropy.append(h)
         else:
             for b in range(3):
                 for t in range(6):
+                    h, logp = by_hand_entropy(logits[b, t].tolist())
+                    entropy.append(h)  # every token of the attention mask (all 18 here), as the released code
                     if labels[b, t] >= 0:
-                        h, logp = by_hand_entropy(logits[b, t].tolist())
-                        terms.append(-logp[labels[b, t]] - h)
+                        ce.append(-logp[labels[b, t]])
         loss, logs = m.loss(batch)
-        assert abs(loss.item() - sum(terms) / len(terms)) < 1e-5  # tagging: the mean over the batch's labelled tokens
+        assert abs(loss.item() - (sum(ce) / len(ce) - sum(entropy) / len(entropy))) < 1e-5
         assert 'entropy' in logs
         plain = xlt.Baseline(m.encoder, task).eval()
         plain.head = m.head
@@ -78,12 +80,13 @@ def test_conf_penalty_belongs_to_single_text_fine_tuning():
 # ----------------------------------------------------------------------------------------
 # Distillation (Section 3.3, Appendix B), agreement and Eq. 2, each against a hand computation.
 
-def test_confidence_keeps_exactly_the_ceiling_of_eta_n_most_confident():
+def test_confidence_keeps_exactly_the_floor_of_eta_n_most_confident():
+    """The released unsup_utils.py keeps len * top_k // 100 samples."""
     conf = torch.tensor([0.9, 0.2, 0.6, 0.95, 0.4, 0.7, 0.1])
-    for eta, want in ((0.5, {3, 0, 5, 2}), (0.8, {3, 0, 5, 2, 4, 1}), (1.0, set(range(7))), (0.01, {3})):
+    for eta, want in ((0.5, {3, 0, 5}), (0.8, {3, 0, 5, 2, 4}), (1.0, set(range(7))), (0.01, set())):
         keep = xlt.top_confident(conf, eta)
-        assert keep.sum().item() == math.ceil(eta * 7) and set(keep.nonzero().squeeze(1).tolist()) == want
-    assert xlt.top_confident(torch.rand(100), 7 / 100).sum() == 7  # 0.07 x 100 is 7, not 8
+        assert keep.sum().item() == 7 * round(100 * eta) // 100 and set(keep.nonzero().squeeze(1).tolist()) == want
+    assert xlt.top_confident(torch.rand(100), 29 / 100).sum() == 29  # 0.29 x 100 is 28.999999999999996, not 28
 
 
 def test_pseudo_labels_and_confidence_by_hand():
