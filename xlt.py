@@ -250,6 +250,7 @@ class Baseline(Method):
     # XTREME's scripts (train_xnli.sh ... train_qa.sh): 2e-5, 3e-5 for QA and for XNLI on XLM-R large
     LR = {'xnli': 2e-5, 'pawsx': 2e-5, 'udpos': 2e-5, 'panx': 2e-5, 'xquad': 3e-5, 'mlqa': 3e-5, 'tydiqa': 3e-5}
     LR_LARGE = {'xnli': 3e-5}
+    RUN = {task: {'warmup_steps': 500, 'weight_decay': 1e-4} for task in ('xquad', 'mlqa', 'tydiqa')}  # train_qa.sh
     OPTIONS = (Option('conf_penalty', help='XLA\'s confidence penalty (Eq. 1): minus this weight times the entropy of '
                       'the predictions (XLA warms up with 1)', valid=NON_NEGATIVE),
                Option('train_share', help='share of the English training data used (XLA: of the English and the '
@@ -354,6 +355,7 @@ class Filter(Taught):
     NAME, trains_on, paired, teacher_method = 'filter', 'translations', True, 'filter'
     select = 'average'  # the best average over the dev languages (Section 4.1)
     LR = {'xnli': 3e-6, 'pawsx': 1e-5, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 1e-5}  # train.sh
+    RUN = {'xnli': {'max_len': 256}, 'pawsx': {'max_len': 256}}  # train.sh: --max_seq_length 256
     # m, k and the KL weight 1 - lambda of the paper for XLM-R large (24 layers); k is scaled to
     # other depths (QA on XLM-R base: m = 1, k = 10) unless --k is given
     DEFAULTS = {'classification': (1, 1, 0.5), 'tagging': (1, 1, 1.0), 'qa': (1, 20, 0.1)}

@@ -192,6 +192,20 @@ def test_learning_rate_per_method(method, task, model, lr):
     assert train.parse_args(['--method', method, '--task', task, '--model', model, '--lr', '7e-6', *taught]).lr == 7e-6
 
 
+@pytest.mark.parametrize('method,task,expected', [
+    ('zeroshot', 'mlqa', {'warmup_steps': 500, 'weight_decay': 1e-4, 'max_len': 384}),  # XTREME's train_qa.sh
+    ('translate-train-all', 'tydiqa', {'warmup_steps': 500, 'weight_decay': 1e-4}),
+    ('zeroshot', 'xnli', {'warmup_steps': None, 'warmup': 0.1, 'weight_decay': 0.01, 'max_len': 128}),
+    ('filter', 'xnli', {'max_len': 256, 'weight_decay': 0.01}), ('filter', 'pawsx', {'max_len': 256}),  # FILTER's train.sh
+    ('filter', 'panx', {'max_len': 128}), ('xmixup', 'xnli', {'max_len': 128}), ('filter', 'mlqa', {'warmup_steps': None})])
+def test_released_settings_per_method(method, task, expected):
+    """The released scripts' settings beside the learning rate; the demo keeps its own, an option overrides."""
+    args = train.parse_args(['--method', method, '--task', task])
+    assert {k: getattr(args, k) for k in expected} == expected
+    assert train.parse_args(['--method', method, '--task', task, '--max_len', '64']).max_len == 64
+    assert train.parse_args(['--method', method, '--task', task, '--demo']).warmup_steps is None
+
+
 @pytest.mark.parametrize('option,value', [
     ('batch_size', '0'), ('batch_size', '-4'), ('lr', '-1'), ('lr', '0'), ('lr', 'nan'), ('lr', 'inf'), ('epochs', '0'),
     ('grad_accum', '0'), ('max_len', '0'), ('max_len', '1024'), ('warmup', '1.5'), ('warmup', '-0.1'),
