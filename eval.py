@@ -22,6 +22,7 @@ from collections import Counter
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from data import (GROUPS, TASKS, DataError, Feature, collate, evaluation_set, is_demo, item_lengths, languages, length_batches, lines_of,
                   read_retrieval, read_text, split_path, suffix, word_predictions, write_text)
@@ -422,9 +423,10 @@ def embed_texts(encoder, tok, texts, layer, batch_size, device):
     return out
 
 
-def retrieve(data_dir, task, embed):
+def retrieve(data_dir, task, embed, mining='margin'):
     """bucc2018 / tatoeba test predictions {lang: ...} from embed(texts) (mean-pooled states):
-    cosine nearest neighbours; the BUCC threshold is chosen on each language's dev gold pairs."""
+    Tatoeba's cosine nearest neighbours; BUCC's mined candidates (bucc_candidates), kept above the
+    threshold that is best on each language's dev gold pairs (XTREME's bucc_optimize)."""
     preds = {}
     for lang in languages(task, is_demo(data_dir)):
         src, eng, _ = read_retrieval(data_dir, task, 'test', lang)
@@ -432,18 +434,47 @@ def retrieve(data_dir, task, embed):
             preds[lang] = nearest(embed(eng), embed(src))[0].tolist()
             continue
         dev_src, dev_eng, gold = read_retrieval(data_dir, task, 'dev', lang)  # BUCC: the pairs from the dev threshold on
-        dev_pairs, dev_scores = bucc_candidates(embed, dev_src, dev_eng)
+        dev_pairs, dev_scores = bucc_candidates(embed, dev_src, dev_eng, mining)
         threshold = best_threshold(dev_scores, dev_pairs, set(gold))
-        pairs, scores = bucc_candidates(embed, src, eng)
+        pairs, scores = bucc_candidates(embed, src, eng, mining)
         preds[lang] = [p for p, s in zip(pairs, scores) if s >= threshold]
     return preds
 
 
 def nearest(queries, keys):
     """Cosine nearest neighbour of each query among keys -> (indices, similarities)."""
-    sim = torch.nn.functional.normalize(queries.float(), dim=-1) @ torch.nn.functional.normalize(keys.float(), dim=-1).T
-    score, index = sim.max(dim=1)
-    return index, score
+    similarity, index = knn(F.normalize(queries.float(), dim=-1), F.normalize(keys.float(), dim=-1), 1)
+    return index[:, 0], similarity[:, 0]
+
+
+def knn(x, y, k, block=256):
+    """The k largest inner products of each row of x with the rows of y -> (values, indices) (len(x), k),
+    a block of rows at a time (BUCC's 400k x 400k similarities are never held whole)."""
+    parts = [(x[i:i + block] @ y.T).topk(min(k, len(y)), dim=1) for i in range(0, len(x), block)]
+    return torch.cat([p.values for p in parts]), torch.cat([p.indices for p in parts])
+
+
+def margin_mine(x, y, k=4):
+    """XTREME's bitext mining (utils_retrieve.mine_bitext's defaults): cosine similarities, the ratio
+    margin score(x, y) = cos(x, y) / ((mean of x's k nearest y + mean of y's k nearest x) / 2),
+    each sentence's best of its k nearest candidates both ways ('max' retrieval), taken in falling
+    score while neither side is taken yet. -> [(x row, y row, score)], scores above 0."""
+    x, y = F.normalize(x.float(), dim=-1), F.normalize(y.float(), dim=-1)
+    (x2y, x2y_at), (y2x, y2x_at) = knn(x, y, k), knn(y, x, k)
+    x2y_mean, y2x_mean = x2y.mean(1), y2x.mean(1)
+    forward = x2y / ((x2y_mean[:, None] + y2x_mean[x2y_at]) / 2)  # each x with its k nearest y
+    backward = y2x / ((y2x_mean[:, None] + x2y_mean[y2x_at]) / 2)
+    (f_score, f_best), (b_score, b_best) = forward.max(1), backward.max(1)
+    rows_x, rows_y = torch.arange(len(x)), torch.arange(len(y))
+    src, tgt = torch.cat([rows_x, y2x_at[rows_y, b_best]]), torch.cat([x2y_at[rows_x, f_best], rows_y])
+    scores = torch.cat([f_score, b_score])
+    taken_x, taken_y, out = set(), set(), []
+    for i, j, score in zip(*(t[scores.argsort(descending=True, stable=True)].tolist() for t in (src, tgt, scores))):
+        if i not in taken_x and j not in taken_y:
+            taken_x.add(i), taken_y.add(j)
+            if score > 0:
+                out.append((i, j, score))
+    return out
 
 
 def best_threshold(scores, pairs, gold):
@@ -460,11 +491,23 @@ def best_threshold(scores, pairs, gold):
     return threshold
 
 
-def bucc_candidates(embed, src, eng):
-    """Each source sentence's nearest English sentence -> ([(source id, English id)], [cosine])."""
-    index, score = nearest(embed(list(src.values())), embed(list(eng.values())))
-    eng_ids = list(eng)
-    return [(s, eng_ids[j]) for s, j in zip(src, index.tolist())], score.tolist()
+def bucc_candidates(embed, src, eng, mining='margin'):
+    """({id: sentence} of each side) -> ([(source id, English id)], [score]). 'margin': margin_mine over
+    the distinct sentences, as XTREME's release (duplicates embedded once; a sentence under several
+    ids in its file names no pair, as its read_sent2id drops it); 'cosine': each source sentence's
+    nearest English sentence."""
+    if mining == 'cosine':
+        index, score = nearest(embed(list(src.values())), embed(list(eng.values())))
+        eng_ids = list(eng)
+        return [(s, eng_ids[j]) for s, j in zip(src, index.tolist())], score.tolist()
+    ids = [{}, {}]  # each side's sentence -> its ids
+    for side, sentences in zip(ids, (src, eng)):
+        for key, sentence in sentences.items():
+            side.setdefault(sentence, []).append(key)
+    (x_text, x_ids), (y_text, y_ids) = (zip(*side.items()) for side in ids)
+    mined = margin_mine(embed(list(x_text)), embed(list(y_text)))
+    kept = [((x_ids[i][0], y_ids[j][0]), score) for i, j, score in mined if len(x_ids[i]) == len(y_ids[j]) == 1]
+    return [p for p, _ in kept], [s for _, s in kept]
 
 
 def linear_cka(x, y):

@@ -55,7 +55,7 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('attn_dropout', help='override the attention dropout (default: --dropout\'s value)', valid=SHARE),
     Option('seed', int, 'seed of the head, the batches and dropout (default 1)', NON_NEGATIVE, default=1),
     Option('translate_test', bool, 'evaluate on the test sets translated into English'),
-    Option('layer', int, 'retrieval: hidden layer to pool (default 7/12 of the depth)', AT_LEAST_1),
+    Option('layer', int, 'retrieval: hidden layer to pool (default XTREME\'s: BUCC 20, Tatoeba 14 of 24; 8 of 12)', AT_LEAST_1),
     Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute'),
     Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64),
     Option('save_every', int, 'steps between resume checkpoints', AT_LEAST_1, default=200),
@@ -684,13 +684,13 @@ class Run:
         return read() if value is None else value
 
     def retrieval(self):
-        """bucc2018 / tatoeba: nothing is trained; the mean-pooled states of one layer (the method's
-        share of the depth), cosine nearest neighbours."""
+        """bucc2018 / tatoeba: nothing is trained; the mean-pooled states of the method's layer
+        (Method.retrieval_layer), mined as --mining says (eval.retrieve)."""
         encoder = self.encoder()[0].to(self.device)
         self.begin()
-        layer = self.args.layer or max(1, round(encoder.cfg.n_layer * self.cls.RETRIEVAL_DEPTH))
-        embed = lambda texts: ev.embed_texts(encoder, self.tok, texts, layer, self.args.eval_batch_size, self.device)
-        self.finish({}, self.test_scores(ev.retrieve(self.args.data_dir, self.args.task, embed) if self.rank == 0 else {}))
+        layer, args = self.args.layer or self.cls.retrieval_layer(self.args.task, encoder.cfg.n_layer), self.args
+        embed = lambda texts: ev.embed_texts(encoder, self.tok, texts, layer, args.eval_batch_size, self.device)
+        self.finish({}, self.test_scores(ev.retrieve(args.data_dir, args.task, embed, args.mining) if self.rank == 0 else {}))
 
     def average_last(self, method, n):
         """Load the weights that decode: the mean of the last n kept checkpoints (fairseq's

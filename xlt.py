@@ -45,6 +45,8 @@ POSITIVE, AT_LEAST_1, NON_NEGATIVE = (lambda v: v > 0, 'a number above 0'), (lam
     (lambda v: v >= 0, '0 or more')
 SHARE, UNIT = (lambda v: 0 <= v < 1, 'at least 0 and below 1'), (lambda v: 0 <= v <= 1, 'from 0 to 1')
 PART = (lambda v: 0 < v <= 1, 'above 0 and at most 1')
+MINING = Option('mining', str, 'BUCC: margin (XTREME\'s ratio margin over 4 neighbours both ways, the default) or cosine '
+                '(each source sentence\'s nearest English one)', choices=('margin', 'cosine'), default='margin', changes='scores')
 
 
 class Method(nn.Module):
@@ -65,7 +67,7 @@ class Method(nn.Module):
       TASKS       the tasks it runs
       pretrained_start  the demo starts from the demo's pre-trained model, not random weights
       KEEPS       what --eval_only evaluates in a finished run's folder
-      RETRIEVAL_DEPTH  retrieval pools the layer at this share of the depth
+      retrieval_layer(task, n_layer)  the layer whose states retrieval pools
     Hooks (class methods):
       resolve(args)    the class that runs (VECO: pre-training, translation, translate-train-all),
                        one of the class and its variants()
@@ -85,7 +87,9 @@ class Method(nn.Module):
     LR, LR_LARGE, ADAM, RUN, DEMO, OPTIONS = {}, {}, {}, {}, {}, ()
     TASKS = tuple(TASKS)
     KEEPS = 'best.pt'
-    RETRIEVAL_DEPTH = 7 / 12  # XTREME's choice
+    # XTREME's run_bucc2018.sh, run_tatoeba.sh (d224426 to 838c13b): --specific_layer of the last --num_layers hidden
+    # states, the embeddings' being the first: BUCC 7 of the last 12, Tatoeba 13 of 24 (XLM-R large), 7 of 12 (12 layers)
+    RETRIEVAL_LAYERS = {24: {'bucc2018': 20, 'tatoeba': 14}, 12: {'bucc2018': 8, 'tatoeba': 8}}
 
     def __init__(self):
         super().__init__()
@@ -94,6 +98,11 @@ class Method(nn.Module):
     @classmethod
     def resolve(cls, args):
         return cls
+
+    @classmethod
+    def retrieval_layer(cls, task, n_layer):
+        """XTREME's layer for the preset's depth, at another depth the same share as on a 12-layer model."""
+        return cls.RETRIEVAL_LAYERS.get(n_layer, {}).get(task) or max(1, round(n_layer * 8 / 12))
 
     @classmethod
     def variants(cls):
@@ -251,7 +260,7 @@ class Baseline(Method):
     LR = {'xnli': 2e-5, 'pawsx': 2e-5, 'udpos': 2e-5, 'panx': 2e-5, 'xquad': 3e-5, 'mlqa': 3e-5, 'tydiqa': 3e-5}
     LR_LARGE = {'xnli': 3e-5}
     RUN = {task: {'warmup_steps': 500, 'weight_decay': 1e-4} for task in ('xquad', 'mlqa', 'tydiqa')}  # train_qa.sh
-    OPTIONS = (Option('conf_penalty', help='XLA\'s confidence penalty (Eq. 1): minus this weight times the entropy of '
+    OPTIONS = (MINING, Option('conf_penalty', help='XLA\'s confidence penalty (Eq. 1): minus this weight times the entropy of '
                       'the predictions (XLA warms up with 1)', valid=NON_NEGATIVE),
                Option('train_share', help='share of the English training data used (XLA: of the English and the '
                       'target text; XNLI, PAWS-X: 0.05, the paper\'s 5%% setting; 1 for the 100%% setting)', valid=PART))
@@ -307,7 +316,7 @@ def scale_depth(n, n_layer):
 class Taught(Method):
     """A paired method that can learn the target side from a teacher's stored probabilities."""
     teacher_method = 'filter'
-    OPTIONS = (Option('self_teach', bool, 'train a teacher into --out/teacher first, then this model taught by it'),
+    OPTIONS = (MINING, Option('self_teach', bool, 'train a teacher into --out/teacher first, then this model taught by it'),
                Option('teacher', str, 'a finished run folder of this task whose predictions teach the target side',
                       path='run'))
 
@@ -768,7 +777,6 @@ class Veco(Baseline):
     RUN = {'xnli': {'epochs': 2, 'weight_decay': 0.0, 'warmup': 0.0, 'eval_steps': 500},
            **{task: {'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4, 'warmup_steps': 500, 'doc_stride': 64,
                      'eval_steps': 200} for task in ('xquad', 'mlqa')}}
-    RETRIEVAL_DEPTH = 19 / 24  # run_tatoeba.sh: the states after layer 19 of 24, mean over every token
     GRID = {'lr': (1e-5, 2e-5, 3e-5), 'epochs': (3, 5, 10), 'batch_size': (16, 32, 64)}  # Table 6's search
     OPTIONS = Baseline.OPTIONS + (Option('translate_train_all', bool, 'fine-tune on English and its translations into '
                                          'every target language (default: English alone)'),
@@ -776,6 +784,10 @@ class Veco(Baseline):
                                          'dev score kept; NAME=V,V,... replaces a row of the default grid (lr 1e-5,2e-5,'
                                          '3e-5 epochs 3,5,10 batch_size 16,32,64; translate-train-all lr 3e-6,5e-6,1e-5)',
                                          nargs='*'))
+
+    @classmethod
+    def retrieval_layer(cls, task, n_layer):  # its run_tatoeba.sh: after layer 19 of 24, mean over every token
+        return max(1, round(n_layer * 19 / 24))
 
     @classmethod
     def variants(cls):

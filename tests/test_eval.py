@@ -189,6 +189,54 @@ def test_nearest_and_threshold():
     assert ev.best_threshold(scores, pairs, {('a', 1), ('b', 2)}) == pytest.approx(0.75)
 
 
+def mine_by_hand(x, y, k=4):
+    """XTREME's mine_bitext with its defaults, written out from its definition: cosine; the mean of
+    each sentence's k best similarities on the other side; the ratio margin; each sentence's best
+    margin among its k nearest, both ways; taken in falling score while neither side is taken."""
+    cos = lambda a, b: float(a @ b) / float(a.norm() * b.norm())
+    sim = [[cos(a, b) for b in y] for a in x]
+    x_mean = [sum(sorted(row, reverse=True)[:k]) / min(k, len(y)) for row in sim]
+    y_mean = [sum(sorted((row[j] for row in sim), reverse=True)[:k]) / min(k, len(x)) for j in range(len(y))]
+    score = lambda i, j: sim[i][j] / ((x_mean[i] + y_mean[j]) / 2)
+    candidates = []
+    for i in range(len(x)):
+        j = max(sorted(range(len(y)), key=lambda j: -sim[i][j])[:k], key=lambda j: score(i, j))
+        candidates.append((score(i, j), i, j))
+    for j in range(len(y)):
+        i = max(sorted(range(len(x)), key=lambda i: -sim[i][j])[:k], key=lambda i: score(i, j))
+        candidates.append((score(i, j), i, j))
+    taken_x, taken_y, out = set(), set(), []
+    for value, i, j in sorted(candidates, key=lambda c: -c[0]):
+        if i not in taken_x and j not in taken_y:
+            taken_x.add(i), taken_y.add(j)
+            if value > 0:
+                out.append((i, j, value))
+    return out
+
+
+def test_bucc_margin_mining_is_xtremes_by_hand():
+    """On random embeddings (more sources than targets, so that both directions propose pairs): the
+    pairs and margin scores of eval.margin_mine equal the brute force above; bucc_candidates embeds
+    each distinct sentence once, and a sentence under two ids in its file names no pair."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(9, 6, generator=g), torch.randn(7, 6, generator=g)
+    mined, expected = ev.margin_mine(x, y), mine_by_hand(x, y)
+    assert [(i, j) for i, j, _ in mined] == [(i, j) for i, j, _ in expected] and len(mined) >= 5
+    assert all(abs(a[2] - b[2]) < 1e-5 for a, b in zip(mined, expected))
+    vectors = {f's{i}': x[i] for i in range(9)} | {f'e{j}': y[j] for j in range(7)}
+    src = {f'de-{n}': f's{n % 9}' for n in range(10)}  # de-0 and de-9: one sentence, two ids
+    eng = {f'en-{n}': f'e{n}' for n in range(7)}
+    seen = []
+    embed = lambda texts: seen.append(list(texts)) or torch.stack([vectors[t] for t in texts])
+    pairs, scores = ev.bucc_candidates(embed, src, eng)
+    assert seen[0] == [f's{i}' for i in range(9)]  # the duplicate embedded once
+    assert any(i == 0 for i, _, _ in expected)  # the duplicated sentence is mined: its pair must go
+    hand = [((f'de-{i}', f'en-{j}'), value) for i, j, value in expected if i != 0]
+    assert pairs == [p for p, _ in hand] and all(abs(a - b) < 1e-5 for a, (_, b) in zip(scores, hand))
+    cosine, _ = ev.bucc_candidates(embed, src, eng, 'cosine')
+    assert len(cosine) == 10 and cosine[0][0] == 'de-0'  # every source id its nearest, the duplicates too
+
+
 def test_summary_and_table():
     out = ev.summarize({'en': 80.0, 'de': 70.0, 'zh': 60.0})
     assert out['avg'] == pytest.approx(70.0) and out['gap'] == pytest.approx(15.0)
