@@ -64,35 +64,43 @@ class Tokenizer:
     (sentencepiece's own <unk>, id 0, becomes 3) and <mask> comes last."""
     bos, pad, eos, unk = 0, 1, 2, 3
 
-    def __init__(self, path):
+    def __init__(self, path, lower=False):
         if not os.path.isfile(path):
             raise FileNotFoundError(f'sentencepiece model {path} not found: pass --spm with XLM-R\'s sentencepiece.bpe.model')
         try:
             self.sp = spm.SentencePieceProcessor(model_file=path)
         except (RuntimeError, OSError):
             raise DataError(f'{path} is not a sentencepiece model: pass --spm with XLM-R\'s sentencepiece.bpe.model') from None
-        self.mask, self.path = self.sp.get_piece_size() + 1, path
+        self.mask, self.path, self.lower = self.sp.get_piece_size() + 1, path, lower
         self.vocab_size = self.mask + 1
 
     def _ids(self, spm_ids):
         return [i + 1 if i else self.unk for i in spm_ids]
 
+    def model_text(self, text):
+        """The text as the model reads it: lowercased where the run asks (a tokenizer made with
+        transformers 2.x's do_lower_case, as XTREME's and FILTER's QA scripts made XLM-R's), a
+        character whose lower case is longer kept as it is, so that character positions stay."""
+        low = text.lower() if self.lower else text
+        return low if len(low) == len(text) else ''.join(c if len(c.lower()) > 1 else c.lower() for c in text)
+
     def encode(self, text):
         """Ids of `text`, no special tokens."""
-        return self._ids(self.sp.encode(text))
+        return self._ids(self.sp.encode(self.model_text(text)))
 
     def encode_lines(self, lines):
         """Ids of each line, no special tokens (an empty line has none)."""
-        return [self._ids(ids) for ids in self.sp.encode(list(lines))]
+        return [self._ids(ids) for ids in self.sp.encode([self.model_text(line) for line in lines])]
 
     def encode_words(self, words):
         """Ids of each word on its own (tagging); a word with no piece becomes <unk>."""
-        return [self._ids(ids) or [self.unk] for ids in self.sp.encode(list(words))]
+        return [self._ids(ids) or [self.unk] for ids in self.sp.encode([self.model_text(word) for word in words])]
 
     def encode_with_spans(self, text, cuts=()):
         """(ids, spans): spans[i] = (start, end), the characters of `text` token i stands for,
         leading whitespace excluded (so a lone '▁' has an empty span). Every position in `cuts`
         (QA answer boundaries) becomes a token boundary: a token straddling one is split in two."""
+        text = self.model_text(text)  # as long as the text: its spans are the text's
         out = self.sp.encode_as_offset_mapping(text)
         ids, spans = out['ids'], [(s + len(text[s:e]) - len(text[s:e].lstrip()), e) for s, e in out['offsets']]
         for cut in cuts:
@@ -728,7 +736,7 @@ def feature_set(tok, task, files, settings, sources, width, max_len, stride, dat
     jobs = lambda: training_jobs(sources(), task, max_len, stride, kept, train)
     index_of = lambda done, total: training_index(done, total, kept, width, train)
     return stored(lambda path: write_items(path, tok, jobs(), feature_arrays, index_of, {'family': TASKS[task].family}),
-                  files, settings, data_dir, cache, quiet=not train)  # evaluation sets build quietly
+                  files, settings + ['lower'] * tok.lower, data_dir, cache, quiet=not train)  # evaluation sets build quietly
 
 
 def evaluation_items(tok, data_dir, task, inputs, pairs, max_len=None, stride=128, cache=True):

@@ -417,7 +417,7 @@ def prepare_data(args, rank):
             data.make_demo(args.data_dir, seed=0)
         if dist.is_initialized():
             dist.barrier()
-    return data.Tokenizer(args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model'))
+    return data.Tokenizer(args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model'), args.qa_case == 'lower')
 
 
 def demo_pretrained(args, rank, world, device):

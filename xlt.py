@@ -45,6 +45,9 @@ POSITIVE, AT_LEAST_1, NON_NEGATIVE = (lambda v: v > 0, 'a number above 0'), (lam
     (lambda v: v >= 0, '0 or more')
 SHARE, UNIT = (lambda v: 0 <= v < 1, 'at least 0 and below 1'), (lambda v: 0 <= v <= 1, 'from 0 to 1')
 PART = (lambda v: 0 < v <= 1, 'above 0 and at most 1')
+QA_CASE = Option('qa_case', str, 'QA text as the model reads it: lower (XTREME\'s train_qa.sh and FILTER\'s train.sh pass '
+                 '--do_lower_case, which lowercased XLM-R\'s input in their transformers 2.x) or cased (the default elsewhere)',
+                 choices=('lower', 'cased'), default='cased')
 MINING = Option('mining', str, 'BUCC: margin (XTREME\'s ratio margin over 4 neighbours both ways, the default) or cosine '
                 '(each source sentence\'s nearest English one)', choices=('margin', 'cosine'), default='margin', changes='scores')
 
@@ -122,6 +125,8 @@ class Method(nn.Module):
             if getattr(args, option, None) is None:
                 setattr(args, option, value)
         args.epochs = math.ceil(args.steps / args.eval_every) if args.steps else args.epochs  # an 'epoch': eval_every steps
+        if getattr(args, 'qa_case', None) == 'lower' and not qa:
+            raise ValueError(f'--qa_case lower lowercases the text of QA tasks, not of {args.task}: drop it')
 
     @classmethod
     def released(cls, args):
@@ -259,8 +264,8 @@ class Baseline(Method):
     # XTREME's scripts (train_xnli.sh ... train_qa.sh): 2e-5, 3e-5 for QA and for XNLI on XLM-R large
     LR = {'xnli': 2e-5, 'pawsx': 2e-5, 'udpos': 2e-5, 'panx': 2e-5, 'xquad': 3e-5, 'mlqa': 3e-5, 'tydiqa': 3e-5}
     LR_LARGE = {'xnli': 3e-5}
-    RUN = {task: {'warmup_steps': 500, 'weight_decay': 1e-4} for task in ('xquad', 'mlqa', 'tydiqa')}  # train_qa.sh
-    OPTIONS = (MINING, Option('conf_penalty', help='XLA\'s confidence penalty (Eq. 1): minus this weight times the entropy of '
+    RUN = {task: {'warmup_steps': 500, 'weight_decay': 1e-4, 'qa_case': 'lower'} for task in ('xquad', 'mlqa', 'tydiqa')}  # train_qa.sh
+    OPTIONS = (MINING, QA_CASE, Option('conf_penalty', help='XLA\'s confidence penalty (Eq. 1): minus this weight times the entropy of '
                       'the predictions (XLA warms up with 1)', valid=NON_NEGATIVE),
                Option('train_share', help='share of the English training data used (XLA: of the English and the '
                       'target text; XNLI, PAWS-X: 0.05, the paper\'s 5%% setting; 1 for the 100%% setting)', valid=PART))
@@ -316,7 +321,7 @@ def scale_depth(n, n_layer):
 class Taught(Method):
     """A paired method that can learn the target side from a teacher's stored probabilities."""
     teacher_method = 'filter'
-    OPTIONS = (MINING, Option('self_teach', bool, 'train a teacher into --out/teacher first, then this model taught by it'),
+    OPTIONS = (MINING, QA_CASE, Option('self_teach', bool, 'train a teacher into --out/teacher first, then this model taught by it'),
                Option('teacher', str, 'a finished run folder of this task whose predictions teach the target side',
                       path='run'))
 
@@ -364,7 +369,8 @@ class Filter(Taught):
     NAME, trains_on, paired, teacher_method = 'filter', 'translations', True, 'filter'
     select = 'average'  # the best average over the dev languages (Section 4.1)
     LR = {'xnli': 3e-6, 'pawsx': 1e-5, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 1e-5}  # train.sh
-    RUN = {'xnli': {'max_len': 256}, 'pawsx': {'max_len': 256}}  # train.sh: --max_seq_length 256
+    RUN = {'xnli': {'max_len': 256}, 'pawsx': {'max_len': 256},  # train.sh: --max_seq_length 256, QA --do_lower_case
+           **{task: {'qa_case': 'lower'} for task in ('xquad', 'mlqa', 'tydiqa')}}
     # m, k and the KL weight 1 - lambda of the paper for XLM-R large (24 layers); k is scaled to
     # other depths (QA on XLM-R base: m = 1, k = 10) unless --k is given
     DEFAULTS = {'classification': (1, 1, 0.5), 'tagging': (1, 1, 1.0), 'qa': (1, 20, 0.1)}

@@ -303,6 +303,29 @@ def test_the_demo_has_the_shapes_of_the_published_files(demo_dir):
     assert all(t['answers'] and not o['answers'] for o, t in data.read_translations(demo_dir, 'mlqa', 'test', 'de'))
 
 
+def test_a_lowercasing_tokenizer_reads_lower_case_and_keeps_character_positions(mock_tok, demo_dir):
+    """As transformers 2.x's tokenizers with do_lower_case (XTREME's and FILTER's QA scripts): the
+    ids of the lowercased text; QA spans still index the original context, so answers keep their
+    case; a character whose lower case is longer (U+0130) is kept; the cache keeps the two apart."""
+    lower = data.Tokenizer(mock_tok.path, lower=True)
+    assert lower.encode('Café CRÈME à Paris') == mock_tok.encode('café crème à paris')
+    text = 'İstanbul IS BIG'
+    ids, spans = lower.encode_with_spans(text, (3,))
+    assert (ids, spans) == mock_tok.encode_with_spans('İstanbul is big', (3,)) and len(lower.model_text(text)) == len(text)
+    examples = data.read_squad(os.path.join(MOCK, 'labels', 'xquad', 'test-de.json'))[:20]
+    feats = data.qa_features(lower, examples, 96, 32, train=True)
+    for f in feats:
+        if f.label != (0, 0):  # the answer's first and last token give back its characters, in their case
+            context, answer = examples[f.example]['context'], examples[f.example]['answers'][0]['text']
+            assert context[f.spans[f.label[0]][0]:f.spans[f.label[1]][1]] == answer
+    assert any(f.label != (0, 0) for f in feats) and any(a.ids != b.ids for a, b in zip(feats, data.qa_features(
+        mock_tok, examples, 96, 32, train=True)))
+    tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
+    gold, inputs, _ = data.evaluation_set(demo_dir, 'mlqa', 'dev', 'de')
+    cased, lowered = (data.evaluation_items(t, demo_dir, 'mlqa', inputs, None, 64) for t in (tok, data.Tokenizer(tok.path, True)))
+    assert [cased[i].ids for i in range(len(cased))] != [lowered[i].ids for i in range(len(lowered))]
+
+
 def test_qa_evaluation_reads_blind_and_small_windows_end(mock_tok):
     """Evaluation features do not depend on the answers a file holds; a question longer than a
     window leaves room for context instead of looping."""

@@ -197,13 +197,18 @@ def test_learning_rate_per_method(method, task, model, lr):
     ('translate-train-all', 'tydiqa', {'warmup_steps': 500, 'weight_decay': 1e-4}),
     ('zeroshot', 'xnli', {'warmup_steps': None, 'warmup': 0.1, 'weight_decay': 0.01, 'max_len': 128}),
     ('filter', 'xnli', {'max_len': 256, 'weight_decay': 0.01}), ('filter', 'pawsx', {'max_len': 256}),  # FILTER's train.sh
-    ('filter', 'panx', {'max_len': 128}), ('xmixup', 'xnli', {'max_len': 128}), ('filter', 'mlqa', {'warmup_steps': None})])
+    ('filter', 'panx', {'max_len': 128}), ('xmixup', 'xnli', {'max_len': 128}), ('filter', 'mlqa', {'warmup_steps': None}),
+    ('zeroshot', 'xquad', {'qa_case': 'lower'}), ('filter', 'tydiqa', {'qa_case': 'lower'}),  # --do_lower_case
+    ('xmixup', 'mlqa', {'qa_case': 'cased'}), ('veco', 'xquad', {'qa_case': 'cased'}), ('zeroshot', 'xnli', {'qa_case': 'cased'})])
 def test_released_settings_per_method(method, task, expected):
     """The released scripts' settings beside the learning rate; the demo keeps its own, an option overrides."""
     args = train.parse_args(['--method', method, '--task', task])
     assert {k: getattr(args, k) for k in expected} == expected
     assert train.parse_args(['--method', method, '--task', task, '--max_len', '64']).max_len == 64
     assert train.parse_args(['--method', method, '--task', task, '--demo']).warmup_steps is None
+    assert train.parse_args(['--method', method, '--task', task, '--demo']).qa_case == 'cased'
+    with pytest.raises(SystemExit, match='--qa_case lower lowercases the text of QA tasks, not of xnli: drop it'):
+        train.parse_args(['--method', 'zeroshot', '--task', 'xnli', '--qa_case', 'lower'])
 
 
 @pytest.mark.parametrize('option,value', [
