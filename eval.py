@@ -468,10 +468,12 @@ def margin_mine(x, y, k=4):
     rows_x, rows_y = torch.arange(len(x)), torch.arange(len(y))
     src, tgt = torch.cat([rows_x, y2x_at[rows_y, b_best]]), torch.cat([x2y_at[rows_x, f_best], rows_y])
     scores = torch.cat([f_score, b_score])
+    order = scores.argsort(descending=True, stable=True)
     taken_x, taken_y, out = set(), set(), []
-    for i, j, score in zip(*(t[scores.argsort(descending=True, stable=True)].tolist() for t in (src, tgt, scores))):
+    for i, j, score in zip(src[order].tolist(), tgt[order].tolist(), scores[order].tolist()):
         if i not in taken_x and j not in taken_y:
-            taken_x.add(i), taken_y.add(j)
+            taken_x.add(i)
+            taken_y.add(j)
             if score > 0:
                 out.append((i, j, score))
     return out
