@@ -18,7 +18,7 @@ import tempfile
 import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
-from itertools import accumulate, islice, zip_longest
+from itertools import accumulate, chain, islice, zip_longest
 
 import numpy as np
 import sentencepiece as spm
@@ -853,11 +853,13 @@ def write_items(path, tok, jobs, work, index_of, meta):
     os.makedirs(tmp)
     ends = {'ends': 0, 'word_ends': 0}  # the offsets of each feature's ids and words, from a first 0
     append(tmp, files, {key: np.zeros(1, np.int64) for key in ends})
-    cores = len(os.sched_getaffinity(0)) if work else 1
+    jobs = iter(jobs)
+    first = list(islice(jobs, 2))  # a set of one job (most evaluation sets) is not worth forking a pool for
+    cores = len(os.sched_getaffinity(0)) if work and len(first) > 1 else 1
     try:
         # forked with TOKENIZER before any thread starts (the bar's, prefetched's); the workers run sentencepiece and numpy
         with multiprocessing.get_context('fork').Pool(cores) if cores > 1 else nullcontext() as pool:
-            jobs, progress = prefetched(jobs, 4 * cores), bar(desc='tokenizing', unit=' jobs', leave=False)
+            jobs, progress = prefetched(chain(first, jobs), 4 * cores), bar(desc='tokenizing', unit=' jobs', leave=False)
             while window := list(islice(jobs, 4 * cores)):
                 for (name, _), (arrays, info) in zip(window, (pool.imap if pool else map)(work or (lambda job: job), [job for _, job in window])):
                     done.append((name, total, info))

@@ -36,7 +36,7 @@ def train_args(method, task, options):
 
 @pytest.fixture(scope='module')
 def demo(tmp_path_factory):
-    return data.make_demo(str(tmp_path_factory.mktemp('demo') / 'demo-data'), n_train=48, n_eval=8)
+    return data.make_demo(str(tmp_path_factory.mktemp('demo') / 'demo-data'), n_train=32, n_eval=6)
 
 
 @pytest.fixture(scope='module')
