@@ -59,23 +59,41 @@ GROUPS = {'classification': ('pawsx', 'xnli'), 'tagging': ('udpos', 'panx'),
 
 
 class Tokenizer:
-    """XLM-R's ids over a sentencepiece model. fairseq's dictionary puts <s>, <pad>, </s>,
-    <unk> at 0-3 and lists the pieces after them, so a piece's id is its sentencepiece id + 1
-    (sentencepiece's own <unk>, id 0, becomes 3) and <mask> comes last."""
+    """Ids over a sentencepiece model, as fairseq's dictionary gives them: <s>, <pad>, </s>, <unk>
+    at 0-3, line i of its dict.txt at 4 + i, <mask> last. XLM-R's dict.txt lists sentencepiece's
+    pieces in order, so by default a piece's id is its sentencepiece id + 1 (sentencepiece's own
+    <unk>, id 0, becomes 3). A model trained with another dict.txt (VECO's NLG model) is read
+    through it (`dictionary`): its pieces in its order, a piece it lacks as <unk> (as fairseq reads
+    it), and its lines that are no piece (language tokens such as [en]) in `symbols`."""
     bos, pad, eos, unk = 0, 1, 2, 3
 
-    def __init__(self, path, lower=False):
+    def __init__(self, path, lower=False, dictionary=None):
         if not os.path.isfile(path):
             raise FileNotFoundError(f'sentencepiece model {path} not found: pass --spm with XLM-R\'s sentencepiece.bpe.model')
         try:
             self.sp = spm.SentencePieceProcessor(model_file=path)
         except (RuntimeError, OSError):
             raise DataError(f'{path} is not a sentencepiece model: pass --spm with XLM-R\'s sentencepiece.bpe.model') from None
-        self.mask, self.path, self.lower = self.sp.get_piece_size() + 1, path, lower
+        self.path, self.lower, self.files = path, lower, [path] + [dictionary] * bool(dictionary)  # files: the cache's key
+        lines = read_dictionary(dictionary) if dictionary else None
+        spm_ids = np.array([self.sp.piece_to_id(w) for w in lines] if lines else range(3, self.sp.get_piece_size()), int)
+        self.symbols = {w: 4 + i for i, w in enumerate(lines or []) if spm_ids[i] < 3}  # 0-2: not a piece of the model
+        self.to_spm = np.concatenate([[-1, -1, -1, 0], np.where(spm_ids < 3, -1, spm_ids), [-1]])  # -1: decoded as nothing
+        self.to_id = np.full(self.sp.get_piece_size(), self.unk)
+        self.to_id[self.to_spm[self.to_spm > 0]] = np.flatnonzero(self.to_spm > 0)  # a repeated line: the later one
+        self.mask = 4 + len(spm_ids)
         self.vocab_size = self.mask + 1
 
     def _ids(self, spm_ids):
-        return [i + 1 if i else self.unk for i in spm_ids]
+        return self.to_id[spm_ids].tolist()
+
+    def language_ids(self, *langs):
+        """The ids of the language tokens [xx]: the dictionary's lines, or without a dictionary new ids
+        after the vocabulary (the model grows a row for each)."""
+        missing = [f'[{lang}]' for lang in langs if f'[{lang}]' not in self.symbols]
+        if self.symbols and missing:  # fairseq would read it as <unk>
+            raise DataError(f'{self.files[-1]} has no line {missing[0]}: give the dict.txt that came with the checkpoint (--dict)')
+        return tuple(self.symbols[f'[{lang}]'] if self.symbols else self.vocab_size + k for k, lang in enumerate(langs))
 
     def model_text(self, text):
         """The text as the model reads it: lowercased where the run asks (a tokenizer made with
@@ -134,17 +152,37 @@ class Tokenizer:
 
     def decode(self, ids):
         """Text of ids; special tokens are dropped."""
-        return self.sp.decode([0 if i == self.unk else i - 1 for i in ids if self.unk <= i < self.mask])
+        spm_ids = self.to_spm[[i for i in ids if i < self.vocab_size]]
+        return self.sp.decode(spm_ids[spm_ids >= 0].tolist())
 
     @functools.cache  # the same list for every call: the pre-training build asks once a chunk
     def word_starts(self):
         """For every id, whether its piece begins a word ('▁...'); the special tokens do not."""
-        return [False] * 4 + [self.sp.id_to_piece(i - 1).startswith('▁') for i in range(4, self.mask)] + [False]
+        return [bool(s > 0 and self.sp.id_to_piece(int(s)).startswith('▁')) for s in self.to_spm]
 
     def piece_chars(self):
         """For every id, the characters its piece adds to a word's text, '▁' not counted; 0 for the
         special tokens."""
-        return [0] * 4 + [len(self.sp.id_to_piece(i - 1).removeprefix('▁')) for i in range(4, self.mask)] + [0]
+        return [len(self.sp.id_to_piece(int(s)).removeprefix('▁')) if s > 0 else 0 for s in self.to_spm]
+
+
+def dictionary_beside(checkpoint):
+    """The dict.txt in a checkpoint's folder (fairseq's released models ship one), or None."""
+    path = os.path.join(checkpoint if os.path.isdir(checkpoint) else os.path.dirname(checkpoint), 'dict.txt') if checkpoint else ''
+    return path if os.path.isfile(path) else None
+
+
+def read_dictionary(path):
+    """The symbols of a fairseq dict.txt, `<symbol> <count>` a line (a #fairseq:overwrite flag may
+    follow: a symbol listed again, its later line the one looked up), as fairseq's Dictionary reads them."""
+    symbols = []
+    with open(path, encoding='utf-8') as f:
+        for n, line in enumerate(f, 1):
+            word, _, count = line.rstrip().removesuffix(' #fairseq:overwrite').rpartition(' ')
+            if not word or not count.isdigit():
+                raise DataError(f'{path} line {n} is not "<symbol> <count>": give the dict.txt that came with the checkpoint')
+            symbols.append(word)
+    return symbols
 
 
 class DataError(ValueError):
@@ -699,7 +737,7 @@ def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round
     paired method tuples (English, translation[, round trip]), English also paired with itself, as
     both released codes do. Tokenized once into <data_dir>/.cache (cached), or with cache False
     into a temporary folder."""
-    files = [tok.path, split_path(data_dir, task, 'train')] + [
+    files = tok.files + [split_path(data_dir, task, 'train')] + [
         split_path(data_dir, task, kind, lang) for lang in langs for kind in ('translate-train', 'round-trip')[:1 + round_trip]]
     settings = [task, langs, trains_on, paired, round_trip, max_len, share, stride]
     sources = lambda: training_sources(data_dir, task, langs, trains_on, paired, round_trip, share)
@@ -718,7 +756,7 @@ def unlabelled_set(tok, data_dir, task, lang, share, max_len=None, cache=True):
     from English's (training_set's share), so the two are not translations of each other (the
     paper's 5% setting)."""
     tagging = TASKS[task].family == 'tagging'
-    files = [tok.path, split_path(data_dir, task, 'train'), split_path(data_dir, task, 'train' if tagging else 'translate-train', lang)]
+    files = tok.files + [split_path(data_dir, task, 'train'), split_path(data_dir, task, 'train' if tagging else 'translate-train', lang)]
 
     def sources():
         if tagging:  # the two languages' own training sets: each its own draw
@@ -747,7 +785,7 @@ def evaluation_items(tok, data_dir, task, inputs, pairs, max_len=None, stride=12
     digest = hashlib.sha1(json.dumps([inputs, english]).encode()).hexdigest()
     # the inputs first, so that a feature's example is its input's number
     sources = lambda: [('input', inputs, None)] + ([] if english is None else [('en', english, None)])
-    return feature_set(tok, task, [tok.path], ['evaluation', task, max_len, stride, digest], sources,
+    return feature_set(tok, task, tok.files, ['evaluation', task, max_len, stride, digest], sources,
                        1 if pairs is None else 2, max_len, stride, data_dir, cache, train=False)
 
 
@@ -1306,7 +1344,7 @@ def pretraining_set(tok, data_dir, max_len, mono_only=False, cache=True):
     jobs = ((group, (group.startswith('para:'), chunk, max_len)) for group, paths in groups.items()
             for chunk in chunks(documents(paths[0]) if group.startswith('mono:') else line_pairs(*paths), TEXT_CHUNK))
     build = lambda path: write_items(path, tok, jobs, pair_arrays, pretraining_index, {'family': 'pretrain'})
-    items = stored(build, [tok.path] + [p for paths in groups.values() for p in paths], ['pretrain', max_len, mono_only],
+    items = stored(build, tok.files + [p for paths in groups.values() for p in paths], ['pretrain', max_len, mono_only],
                    data_dir, cache)
     return items, {g: range(*ends) for g, ends in items.meta['groups'].items()}, items.meta['counts']
 

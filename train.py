@@ -39,6 +39,7 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('init', str, 'converted XLM-R checkpoint (python layers.py convert) or a run\'s best.pt', path='checkpoint'),
     Option('from_scratch', bool, 'train from random weights (real data without --init; a demo that starts pre-trained)'),
     Option('spm', str, 'sentencepiece model (default: the one in --data_dir)'),
+    Option('dict', str, 'fairseq dict.txt --init was trained with (default: a dict.txt beside it, as VECO\'s NLG model ships)'),
     Option('data_dir', str, 'XTREME data in the layout of the README', default='data'),
     Option('out', str, 'run folder (default runs/<task>-<method>-<each choice that changes the result>)'),
     Option('lr', help='peak learning rate (default: per task, from the papers)', valid=POSITIVE),
@@ -70,7 +71,7 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('halt_after', int, argparse.SUPPRESS))  # tests: die abruptly after this many steps
 FREE = ('spm', 'data_dir', 'out', 'grad_accum', 'grad_checkpoint', 'eval_batch_size', 'save_every', 'log_every', 'compile',
         'no_cache', 'resume', 'eval_only', 'overwrite', 'dry_run', 'halt_after')  # the trainer's options that leave results alike
-SCORED = ('method', 'task', 'model', 'max_len', 'translate_test', 'layer', 'doc_stride')  # and those --eval_only's scores depend on
+SCORED = ('method', 'task', 'model', 'max_len', 'translate_test', 'layer', 'doc_stride', 'dict')  # and those --eval_only's scores depend on
 OPTIONS = tuple(o._replace(changes='nothing' if o.name in FREE else 'scores' if o.name in SCORED else 'results')
                 for o in OPTIONS)
 
@@ -178,6 +179,7 @@ def configure(args, owners):
     except ValueError as e:
         fail(str(e))
     args.out = args.out or os.path.join('runs', '-'.join(cls.folder(args) + default_folder(args)))
+    args.dict = args.dict or data.dictionary_beside(args.init)
     if args.demo and not args.init and not args.from_scratch and cls.pretrained_start:
         args.init = demo_start(args.out)  # made by the run when missing; recorded alike by every run of the folder
     return args
@@ -417,7 +419,7 @@ def prepare_data(args, rank):
             data.make_demo(args.data_dir, seed=0)
         if dist.is_initialized():
             dist.barrier()
-    return data.Tokenizer(args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model'), args.qa_case == 'lower')
+    return data.Tokenizer(args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model'), args.qa_case == 'lower', args.dict)
 
 
 def demo_pretrained(args, rank, world, device):
@@ -472,8 +474,8 @@ class Run:
             torch.manual_seed(args.seed)
             encoder = layers.Encoder(layers.Config(**{**cfg.__dict__, 'vocab_size': self.tok.vocab_size}), cross)
         if encoder.cfg.vocab_size != self.tok.vocab_size:
-            fail(f'the tokenizer has {self.tok.vocab_size} ids but the model {encoder.cfg.vocab_size}: '
-                 'use the sentencepiece model that came with the checkpoint (--spm)')
+            fail(f'the tokenizer has {self.tok.vocab_size} ids but the model {encoder.cfg.vocab_size}: use the sentencepiece '
+                 'model that came with the checkpoint (--spm), and its fairseq dict.txt if it came with one (--dict)')
         layers.set_dropout(encoder, args.dropout, args.dropout if args.attn_dropout is None else args.attn_dropout)
         return (self.ready(encoder), mlm, *dec)
 
@@ -811,8 +813,6 @@ def resumed(run, method, opt, sched):
     ckpt = layers.load_checkpoint(last, identity(run.args))
     method.load_state_dict(ckpt['method'])
     opt.load_state_dict(ckpt['optimizer'])
-    for group in opt.param_groups:
-        group['fused'] = True  # a checkpoint of an older run restores its per-tensor AdamW otherwise
     sched.load_state_dict(ckpt['schedule'])
     torch.set_rng_state(ckpt['rng'])
     return ckpt['state']

@@ -971,13 +971,14 @@ class VecoTranslate(Method):
         if args.init and released is None and pre.new_cross:
             run.say(f'note: --init {args.init} is an encoder alone, without cross-attention or decoder (XLM-R, or VECO\'s '
                     'released NLU model): the cross-attention starts from random weights')
-        lang_ids = (tok.vocab_size, tok.vocab_size + 1)  # [src] and [tgt]: new rows of the token embedding
+        lang_ids = tok.language_ids(args.src, args.tgt)  # [src], [tgt]: the --dict's lines, or new rows of the embedding
+        new_rows = sum(i >= tok.vocab_size for i in lang_ids)
         scale = pre.cfg.embed_scale if args.init else math.sqrt(pre.cfg.dim)  # a new model: fairseq's default
         run.say(f'token embeddings scaled by {scale:g}: ' + ('the scale --init was trained with' if args.init else
                                                              'a new model, fairseq\'s sqrt(dim)'))
         torch.manual_seed(args.seed)
         try:
-            encoder, decoder = assemble(pre, args.dec_layers, args.dec_init, 2, args.dropout, args.attn_dropout, scale,
+            encoder, decoder = assemble(pre, args.dec_layers, args.dec_init, new_rows, args.dropout, args.attn_dropout, scale,
                                         released)
         except ValueError as e:
             run.fail(str(e))

@@ -2,6 +2,7 @@
 BERT masking, the NLU assembly, XLM-R weights in the VECO model, pre-training runs that resume
 and split over processes exactly."""
 import argparse
+import collections
 import dataclasses
 import json
 import math
@@ -10,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import sentencepiece as spm
 import torch
 import torch.nn.functional as F
 
@@ -435,14 +437,14 @@ def test_translate_train_all_trains_on_every_translation(demo_data):
     assert len(items) == len(data.read_split(demo_data, 'pawsx', 'train')) + len(translated)  # English, de and zh
 
 
-def released_nlg_state(seed=0, V=50, D=32, H=2, Fd=64, L=3):
+def released_nlg_state(seed=0, V=50, D=32, H=2, Fd=64, L=3, P=34):
     """Random weights in the key layout of fairseq's translation models (VECO's released NLG model:
     share_all_embeddings, layernorm_embedding, learned positions), and their args."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *shape: torch.randn(*shape, generator=g) * 0.2
     emb, sd = r(V, D), {'encoder.version': torch.tensor([3.0]), 'decoder.version': torch.tensor([3.0])}
     for side in ('encoder', 'decoder'):
-        sd.update({f'{side}.embed_tokens.weight': emb, f'{side}.embed_positions.weight': r(34, D),
+        sd.update({f'{side}.embed_tokens.weight': emb, f'{side}.embed_positions.weight': r(P, D),
                    f'{side}.layernorm_embedding.weight': 1 + r(D), f'{side}.layernorm_embedding.bias': r(D)})
         for i in range(L):
             p = f'{side}.layers.{i}.'
@@ -527,6 +529,60 @@ def test_translation_files_this_model_cannot_read_are_refused_naming_why(tmp_pat
         with pytest.raises(layers.CheckpointError, match=f'^the decoder\'s {what} differs from enc.tok.weight; this model '
                            'ties them \\(the file was trained without share_all_embeddings\\)$'):
             layers.load_pretrained(str(tmp_path / 'apart.pt'), cross=True, decoder=True)
+
+
+def fork_dictionary(sp, corpus, langs):
+    """dict.txt as VECO's fork makes one (prepare-wmt14en2de.sh): fairseq-preprocess counts the pieces
+    of spm_encode --output_format=piece, most frequent first; the language tokens [xx] are lines of
+    it; the dictionary, its 4 special symbols counted, is padded to a multiple of 8 with madeupwordNNNN.
+    -> (its lines' symbols, its text)."""
+    counts = collections.Counter(p for line in corpus for p in sp.encode(line, out_type=str))
+    lines = [p for p, _ in counts.most_common()] + [f'[{lang}]' for lang in langs]
+    lines += [f'madeupword{i:04d}' for i in range(-(4 + len(lines)) % 8)]
+    return lines, ''.join(f'{w} {counts.get(w, 1)}\n' for w in lines)
+
+
+def test_released_nlg_model_is_read_through_its_dict_txt(tmp_path, demo_data):
+    """VECO's NLG model as released: embedding rows in the order of the fairseq dict.txt beside it (4
+    special symbols, its lines, <mask>). Ids are the dictionary's (a piece by its line, a piece it
+    lacks as <unk>: by hand), [en] and [de] its lines; the translation model's logits on a test pair
+    equal fairseq's by hand; a run finds the dict.txt beside --init, and without it says so."""
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(demo_data, 'sentencepiece.bpe.model'))
+    en, de = (data.lines_of(f'{demo_data}/translation/en-de/test.{lang}') for lang in ('en', 'de'))
+    lines, text = fork_dictionary(sp, en[1:] + de, ('en', 'de'))  # en[0]'s rarer pieces are left out
+    folder = tmp_path / 'veco-nlg'
+    os.makedirs(folder)
+    (folder / 'dict.txt').write_text(text)
+    tok = data.Tokenizer(sp_path := os.path.join(demo_data, 'sentencepiece.bpe.model'), dictionary=str(folder / 'dict.txt'))
+    by_hand = lambda line: [4 + lines.index(p) if p in lines else 3 for p in sp.encode(line, out_type=str)]
+    assert all(tok.encode(line) == by_hand(line) for line in en + de) and 3 in by_hand(en[0])
+    assert tok.decode(tok.encode(de[0])) == de[0] and tok.vocab_size == 4 + len(lines) + 1 == tok.mask + 1
+    assert tok.language_ids('en', 'de') == (4 + lines.index('[en]'), 4 + lines.index('[de]'))
+    with pytest.raises(data.DataError, match=r'dict.txt has no line \[fr\]: give the dict.txt'):
+        tok.language_ids('en', 'fr')
+    (tmp_path / 'other.txt').write_text('a 1\na 2 #fairseq:overwrite\n▁b\n')
+    with pytest.raises(data.DataError, match='other.txt line 3 is not "<symbol> <count>": give the dict.txt'):
+        data.read_dictionary(str(tmp_path / 'other.txt'))
+    assert data.read_dictionary(str(tmp_path / 'other.txt').replace('other', 'veco-nlg/dict')) == lines
+    ckpt = released_nlg_state(V=tok.vocab_size, D=64, H=2, Fd=128, L=2, P=130)
+    torch.save(ckpt, folder / 'model.pt')
+    pre, _, released = layers.load_pretrained(str(folder / 'model.pt'), cross=True, decoder=True)
+    m = xlt.VecoTranslate(*xlt.assemble(pre, 2, dropout=0.0, released=released), bos=tok.language_ids('de')[0]).eval()
+    src, tgt = data.translation_items(tok, demo_data, 'en', 'de', 'test', tok.language_ids('en', 'de'), 250)[0]
+    assert src.ids == by_hand(en[0]) + [2, 4 + lines.index('[en]')] and tgt.ids == [4 + lines.index('[de]')] + by_hand(de[0])
+    with torch.no_grad():
+        x, y = torch.tensor([src.ids]), torch.tensor([tgt.ids])
+        ours = m.logits(m.decode(y, m.encoder(x), x.ne(1)))[0]
+    assert torch.allclose(ours.double(), fairseq_translation_logits(ckpt['model'], x[0], y[0], [0, 1], 2, 8.0), atol=1e-4)
+    argv = ['--method', 'veco', '--task', 'translate', '--steps', '2', '--eval_every', '2', '--batch_size', '8',
+            '--average_last', '0', '--beam', '1']
+    demo_run(tmp_path / 'run', demo_data, argv + ['--init', str(folder / 'model.pt')])
+    assert json.load(open(tmp_path / 'run' / 'config.json'))['dict'] == str(folder / 'dict.txt')
+    assert layers.load_checkpoint(str(tmp_path / 'run' / 'best.pt'))['config']['vocab_size'] == tok.vocab_size  # no new rows
+    os.remove(folder / 'dict.txt')
+    one_line(['--demo', '--out', str(tmp_path / 'run'), *argv, '--init', str(folder / 'model.pt'), '--overwrite'],
+             f'the tokenizer has {data.Tokenizer(sp_path).vocab_size} ids but the model {tok.vocab_size}: use the sentencepiece '
+             'model that came with the checkpoint (--spm), and its fairseq dict.txt if it came with one (--dict)')
 
 
 def test_released_nlu_checkpoint_is_the_encoder(tmp_path):
