@@ -74,9 +74,11 @@ class Tokenizer:
             self.sp = spm.SentencePieceProcessor(model_file=path)
         except (RuntimeError, OSError):
             raise DataError(f'{path} is not a sentencepiece model: pass --spm with XLM-R\'s sentencepiece.bpe.model') from None
-        self.path, self.lower, self.files = path, lower, [path] + [dictionary] * bool(dictionary)  # files: the cache's key
         lines = read_dictionary(dictionary) if dictionary else None
         spm_ids = np.array([self.sp.piece_to_id(w) for w in lines] if lines else range(3, self.sp.get_piece_size()), int)
+        same = np.array_equal(spm_ids, np.arange(3, self.sp.get_piece_size()))  # XLM-R's own dict.txt changes nothing
+        self.path, self.lower = path, lower
+        self.files = [os.path.abspath(p) for p in [path] + [dictionary] * (not same)]  # the caches' key, and the export's
         self.symbols = {w: 4 + i for i, w in enumerate(lines or []) if spm_ids[i] < 3}  # 0-2: not a piece of the model
         self.to_spm = np.concatenate([[-1, -1, -1, 0], np.where(spm_ids < 3, -1, spm_ids), [-1]])  # -1: decoded as nothing
         self.to_id = np.full(self.sp.get_piece_size(), self.unk)
@@ -834,7 +836,7 @@ def evaluation_set(data_dir, task, split, lang, translate_test=False, paired=Fal
 # Training sets on disk: tokenized once, with every core, into flat arrays beside the data, and
 # memory-mapped by every process of every later start (one copy a machine, in the page cache).
 
-CACHE_FORMAT = 2  # part of every cache's key: raised when features change for the same files and settings
+CACHE_FORMAT = 3  # part of every cache's key: raised when features or their files change for the same data and settings
 SLICE = 2000  # examples a worker tokenizes at a time (below progress()'s bar: workers draw none)
 
 
@@ -862,7 +864,7 @@ def cached(build, files, settings, folder, quiet=False):
             for block in iter(lambda: f.read(1 << 24), b''):
                 digest.update(block)
     path = os.path.join(folder, digest.hexdigest()[:16])
-    if os.path.isdir(path):  # moved into place whole: complete, and read without waiting for other builds
+    if os.path.isdir(path) and not torn(path):  # moved into place whole: read without waiting for other builds
         return path
     try:
         os.makedirs(folder, exist_ok=True)
@@ -871,6 +873,9 @@ def cached(build, files, settings, folder, quiet=False):
         raise DataError(f'cannot write the feature cache in {folder} ({e.strerror}): make it writable or pass --no_cache')
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or its process dies
+        if os.path.isdir(path) and (why := torn(path)):
+            print(f'the token cache {path} is torn ({why}): building it again')
+            shutil.rmtree(path)
         if not os.path.isdir(path):
             for name in (n for n in os.listdir(folder) if '.tmp' in n):
                 shutil.rmtree(os.path.join(folder, name))
@@ -878,6 +883,17 @@ def cached(build, files, settings, folder, quiet=False):
                 print(f'tokenizing the training data into {path}')
             build(path)
     return path
+
+
+def torn(path):
+    """Why the set in path cannot be read (a file not as long as its meta.json says: a full disk, a copy
+    cut short), or None; its sizes alone are read."""
+    try:
+        sizes = json.loads(read_text(os.path.join(path, 'meta.json')))['sizes']
+    except (OSError, ValueError, KeyError):
+        return 'its meta.json is missing or unreadable'
+    found = {name: os.path.getsize(f'{path}/{name}.bin') if os.path.exists(f'{path}/{name}.bin') else 0 for name in sizes}
+    return next((f'{name}.bin holds {found[name]} bytes, not {size}' for name, size in sizes.items() if found[name] != size), None)
 
 
 def write_items(path, tok, jobs, work, index_of, meta):
@@ -917,7 +933,8 @@ def write_items(path, tok, jobs, work, index_of, meta):
         for f in files.values():
             f.close()
         heard, HEARD = HEARD, None
-    atomic_write(os.path.join(tmp, 'meta.json'), json.dumps(dict(meta, sides=index.shape[1], warnings=heard, **more)))
+    sizes = {name: os.path.getsize(f.name) for name, f in files.items()}  # what torn() checks at every open
+    atomic_write(os.path.join(tmp, 'meta.json'), json.dumps(dict(meta, sides=index.shape[1], warnings=heard, sizes=sizes, **more)))
     shutil.rmtree(path, ignore_errors=True)  # an earlier run's (XLA's samples, made anew in a run's folder)
     os.replace(tmp, path)
 
@@ -1041,6 +1058,8 @@ class Items:
     The page cache holds one copy for every process either way."""
 
     def __init__(self, path):
+        if why := torn(path):
+            raise DataError(f'{path} is torn ({why}): remove it and run again')
         meta, file = json.loads(read_text(os.path.join(path, 'meta.json'))), lambda name: os.path.join(path, f'{name}.bin')
         there = lambda name: os.path.exists(file(name)) and os.path.getsize(file(name)) > 0
         mapped = lambda name, dtype=np.int64: np.memmap(file(name), dtype, 'r') if there(name) else np.zeros(0, dtype)

@@ -11,12 +11,14 @@ import math
 import mmap
 import os
 import re
+import shutil
 import struct
 import sys
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 
+import sentencepiece
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint
@@ -605,6 +607,143 @@ def free_threads():
         LAST_USE = cpu_use()
 
 
+# ---------------------------------------------------------------------------
+# Export: a model of this project as a Hugging Face folder, which transformers' Auto classes load.
+
+HF_CLASSES = {  # what a checkpoint exports as -> (Hugging Face's class, {our head's module: theirs})
+    'classification': ('XLMRobertaForSequenceClassification', {'head.dense': 'classifier.dense', 'head.out': 'classifier.out_proj'}),
+    'tagging': ('XLMRobertaForTokenClassification', {'head.out': 'classifier'}),
+    'qa': ('XLMRobertaForQuestionAnswering', {'head.out': 'qa_outputs'}),
+    'mlm': ('XLMRobertaForMaskedLM', {'mlm.dense': 'lm_head.dense', 'mlm.ln': 'lm_head.layer_norm', 'mlm': 'lm_head'}),
+    'encoder': ('XLMRobertaModel', {}),
+}
+SPECIAL_TOKENS = {'bos_token': '<s>', 'eos_token': '</s>', 'unk_token': '<unk>', 'sep_token': '</s>', 'cls_token': '<s>',
+                  'pad_token': '<pad>', 'mask_token': '<mask>'}
+
+
+def write_safetensors(tensors, path):
+    """A .safetensors file written by hand, as read_safetensors reads it (float32 tensors)."""
+    header, offset = {'__metadata__': {'format': 'pt'}}, 0
+    for name, t in tensors.items():
+        header[name] = {'dtype': 'F32', 'shape': list(t.shape), 'data_offsets': [offset, offset + 4 * t.numel()]}
+        offset += 4 * t.numel()
+    head = json.dumps(header).encode()
+    head += b' ' * (-len(head) % 8)  # the data starts 8-byte aligned
+    with open(path, 'wb') as f:
+        f.write(struct.pack('<Q', len(head)) + head)
+        for t in tensors.values():
+            f.write(t.detach().float().contiguous().numpy().data)
+
+
+def hf_encoder(encoder, prefix):
+    """An encoder's tensors in Hugging Face's names (HF_NAMES reversed, qkv cut in three) under prefix;
+    a cross-attention (VECO's) left out, as its NLU assembly; one token type, all zeros, as ours has none."""
+    theirs, out = {ours: hf for hf, ours in HF_NAMES.items() if ours.startswith('enc.')}, {}
+    for key, t in encoder.items():
+        module, _, param = f'enc.{key}'.rpartition('.')
+        if is_cross(f'enc.{key}'):
+            continue
+        layer = re.search(r'\.(\d+)\.', module)
+        stem = re.sub(r'\.\d+\.', '.{}.', module, count=1)
+        for ours, part in zip([stem[:-3] + x for x in 'qkv'], t.chunk(3)) if stem.endswith('.qkv') else [(stem, t)]:
+            out[prefix + theirs[ours].format(layer.group(1) if layer else '') + '.' + param] = part
+    out[prefix + 'embeddings.token_type_embeddings.weight'] = torch.zeros(1, encoder['tok.weight'].size(1))
+    return out
+
+
+def hf_config(cfg, arch, labels):
+    """config.json of XLMRobertaConfig for our Config; labels: the classes or tags, for id2label."""
+    return {'architectures': [arch], 'model_type': 'xlm-roberta', 'vocab_size': cfg.vocab_size, 'hidden_size': cfg.dim,
+            'num_hidden_layers': cfg.n_layer, 'num_attention_heads': cfg.n_head, 'intermediate_size': cfg.ffn_dim,
+            'hidden_act': 'gelu', 'hidden_dropout_prob': cfg.dropout, 'attention_probs_dropout_prob': cfg.attn_dropout,
+            'max_position_embeddings': cfg.max_positions, 'type_vocab_size': 1, 'initializer_range': 0.02,
+            'layer_norm_eps': cfg.ln_eps, 'pad_token_id': cfg.pad_id, 'bos_token_id': 0, 'eos_token_id': 2,
+            'position_embedding_type': 'absolute', 'tie_word_embeddings': True,
+            **({'id2label': dict(enumerate(labels)), 'label2id': {x: i for i, x in enumerate(labels)}} if labels else {})}
+
+
+def export_checkpoint(src, encoder_only=False):
+    """-> (checkpoint, its path, what it exports as: a key of HF_CLASSES), or a CheckpointError saying why not."""
+    path = os.path.join(src, 'best.pt') if os.path.isdir(src) else src
+    below = sorted(os.path.relpath(os.path.join(d, 'best.pt'), src) for d, _, files in os.walk(src) if 'best.pt' in files)
+    if not os.path.exists(path):
+        raise CheckpointError(f'{src} keeps no best.pt: ' + (f'its prediction comes from the models below it ({", ".join(below[:3])}'
+                              f'{" ..." if len(below) > 3 else ""}): export one of them' if below else 'give a run\'s folder or its best.pt'))
+    ckpt = load_checkpoint(path)
+    kind = 'encoder' if encoder_only else ckpt['meta'].get('export')
+    if kind not in HF_CLASSES:
+        raise CheckpointError(f'{path}: {kind or "the checkpoint does not say how its method predicts"}, which no Hugging Face '
+                              'XLM-R class computes: export its encoder alone with --encoder')
+    if ckpt['config']['embed_scale'] != 1 or kind == 'mlm' and not ckpt.get('mlm'):
+        raise CheckpointError(f'{path}: ' + ('its token embeddings are scaled, which XLM-R\'s are not' if ckpt['config']['embed_scale']
+                              != 1 else 'no MLM head') + ': export its encoder alone with --encoder')
+    return ckpt, path, kind
+
+
+def model_card(ckpt, path, arch, out):
+    """The folder's README.md: what the model is, the run's settings and scores, how to load it."""
+    meta, s, cfg = ckpt['meta'], ckpt['meta'].get('settings', {}), ckpt['config']
+    table = os.path.join(os.path.dirname(path), 'results.txt')
+    scores = f'```\n{open(table).read().rstrip()}\n```' if os.path.exists(table) else 'The run has no results.txt.'
+    auto = arch.replace('XLMRobertaFor', 'AutoModelFor').replace('XLMRobertaModel', 'AutoModel')
+    length = f'{s["steps"]} steps' if s.get('steps') else f'{s.get("epochs")} epochs'
+    lower = ' It read QA text lowercased (`--qa_case lower`): lowercase yours too.' if s.get('qa_case') == 'lower' else ''
+    return (f'---\nlibrary_name: transformers\ntags: [xlm-roberta, cross-lingual-transfer]\n---\n\n'
+            f'# {meta.get("method")} on {meta.get("task")}\n\n{arch}, exported from `{path}` by `python layers.py export`: '
+            f'method `{meta.get("method")}`, task `{meta.get("task")}`, preset `{meta.get("model")}` ({cfg["n_layer"]} layers '
+            f'x {cfg["dim"]}) from `{s.get("init") or "random weights"}`; learning rate {s.get("lr")}, batch {s.get("batch_size")}, '
+            f'{length}, up to {s.get("max_len")} tokens, seed {s.get("seed")}.{lower}\n\n## Scores\n\n{scores}\n\n## Use\n\n'
+            f'```python\nfrom transformers import AutoTokenizer, {auto}\ntokenizer = AutoTokenizer.from_pretrained({out!r})\n'
+            f'model = {auto}.from_pretrained({out!r})\n```\n')
+
+
+def unigram(path):
+    """Is the sentencepiece model a unigram model, as XLM-R's is? transformers reads every one as such; a
+    BPE model (the demo's) has no n-best segmentations."""
+    try:
+        return bool(sentencepiece.SentencePieceProcessor(model_file=path).nbest_encode('a', nbest_size=1))
+    except RuntimeError:
+        return False
+
+
+def export(src, out, encoder_only=False, spm=None):
+    """A run's model (its folder or a checkpoint) written into the new folder `out` as Hugging Face's
+    XLM-R: config.json, model.safetensors, the sentencepiece model and the tokenizer's settings, and a
+    model card; made beside it and moved into place whole. -> the class written."""
+    ckpt, path, kind = export_checkpoint(src, encoder_only)
+    tokenizer = [spm] if spm else ckpt['meta'].get('tokenizer', [])
+    if len(tokenizer) != 1 or not os.path.isfile(tokenizer[0]):
+        raise CheckpointError(f'{path}: ' + ('its ids follow a fairseq dict.txt, which XLMRobertaTokenizer does not read'
+                              if len(tokenizer) > 1 else f'sentencepiece model {"".join(tokenizer)} not found: pass --spm'))
+    if not unigram(tokenizer[0]):
+        raise CheckpointError(f'{tokenizer[0]} is a BPE sentencepiece model, which transformers\' XLMRobertaTokenizer '
+                              'would read as a unigram one (XLM-R\'s is): its ids would not be the run\'s')
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise CheckpointError(f'{out} exists and is not an empty folder: give a new folder')
+    arch, head = HF_CLASSES[kind]
+    parts = {**{k: v for k, v in (ckpt.get('method') or {}).items() if k.startswith('head.')},
+             **{f'mlm.{k}': v for k, v in (ckpt.get('mlm') or {}).items()}}  # the MLM's weight: the embeddings (tied)
+    found = {f'{head[m]}.{p}': t for key, t in parts.items() for m, _, p in [key.rpartition('.')] if m in head}
+    if len(found) != 2 * len(head) - (kind == 'mlm'):  # a weight and a bias a module; the MLM's weight is the embeddings
+        raise CheckpointError(f'{path} holds no {kind} head: export its encoder alone with --encoder')
+    tmp = f'{os.path.abspath(out)}.tmp{os.getpid()}'
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    write_safetensors({**hf_encoder(ckpt['encoder'], '' if kind == 'encoder' else 'roberta.'), **found},
+                      os.path.join(tmp, 'model.safetensors'))
+    shutil.copyfile(tokenizer[0], os.path.join(tmp, 'sentencepiece.bpe.model'))
+    labels = ckpt['meta'].get('labels') if kind in ('classification', 'tagging') else None
+    for name, text in {'config.json': hf_config(Config(**ckpt['config']), arch, labels), 'special_tokens_map.json': SPECIAL_TOKENS,
+                       'tokenizer_config.json': {'tokenizer_class': 'XLMRobertaTokenizer', 'model_max_length': 512, **SPECIAL_TOKENS},
+                       'README.md': model_card(ckpt, path, arch, out)}.items():
+        with open(os.path.join(tmp, name), 'w') as f:
+            f.write(text if isinstance(text, str) else json.dumps(text, indent=2))
+    if os.path.isdir(out):
+        os.rmdir(out)  # an empty folder, given to be filled
+    os.replace(tmp, out)
+    return arch
+
+
 class Parser(argparse.ArgumentParser):
     """argparse whose usage mistakes are one line, as every other mistake here."""
 
@@ -623,16 +762,32 @@ Every tensor is checked against the model; files are read without running pickle
 example:
   python layers.py convert xlm-roberta-large/ xlmr-large.pt"""
 
+EXPORT_HELP = """Write a run's model as a Hugging Face folder that transformers loads with its Auto classes, without
+this project: config.json, model.safetensors, the tokenizer's files and a model card (README.md). A method whose
+prediction is XLM-R and a head on one text exports as XLMRobertaFor{SequenceClassification, TokenClassification,
+QuestionAnswering}; VECO's pre-training as XLMRobertaForMaskedLM; --encoder: any run's encoder as XLMRobertaModel.
+
+example:
+  python layers.py export runs/xnli-zeroshot xnli-zeroshot-hf/"""
+
 
 def main(argv=None):
-    parser = Parser(description='XLM-R checkpoints for this project.')
-    sub = parser.add_subparsers(dest='cmd', required=True, metavar='convert')
+    parser = Parser(description='XLM-R checkpoints for this project: in (convert) and out (export).')
+    sub = parser.add_subparsers(dest='cmd', required=True, metavar='{convert,export}')
     conv = sub.add_parser('convert', help='XLM-R weights (Hugging Face or fairseq) -> this project\'s checkpoint',
                           description=CONVERT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     conv.add_argument('src', help='a Hugging Face folder or weights file, or fairseq\'s model.pt')
     conv.add_argument('out', help='the checkpoint to write, e.g. xlmr-large.pt')
+    exp = sub.add_parser('export', help='a run\'s model -> a Hugging Face folder (transformers\' Auto classes load it)',
+                         description=EXPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    exp.add_argument('src', help='a finished run\'s folder, or a checkpoint (its best.pt)')
+    exp.add_argument('out', help='the folder to write (new, or empty)')
+    exp.add_argument('--encoder', action='store_true', help='the encoder alone, as XLMRobertaModel')
+    exp.add_argument('--spm', help='the sentencepiece model (default: the one the run read)')
     args = parser.parse_args(argv)
     try:
+        if args.cmd == 'export':
+            return print(f'wrote {args.out}: {export(args.src, args.out, args.encoder, args.spm)}')
         enc, mlm = load_pretrained(args.src)
         save_checkpoint(args.out, {'method': None, 'task': None, 'model': None, 'source': args.src}, **encoder_parts(enc, mlm))
     except (CheckpointError, OSError) as e:
@@ -640,6 +795,7 @@ def main(argv=None):
     n = sum(p.numel() for p in enc.parameters())
     print(f'wrote {args.out}: {enc.cfg.n_layer} layers x {enc.cfg.dim}, {n / 1e6:.1f}M parameters'
           f'{", with MLM head" if mlm is not None else ""}')
+
 
 if __name__ == '__main__':
     main()

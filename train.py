@@ -372,7 +372,7 @@ def execute(args, rank, world, device):
             demo_pretrained(args, rank, world, device)
         run = Run(args, rank, world, device, tok)
         if family(args) == 'retrieval':
-            return run.retrieval()
+            return run.cls.retrieval(run)
         run.cls.procedure(run)
 
 
@@ -505,8 +505,8 @@ class Run:
         if self.args.eval_only:
             return
         self.begin()
-        if keep_last and not self.args.resume and self.rank == 0:  # an earlier run's are not to be averaged with these
-            shutil.rmtree(self.path('checkpoints'), ignore_errors=True)
+        if keep_last and not self.args.resume:  # an earlier run's are not to be averaged with these
+            self.drop('checkpoints')
         train(self, method, items, validate or (lambda: self.evaluate(method, 'dev')[0]), batches_of or self.shuffled(items),
               keep_last)
 
@@ -515,11 +515,7 @@ class Run:
         longer its; a new run (not --resume) also drops the earlier run's checkpoints."""
         if self.rank == 0 and not self.begun:
             kept = [] if self.args.resume or not os.path.exists(self.path('kept.txt')) else data.lines_of(self.path('kept.txt'))
-            for name in ['results.json', 'results.txt'] + ['last.pt', 'best.pt', 'kept.txt'] * (not self.args.resume) + kept:
-                if os.path.isdir(self.path(name)):
-                    shutil.rmtree(self.path(name))
-                elif os.path.exists(self.path(name)):
-                    os.remove(self.path(name))
+            self.drop('results.json', 'results.txt', *['last.pt', 'best.pt', 'kept.txt', 'trained.json'] * (not self.args.resume), *kept)
             layers.atomic_write(self.path('config.json'), json.dumps(vars(self.args), indent=2))
         self.begun = True
 
@@ -685,27 +681,13 @@ class Run:
             dist.barrier()
         return read() if value is None else value
 
-    def retrieval(self):
-        """bucc2018 / tatoeba: nothing is trained; the mean-pooled states of the method's layer
-        (Method.retrieval_layer), mined as --mining says (eval.retrieve)."""
-        encoder = self.encoder()[0].to(self.device)
-        self.begin()
-        layer, args = self.args.layer or self.cls.retrieval_layer(self.args.task, encoder.cfg.n_layer), self.args
-        embed = lambda texts: ev.embed_texts(encoder, self.tok, texts, layer, args.eval_batch_size, self.device)
-        self.finish({}, self.test_scores(ev.retrieve(args.data_dir, args.task, embed, args.mining) if self.rank == 0 else {}))
-
-    def average_last(self, method, n):
-        """Load the weights that decode: the mean of the last n kept checkpoints (fairseq's
-        average_checkpoints), or best.pt with n = 0. -> what they are."""
-        kept = layers.kept_checkpoints(self.path('checkpoints'))[-n:] if n else []
-        if not kept:
-            if not os.path.exists(self.path('best.pt')):
-                fail(f'{self.path("best.pt")} not found: --eval_only decodes a finished run in --out')
-            self.load_best(method)
-            return 'best.pt: the lowest valid loss'
-        method.load_state_dict(layers.average_checkpoints(kept, identity(self.args)))
-        step = lambda path: os.path.basename(path)[4:-3].lstrip('0')
-        return f'the mean of the last {len(kept)} checkpoints ({step(kept[0])} to {step(kept[-1])} steps)'
+    def drop(self, *names):
+        """Remove the files and folders of the run's folder under names, which nothing reads any more."""
+        for path in [self.path(name) for name in names] * (self.rank == 0):
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.remove(path)
 
     def say(self, message):
         if self.rank == 0:
@@ -770,6 +752,7 @@ def train(run, method, items, validate, batches_of, keep_last=0):
                 logs = {k: float(sum(s[k] for s in since if k in s)) / sum(k in s for s in since)  # each one's mean
                         for k in dict.fromkeys(k for s in since for k in s)}  # over the steps since the last line
                 epoch_loss.append((logs['loss'], len(since)))
+                stop_if_diverged(run, logs['loss'], state['step'] - len(since) + 1, state['step'])
                 since = []
                 bar.set_postfix(loss=f'{logs["loss"]:.3f}')
                 if log:
@@ -787,8 +770,22 @@ def train(run, method, items, validate, batches_of, keep_last=0):
         state['epoch'] += 1
         end_epoch(run, method, validate, state, keep_last, epoch_loss, time.time() - started, log, padding)
         save(run, 'last.pt', resume_point(method, opt, sched, state), args)
+    if rank == 0:  # the training is over and best.pt holds what it kept: the resume point (optimiser state too) goes
+        layers.atomic_write(run.path('trained.json'), json.dumps(state))
+        run.drop('last.pt')
     if dist.is_initialized():
         dist.barrier()  # every process reads best.pt (and the kept checkpoints) only once they are written
+
+
+def stop_if_diverged(run, loss, first, last):
+    """A mean loss that is not finite (on any process) stops the run in one line, before anything of it is kept."""
+    loss = torch.tensor(loss, device=run.device)
+    if run.world > 1:
+        dist.all_reduce(loss)  # every process stops together
+    if not torch.isfinite(loss):
+        kept = f'the last checkpoint is {run.path("last.pt")}' if os.path.exists(run.path('last.pt')) else 'no checkpoint was kept'
+        fail(f'the training loss is {loss.item()} in steps {first}-{last}: {kept}; start again with a lower --lr (now '
+             f'{run.args.lr:g}) or a lower --clip (now {run.args.clip:g})')
 
 
 def optimizer_and_schedule(method, args, total_steps):
@@ -805,7 +802,9 @@ def optimizer_and_schedule(method, args, total_steps):
 def resumed(run, method, opt, sched):
     """The loop's state: from last.pt with --resume (the method, optimiser, schedule and random
     state as they were), else from the start."""
-    last = run.path('last.pt')
+    last, trained = run.path('last.pt'), run.path('trained.json')
+    if run.args.resume and os.path.exists(trained):  # a finished training: best.pt holds what it kept
+        return json.loads(data.read_text(trained))
     if run.args.resume and not os.path.exists(last) and run.rank == 0:
         print(f'note: {last} not found: starting from the beginning')
     if not (run.args.resume and os.path.exists(last)):
@@ -865,7 +864,8 @@ def resume_point(method, opt, sched, state):
 def save(run, name, parts, args, keep=0):
     """A checkpoint (layers.save_checkpoint: atomic), from the first process; keep: the last `keep` of its folder."""
     if run.rank == 0:
-        layers.save_checkpoint(run.path(name), {**identity(args), 'settings': json.loads(json.dumps(vars(args)))}, **parts)
+        meta = {**identity(args), 'settings': json.loads(json.dumps(vars(args))), **xlt.method_class(args).exported(args, run.tok)}
+        layers.save_checkpoint(run.path(name), meta, **parts)
         layers.keep_last(os.path.dirname(run.path(name)), keep)
 
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import data
 import eval as ev
 from data import IGNORE, TASKS, Batch
-from layers import CONFIGS, Encoder, MLMHead, autocast, init_weights, is_cross, mean_pool
+from layers import CONFIGS, Encoder, MLMHead, autocast, average_checkpoints, init_weights, is_cross, kept_checkpoints, mean_pool
 
 
 class Option(NamedTuple):
@@ -70,6 +70,8 @@ class Method(nn.Module):
       TASKS       the tasks it runs
       pretrained_start  the demo starts from the demo's pre-trained model, not random weights
       KEEPS       what --eval_only evaluates in a finished run's folder
+      EXPORT      what python layers.py export makes of its checkpoints: 'head', its prediction being
+                  XLM-R and its Head on one text; 'mlm', its MLM head; or why it cannot, in words
       retrieval_layer(task, n_layer)  the layer whose states retrieval pools
     Hooks (class methods):
       resolve(args)    the class that runs (VECO: pre-training, translation, translate-train-all),
@@ -80,6 +82,7 @@ class Method(nn.Module):
       stages(args)     {name: option changes}: runs made first (a teacher, warm-ups)
       folder(args)     the default run folder's name, in parts
       procedure(run)   the run itself, given the trainer's train.Run
+      retrieval(run)   the run of a retrieval task (BUCC, Tatoeba): nothing trained
     and on an instance: loss(batch) -> (mean loss, logs), predict(batch) -> outputs (class logits
     (B, C), tag logits (B, T, C) or span logits (B, T, 2)), frozen() -> the parameters the
     optimiser leaves alone this step, schedule(args, total) -> the learning rate's factor at each
@@ -89,7 +92,7 @@ class Method(nn.Module):
     trains_on, paired, round_trip, select, pretrained_start = 'en', False, False, 'en', False
     LR, LR_LARGE, ADAM, RUN, DEMO, OPTIONS = {}, {}, {}, {}, {}, ()
     TASKS = tuple(TASKS)
-    KEEPS = 'best.pt'
+    KEEPS, EXPORT = 'best.pt', 'its prediction is its own, not XLM-R\'s forward pass and a head'
     # XTREME's run_bucc2018.sh, run_tatoeba.sh (d224426 to 838c13b): --specific_layer of the last --num_layers hidden
     # states, the embeddings' being the first: BUCC 7 of the last 12, Tatoeba 13 of 24 (XLM-R large), 7 of 12 (12 layers)
     RETRIEVAL_LAYERS = {24: {'bucc2018': 20, 'tatoeba': 14}, 12: {'bucc2018': 8, 'tatoeba': 8}}
@@ -133,6 +136,14 @@ class Method(nn.Module):
         return cls.RUN.get(args.task, {})
 
     @classmethod
+    def exported(cls, args, tok):
+        """What its checkpoints tell python layers.py export: how it predicts (EXPORT, a head as its
+        task's family), the task's labels, the tokenizer's files."""
+        family = TASKS[args.task].family if args.task in TASKS else cls.family
+        return {'export': family if cls.EXPORT == 'head' else cls.EXPORT, 'tokenizer': tok.files,
+                'labels': list(TASKS[args.task].labels) if args.task in TASKS else []}
+
+    @classmethod
     def reads(cls, args):
         return []
 
@@ -150,6 +161,16 @@ class Method(nn.Module):
         method = run.build()
         run.fit(method, run.items(method))
         run.report(method)
+
+    @classmethod
+    def retrieval(cls, run):
+        """bucc2018 / tatoeba: nothing is trained; the mean-pooled states of the method's layer
+        (retrieval_layer), mined as --mining says (eval.retrieve)."""
+        args, encoder = run.args, run.encoder()[0].to(run.device)
+        run.begin()
+        layer = args.layer or cls.retrieval_layer(args.task, encoder.cfg.n_layer)
+        embed = lambda texts: ev.embed_texts(encoder, run.tok, texts, layer, args.eval_batch_size, run.device)
+        run.finish({}, run.test_scores(ev.retrieve(args.data_dir, args.task, embed, args.mining) if run.rank == 0 else {}))
 
     def frozen(self):
         return []
@@ -260,7 +281,7 @@ def probabilities(family, logits):
 
 class Baseline(Method):
     """Fine-tuning the encoder and a task head on labelled examples of one text each."""
-    NAME = 'zeroshot'
+    NAME, EXPORT = 'zeroshot', 'head'
     # XTREME's scripts (train_xnli.sh ... train_qa.sh): 2e-5, 3e-5 for QA and for XNLI on XLM-R large
     LR = {'xnli': 2e-5, 'pawsx': 2e-5, 'udpos': 2e-5, 'panx': 2e-5, 'xquad': 3e-5, 'mlqa': 3e-5, 'tydiqa': 3e-5}
     LR_LARGE = {'xnli': 3e-5}
@@ -367,6 +388,7 @@ class Filter(Taught):
     English with its translation and predicts from the target side of (English translation,
     target text). With stored teacher probabilities p_teacher it is the self-taught student."""
     NAME, trains_on, paired, teacher_method = 'filter', 'translations', True, 'filter'
+    EXPORT = 'FILTER predicts from a text fused with its English translation in the middle layers'
     select = 'average'  # the best average over the dev languages (Section 4.1)
     LR = {'xnli': 3e-6, 'pawsx': 1e-5, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 1e-5}  # train.sh
     RUN = {'xnli': {'max_len': 256}, 'pawsx': {'max_len': 256},  # train.sh: --max_seq_length 256, QA --do_lower_case
@@ -438,6 +460,7 @@ class XMixup(Taught):
     or its round-trip translation as S (scheduled sampling, Eq. 6) and adds consistency losses
     (Eq. 7-8); inference mixes the target with its translation into English."""
     NAME, trains_on, paired, round_trip, teacher_method = 'xmixup', 'translations', True, True, 'zeroshot'
+    EXPORT = 'X-Mixup predicts from a text\'s states mixed with its English translation\'s'
     pretrained_start = True  # X-Mixup starts from a trained encoder, see train.demo_pretrained
     select = 'average'  # the best average over the dev languages (Section 4.1)
     LR = {'xnli': 5e-6, 'pawsx': 5e-6, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 3e-5}  # scripts
@@ -610,7 +633,7 @@ class VecoPretrain(Method):
     reading X^N, detached, and Y^N predicts y's masked tokens. Eq. 8 adds both directions; on
     parallel pairs TLM adds the masked concatenation x^ y^ (Section 3). One MLM head serves all.
     Without CS-MLM (cs_mlm=False, no cross-attention) it is Table 2's XLM: MLM and TLM."""
-    NAME, TASKS, paired, family, select = 'veco', ('pretrain',), True, 'pretrain', 'loss'
+    NAME, TASKS, paired, family, select, EXPORT = 'veco', ('pretrain',), True, 'pretrain', 'loss', 'mlm'
     SHARE = {'mono': 0.15, 'para': 0.25}  # masked share of a monolingual / bilingual pair (Table 5)
     LR = {'pretrain': 3e-4}  # Table 5: 3e-4 small, 2e-4 large (LR_LARGE); Adam beta2 and eps below
     LR_LARGE = {'pretrain': 2e-4}
@@ -912,6 +935,7 @@ class VecoTranslate(Method):
     we stop at </s>); the output layer is the token embedding, no bias. generate() is fairseq's
     beam search with its length penalty."""
     NAME, TASKS, paired, family, select, pretrained_start = 'veco', ('translate',), True, 'translation', 'loss', True
+    EXPORT = 'VECO\'s translation model is an encoder-decoder'
     LR = {'translate': 1e-4}  # finetune-wmt14en2{de,fr}.sh (the paper: 1e-4 / 2e-4)
     # finetune-wmt14en2{de,fr}.sh: 100k updates, 16k of them warm-up, then linear decay; a checkpoint
     # every 5k updates, the last 10 averaged (inference-wmt14en2de.sh); train pairs of at most 250
@@ -961,6 +985,18 @@ class VecoTranslate(Method):
         return [f'translate-{args.src}-{args.tgt}', 'veco']
 
     @classmethod
+    def average_last(cls, run, method, n):
+        """Load the weights that decode: the mean of the last n kept checkpoints (fairseq's
+        average_checkpoints), or best.pt with n = 0. -> what they are."""
+        kept = kept_checkpoints(run.path('checkpoints'))[-n:] if n else []
+        if not kept:
+            run.load_best(method)  # --eval_only has checked that there is one
+            return 'best.pt: the lowest valid loss'
+        method.load_state_dict(average_checkpoints(kept, {'method': run.args.method, 'task': cls.folder(run.args)[0]}))
+        step = lambda path: path[-10:-3].lstrip('0')  # checkpoints/step<7 digits>.pt
+        return f'the mean of the last {len(kept)} checkpoints ({step(kept[0])} to {step(kept[-1])} steps)'
+
+    @classmethod
     def procedure(cls, run):
         """Tables 3-4: the pre-trained blocks assembled into an encoder-decoder, fine-tuned on --src ->
         --tgt; every --eval_every steps the valid loss (best.pt: the lowest) and a checkpoint kept;
@@ -990,7 +1026,7 @@ class VecoTranslate(Method):
                 run.fail(f'no {name} pairs for {args.src}-{args.tgt} in {args.data_dir}/translation: the files hold no text')
         validate = lambda: {'valid': method.valid_losses(valid, args.eval_batch_size, run.device)}
         run.fit(method, items, validate, keep_last=args.average_last)
-        decoded_with = run.average_last(method, args.average_last)
+        decoded_with = cls.average_last(run, method, args.average_last)
         method.eval()
 
         def decode(index):  # in fp32 as the released inference script, unless --decode_bf16 (on a GPU)
@@ -1462,6 +1498,8 @@ def co_train(run, epoch, l, pair, parts, start):
             sub.load_best(method)
         after = score(target_dev(method))
         better = bool(batches) and (after is None or before is None or after > before)  # as the released code
+        if not better:
+            sub.drop('best.pt')  # the model goes on from start: nothing reads this training's
         dev = '' if after is None else f'; {args.train_lang} dev {before:.1f} -> {after:.1f}' + (
             '' if better else ', not better: kept the model as it was')
         run.say(f'XLA epoch {epoch}, model {l + 1} by {k + 1} and {j + 1}: trained on '

@@ -209,7 +209,7 @@ def quick_pretrained(demo_dir, out, steps=60):
 
 def demo_run(out, demo_data, argv, runner=None):
     """A demo run of train.py in `out` on demo_data (linked, not written again), in this process
-    or under `runner` (torchrun) -> the method's weights in its last.pt (None without one)."""
+    or under `runner` (torchrun) -> the method's weights in its best.pt (None without one: XLA's run of stages)."""
     import train
     os.makedirs(out, exist_ok=True)
     if not os.path.exists(os.path.join(out, 'demo-data')):
@@ -221,8 +221,8 @@ def demo_run(out, demo_data, argv, runner=None):
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         subprocess.run(runner + ['train.py', *argv], cwd=root, check=True, capture_output=True,
                        env={**os.environ, 'OMP_NUM_THREADS': '1'})
-    last = os.path.join(out, 'last.pt')  # none for a run of stages (XLA)
-    return torch.load(last, weights_only=True)['method'] if os.path.exists(last) else None
+    best = os.path.join(out, 'best.pt')
+    return torch.load(best, weights_only=True)['method'] if os.path.exists(best) else None
 
 
 def one_line(argv, message):

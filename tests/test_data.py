@@ -662,3 +662,25 @@ def test_in_windows_gives_every_positions_results_in_order(monkeypatch):
     values, scores = (data.Ragged.joined([b[f] for b in blocks]) for f in (0, 1))
     assert [r.tolist() for r in values] == [[i] * (i % 3) for i in range(4, 21)]
     assert scores.values.tolist() == [-i for i in range(4, 21)] and len(scores) == 17
+
+
+def test_a_torn_cache_is_built_again(tmp_path, capsys):
+    """Each array of a built set cut short in turn (to half, and by one int32, which would read as a
+    shorter array): the next load says so in one line, builds it again, and gives the same features."""
+    demo = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=6)
+    tok = data.Tokenizer(f'{demo}/sentencepiece.bpe.model')
+    features = lambda: (lambda items: [items[i] for i in range(len(items))])(data.training_set(tok, demo, 'panx', [], max_len=64))
+    first = features()
+    folder = next(p for p in (tmp_path / 'demo' / '.cache').iterdir() if p.is_dir())
+    arrays = sorted(p.name for p in folder.iterdir() if p.suffix == '.bin' and p.stat().st_size)
+    assert {'ids.bin', 'label.bin', 'items.bin', 'ends.bin', 'words.bin'} <= set(arrays)
+    for name in arrays:
+        for cut in (lambda n: n // 2, lambda n: n - 4):
+            size = (folder / name).stat().st_size
+            os.truncate(folder / name, cut(size))
+            capsys.readouterr()
+            assert features() == first
+            assert f'{folder} is torn ({name} holds {cut(size)} bytes, not {size}): building it again' in capsys.readouterr().out
+    os.remove(folder / 'meta.json')
+    with pytest.raises(data.DataError, match='is torn \\(its meta.json is missing or unreadable\\): remove it and run again'):
+        data.Items(str(folder))

@@ -218,7 +218,7 @@ def test_translation_runs_resume_split_over_processes_and_average(tmp_path, demo
                              '--average_last', '2'])
     cfg = layers.Config(**{**layers.CONFIGS['tiny'].__dict__, 'vocab_size': one['encoder.tok.weight'].size(0) - 2})
     m = xlt.VecoTranslate(*xlt.assemble(layers.Encoder(cfg, cross=True), 2, new_tokens=2), bos=0)
-    train.Run(args, 0, 1, torch.device('cpu'), None).average_last(m, 2)
+    xlt.VecoTranslate.average_last(train.Run(args, 0, 1, torch.device('cpu'), None), m, 2)
     assert not torch.equal(kept[0]['decoder.blocks.0.cross.qkv.weight'], kept[1]['decoder.blocks.0.cross.qkv.weight'])
     assert all(torch.allclose(v, (kept[0][k] + kept[1][k]) / 2) for k, v in m.state_dict().items())
     two = translate(tmp_path / 'two', demo_data,

@@ -1,6 +1,7 @@
 """The training engine end to end on the demo data: every family learns and writes predictions
 that eval.py scores to the numbers in results.json; DDP equals one process; a killed run
 resumes exactly; bad set-ups stop with one line."""
+import argparse
 import json
 import os
 import shutil
@@ -51,8 +52,9 @@ def test_demo_learns_and_eval_agrees(tmp_path, demo_data, task, method, epochs, 
     for lang in data.DEMO_LANGS:
         official = (scores['exact_match'][lang] + scores['f1'][lang]) / 2 if metric is None else scores[metric][lang]
         assert results['test'][lang] == pytest.approx(official, abs=1e-9)
-    for name in ('config.json', 'log.jsonl', 'last.pt', 'best.pt', 'results.txt'):
+    for name in ('config.json', 'log.jsonl', 'trained.json', 'best.pt', 'results.txt'):
         assert os.path.exists(tmp_path / name)
+    assert not os.path.exists(tmp_path / 'last.pt')  # the finished training's resume point is gone
 
 
 def test_retrieval_evaluates_a_trained_encoder(tmp_path, demo_data):
@@ -65,7 +67,7 @@ def test_retrieval_evaluates_a_trained_encoder(tmp_path, demo_data):
 
 
 def final_weights(out):
-    return torch.load(os.path.join(out, 'last.pt'), weights_only=True)['method']
+    return torch.load(os.path.join(out, 'best.pt'), weights_only=True)['method']
 
 
 def test_ddp_on_two_processes_equals_one_process(tmp_path, demo_data):
@@ -310,7 +312,7 @@ def test_demo_classification_is_learnt_in_english_and_leaves_a_gap(tmp_path, dem
 def test_a_score_within_an_epoch_is_kept_when_it_is_the_best(tmp_path):
     """--eval_steps: end_epoch's keep rule (strictly better) holds within an epoch as at its end."""
     args = train.parse_args(['--method', 'zeroshot', '--task', 'pawsx', '--demo', '--out', str(tmp_path)])
-    run = train.Run(args, 0, 1, torch.device('cpu'), None, sets={})
+    run = train.Run(args, 0, 1, torch.device('cpu'), argparse.Namespace(files=[]), sets={})  # a tokenizer's files
     method = run.build(encoder=layers.Encoder(layers.CONFIGS['tiny']))
     scores = iter([70.0, 60.0, 70.0])
     validate = lambda: {'en': {'score': next(scores)}, 'de': {'score': 50.0}}
@@ -351,3 +353,17 @@ def test_evaluation_takes_the_cores_other_processes_leave_free(monkeypatch):
             assert torch.get_num_threads() == cores
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_loss_that_is_not_finite_stops_the_run_in_one_line(tmp_path, demo_data):
+    """The demo at --lr 1e4: the mean loss of the first log line is NaN; the run stops there in one
+    line naming the steps and what to change, keeps no model and writes no results."""
+    os.makedirs(tmp_path / 'nan')
+    os.symlink(demo_data, tmp_path / 'nan' / 'demo-data')
+    with pytest.raises(SystemExit) as err:
+        train.main(['--demo', '--out', str(tmp_path / 'nan'), '--task', 'xnli', '--epochs', '2', '--lr', '1e4'])
+    said = str(err.value)
+    assert said.startswith('error: the training loss is nan in steps 1-10: no checkpoint was kept; start again with a '
+                           'lower --lr (now 10000) or a lower --clip (now 1)') and '\n' not in said
+    assert sorted(os.listdir(tmp_path / 'nan')) == ['.lock', 'config.json', 'demo-data', 'log.jsonl']
+    assert open(tmp_path / 'nan' / 'log.jsonl').read() == ''  # the NaN line is not logged either

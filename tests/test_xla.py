@@ -281,7 +281,7 @@ def test_an_xla_training_is_kept_only_when_its_best_target_dev_score_beats_the_s
         chunks = 1
 
         def __init__(self, scores):
-            self.scores, self.validated = list(scores), []
+            self.scores, self.validated, self.dropped = list(scores), [], []
 
         def sub(self, folder, **changes):
             self.args = argparse.Namespace(**{**vars(Scripted.args), **changes})
@@ -308,11 +308,15 @@ def test_an_xla_training_is_kept_only_when_its_best_target_dev_score_beats_the_s
 
         def load_best(self, method):
             pass
+
+        def drop(self, name):
+            self.dropped.append(name)
     parts = {'target': ([data.Feature([0, 5, 2], 1)] * 4, None, None, None)}  # Chosen's part: all four
     for before, best, kept in ((70.0, 70.0, 'warmup-1/best.pt'), (70.0, 70.5, 'epoch1/model1-by23/best.pt')):
         run = Scripted([before, 0.0, best])  # the start, the one validation inside fit, the best checkpoint
         assert xlt.co_train(run, 1, 0, (1, 2), parts, 'warmup-1/best.pt') == kept
         assert run.validated == [{'de': {'score': 0.0}}]
+        assert run.dropped == (['best.pt'] if kept.startswith('warmup') else [])  # a training not kept keeps no best.pt
     assert xlt.XLA.RUN['panx']['eval_steps'] == xlt.XLA.RUN['xnli']['eval_steps'] == 50  # Table 8's logging step
 
 
@@ -478,6 +482,10 @@ def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages
         assert first['runs']['XLA mean of the models']['test'][lang] == pytest.approx(statistics.mean(m[lang] for m in models))
         assert first['runs']['XLA std of the models']['test'][lang] == pytest.approx(statistics.pstdev(m[lang] for m in models))
     assert (out / 'predictions' / 'panx' / 'test-de.tsv').exists() and (out / 'model3' / 'predictions').exists()
+    # on disk: no finished training keeps its resume point, nor one whose model was not kept its best.pt
+    assert not list(out.rglob('last.pt')) and len(list(out.rglob('trained.json'))) >= 3 + 9
+    better = {p.parent: json.loads(p.read_text())['better'] for p in out.glob('epoch*/model*/results.json')}
+    assert len(better) == 18 and all((folder / 'best.pt').exists() == kept for folder, kept in better.items())
     kept = lambda e, m: set(json.loads((out / f'epoch{e}' / m / 'results.json').read_text())['kept'])
     trainings = ('model3-by12', 'model2-by13', 'model3-by21', 'model1-by23', 'model2-by31', 'model1-by32')
     assert all(kept(1, m) == {'source', 'target'} and kept(2, m) == {'target vicinal'} for m in trainings)  # line 22

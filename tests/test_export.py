@@ -1,0 +1,118 @@
+"""python layers.py export: demo runs written as Hugging Face folders load in transformers with its
+Auto classes and compute what the project computes (logits, ids, labels); a model no Hugging Face
+XLM-R class computes is refused in one line."""
+import argparse
+import os
+
+import pytest
+import sentencepiece as spm
+import torch
+
+import data
+import layers
+import xlt
+from conftest import demo_run, quick_pretrained
+
+transformers = pytest.importorskip('transformers')
+pytest.importorskip('google.protobuf')  # transformers reads the sentencepiece model through it
+AUTO = {'xnli': 'AutoModelForSequenceClassification', 'panx': 'AutoModelForTokenClassification',
+        'mlqa': 'AutoModelForQuestionAnswering'}
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+    """A short zero-shot demo run of each family, read through a unigram sentencepiece model as XLM-R's
+    (the demo's own is BPE, which transformers would read as unigram) -> (their folder, the demo, the model)."""
+    root = tmp_path_factory.mktemp('export')
+    demo = data.make_demo(str(root / 'demo-data'), n_train=40, n_eval=12)
+    lines = [t for task in AUTO for lang in data.DEMO_LANGS for ex in data.read_split(demo, task, 'dev', lang)
+             for t in texts(task, ex) if t]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(root / 'unigram'), vocab_size=400,
+                                   model_type='unigram', hard_vocab_limit=False, minloglevel=2, num_threads=1)
+    for task in AUTO:
+        demo_run(root / task, demo, ['--task', task, '--epochs', '1', '--spm', str(root / 'unigram.model')])
+    return root, demo, str(root / 'unigram.model')
+
+
+def the_projects(run):
+    """The run's method from its best.pt, as train.py evaluates it."""
+    ckpt = layers.load_checkpoint(str(run / 'best.pt'))
+    settings = argparse.Namespace(**ckpt['meta']['settings'])
+    method = xlt.Baseline(layers.Encoder(layers.Config(**ckpt['config'])), settings.task, settings)
+    method.load_state_dict(ckpt['method'])
+    return method.eval()
+
+
+def texts(task, example):
+    """The texts of an example as a Hugging Face tokenizer is given them."""
+    return {'xnli': (example.get('a'), example.get('b')), 'panx': (' '.join(example.get('words', [])), None),
+            'mlqa': (example.get('question'), example.get('context'))}[task]
+
+
+@pytest.mark.parametrize('task', AUTO)
+def test_an_exported_run_computes_the_projects_logits_and_ids(runs, task, tmp_path):
+    root, demo, unigram = runs
+    layers.main(['export', str(root / task), str(tmp_path / 'hf')])
+    model, loading = getattr(transformers, AUTO[task]).from_pretrained(tmp_path / 'hf', output_loading_info=True)
+    assert not any(loading.values()), loading  # every tensor read, none left new
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / 'hf')
+    tok = data.Tokenizer(unigram)
+    examples = data.read_split(demo, task, 'dev', 'de') + data.read_split(demo, task, 'dev', 'zh')
+    for a, b in (texts(task, ex) for ex in examples):
+        assert hf_tok(a, b)['input_ids'] == tok.encode_pair(a, b)
+    if task != 'mlqa':
+        assert model.config.id2label == dict(enumerate(data.TASKS[task].labels))
+    items = data.evaluation_items(tok, demo, task, examples, None, 384 if task == 'mlqa' else 128, cache=False)
+    batch = data.collate([items[i] for i in range(len(items))])
+    with torch.no_grad():
+        ours = the_projects(root / task).predict(batch)
+        out = model.eval()(input_ids=batch.ids, attention_mask=batch.mask)
+    theirs = torch.stack([out.start_logits, out.end_logits], -1) if task == 'mlqa' else out.logits
+    real = batch.mask.bool() if task != 'xnli' else torch.ones(len(ours), dtype=torch.bool)  # QA's padding: -inf in ours
+    assert ours.shape == theirs.shape and torch.allclose(ours[real], theirs[real], atol=1e-5)
+    if task == 'xnli':  # the pipeline's label is the project's prediction
+        pipe = transformers.pipeline('text-classification', model=str(tmp_path / 'hf'), tokenizer=str(tmp_path / 'hf'))
+        said = [pipe({'text': ex['a'], 'text_pair': ex['b']})['label'] for ex in examples]
+        assert said == [data.TASKS[task].labels[i] for i in ours.argmax(-1).tolist()]
+
+
+def test_the_encoder_alone_and_veco_pretrainings_masked_lm(runs, tmp_path):
+    root, demo, unigram = runs
+    pre = quick_pretrained(demo, tmp_path / 'pre', steps=4)
+    layers.main(['export', pre, str(tmp_path / 'mlm'), '--spm', unigram])  # its ids are the demo's BPE model's
+    model = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / 'mlm').eval()
+    enc, mlm = layers.load_pretrained(pre)  # the encoder without its cross-attention, as VECO's NLU model
+    ids = torch.tensor([[0, 40, 7, 93, 2, 1], [0, 11, 2, 1, 1, 1]])
+    with torch.no_grad():
+        ours, theirs = mlm(enc.eval()(ids)), model(input_ids=ids, attention_mask=ids.ne(1)).logits
+    assert torch.allclose(ours[ids.ne(1)], theirs[ids.ne(1)], atol=1e-5)
+    layers.main(['export', str(root / 'xnli'), str(tmp_path / 'encoder'), '--encoder'])
+    model = transformers.AutoModel.from_pretrained(tmp_path / 'encoder').eval()
+    with torch.no_grad():
+        ours, theirs = the_projects(root / 'xnli').encoder(ids), model(input_ids=ids, attention_mask=ids.ne(1)).last_hidden_state
+    assert torch.allclose(ours[ids.ne(1)], theirs[ids.ne(1)], atol=1e-5)
+
+
+def refused(argv, message):
+    with pytest.raises(SystemExit) as err:
+        layers.main(['export', *map(str, argv)])
+    assert str(err.value).startswith('error: ') and '\n' not in str(err.value) and message in str(err.value), err.value
+
+
+def test_what_is_not_one_text_through_xlmr_is_refused_in_one_line(runs, tmp_path):
+    root, demo, unigram = runs
+    ckpt = layers.load_checkpoint(str(root / 'xnli' / 'best.pt'))
+    for method in (xlt.Filter, xlt.XMixup, xlt.VecoTranslate):
+        layers.save_checkpoint(str(tmp_path / 'best.pt'), {**ckpt['meta'], 'export': method.EXPORT},
+                               **{k: v for k, v in ckpt.items() if k not in ('format', 'meta')})
+        refused([tmp_path / 'best.pt', tmp_path / 'out'], f'{method.EXPORT}, which no Hugging Face XLM-R class computes: '
+                'export its encoder alone with --encoder')
+    os.makedirs(tmp_path / 'xla' / 'epoch1' / 'model1-by23')
+    os.symlink(root / 'xnli' / 'best.pt', tmp_path / 'xla' / 'epoch1' / 'model1-by23' / 'best.pt')
+    refused([tmp_path / 'xla', tmp_path / 'out'], 'keeps no best.pt: its prediction comes from the models below it '
+            '(epoch1/model1-by23/best.pt): export one of them')
+    refused([root / 'xnli', root / 'panx'], 'exists and is not an empty folder: give a new folder')
+    refused([root / 'xnli', tmp_path / 'out', '--spm', tmp_path / 'none.model'], 'none.model not found: pass --spm')
+    refused([root / 'xnli', tmp_path / 'out', '--spm', os.path.join(demo, 'sentencepiece.bpe.model')], 'is a BPE sentencepiece '
+            'model, which transformers\' XLMRobertaTokenizer would read as a unigram one (XLM-R\'s is)')
+    assert not os.path.exists(tmp_path / 'out')
