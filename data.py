@@ -1,7 +1,6 @@
 """Text to tensors: XLM-R's tokenizer, the XTREME tasks, their files and batches."""
 import argparse
 import csv
-import ctypes
 import fcntl
 import functools
 import hashlib
@@ -10,19 +9,18 @@ import json
 import math
 import multiprocessing
 import os
-import queue
 import random
 import shutil
 import sys
 import tempfile
-import threading
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from itertools import accumulate, chain, islice, zip_longest
 
 import numpy as np
 import sentencepiece as spm
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
 from layers import Parser, atomic_write
@@ -189,6 +187,71 @@ def read_dictionary(path):
 
 class DataError(ValueError):
     """Data that cannot be read; the message is one line: the file, the line and the fix."""
+
+
+# ----------------------------------------------------------------------------------------
+# A run's folder: held by one run at a time; a run that never began leaves nothing.
+
+@contextmanager
+def hold(folder, rank):
+    """The run's folder, held for the run's life by an OS lock on its .lock file (released when the
+    process ends, however it ends): a second run there stops with one line naming the holder.
+    Under DDP the first process holds it for all. A run that stops before it began leaves nothing."""
+    folder, lock, holder = os.path.abspath(folder), None, None
+    if rank == 0:
+        made = first_missing(folder) or first_missing(os.path.join(folder, 'demo-data'))
+        fresh = not os.path.exists(os.path.join(folder, '.lock'))
+        os.makedirs(folder, exist_ok=True)
+        lock = open(os.path.join(folder, '.lock'), 'a+')
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock.truncate(0)
+            print(os.getpid(), file=lock, flush=True)
+        except BlockingIOError:
+            lock.seek(0)
+            holder, lock = lock.read().strip() or 'unknown', lock.close()
+    if dist.is_initialized():
+        dist.broadcast_object_list(shared := [holder])
+        holder = shared[0]
+    if holder:
+        raise DataError(f'{folder} is in use by another run (pid {holder}): wait for it to end, or give another --out')
+    try:
+        yield
+    except BaseException:
+        if lock and not began(folder):  # a run that stopped before it began leaves nothing, its .lock neither
+            discard_if_unbegun(folder, made)
+            if fresh and os.path.exists(os.path.join(folder, '.lock')):
+                os.remove(os.path.join(folder, '.lock'))
+        raise
+    finally:
+        if lock:
+            lock.close()  # the lock goes with it
+
+
+def first_missing(path):
+    """The outermost folder of path that does not exist yet (None if path does)."""
+    path, missing = os.path.abspath(path), None
+    while not os.path.exists(path):
+        path, missing = os.path.dirname(path), path
+    return missing
+
+
+def began(folder):
+    """Did a run begin in folder, or in a stage below it (its config.json is written by begin())?"""
+    return any('config.json' in names for _, _, names in os.walk(folder))
+
+
+def discard_if_unbegun(out, made):
+    """A run that stops before it began (no config.json in its folder or below) leaves nothing
+    behind: what this process made goes (the run folder and the parents it made, or the demo
+    data in a folder that was there), and nothing else."""
+    if not made or not os.path.isdir(made) or began(out):
+        return
+    path = made if made == os.path.join(os.path.abspath(out), 'demo-data') else os.path.abspath(out)
+    shutil.rmtree(path)
+    while path != made and not os.listdir(os.path.dirname(path)):  # parents made for it, if nothing else is in them
+        path = os.path.dirname(path)
+        os.rmdir(path)
 
 
 # ----------------------------------------------------------------------------------------
@@ -779,6 +842,68 @@ def feature_set(tok, task, files, settings, sources, width, max_len, stride, dat
                   files, settings + ['lower'] * tok.lower, data_dir, cache, quiet=not train)  # evaluation sets build quietly
 
 
+def evaluation_sets(data_dir, task, translate_test=False, paired=False):
+    """Every file evaluation will read, read and checked before any training (labels, columns,
+    JSON shape, translations, test labels): {split: {lang: (examples scored against, model
+    inputs, (English translation, input) pairs for paired methods)}} (data.evaluation_set)."""
+    sets = {'dev': {}, 'test': {}}
+    for split in sets:
+        for lang in languages(task, is_demo(data_dir)):
+            path = split_path(data_dir, task, split, lang)
+            if split == 'dev' and not (path and os.path.exists(path)):
+                continue  # no dev set in this language (XQuAD, TyDiQA); the run checked every other file
+            sets[split][lang] = evaluation_set(data_dir, task, split, lang, translate_test, paired)
+            if split == 'test':
+                check_labels(task, os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}'), sets[split][lang][1])
+    return sets
+
+
+def check_labels(task, path, examples):
+    """A test label file, where there is one, must be scorable against the test set: one label (or
+    tag sentence) per example, from the label set, or every question's answers."""
+    if not os.path.exists(path):
+        return
+    family = TASKS[task].family
+    if family == 'qa':
+        found = {qa['id'] for article in read_qa_file(path) for p in article.get('paragraphs', []) for qa in p.get('qas', [])}
+        lost = [ex['id'] for ex in examples if ex['id'] not in found]
+        if lost:
+            raise DataError(f'{path} has no answers for {len(lost)} test questions (the first: {lost[0]}): use the labels '
+                            'of this test set')
+        return
+    labels = read_tag_file(path) if family == 'tagging' else read_lines(path)
+    if len(labels) != len(examples):
+        raise DataError(f'{path} has {len(labels)} labelled examples for {len(examples)} in the test set: use the labels '
+                        'of this test set')
+    allowed = set(TASKS[task].labels)
+    bad = next((n for n, row in enumerate(labels, 1) for label in (row if family == 'tagging' else [row]) if label not in allowed), None)
+    if bad:
+        raise DataError(f'{path}: example {bad} has a label outside {", ".join(TASKS[task].labels)}; fix the file')
+
+
+def read_lines(path):
+    return [line.strip() for line in lines_of(path)]
+
+
+def read_tag_file(path):
+    """One tag per line, a blank line between sentences (as the leaderboard: blank lines in a row give empty sentences)."""
+    sentences = [[]]
+    for line in read_lines(path):
+        if line:
+            sentences[-1].append(line)
+        else:
+            sentences.append([])
+    return sentences if sentences[-1] else sentences[:-1]
+
+
+def read_qa_file(path):
+    try:
+        obj = json.loads(read_text(path))
+    except json.JSONDecodeError as e:
+        raise DataError(f'{path}, line {e.lineno}: not valid JSON ({e.msg}); fix the file') from None
+    return obj['data'] if 'data' in obj else obj
+
+
 def evaluation_items(tok, data_dir, task, inputs, pairs, max_len=None, stride=128, cache=True):
     """The evaluation features of inputs (Items), or of pairs ((English translation, input), for
     paired methods: each target feature once, with its English), kept as the training sets are,
@@ -911,9 +1036,9 @@ def write_items(path, tok, jobs, work, index_of, meta):
     first = list(islice(jobs, 2))  # a set of one job (most evaluation sets) is not worth forking a pool for
     cores = len(os.sched_getaffinity(0)) if work and len(first) > 1 else 1
     try:
-        # forked with TOKENIZER before any thread starts (the bar's, prefetched's); the workers run sentencepiece and numpy
+        # forked with TOKENIZER before any thread starts (the bar's); the workers run sentencepiece and numpy
         with multiprocessing.get_context('fork').Pool(cores) if cores > 1 else nullcontext() as pool:
-            jobs, progress = prefetched(chain(first, jobs), 4 * cores), bar(desc='tokenizing', unit=' jobs', leave=False)
+            jobs, progress = chain(first, jobs), bar(desc='tokenizing', unit=' jobs', leave=False)
             while window := list(islice(jobs, 4 * cores)):
                 for (name, _), (arrays, info) in zip(window, (pool.imap if pool else map)(work or (lambda job: job), [job for _, job in window])):
                     done.append((name, total, info))
@@ -937,32 +1062,6 @@ def write_items(path, tok, jobs, work, index_of, meta):
     atomic_write(os.path.join(tmp, 'meta.json'), json.dumps(dict(meta, sides=index.shape[1], warnings=heard, sizes=sizes, **more)))
     shutil.rmtree(path, ignore_errors=True)  # an earlier run's (XLA's samples, made anew in a run's folder)
     os.replace(tmp, path)
-
-
-def prefetched(iterable, n):
-    """iterable's items, made by a thread at most n ahead: the next file is read while the workers
-    tokenize the last one's."""
-    ahead, end, stop = queue.Queue(n), object(), threading.Event()
-
-    def fill():
-        try:
-            for item in iterable:
-                ahead.put(item)
-                if stop.is_set():
-                    return
-        except Exception as e:  # raised where the items are taken
-            ahead.put(e)
-        ahead.put(end)
-    threading.Thread(target=fill, daemon=True).start()
-    try:
-        while (item := ahead.get()) is not end:
-            if isinstance(item, Exception):
-                raise item
-            yield item
-    finally:  # taken no further (an error, an interrupt): a put waiting for room ends, and the thread with it
-        stop.set()
-        while not ahead.empty():
-            ahead.get_nowait()
 
 
 def append(folder, files, arrays):
@@ -1153,8 +1252,7 @@ def collate_pairs(src, tgt, index=None, alt=None):
 
 MEGA = 50  # length grouping sorts mega-batches of this many batches
 BUCKET = 4  # by length in steps of this many tokens, not token by token: where length tells the label (the
-# demo's XNLI: 19, 20 and 22 tokens, one label each), batches of one length hold one label and the tiny
-# model stalls more often (at 64% English: exactly sorted 4 of seeds 1-6, in steps of 4 2 of 6; random 3 of 1-12)
+# demo's XNLI: 19, 20 and 22 tokens, one label each), batches of one length would hold one label each
 
 
 def item_lengths(items, index=None):
@@ -1244,13 +1342,6 @@ class Ragged:
 
 
 WINDOW = 64  # in_windows sorts this many batches by length at a time
-# glibc keeps freed memory in its heap, and a batch's buffers of 1 to 32 MB (XLA's fills: rows x vocabulary) leave
-# holes there that later allocations pin: in_windows gives them back after each batch (at 1% of XNLI, GEN-LM's
-# memory grew by 885 MB without it, by 34 MB with it). Elsewhere than glibc there is nothing to give back.
-try:
-    TRIM = ctypes.CDLL('libc.so.6').malloc_trim
-except OSError:
-    TRIM = lambda pad: None
 
 
 def in_windows(fn, lengths, positions, batch_size, desc):
@@ -1262,7 +1353,6 @@ def in_windows(fn, lengths, positions, batch_size, desc):
         window, done = np.arange(start, min(start + WINDOW * batch_size, positions.stop)), {}
         for batch in length_batches(lengths[window], batch_size):
             done.update(zip(window[batch].tolist(), fn(window[batch].tolist())))
-            TRIM(0)
         results = zip(*(done[i] for i in window.tolist()))  # field by field
         blocks.append([(torch.cat(r), torch.tensor([len(x) for x in r])) for r in results])
     return blocks
@@ -1425,9 +1515,12 @@ def split_held_out(groups, share=0.02, most=500):
 
 
 def sampling_weights(sizes, alpha=0.5):
-    """XLM's smoothed sampling: p_i proportional to (n_i / N)^alpha."""
-    q = np.array(sizes, dtype=float) / sum(sizes)
-    return q ** alpha / (q ** alpha).sum()
+    """Smoothed sampling (XLM's for VECO's languages, XLA's Eq. 2 for its sets): set i is drawn with
+    probability q_i = f_i^alpha / sum_j f_j^alpha, f_i = n_i / sum_j n_j (alpha 1: in proportion
+    to the sizes; 0: uniform); an empty set never."""
+    n = np.array(sizes, dtype=float)
+    q = np.where(n > 0, (n / n.sum()) ** alpha, 0.0)
+    return q / q.sum()
 
 
 def pretrain_batches(groups, sizes, n_steps, seed, alpha=0.5):

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data import (GROUPS, TASKS, DataError, Feature, collate, evaluation_set, is_demo, item_lengths, languages, length_batches, lines_of,
-                  read_retrieval, read_text, split_path, suffix, word_predictions, write_text)
+from data import (GROUPS, TASKS, DataError, Feature, collate, is_demo, item_lengths, languages, length_batches, lines_of,
+                  read_lines, read_qa_file, read_retrieval, read_tag_file, read_text, suffix, word_predictions, write_text)
 from layers import Parser, atomic_write, mean_pool
 
 
@@ -214,29 +214,6 @@ def bleu_line(s):
 # ----------------------------------------------------------------------------------------
 # The leaderboard layout: <folder>/<task>/test-<lang>.<tsv|json>.
 
-def read_lines(path):
-    return [line.strip() for line in lines_of(path)]
-
-
-def read_tag_file(path):
-    """One tag per line, a blank line between sentences (as the leaderboard: blank lines in a row give empty sentences)."""
-    sentences = [[]]
-    for line in read_lines(path):
-        if line:
-            sentences[-1].append(line)
-        else:
-            sentences.append([])
-    return sentences if sentences[-1] else sentences[:-1]
-
-
-def read_qa_file(path):
-    try:
-        obj = json.loads(read_text(path))
-    except json.JSONDecodeError as e:
-        raise EvalError(f'{path}, line {e.lineno}: not valid JSON ({e.msg}); fix the file') from None
-    return obj['data'] if 'data' in obj else obj
-
-
 def score_file(task, pred_path, label_path, lang):
     """Scores of one language file against its labels."""
     family = TASKS[task].family
@@ -319,45 +296,6 @@ def score_predictions(folder, labels, task, preds):
             s = score_file(task, path, gold, lang)
             scores[lang] = dict(s, score=main_score(s))
     return scores
-
-
-def evaluation_sets(data_dir, task, translate_test=False, paired=False):
-    """Every file evaluation will read, read and checked before any training (labels, columns,
-    JSON shape, translations, test labels): {split: {lang: (examples scored against, model
-    inputs, (English translation, input) pairs for paired methods)}} (data.evaluation_set)."""
-    sets = {'dev': {}, 'test': {}}
-    for split in sets:
-        for lang in languages(task, is_demo(data_dir)):
-            path = split_path(data_dir, task, split, lang)
-            if split == 'dev' and not (path and os.path.exists(path)):
-                continue  # no dev set in this language (XQuAD, TyDiQA); the run checked every other file
-            sets[split][lang] = evaluation_set(data_dir, task, split, lang, translate_test, paired)
-            if split == 'test':
-                check_labels(task, os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}'), sets[split][lang][1])
-    return sets
-
-
-def check_labels(task, path, examples):
-    """A test label file, where there is one, must be scorable against the test set: one label (or
-    tag sentence) per example, from the label set, or every question's answers."""
-    if not os.path.exists(path):
-        return
-    family = TASKS[task].family
-    if family == 'qa':
-        found = {qa['id'] for article in read_qa_file(path) for p in article.get('paragraphs', []) for qa in p.get('qas', [])}
-        lost = [ex['id'] for ex in examples if ex['id'] not in found]
-        if lost:
-            raise EvalError(f'{path} has no answers for {len(lost)} test questions (the first: {lost[0]}): use the labels '
-                            'of this test set')
-        return
-    labels = read_tag_file(path) if family == 'tagging' else read_lines(path)
-    if len(labels) != len(examples):
-        raise EvalError(f'{path} has {len(labels)} labelled examples for {len(examples)} in the test set: use the labels '
-                        'of this test set')
-    allowed = set(TASKS[task].labels)
-    bad = next((n for n, row in enumerate(labels, 1) for label in (row if family == 'tagging' else [row]) if label not in allowed), None)
-    if bad:
-        raise EvalError(f'{path}: example {bad} has a label outside {", ".join(TASKS[task].labels)}; fix the file')
 
 
 # ----------------------------------------------------------------------------------------
@@ -569,40 +507,6 @@ def results(task, method, dev, test, selected_by=None, runs=None, stage=None, na
                      for metric, name in (('exact_match', 'EM'), ('f1', 'F1')) if scores})
     table = format_table(rows) if rows else 'no labels to score against: predictions written only'
     return out, table + ('\nQA: each score is the mean of exact match (EM) and F1' if qa and rows else '')
-
-
-SELECTED_BY = {'en': 'best English dev score', 'average': 'best average dev score over languages',
-               'loss': 'lowest held-out loss'}  # the checkpoint each method.select keeps
-
-
-def selection(select, dev):
-    """-> (the dev score a checkpoint is chosen by, the rule in words): the baselines' English dev
-    score (XTREME's zero-shot protocol has no target-language labels), FILTER's and X-Mixup's
-    average over the dev languages (as their papers select), VECO's lowest held-out loss."""
-    if not dev:
-        return None, 'last epoch (no dev set)'
-    if select == 'en' and 'en' in dev:
-        return dev['en']['score'], SELECTED_BY['en']
-    return float(np.mean([s['score'] for s in dev.values()])), SELECTED_BY['loss' if select == 'loss' else 'average']
-
-
-def epoch_line(state, args, epoch_loss, dev, select, seconds):
-    """The line printed at an epoch's end: where the run is, its training loss, the dev average
-    and the best score so far by the run's selection rule."""
-    loss = sum(l * n for l, n in epoch_loss) / max(1, sum(n for _, n in epoch_loss))
-    line = f'epoch {state["epoch"]}/{args.epochs}  step {state["step"]}  train loss {loss:.4f}'
-    if dev and select == 'loss':
-        line += f'  held-out loss {-np.mean([s["score"] for s in dev.values()]):.4f}  best {-state["best"]:.4f}'
-    elif dev:
-        average = np.mean([s['score'] for s in dev.values()])
-        line += f'  dev avg {average:.1f}' + (f'  dev en {dev["en"]["score"]:.1f}' if select == 'en' and 'en' in dev else '')
-        line += f'  best {state["best"]:.1f} ({"en" if select == "en" and "en" in dev else "avg"})'
-    return line + f'  {clock(seconds)}'
-
-
-def clock(seconds):
-    s = int(seconds)
-    return f'{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}'
 
 
 def format_table(rows):
@@ -841,10 +745,10 @@ def collect_main(args):
         print(f'missing: {gap}')
     incomplete = {g.split(':')[0] for g in gaps}  # each gap begins '<task>:'
     print(f'submission in {args.out}: {len(TASKS) - len(incomplete)} of {len(TASKS)} tasks complete')
-    from train import changing  # the options that leave results alike (--out, ...): runs of one command differ in them
-    same, groups = set(changing('nothing')) | {'seed'}, {}
-    for run in args.collect:
+    groups = {}
+    for run in args.collect:  # runs of one command differ in --seed and in options that leave results alike (--out, ...)
         config = json.loads(read_text(f'{run}/config.json')) if os.path.isfile(f'{run}/config.json') else {}
+        same = set(config.get('changes_nothing', [])) | {'seed', 'changes_nothing'}  # recorded by the run (train.Run.begin)
         groups.setdefault((finished_task(run), json.dumps({k: v for k, v in config.items() if k not in same}, sort_keys=True)),
                           []).append((run, config.get('seed')))
     for (task, command), runs in ((k, r) for k, r in groups.items() if len(r) > 1):  # a command's seeds: the papers' ± std

@@ -14,8 +14,7 @@ import re
 import shutil
 import struct
 import sys
-import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 
 import sentencepiece
@@ -573,38 +572,6 @@ def set_dropout(encoder, dropout=None, attn_dropout=None):
 def autocast(device):
     """bf16 autocast on a GPU; full precision on the CPU."""
     return torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else nullcontext()
-
-
-def cpu_use():
-    """(seconds all cores have computed, this process's share of them (its threads' and its ended
-    workers'), now), from /proc/stat and os.times; None where there is no /proc/stat (not Linux)."""
-    if not os.path.exists('/proc/stat'):
-        return None
-    with open('/proc/stat') as f:
-        ticks = [int(t) for t in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf('SC_CLK_TCK'), sum(os.times()[:4]), time.monotonic()
-
-
-LAST_USE = cpu_use()
-
-
-@contextmanager
-def free_threads():
-    """torch's threads while Run.map evaluates: the cores other processes left free since the last
-    evaluation (or the start), at most torch's count. On a loaded machine two threads contending
-    for one core ran XNLI's test sets 11 times slower than one. Training keeps its count: a count
-    changes the last bits of the gradients' sums, and a resumed run must give the same numbers.
-    OMP_NUM_THREADS (torchrun sets 1) is left as it is."""
-    global LAST_USE
-    before, now = torch.get_num_threads(), cpu_use()
-    if 'OMP_NUM_THREADS' not in os.environ and now:
-        others = ((now[0] - LAST_USE[0]) - (now[1] - LAST_USE[1])) / max(now[2] - LAST_USE[2], 1e-3)  # cores busy
-        torch.set_num_threads(max(1, min(before, round(len(os.sched_getaffinity(0)) - others))))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-        LAST_USE = cpu_use()
 
 
 # ---------------------------------------------------------------------------

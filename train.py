@@ -10,13 +10,12 @@ config.json, log.jsonl, last.pt (resume point), best.pt (the kept model), result
 and the test predictions in the leaderboard layout (predictions/<task>/test-<lang>.<ext>).
 """
 import argparse
-import fcntl
 import json
 import math
 import os
 import shutil
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -207,7 +206,7 @@ def check(args, world):
     """Everything that can be checked before anything is made: --out, the processes, the options against the model,
     every file the run reads and the checkpoints and runs it names, and what --out holds. -> the data files."""
     cls = xlt.method_class(args)
-    parent = os.path.dirname(first_missing(args.out) or os.path.abspath(args.out))
+    parent = os.path.dirname(data.first_missing(args.out) or os.path.abspath(args.out))
     if os.path.exists(args.out) and not os.path.isdir(args.out) or not os.path.isdir(parent):
         fail(f'--out {args.out}: {args.out if os.path.exists(args.out) else parent} is a file; give a folder for the run')
     if not os.access(parent if not os.path.exists(args.out) else args.out, os.W_OK):
@@ -230,7 +229,7 @@ def check(args, world):
             layers.check_format(value)  # a CheckpointError: main()'s one line
     if args.eval_only and not (args.init and cls.KEEPS == 'best.pt' or os.path.exists(os.path.join(args.out, cls.KEEPS))):
         fail(f'{args.out}/{cls.KEEPS} not found: --eval_only evaluates a finished run in --out (or the --init weights)')
-    if args.resume and not (began(args.out) or args.init == demo_start(args.out) and began(os.path.dirname(args.init))):
+    if args.resume and not (data.began(args.out) or args.init == demo_start(args.out) and data.began(os.path.dirname(args.init))):
         fail(f'nothing to resume in {args.out} (no run began there): drop --resume to start a new run, or give the '
              'folder of the stopped run')
     check_stages(args, cls)
@@ -336,7 +335,7 @@ def plan(args, world, files):
                                 if (v := getattr(args, o, None)) not in (None, False)) or 'its defaults',
             'stages': ', '.join(f'{name} in {stage_settings(args, cls, name).out}' for name in stages) + ', then this run'
             if stages else 'one',
-            'kept': 'nothing trained' if family(args) == 'retrieval' else 'the ' + ev.SELECTED_BY[cls.select]}
+            'kept': 'nothing trained' if family(args) == 'retrieval' else 'the ' + xlt.SELECTED_BY[cls.select]}
 
 
 def show(title, rows):
@@ -366,7 +365,7 @@ def execute(args, rank, world, device):
         status = 'evaluating' if args.eval_only else 'resuming' if args.resume else 'a new run'
         show(f'{args.method} on {args.task}{f" ({args.stage})" if args.stage else ""} in {args.out}: {status}',
              plan(args, world, files))
-    with hold(args.out, rank):
+    with data.hold(args.out, rank):
         tok = prepare_data(args, rank)
         if args.demo and args.init == demo_start(args.out) and not is_finished(os.path.dirname(args.init)) and not args.eval_only:
             demo_pretrained(args, rank, world, device)
@@ -374,42 +373,6 @@ def execute(args, rank, world, device):
         if family(args) == 'retrieval':
             return run.cls.retrieval(run)
         run.cls.procedure(run)
-
-
-@contextmanager
-def hold(folder, rank):
-    """The run's folder, held for the run's life by an OS lock on its .lock file (released when the
-    process ends, however it ends): a second run there stops with one line naming the holder.
-    Under DDP the first process holds it for all. A run that stops before it began leaves nothing."""
-    folder, lock, holder = os.path.abspath(folder), None, None
-    if rank == 0:
-        made = first_missing(folder) or first_missing(os.path.join(folder, 'demo-data'))
-        fresh = not os.path.exists(os.path.join(folder, '.lock'))
-        os.makedirs(folder, exist_ok=True)
-        lock = open(os.path.join(folder, '.lock'), 'a+')
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            lock.truncate(0)
-            print(os.getpid(), file=lock, flush=True)
-        except BlockingIOError:
-            lock.seek(0)
-            holder, lock = lock.read().strip() or 'unknown', lock.close()
-    if dist.is_initialized():
-        dist.broadcast_object_list(shared := [holder])
-        holder = shared[0]
-    if holder:
-        fail(f'{folder} is in use by another run (pid {holder}): wait for it to end, or give another --out')
-    try:
-        yield
-    except BaseException:
-        if lock and not began(folder):  # a run that stopped before it began leaves nothing, its .lock neither
-            discard_if_unbegun(folder, made)
-            if fresh and os.path.exists(os.path.join(folder, '.lock')):
-                os.remove(os.path.join(folder, '.lock'))
-        raise
-    finally:
-        if lock:
-            lock.close()  # the lock goes with it
 
 
 def prepare_data(args, rank):
@@ -428,7 +391,7 @@ def demo_pretrained(args, rank, world, device):
     folder = os.path.dirname(demo_start(args.out))
     if rank == 0:
         print(f'{args.method} starts from a pre-trained model: pre-training the demo model into {folder} first')
-    argv = ['--method', 'veco', '--task', 'pretrain', '--demo', '--out', folder] + ['--resume'] * (args.resume and began(folder))
+    argv = ['--method', 'veco', '--task', 'pretrain', '--demo', '--out', folder] + ['--resume'] * (args.resume and data.began(folder))
     execute(parse_args(argv + ['--halt_after', str(args.halt_after)] * bool(args.halt_after)), rank, world, device)
 
 
@@ -442,7 +405,7 @@ class Run:
         self.args, self.rank, self.world, self.device, self.tok = args, rank, world, device, tok
         self.out, self.cls, self.chunks, self.begun = args.out, xlt.method_class(args), world * args.grad_accum, False
         evaluated = args.task in data.TASKS and family(args) != 'retrieval'
-        self.sets = sets if sets is not None else ev.evaluation_sets(args.data_dir, args.task, args.translate_test,
+        self.sets = sets if sets is not None else data.evaluation_sets(args.data_dir, args.task, args.translate_test,
                                                                      self.cls.paired) if evaluated else {}
         self.cache = cache if cache is not None else {'dev': {}, 'test': {}}  # features, made once per language
 
@@ -516,7 +479,8 @@ class Run:
         if self.rank == 0 and not self.begun:
             kept = [] if self.args.resume or not os.path.exists(self.path('kept.txt')) else data.lines_of(self.path('kept.txt'))
             self.drop('results.json', 'results.txt', *['last.pt', 'best.pt', 'kept.txt', 'trained.json'] * (not self.args.resume), *kept)
-            layers.atomic_write(self.path('config.json'), json.dumps(vars(self.args), indent=2))
+            config = {**vars(self.args), 'changes_nothing': changing('nothing')}  # eval.py --collect groups runs by the rest
+            layers.atomic_write(self.path('config.json'), json.dumps(config, indent=2))
         self.begun = True
 
     def keep(self, name):
@@ -578,7 +542,7 @@ class Run:
         folder (no all_gather_object). -> a data.Ragged per field of every position's results, the
         same for any number of processes, on every process (or on process 0 alone, else None)."""
         block = range(len(lengths) * self.rank // self.world, len(lengths) * (self.rank + 1) // self.world)
-        with layers.free_threads(), layers.autocast(self.device):
+        with layers.autocast(self.device):
             blocks = data.in_windows(fn, lengths, block, self.args.eval_batch_size, desc)
         if self.world > 1:
             os.makedirs(self.out, exist_ok=True)  # a stage's, before it begins
@@ -599,7 +563,7 @@ class Run:
         scored = self.test_scores(preds)
         if self.args.translate_test and method.family == 'qa':  # English answers: scored on the translations' answers
             scored = {**scored, **{lang: s for lang, s in test.items() if lang != 'en'}}
-        self.finish(dev, scored, ev.selection(method.select, dev)[1])
+        self.finish(dev, scored, xlt.selection(method.select, dev)[1])
 
     def load_best(self, method):
         if os.path.exists(self.path('best.pt')):
@@ -626,7 +590,7 @@ class Run:
             return
         for name, text in {**(files or {}), 'results.json': json.dumps(results, indent=2), 'results.txt': table + '\n'}.items():
             data.write_text(self.path(name), text)
-        print(f'{table}\n{where}; {ev.clock(time.time() - START)} in all')
+        print(f'{table}\n{where}; {clock(time.time() - START)} in all')
 
     def path(self, name):
         return os.path.join(self.out, name)
@@ -704,7 +668,7 @@ def stage_settings(args, cls, name):
     own = {o.name for o in xlt.method_class(settings).OPTIONS}
     for o in (o for c in xlt.classes() for o in c.OPTIONS if o.name not in own):
         setattr(settings, o.name, False if o.type is bool else None)
-    settings.resume = args.resume and began(settings.out)
+    settings.resume = args.resume and data.began(settings.out)
     return settings
 
 
@@ -792,8 +756,7 @@ def optimizer_and_schedule(method, args, total_steps):
     decay = [p for n, p in method.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in method.named_parameters() if p.dim() < 2]  # biases and LayerNorms
     betas, eps = method.ADAM.get(args.model, ((0.9, 0.999), 1e-8))
-    # fused: one kernel over all parameters (CPU and CUDA), the same update up to rounding; on XLM-R base's
-    # 277M parameters on a 2-core CPU 0.07-0.12 s a step against 0.8-1.5 s (tests/bench.py --optimizer)
+    # fused: one kernel over all parameters (CPU and CUDA), the same update up to rounding, and several times faster
     opt = torch.optim.AdamW([{'params': decay, 'weight_decay': args.weight_decay},
                              {'params': no_decay, 'weight_decay': 0.0}], lr=args.lr, betas=betas, eps=eps, fused=True)
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, method.schedule(args, total_steps))
@@ -842,18 +805,37 @@ def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log,
     if keep_last:  # fairseq's --save-interval-updates and --keep-interval-updates
         save(run, f'checkpoints/step{state["step"]:07d}.pt', {'method': method.state_dict()}, run.args, keep_last)
     dev = validate()
-    score = ev.selection(method.select, dev)[0]
+    score = xlt.selection(method.select, dev)[0]
     score = state['epoch'] if score is None else score  # no dev set: keep the last
     if score > state['best']:
         state['best'] = float(score)
         save(run, 'best.pt', {**layers.encoder_parts(method.encoder, method.mlm), 'method': method.state_dict()}, run.args)
     if run.rank == 0:
-        print(ev.epoch_line({**state, 'epoch': within or state['epoch']}, run.args, epoch_loss, dev, method.select, seconds),
+        print(epoch_line({**state, 'epoch': within or state['epoch']}, run.args, epoch_loss, dev, method.select, seconds),
               flush=True)
     if log:
         log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': {k: v if method.select == 'loss' else v['score'] for k, v in dev.items()},
                               'dev_avg': float(score), 'pad_share': round(padding, 4)}) + '\n')
         log.flush()
+
+
+def epoch_line(state, args, epoch_loss, dev, select, seconds):
+    """The line printed at an epoch's end: where the run is, its training loss, the dev average
+    and the best score so far by the run's selection rule."""
+    loss = sum(l * n for l, n in epoch_loss) / max(1, sum(n for _, n in epoch_loss))
+    line = f'epoch {state["epoch"]}/{args.epochs}  step {state["step"]}  train loss {loss:.4f}'
+    if dev and select == 'loss':
+        line += f'  held-out loss {-np.mean([s["score"] for s in dev.values()]):.4f}  best {-state["best"]:.4f}'
+    elif dev:
+        average = np.mean([s['score'] for s in dev.values()])
+        line += f'  dev avg {average:.1f}' + (f'  dev en {dev["en"]["score"]:.1f}' if select == 'en' and 'en' in dev else '')
+        line += f'  best {state["best"]:.1f} ({"en" if select == "en" and "en" in dev else "avg"})'
+    return line + f'  {clock(seconds)}'
+
+
+def clock(seconds):
+    s = int(seconds)
+    return f'{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}'
 
 
 def resume_point(method, opt, sched, state):
@@ -877,36 +859,10 @@ def open_log(path, step):
 
 
 # ----------------------------------------------------------------------------------------
-# Stopping: what a run that never began leaves, and what Ctrl-C says.
-
-def first_missing(path):
-    """The outermost folder of path that does not exist yet (None if path does)."""
-    path, missing = os.path.abspath(path), None
-    while not os.path.exists(path):
-        path, missing = os.path.dirname(path), path
-    return missing
-
-
-def began(folder):
-    """Did a run begin in folder, or in a stage below it (its config.json is written by begin())?"""
-    return any('config.json' in names for _, _, names in os.walk(folder))
-
+# Stopping: what Ctrl-C says.
 
 def is_finished(folder):
     return os.path.exists(os.path.join(folder, 'results.json'))
-
-
-def discard_if_unbegun(out, made):
-    """A run that stops before it began (no config.json in its folder or below) leaves nothing
-    behind: what this process made goes (the run folder and the parents it made, or the demo
-    data in a folder that was there), and nothing else."""
-    if not made or not os.path.isdir(made) or began(out):
-        return
-    path = made if made == os.path.join(os.path.abspath(out), 'demo-data') else os.path.abspath(out)
-    shutil.rmtree(path)
-    while path != made and not os.listdir(os.path.dirname(path)):  # parents made for it, if nothing else is in them
-        path = os.path.dirname(path)
-        os.rmdir(path)
 
 
 def interrupted(args):

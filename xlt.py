@@ -8,7 +8,6 @@ nothing: the run object train.py hands to a procedure keeps what must survive a 
 """
 import itertools
 import math
-import os
 from contextlib import nullcontext
 from dataclasses import replace
 from typing import NamedTuple
@@ -180,6 +179,21 @@ class Method(nn.Module):
 
     def forward(self, batch):
         return self.loss(batch)
+
+
+SELECTED_BY = {'en': 'best English dev score', 'average': 'best average dev score over languages',
+               'loss': 'lowest held-out loss'}  # the checkpoint each method.select keeps
+
+
+def selection(select, dev):
+    """-> (the dev score a checkpoint is chosen by, the rule in words): the baselines' English dev
+    score (XTREME's zero-shot protocol has no target-language labels), FILTER's and X-Mixup's
+    average over the dev languages (as their papers select), VECO's lowest held-out loss."""
+    if not dev:
+        return None, 'last epoch (no dev set)'
+    if select == 'en' and 'en' in dev:
+        return dev['en']['score'], SELECTED_BY['en']
+    return float(np.mean([s['score'] for s in dev.values()])), SELECTED_BY['loss' if select == 'loss' else 'average']
 
 
 def warmup_then_decay(warm, start, end):
@@ -697,7 +711,7 @@ class VecoPretrain(Method):
         names = sorted({k for row in losses.values() for k in row} - {'score'})
         table = '\n'.join([f'{"held out":<10}' + ''.join(f'{n:>13}' for n in names)] + [
             f'{kind:<10}' + ''.join(f'{row[n]:13.3f}' if n in row else ' ' * 13 for n in names) for kind, row in losses.items()])
-        run.write_results({'task': 'pretrain', 'method': 'veco', 'selected_by': ev.selection(method.select, losses)[1],
+        run.write_results({'task': 'pretrain', 'method': 'veco', 'selected_by': selection(method.select, losses)[1],
                            'held_out': losses, 'data': used}, table, f'pre-trained model in {run.out}/best.pt: fine-tune it with '
                                                       f'--init {run.out}/best.pt')
 
@@ -1335,7 +1349,7 @@ def vicinal_samples(run, feats, vicinity, epoch, name):
     not start a word) is dropped, as the released code drops it. The draws follow (--seed, epoch,
     feature), so any number of processes makes the same samples. vicinity: (encoder, MLM head)."""
     args, tok, device, family, source = run.args, run.tok, run.device, TASKS[run.args.task].family, 'source' in name
-    if not (args.resume and os.path.exists(run.path(f'{name}/meta.json'))):  # moved into place whole, meta.json in it
+    if not args.resume or data.torn(run.path(name)):  # a resumed run reads the set it made, unless it is cut short
         word_start, chars = torch.tensor(tok.word_starts()), torch.tensor(tok.piece_chars())
         whole_word = word_start & (chars > 0)  # a fill that keeps the word count: not a continuation, not a lone '▁'
         encoder, mlm = (part.to(device) for part in vicinity)
@@ -1513,7 +1527,7 @@ def mixture_batches(sizes, alpha, batch_size, seed, chunks, lengths=None):
     of them from set i (Eq. 2), each set read in shuffled passes, the draws shuffled together
     (then grouped by length when lengths are given, as every run's batches)."""
     g, picks, offset = torch.Generator().manual_seed(seed), [], 0
-    for n, q in zip(sizes, mixing_probabilities(sizes, alpha) if sum(sizes) else sizes):
+    for n, q in zip(sizes, data.sampling_weights(sizes, alpha) if sum(sizes) else sizes):
         count = round(q * sum(sizes))
         if n and count:
             picks.append(torch.cat([torch.randperm(n, generator=g) for _ in range(math.ceil(count / n))])[:count] + offset)
@@ -1652,15 +1666,6 @@ def agreement(a, b):
     tagging). a, b: two peers' distil output of one set ({'label', 'ends', 'keep'})."""
     differ = torch.cat([torch.zeros(1, dtype=torch.long), a['label'].ne(b['label']).long().cumsum(0)])[a['ends']]
     return a['keep'] & b['keep'] & (differ[1:] == differ[:-1])  # no label of the sample differs
-
-
-def mixing_probabilities(sizes, alpha):
-    """Eq. 2: dataset i is drawn with probability q_i = f_i^alpha / sum_j f_j^alpha, where
-    f_i = n_i / sum_j n_j (alpha 1: in proportion to the sizes; 0: uniform). An empty set gets 0."""
-    n = torch.tensor(sizes, dtype=torch.float64)
-    f = torch.where(n > 0, n / n.sum(), 0.0)
-    q = torch.where(n > 0, f ** alpha, 0.0)
-    return (q / q.sum()).tolist()
 
 
 class Ensemble(nn.Module):

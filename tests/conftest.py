@@ -13,6 +13,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+
+def pytest_configure(config):
+    config.addinivalue_line('markers', 'slow: runs the trainer end to end; python -m pytest -m "not slow" leaves them out')
+
 # The same sentence in eight scripts, used to train the test tokenizer and to test it.
 SCRIPTS = {
     'latin': 'Café crème brûlée à São Paulo, naïve façade déjà vu.',

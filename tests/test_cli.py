@@ -70,6 +70,7 @@ def files_under(folder):
     return {os.path.join(d, f) for d, _, names in os.walk(folder) for f in names} | {d for d, _, _ in os.walk(folder)}
 
 
+@pytest.mark.slow
 def test_user_mistakes_each_end_in_one_line_and_leave_nothing(workdir, monkeypatch, capsys):
     """Each command's main in this process (a process for each took 19 s): it ends in SystemExit
     with one line and writes nothing to stderr; two commands run as a user runs them show that
@@ -90,6 +91,7 @@ def test_user_mistakes_each_end_in_one_line_and_leave_nothing(workdir, monkeypat
     assert files_under(workdir) == before  # no run folder, demo data, submission or download folder left
 
 
+@pytest.mark.slow
 def test_ctrl_c_names_the_last_checkpoint_and_how_to_resume(tmp_path):
     """A real SIGINT once the first epoch's line is out (an event, not a sleep). The child gets
     SIGINT's default action back: a shell that starts pytest in the background (`cmd &` in a
@@ -163,6 +165,7 @@ def test_progress_bars_only_on_a_terminal(monkeypatch):
         assert ('3/3' in stream.getvalue()) == shown
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('command', ['data.py download --help', 'layers.py convert --help'])
 def test_the_other_commands_explain_themselves(command):
     res = subprocess.run([sys.executable, *command.split()], cwd=ROOT, capture_output=True, text=True)
@@ -170,6 +173,7 @@ def test_the_other_commands_explain_themselves(command):
     assert res.stdout.count('\n') > 12  # what it does, what it takes and writes, an example
 
 
+@pytest.mark.slow
 def test_a_demo_from_the_pre_trained_model_runs_again_evaluates_and_resumes(tmp_path):
     """The demo's pre-trained start is the same --init for every run of a folder: the same command
     again replaces its run, --eval_only evaluates it, and --resume goes on."""
@@ -183,6 +187,7 @@ def test_a_demo_from_the_pre_trained_model_runs_again_evaluates_and_resumes(tmp_
     assert config['init'] == str(tmp_path / 'pretrain-veco-demo' / 'best.pt')
 
 
+@pytest.mark.slow
 def test_overwrite_trains_a_teacher_of_the_new_settings(workdir, tmp_path):
     demo = os.path.join(workdir, 'demo-data')
     argv = ['--method', 'filter', '--task', 'pawsx', '--self_teach', '--epochs', '1']

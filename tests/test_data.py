@@ -630,6 +630,7 @@ print(len(data.training_set(tok, {demo!r}, 'xnli', ['de', 'zh'], 'translations')
     return subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_a_build_killed_halfway_is_never_read_and_two_processes_build_once(tmp_path):
     demo, cache = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=5), tmp_path / 'demo' / '.cache'
     killed = build_in_a_process(demo, kill_after=2)

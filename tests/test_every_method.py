@@ -11,6 +11,7 @@ import data
 import xlt
 from conftest import demo_run, quick_pretrained
 
+pytestmark = pytest.mark.slow  # every test here runs the trainer
 VARIANTS = {'veco': [[], ['--translate_train_all']]}  # VECO's NLU, and its translate-train-all (VecoAll)
 QUICK = ['--from_scratch', '--epochs', '1', '--batch_size', '16', '--max_len', '48']  # QA: windows of 48 tokens
 

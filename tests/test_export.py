@@ -15,6 +15,7 @@ from conftest import demo_run, quick_pretrained
 
 transformers = pytest.importorskip('transformers')
 pytest.importorskip('google.protobuf')  # transformers reads the sentencepiece model through it
+pytestmark = pytest.mark.slow  # the runs it exports are trained first
 AUTO = {'xnli': 'AutoModelForSequenceClassification', 'panx': 'AutoModelForTokenClassification',
         'mlqa': 'AutoModelForQuestionAnswering'}
 

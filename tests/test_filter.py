@@ -109,6 +109,7 @@ def test_kl_is_against_stored_target_probabilities(task):
     assert logs['kl'].item() == pytest.approx(float(expected), rel=1e-4)
 
 
+@pytest.mark.slow
 def test_self_teaching_end_to_end(tmp_path, capsys):
     demo = data.make_demo(str(tmp_path / 'demo-data'), n_train=150, n_eval=30)
     results = run(tmp_path / 'st', demo, '--method', 'filter', '--task', 'xnli', '--self_teach', '--epochs', '3')

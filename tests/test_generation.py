@@ -73,6 +73,7 @@ def test_decoder_layer_i_is_pretrained_layer_L_minus_n_plus_i():
         xlt.assemble(pre, 4)
 
 
+@pytest.mark.slow
 def test_embeddings_keep_the_scale_the_model_was_trained_with(tmp_path, demo_data, capsys):
     """assemble scales token embeddings as the pre-trained model was trained (recorded in its config),
     by hand: LayerNorm(s * E[ids] + P[positions]); a run records the scale in results.json and best.pt."""
@@ -204,6 +205,7 @@ def translate(out, demo_data, *args, runner=None):
                     runner)
 
 
+@pytest.mark.slow
 def test_translation_runs_resume_split_over_processes_and_average(tmp_path, demo_data):
     one = translate(tmp_path / 'one', demo_data, '--grad_accum', '2')
     results = json.load(open(tmp_path / 'one' / 'results.json'))

@@ -16,6 +16,7 @@ SHAPES = {  # (layers, dim, heads, ffn, vocab): the tiny preset, and XLM-R base 
     'tiny': (2, 32, 2, 64, 1000),
     'base': (12, 768, 12, 3072, 512),
 }
+SIZES = [pytest.param('tiny'), pytest.param('base', marks=pytest.mark.slow)]  # the fast tier checks the tiny one
 
 
 def run(enc, mlm, ids):
@@ -25,7 +26,7 @@ def run(enc, mlm, ids):
         return h, mlm(h)
 
 
-@pytest.fixture(scope='module', params=list(SHAPES))
+@pytest.fixture(scope='module', params=SIZES)
 def weights(request):
     cfg = hf_config(*SHAPES[request.param])
     return cfg, random_hf_weights(cfg, seed=len(request.param))
@@ -71,7 +72,7 @@ def test_encoder_only_checkpoint_with_pooler(tmp_path):
         assert (enc.eval()(ids).double() - naive_xlmr(sd, 2, ids)[0]).abs().max() <= 1e-4
 
 
-@pytest.mark.parametrize('shape', list(SHAPES))
+@pytest.mark.parametrize('shape', SIZES)
 def test_same_as_huggingface_xlmr(shape, tmp_path):
     """The reference implementation itself, where the transformers test extra is installed."""
     transformers = pytest.importorskip('transformers')
@@ -240,6 +241,7 @@ def test_convert_interrupted_leaves_nothing(tiny_bin, monkeypatch):
     assert sorted(os.listdir(tmp)) == ['hf', 'out.pt']
 
 
+@pytest.mark.slow
 def test_convert_command_prints_one_line(tiny_bin):
     cfg, sd, tmp = tiny_bin
     del sd['roberta.embeddings.LayerNorm.weight']

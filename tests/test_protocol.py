@@ -78,6 +78,7 @@ def test_readme_example_is_r_drop_by_hand(registered):
         assert abs(m.loss(batch)[1]['kl'].item()) < 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('task', ['pawsx', 'panx'])
 def test_readme_example_trains_and_evaluates_on_the_demo(registered, tmp_path, demo_data, task, capsys):
     readme_example()
@@ -120,6 +121,7 @@ class Consistency(xlt.Method):
         return loss.mean(), {'loss': loss.mean().detach()}
 
 
+@pytest.mark.slow
 def test_a_paired_method_from_the_protocol_alone_trains_on_pairs(registered, tmp_path, demo_data):
     xlt.METHODS['consistency'] = Consistency
     Consistency.seen.clear()
@@ -169,6 +171,7 @@ def start(argv, until):
     raise AssertionError(f'{argv} ended before printing {until!r}: {proc.stderr.read()[-2000:]}')
 
 
+@pytest.mark.slow
 def test_one_run_per_folder_the_other_stops_in_one_line_and_touches_nothing(tmp_path):
     out = tmp_path / 'run'
     os.makedirs(out)
@@ -195,6 +198,7 @@ def test_one_run_per_folder_the_other_stops_in_one_line_and_touches_nothing(tmp_
 SHORT_PRETRAINING = {'steps': 20, 'eval_every': 10}
 
 
+@pytest.mark.slow
 def test_a_run_killed_inside_the_demo_pretraining_resumes_to_the_same_numbers(tmp_path, monkeypatch):
     """The run never stopped and the resumed one in this process, the one cut short in its own; the
     runs and their pre-trainings read one small demo, linked into their folders."""
@@ -221,6 +225,7 @@ def test_a_run_killed_inside_the_demo_pretraining_resumes_to_the_same_numbers(tm
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_a_run_killed_inside_xla_s_loop_resumes_to_the_same_numbers(tmp_path, capsys):
     demo_data = data.make_demo(str(tmp_path / 'demo-data'), n_train=60, n_eval=12)
     init = quick_pretrained(demo_data, tmp_path / 'pre', steps=20)
@@ -301,3 +306,15 @@ def test_one_checkpoint_format_says_what_it_holds(tmp_path):
     # a translation's checkpoint names its pair: an en-de model is not read as en-fr
     pair = lambda tgt: train.identity(train.parse_args(['--method', 'veco', '--task', 'translate', '--tgt', tgt]))
     assert pair('de')['task'] == 'translate-en-de' != pair('fr')['task']
+
+
+def test_the_modules_import_in_one_order_without_a_circle():
+    """train -> xlt -> eval -> data -> layers: each module imports only modules after it, inside a
+    function too, so no import circle can form."""
+    import ast
+    order = ['train', 'xlt', 'eval', 'data', 'layers']
+    for i, name in enumerate(order):
+        tree = ast.parse(open(os.path.join(ROOT, f'{name}.py'), encoding='utf-8').read())
+        imported = {a.name.split('.')[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module.split('.')[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert imported & set(order) <= set(order[i + 1:]), (name, imported & set(order))

@@ -42,6 +42,7 @@ def runs(tmp_path_factory):
     return root, demo, printed.getvalue()
 
 
+@pytest.mark.slow
 def test_each_epoch_prints_one_line_and_the_run_ends_with_its_table(runs):
     root, _, printed = runs
     log = [json.loads(line) for line in open(root / 'panx' / 'log.jsonl')]
@@ -127,10 +128,10 @@ def test_collect_replaces_a_submission_and_refuses_unfinished_runs(runs, tmp_pat
 def test_epoch_line_and_clock_by_hand():
     state, args = {'epoch': 2, 'step': 40, 'best': 71.0}, SimpleNamespace(epochs=4)
     dev = {'en': {'score': 80.0}, 'de': {'score': 60.0}, 'zh': {'score': 52.0}}
-    line = ev.epoch_line(state, args, [(1.0, 10), (0.4, 10), (0.1, 5)], dev, 'average', 3725)
+    line = train.epoch_line(state, args, [(1.0, 10), (0.4, 10), (0.1, 5)], dev, 'average', 3725)
     assert line == 'epoch 2/4  step 40  train loss 0.5800  dev avg 64.0  best 71.0 (avg)  1:02:05'  # (10 + 4 + 0.5) / 25
     held_out = {'mono': {'score': -3.0}, 'para': {'score': -5.0}}
-    line = ev.epoch_line({**state, 'best': -3.5}, args, [(2.0, 4)], held_out, 'loss', 90000)
+    line = train.epoch_line({**state, 'best': -3.5}, args, [(2.0, 4)], held_out, 'loss', 90000)
     assert line == 'epoch 2/4  step 40  train loss 2.0000  held-out loss 4.0000  best 3.5000  25:00:00'
 
 
@@ -168,6 +169,7 @@ def is_png(path):
         return f.read(8) == b'\x89PNG\r\n\x1a\n'
 
 
+@pytest.mark.slow
 def test_plot_writes_the_figures(runs, tmp_path):
     plt = pytest.importorskip('matplotlib.pyplot')
     root, _, _ = runs

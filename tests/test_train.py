@@ -44,6 +44,7 @@ def eval_cli(out, demo_data):
 
 @pytest.mark.parametrize('task,method,epochs,chance', [
     ('xnli', 'zeroshot', 4, 100 / 3), ('panx', 'zeroshot', 2, 0.0), ('xquad', 'zeroshot', 6, 0.0)])
+@pytest.mark.slow
 def test_demo_learns_and_eval_agrees(tmp_path, demo_data, task, method, epochs, chance):
     results = run(tmp_path, demo_data, '--task', task, '--method', method, '--epochs', str(epochs))
     assert results['dev']['en'] > chance + 15  # clearly learnt
@@ -57,6 +58,7 @@ def test_demo_learns_and_eval_agrees(tmp_path, demo_data, task, method, epochs, 
     assert not os.path.exists(tmp_path / 'last.pt')  # the finished training's resume point is gone
 
 
+@pytest.mark.slow
 def test_retrieval_evaluates_a_trained_encoder(tmp_path, demo_data):
     run(tmp_path / 'tagger', demo_data, '--task', 'panx', '--epochs', '1')
     for task in ('bucc2018', 'tatoeba'):
@@ -70,6 +72,7 @@ def final_weights(out):
     return torch.load(os.path.join(out, 'best.pt'), weights_only=True)['method']
 
 
+@pytest.mark.slow
 def test_ddp_on_two_processes_equals_one_process(tmp_path, demo_data):
     """Same global batch (16) and seed: 2 processes x 1 micro-batch against 1 process x 2 micro-batches."""
     common = ['--task', 'pawsx', '--epochs', '1', '--batch_size', '16', '--eval_batch_size', '128', '--group_by_length']
@@ -84,6 +87,7 @@ def test_ddp_on_two_processes_equals_one_process(tmp_path, demo_data):
     assert json.load(open(tmp_path / 'ddp' / 'results.json'))['test'] == pytest.approx(one['test'], abs=1e-9)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_exactly(tmp_path, demo_data):
     common = ['--task', 'udpos', '--epochs', '2', '--save_every', '5', '--log_every', '3', '--group_by_length',  # grouped: the real runs' batches
               '--eval_steps', '10']  # and the dev set scored within the epochs too
@@ -133,6 +137,7 @@ def test_bad_set_ups_stop_with_one_line(tmp_path, demo_data, capsys):
                               '--init', str(tmp_path / 'tiny' / 'best.pt')], 'not the small preset')
 
 
+@pytest.mark.slow
 def test_translate_train_and_translate_test(tmp_path, demo_data):
     """translate-train on the German translation learns German, not Chinese; translate-test runs the
     English model on the (perfect) demo translations, so every language scores as English does."""
@@ -162,12 +167,14 @@ def test_set_up_errors_before_training(tmp_path, demo_data, capsys):
         run(tmp_path / 'zs', demo_data, '--task', 'xnli', '--method', 'filter', '--eval_only', '--overwrite')
 
 
+@pytest.mark.slow
 def test_translate_test_qa_is_scored_on_the_translations(tmp_path, demo_data):
     results = run(tmp_path / 'qa', demo_data, '--task', 'tydiqa', '--translate_test', '--epochs', '3')
     # the demo's translations are exact: every language scores as English does
     assert results['test']['de'] == results['test']['zh'] == results['test']['en']
 
 
+@pytest.mark.slow
 def test_ddp_with_every_parameter_unused_sometimes(tmp_path, demo_data):
     """X-Mixup's --fixed_lambda leaves no parameter without a gradient under DDP."""
     init = quick_pretrained(demo_data, tmp_path / 'pretrained', steps=10)
@@ -234,10 +241,10 @@ def test_selection_rule(tmp_path, demo_data):
     import xlt
     enc = layers.Encoder(layers.CONFIGS['tiny'])
     dev = {'en': {'score': 50.0}, 'de': {'score': 90.0}, 'zh': {'score': 70.0}}
-    assert ev.selection(xlt.Baseline(enc, 'xnli').select, dev) == (50.0, 'best English dev score')
+    assert xlt.selection(xlt.Baseline(enc, 'xnli').select, dev) == (50.0, 'best English dev score')
     for method in (xlt.Filter, xlt.XMixup):
-        assert ev.selection(method(enc, 'xnli', argparse.Namespace()).select, dev) == (70.0, 'best average dev score over languages')
-    assert ev.selection(xlt.Baseline(enc, 'tydiqa').select, {})[1] == 'last epoch (no dev set)'
+        assert xlt.selection(method(enc, 'xnli', argparse.Namespace()).select, dev) == (70.0, 'best average dev score over languages')
+    assert xlt.selection(xlt.Baseline(enc, 'tydiqa').select, {})[1] == 'last epoch (no dev set)'
     results = run(tmp_path, demo_data, '--task', 'pawsx', '--epochs', '1')
     assert results['selected_by'] == 'best English dev score'
 
@@ -250,6 +257,7 @@ def test_qa_head_has_no_dropout_and_tagging_head_has():
     assert not torch.equal(tag(h, mask), tag.out(h))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('method', ['filter', 'xmixup'])
 def test_paired_methods_train_on_english_english_pairs_too(demo_data, method):
     args = train.parse_args(['--demo', '--method', method, '--task', 'mlqa', '--data_dir', demo_data])
@@ -299,6 +307,7 @@ def test_messages_say_where_translations_are(tmp_path, demo_data, capsys):
         data.read_translations(str(broken), 'pawsx', 'train', 'de')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('task', ['xnli', 'pawsx'])
 def test_demo_classification_is_learnt_in_english_and_leaves_a_gap(tmp_path, demo_data, task):
     """The demo's zero-shot run learns English (>= 90% dev, every label predicted) and transfer
@@ -327,32 +336,6 @@ def test_a_score_within_an_epoch_is_kept_when_it_is_the_best(tmp_path):
     assert state['best'] == 70.0
     now = torch.load(tmp_path / 'best.pt', weights_only=True)['method']
     assert all(torch.equal(now[k], v) for k, v in kept.items())
-
-
-def test_evaluation_takes_the_cores_other_processes_leave_free(monkeypatch):
-    """Since the last evaluation the machine's cores computed `busy` seconds in `wall` seconds,
-    this process `own` of them: the others kept (busy - own) / wall cores busy. Evaluation runs
-    on the cores left (at least 1, at most torch's count) and gives torch's count back; with
-    OMP_NUM_THREADS set (torchrun sets it) it changes nothing."""
-    cores, before = len(os.sched_getaffinity(0)), torch.get_num_threads()
-    monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
-    try:
-        torch.set_num_threads(cores)
-        for busy, own, wall, threads in ((10.0, 10.0, 10.0, cores), (20.0, 10.0, 10.0, max(1, cores - 1)),
-                                         (10.0 * cores + 6, 4.0, 10.0, 1), (16.0, 12.0, 10.0, cores)):
-            monkeypatch.setattr(layers, 'LAST_USE', (100.0, 50.0, 1000.0))
-            monkeypatch.setattr(layers, 'cpu_use', lambda: (100.0 + busy, 50.0 + own, 1000.0 + wall))
-            with layers.free_threads():
-                assert torch.get_num_threads() == threads, (busy, own)
-            assert torch.get_num_threads() == cores
-        monkeypatch.setattr(layers, 'cpu_use', lambda: None)  # no /proc/stat (not Linux): torch's count as it is
-        with layers.free_threads():
-            assert torch.get_num_threads() == cores
-        monkeypatch.setenv('OMP_NUM_THREADS', str(cores))
-        with layers.free_threads():
-            assert torch.get_num_threads() == cores
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_a_loss_that_is_not_finite_stops_the_run_in_one_line(tmp_path, demo_data):

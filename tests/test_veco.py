@@ -278,6 +278,7 @@ def demo_data(tmp_path_factory):
     return data.make_demo(str(tmp_path_factory.mktemp('demo') / 'demo-data'), n_train=50, n_eval=20)
 
 
+@pytest.mark.slow
 def test_pretraining_ddp_equals_one_process_and_resumes_exactly(tmp_path, demo_data):
     one = pretrain(tmp_path / 'one', demo_data, '--batch_size', '8', '--grad_accum', '2')
     two = pretrain(tmp_path / 'two', demo_data, '--batch_size', '8',
@@ -298,6 +299,7 @@ def test_pretraining_ddp_equals_one_process_and_resumes_exactly(tmp_path, demo_d
     assert not enc.has_cross and mlm is not None
 
 
+@pytest.mark.slow
 def test_each_phase_warms_up_and_phase_2_trains_everything(tmp_path, demo_data):
     """Phase 1 (--cross_only_steps 6) changes the cross-attention alone; phase 2 changes every weight,
     XLM-R's with fresh Adam moments, the cross-attention's with those of phase 1. Each phase warms up

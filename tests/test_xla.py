@@ -212,12 +212,12 @@ def test_each_pair_of_peers_trains_the_third_model_on_labels_of_their_newest_che
 def test_eq2_sampling_probabilities():
     sizes = [1000, 100, 10, 0]
     for alpha in (0.0, 0.3, 0.7, 1.0):
-        q = xlt.mixing_probabilities(sizes, alpha)
+        q = data.sampling_weights(sizes, alpha)
         f = [n / sum(sizes) for n in sizes[:3]]
         hand = [v ** alpha / sum(u ** alpha for u in f) for v in f] + [0.0]  # an empty set is never drawn
         assert abs(sum(q) - 1) < 1e-12 and all(abs(a - b) < 1e-12 for a, b in zip(q, hand))
-    assert xlt.mixing_probabilities(sizes, 1.0)[:3] == pytest.approx([n / 1110 for n in sizes[:3]])  # proportional
-    assert xlt.mixing_probabilities(sizes, 0.0)[:3] == pytest.approx([1 / 3] * 3)  # uniform
+    assert data.sampling_weights(sizes, 1.0)[:3] == pytest.approx([n / 1110 for n in sizes[:3]])  # proportional
+    assert data.sampling_weights(sizes, 0.0)[:3] == pytest.approx([1 / 3] * 3)  # uniform
     # an epoch draws sum(n) samples, round(q_i sum(n)) from set i, in batches
     batches = xlt.mixture_batches([30, 10], 0.0, 8, seed=1, chunks=1)
     drawn = [i for b in batches for i in b]
@@ -463,6 +463,7 @@ def test_successive_cross_pairs_every_a_sample_with_every_b_sample():
 # ----------------------------------------------------------------------------------------
 # The whole run: warm-ups, three XLA epochs, the report; a resumed run goes on where it stopped.
 
+@pytest.mark.slow
 def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages(demo_data, tmp_path, capsys, monkeypatch):
     init = quick_pretrained(demo_data, tmp_path / 'pre', steps=30)  # its MLM head makes the vicinal samples
     out = tmp_path / 'xla'
@@ -566,6 +567,7 @@ def test_xla_refuses_what_it_cannot_do():
         assert full.weight_decay == 0.01 and full.xla_weight_decay == xla(task).xla_weight_decay == 0  # Table 8's XLA epochs
 
 
+@pytest.mark.slow
 def test_xla_under_two_processes_makes_the_samples_one_process_makes(demo_data, tmp_path):
     init = quick_pretrained(demo_data, tmp_path / 'pre', steps=30)
     out = tmp_path / 'ddp'

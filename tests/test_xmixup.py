@@ -142,6 +142,7 @@ def test_inference_variants():
         assert torch.equal(q.predict(p), expected)
 
 
+@pytest.mark.slow
 def test_xmixup_end_to_end(tmp_path, capsys):
     demo = data.make_demo(str(tmp_path / 'demo-data'), n_train=150, n_eval=30)
     os.remove(os.path.join(demo, 'xnli', 'round-trip', 'train-en-zh-en.tsv'))
