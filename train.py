@@ -869,11 +869,13 @@ def interrupted(args):
     """Ctrl-C's line: the last checkpoint this run wrote, and how to go on from it."""
     if args.eval_only:
         return 'interrupted while evaluating: nothing was changed; run the same command again'
-    found = [os.path.join(d, 'last.pt') for d, _, names in os.walk(args.out) if 'last.pt' in names]
+    found = [os.path.join(d, n) for d, _, names in os.walk(args.out) for n in names if n in ('last.pt', 'trained.json')]
     found = [p for p in found if os.path.getmtime(p) >= START]  # not an earlier run's
     if not found:
         return f'interrupted before the first checkpoint in {args.out}: run the same command again'
     last = max(found, key=os.path.getmtime)
+    if last.endswith('trained.json'):  # a training ended, its model in best.pt
+        return f'interrupted after a training ended ({os.path.dirname(last)}): run the same command with --resume to go on'
     step = layers.load_checkpoint(last, mmap=True)['state']['step']  # mapped: the weights are not read
     return f'interrupted: the last checkpoint is step {step} ({last}); run the same command with --resume to go on from it'
 

@@ -114,6 +114,16 @@ def test_ctrl_c_names_the_last_checkpoint_and_how_to_resume(tmp_path):
     assert 'epoch 50/50' not in out
 
 
+
+def test_ctrl_c_after_a_training_ended_says_that_resume_goes_on(tmp_path):
+    """A training that ended has left its last.pt for trained.json: Ctrl-C after it names that."""
+    args = train.parse_args(['--demo', '--task', 'pawsx', '--out', str(tmp_path / 'run')])
+    os.makedirs(tmp_path / 'run' / 'teacher')
+    (tmp_path / 'run' / 'teacher' / 'trained.json').write_text('{"step": 8, "epoch": 1, "best": 50.0}')
+    assert train.interrupted(args) == (f'interrupted after a training ended ({tmp_path / "run" / "teacher"}): run the '
+                                       'same command with --resume to go on')
+
+
 def test_default_folders_keep_apart_what_changes_the_result():
     folder = lambda *argv: train.parse_args(['--task', 'xnli', *argv]).out
     runs = [folder('--method', 'filter'), folder('--method', 'filter', '--self_teach'), folder('--translate_test'),
