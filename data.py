@@ -152,7 +152,7 @@ class Tokenizer:
 
     def decode(self, ids):
         """Text of ids; special tokens are dropped."""
-        spm_ids = self.to_spm[[i for i in ids if i < self.vocab_size]]
+        spm_ids = self.to_spm[[i for i in ids if 0 <= i < self.vocab_size]]
         return self.sp.decode(spm_ids[spm_ids >= 0].tolist())
 
     @functools.cache  # the same list for every call: the pre-training build asks once a chunk

@@ -748,7 +748,7 @@ def collect_main(args):
     groups = {}
     for run in args.collect:  # runs of one command differ in --seed and in options that leave results alike (--out, ...)
         config = json.loads(read_text(f'{run}/config.json')) if os.path.isfile(f'{run}/config.json') else {}
-        same = set(config.get('changes_nothing', [])) | {'seed', 'changes_nothing'}  # recorded by the run (train.Run.begin)
+        same = set(config.get('changes_nothing', ['out'])) | {'seed', 'changes_nothing'}  # recorded by the run (Run.begin)
         groups.setdefault((finished_task(run), json.dumps({k: v for k, v in config.items() if k not in same}, sort_keys=True)),
                           []).append((run, config.get('seed')))
     for (task, command), runs in ((k, r) for k, r in groups.items() if len(r) > 1):  # a command's seeds: the papers' ± std

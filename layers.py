@@ -678,27 +678,39 @@ def export(src, out, encoder_only=False, spm=None):
     XLM-R: config.json, model.safetensors, the sentencepiece model and the tokenizer's settings, and a
     model card; made beside it and moved into place whole. -> the class written."""
     ckpt, path, kind = export_checkpoint(src, encoder_only)
-    tokenizer = [spm] if spm else ckpt['meta'].get('tokenizer', [])
-    if len(tokenizer) != 1 or not os.path.isfile(tokenizer[0]):
-        raise CheckpointError(f'{path}: ' + ('its ids follow a fairseq dict.txt, which XLMRobertaTokenizer does not read'
-                              if len(tokenizer) > 1 else f'sentencepiece model {"".join(tokenizer)} not found: pass --spm'))
-    if not unigram(tokenizer[0]):
-        raise CheckpointError(f'{tokenizer[0]} is a BPE sentencepiece model, which transformers\' XLMRobertaTokenizer '
-                              'would read as a unigram one (XLM-R\'s is): its ids would not be the run\'s')
+    if len(ckpt['meta'].get('tokenizer', [])) > 1:  # whatever --spm says: the model's rows follow the dictionary
+        raise CheckpointError(f'{path}: its ids follow a fairseq dict.txt, which XLMRobertaTokenizer does not read')
+    sp_model = spm or (ckpt['meta'].get('tokenizer') or [''])[0]
+    if not os.path.isfile(sp_model):
+        raise CheckpointError(f'{path}: sentencepiece model {sp_model} not found: pass --spm')
+    if not unigram(sp_model):
+        raise CheckpointError(f'{sp_model} is a BPE sentencepiece model, which transformers\' XLMRobertaTokenizer '
+                              'would read as a unigram one (XLM-R\'s is): its ids would not be the run\'s; train with a '
+                              'unigram model (--spm) to export')
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise CheckpointError(f'{out} exists and is not an empty folder: give a new folder')
-    arch, head = HF_CLASSES[kind]
+    head = HF_CLASSES[kind][1]
     parts = {**{k: v for k, v in (ckpt.get('method') or {}).items() if k.startswith('head.')},
              **{f'mlm.{k}': v for k, v in (ckpt.get('mlm') or {}).items()}}  # the MLM's weight: the embeddings (tied)
     found = {f'{head[m]}.{p}': t for key, t in parts.items() for m, _, p in [key.rpartition('.')] if m in head}
     if len(found) != 2 * len(head) - (kind == 'mlm'):  # a weight and a bias a module; the MLM's weight is the embeddings
         raise CheckpointError(f'{path} holds no {kind} head: export its encoder alone with --encoder')
     tmp = f'{os.path.abspath(out)}.tmp{os.getpid()}'
-    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write_folder(tmp, out, ckpt, path, kind, found, sp_model)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a write that failed or was interrupted leaves nothing
+        raise
+    return HF_CLASSES[kind][0]
+
+
+def write_folder(tmp, out, ckpt, path, kind, found, sp_model):
+    """export's folder, written in tmp and then moved to out."""
+    arch = HF_CLASSES[kind][0]
     os.makedirs(tmp)
     write_safetensors({**hf_encoder(ckpt['encoder'], '' if kind == 'encoder' else 'roberta.'), **found},
                       os.path.join(tmp, 'model.safetensors'))
-    shutil.copyfile(tokenizer[0], os.path.join(tmp, 'sentencepiece.bpe.model'))
+    shutil.copyfile(sp_model, os.path.join(tmp, 'sentencepiece.bpe.model'))
     labels = ckpt['meta'].get('labels') if kind in ('classification', 'tagging') else None
     for name, text in {'config.json': hf_config(Config(**ckpt['config']), arch, labels), 'special_tokens_map.json': SPECIAL_TOKENS,
                        'tokenizer_config.json': {'tokenizer_class': 'XLMRobertaTokenizer', 'model_max_length': 512, **SPECIAL_TOKENS},
@@ -708,7 +720,6 @@ def export(src, out, encoder_only=False, spm=None):
     if os.path.isdir(out):
         os.rmdir(out)  # an empty folder, given to be filled
     os.replace(tmp, out)
-    return arch
 
 
 class Parser(argparse.ArgumentParser):

@@ -566,8 +566,10 @@ class Run:
         self.finish(dev, scored, xlt.selection(method.select, dev)[1])
 
     def load_best(self, method):
+        """best.pt's weights into method, when the run kept one -> whether it had."""
         if os.path.exists(self.path('best.pt')):
             method.load_state_dict(layers.load_checkpoint(self.path('best.pt'), identity(self.args))['method'])
+            return True
 
     def test_scores(self, preds):
         """Write the test predictions in the leaderboard layout and score them (eval.py) against
@@ -743,7 +745,7 @@ def train(run, method, items, validate, batches_of, keep_last=0):
 
 def stop_if_diverged(run, loss, first, last):
     """A mean loss that is not finite (on any process) stops the run in one line, before anything of it is kept."""
-    loss = torch.tensor(loss, device=run.device)
+    loss = torch.tensor(loss, dtype=torch.float64, device=run.device)  # a sum of large losses stays finite
     if run.world > 1:
         dist.all_reduce(loss)  # every process stops together
     if not torch.isfinite(loss):

@@ -1004,7 +1004,8 @@ class VecoTranslate(Method):
         average_checkpoints), or best.pt with n = 0. -> what they are."""
         kept = kept_checkpoints(run.path('checkpoints'))[-n:] if n else []
         if not kept:
-            run.load_best(method)  # --eval_only has checked that there is one
+            if not run.load_best(method):
+                run.fail(f'{run.path("best.pt")} not found: --eval_only decodes a finished run in --out')
             return 'best.pt: the lowest valid loss'
         method.load_state_dict(average_checkpoints(kept, {'method': run.args.method, 'task': cls.folder(run.args)[0]}))
         step = lambda path: path[-10:-3].lstrip('0')  # checkpoints/step<7 digits>.pt
@@ -1512,14 +1513,15 @@ def co_train(run, epoch, l, pair, parts, start):
             sub.load_best(method)
         after = score(target_dev(method))
         better = bool(batches) and (after is None or before is None or after > before)  # as the released code
-        if not better:
-            sub.drop('best.pt')  # the model goes on from start: nothing reads this training's
         dev = '' if after is None else f'; {args.train_lang} dev {before:.1f} -> {after:.1f}' + (
             '' if better else ', not better: kept the model as it was')
         run.say(f'XLA epoch {epoch}, model {l + 1} by {k + 1} and {j + 1}: trained on '
                 + ', '.join(f'{n} {name}' for name, n in zip(parts, sizes)) + f' samples{dev}')
         return {'kept': dict(zip(parts, sizes)), 'dev_before': before, 'dev_after': after, 'better': better}
-    return f'{folder}/best.pt' if run.cached(f'{folder}/results.json', train)['better'] else start
+    if not run.cached(f'{folder}/results.json', train)['better']:
+        sub.drop('best.pt')  # the model goes on from start: nothing reads this training's (dropped once that is kept)
+        return start
+    return f'{folder}/best.pt'
 
 
 def mixture_batches(sizes, alpha, batch_size, seed, chunks, lengths=None):

@@ -100,7 +100,7 @@ def refused(argv, message):
     assert str(err.value).startswith('error: ') and '\n' not in str(err.value) and message in str(err.value), err.value
 
 
-def test_what_is_not_one_text_through_xlmr_is_refused_in_one_line(runs, tmp_path):
+def test_what_is_not_one_text_through_xlmr_is_refused_in_one_line(runs, tmp_path, monkeypatch):
     root, demo, unigram = runs
     ckpt = layers.load_checkpoint(str(root / 'xnli' / 'best.pt'))
     for method in (xlt.Filter, xlt.XMixup, xlt.VecoTranslate):
@@ -116,4 +116,11 @@ def test_what_is_not_one_text_through_xlmr_is_refused_in_one_line(runs, tmp_path
     refused([root / 'xnli', tmp_path / 'out', '--spm', tmp_path / 'none.model'], 'none.model not found: pass --spm')
     refused([root / 'xnli', tmp_path / 'out', '--spm', os.path.join(demo, 'sentencepiece.bpe.model')], 'is a BPE sentencepiece '
             'model, which transformers\' XLMRobertaTokenizer would read as a unigram one (XLM-R\'s is)')
+    layers.save_checkpoint(str(tmp_path / 'dict.pt'), {**ckpt['meta'], 'tokenizer': [unigram, str(tmp_path / 'dict.txt')]},
+                           **{k: v for k, v in ckpt.items() if k not in ('format', 'meta')})
+    refused([tmp_path / 'dict.pt', tmp_path / 'out', '--spm', unigram], 'its ids follow a fairseq dict.txt')  # --spm or not
     assert not os.path.exists(tmp_path / 'out')
+    monkeypatch.setattr(layers, 'write_safetensors', lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):  # interrupted halfway: nothing is left behind
+        layers.export(str(root / 'xnli'), str(tmp_path / 'cut'))
+    assert not [name for name in os.listdir(tmp_path) if name.startswith('cut')]

@@ -240,6 +240,15 @@ def test_translation_runs_resume_split_over_processes_and_average(tmp_path, demo
     assert open(tmp_path / 'one' / 'predictions' / 'test.en-de.de').read().split('\n')[:-1] == hyps
 
 
+def test_decoding_without_a_kept_model_stops_in_one_line(tmp_path):
+    """--eval_only on a folder without best.pt (--init given, so the run's checks let it through): one
+    line, not the untrained model decoded."""
+    args = train.parse_args(['--method', 'veco', '--task', 'translate', '--demo', '--out', str(tmp_path), '--average_last', '0'])
+    m = xlt.VecoTranslate(*xlt.assemble(layers.Encoder(layers.CONFIGS['tiny'], cross=True), 2, new_tokens=2), bos=0)
+    with pytest.raises(SystemExit, match=f'error: {tmp_path / "best.pt"} not found: --eval_only decodes a finished run in --out'):
+        xlt.VecoTranslate.average_last(train.Run(args, 0, 1, torch.device('cpu'), None, sets={}), m, 0)
+
+
 def test_translation_pairs_and_what_is_skipped(tmp_path, demo_data):
     tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
     folder = tmp_path / 'translation' / 'de-en'  # the other direction's folder serves en -> de too
