@@ -36,9 +36,9 @@ def run(out, demo_data, *args):
 
 
 def eval_cli(out, demo_data):
-    res = subprocess.run([sys.executable, 'eval.py', '--predictions', os.path.join(out, 'predictions'), '--labels',
-                          os.path.join(demo_data, 'labels'), '--out', os.path.join(out, 'scores.json'), '--demo'],
-                         cwd=ROOT, capture_output=True, text=True, check=True)
+    """eval.py's command line (in this process) on a run's predictions."""
+    ev.main(['--predictions', os.path.join(out, 'predictions'), '--labels', os.path.join(demo_data, 'labels'),
+             '--out', os.path.join(out, 'scores.json'), '--demo'])
     return json.load(open(os.path.join(out, 'scores.json')))
 
 
