@@ -632,8 +632,8 @@ def hf_config(cfg, arch, labels):
 def export_checkpoint(src, encoder_only=False):
     """-> (checkpoint, its path, what it exports as: a key of HF_CLASSES), or a CheckpointError saying why not."""
     path = os.path.join(src, 'best.pt') if os.path.isdir(src) else src
-    below = sorted(os.path.relpath(os.path.join(d, 'best.pt'), src) for d, _, files in os.walk(src) if 'best.pt' in files)
-    if not os.path.exists(path):
+    if not os.path.exists(path):  # an XLA run keeps its models below it
+        below = sorted(os.path.relpath(os.path.join(d, 'best.pt'), src) for d, _, files in os.walk(src) if 'best.pt' in files)
         raise CheckpointError(f'{src} keeps no best.pt: ' + (f'its prediction comes from the models below it ({", ".join(below[:3])}'
                               f'{" ..." if len(below) > 3 else ""}): export one of them' if below else 'give a run\'s folder or its best.pt'))
     ckpt = load_checkpoint(path)
