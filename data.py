@@ -13,14 +13,13 @@ import random
 import shutil
 import sys
 import tempfile
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from itertools import accumulate, chain, islice, zip_longest
 
 import numpy as np
 import sentencepiece as spm
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from layers import Parser, atomic_write
@@ -67,18 +66,21 @@ class Tokenizer:
 
     def __init__(self, path, lower=False, dictionary=None):
         if not os.path.isfile(path):
-            raise FileNotFoundError(f'sentencepiece model {path} not found: pass --spm with XLM-R\'s sentencepiece.bpe.model')
+            raise FileNotFoundError(f'sentencepiece model {path} not found: pass --spm with XLM-R\'s '
+                                    'sentencepiece.bpe.model')
         try:
             self.sp = spm.SentencePieceProcessor(model_file=path)
         except (RuntimeError, OSError):
-            raise DataError(f'{path} is not a sentencepiece model: pass --spm with XLM-R\'s sentencepiece.bpe.model') from None
+            raise DataError(f'{path} is not a sentencepiece model: pass --spm with XLM-R\'s '
+                            'sentencepiece.bpe.model') from None
         lines = read_dictionary(dictionary) if dictionary else None
-        spm_ids = np.array([self.sp.piece_to_id(w) for w in lines] if lines else range(3, self.sp.get_piece_size()), int)
-        same = np.array_equal(spm_ids, np.arange(3, self.sp.get_piece_size()))  # XLM-R's own dict.txt changes nothing
+        pieces = np.arange(3, self.sp.get_piece_size())  # sentencepiece's own ids of XLM-R's dict.txt, in its order
+        spm_ids = np.array([self.sp.piece_to_id(w) for w in lines], int) if lines else pieces
+        same = np.array_equal(spm_ids, pieces)  # XLM-R's own dict.txt changes nothing
         self.path, self.lower = path, lower
-        self.files = [os.path.abspath(p) for p in [path] + [dictionary] * (not same)]  # the caches' key, and the export's
+        self.files = [os.path.abspath(p) for p in [path] + [dictionary] * (not same)]  # the caches' key, the export's
         self.symbols = {w: 4 + i for i, w in enumerate(lines or []) if spm_ids[i] < 3}  # 0-2: not a piece of the model
-        self.to_spm = np.concatenate([[-1, -1, -1, 0], np.where(spm_ids < 3, -1, spm_ids), [-1]])  # -1: decoded as nothing
+        self.to_spm = np.concatenate([[-1, -1, -1, 0], np.where(spm_ids < 3, -1, spm_ids), [-1]])  # -1: decodes to ''
         self.to_id = np.full(self.sp.get_piece_size(), self.unk)
         self.to_id[self.to_spm[self.to_spm > 0]] = np.flatnonzero(self.to_spm > 0)  # a repeated line: the later one
         self.mask = 4 + len(spm_ids)
@@ -92,7 +94,8 @@ class Tokenizer:
         after the vocabulary (the model grows a row for each)."""
         missing = [f'[{lang}]' for lang in langs if f'[{lang}]' not in self.symbols]
         if self.symbols and missing:  # fairseq would read it as <unk>
-            raise DataError(f'{self.files[-1]} has no line {missing[0]}: give the dict.txt that came with the checkpoint (--dict)')
+            raise DataError(f'{self.files[-1]} has no line {missing[0]}: give the dict.txt that came with the '
+                            'checkpoint (--dict)')
         return tuple(self.symbols[f'[{lang}]'] if self.symbols else self.vocab_size + k for k, lang in enumerate(langs))
 
     def model_text(self, text):
@@ -168,7 +171,9 @@ class Tokenizer:
 
 def dictionary_beside(checkpoint):
     """The dict.txt in a checkpoint's folder (fairseq's released models ship one), or None."""
-    path = os.path.join(checkpoint if os.path.isdir(checkpoint) else os.path.dirname(checkpoint), 'dict.txt') if checkpoint else ''
+    if not checkpoint:
+        return None
+    path = os.path.join(checkpoint if os.path.isdir(checkpoint) else os.path.dirname(checkpoint), 'dict.txt')
     return path if os.path.isfile(path) else None
 
 
@@ -180,7 +185,8 @@ def read_dictionary(path):
         for n, line in enumerate(f, 1):
             word, _, count = line.rstrip().removesuffix(' #fairseq:overwrite').rpartition(' ')
             if not word or not count.isdigit():
-                raise DataError(f'{path} line {n} is not "<symbol> <count>": give the dict.txt that came with the checkpoint')
+                raise DataError(f'{path} line {n} is not "<symbol> <count>": give the dict.txt that came with the '
+                                'checkpoint')
             symbols.append(word)
     return symbols
 
@@ -190,72 +196,7 @@ class DataError(ValueError):
 
 
 # ----------------------------------------------------------------------------------------
-# A run's folder: held by one run at a time; a run that never began leaves nothing.
-
-@contextmanager
-def hold(folder, rank):
-    """The run's folder, held for the run's life by an OS lock on its .lock file (released when the
-    process ends, however it ends): a second run there stops with one line naming the holder.
-    Under DDP the first process holds it for all. A run that stops before it began leaves nothing."""
-    folder, lock, holder = os.path.abspath(folder), None, None
-    if rank == 0:
-        made = first_missing(folder) or first_missing(os.path.join(folder, 'demo-data'))
-        fresh = not os.path.exists(os.path.join(folder, '.lock'))
-        os.makedirs(folder, exist_ok=True)
-        lock = open(os.path.join(folder, '.lock'), 'a+')
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            lock.truncate(0)
-            print(os.getpid(), file=lock, flush=True)
-        except BlockingIOError:
-            lock.seek(0)
-            holder, lock = lock.read().strip() or 'unknown', lock.close()
-    if dist.is_initialized():
-        dist.broadcast_object_list(shared := [holder])
-        holder = shared[0]
-    if holder:
-        raise DataError(f'{folder} is in use by another run (pid {holder}): wait for it to end, or give another --out')
-    try:
-        yield
-    except BaseException:
-        if lock and not began(folder):  # a run that stopped before it began leaves nothing, its .lock neither
-            discard_if_unbegun(folder, made)
-            if fresh and os.path.exists(os.path.join(folder, '.lock')):
-                os.remove(os.path.join(folder, '.lock'))
-        raise
-    finally:
-        if lock:
-            lock.close()  # the lock goes with it
-
-
-def first_missing(path):
-    """The outermost folder of path that does not exist yet (None if path does)."""
-    path, missing = os.path.abspath(path), None
-    while not os.path.exists(path):
-        path, missing = os.path.dirname(path), path
-    return missing
-
-
-def began(folder):
-    """Did a run begin in folder, or in a stage below it (its config.json is written by begin())?"""
-    return any('config.json' in names for _, _, names in os.walk(folder))
-
-
-def discard_if_unbegun(out, made):
-    """A run that stops before it began (no config.json in its folder or below) leaves nothing
-    behind: what this process made goes (the run folder and the parents it made, or the demo
-    data in a folder that was there), and nothing else."""
-    if not made or not os.path.isdir(made) or began(out):
-        return
-    path = made if made == os.path.join(os.path.abspath(out), 'demo-data') else os.path.abspath(out)
-    shutil.rmtree(path)
-    while path != made and not os.listdir(os.path.dirname(path)):  # parents made for it, if nothing else is in them
-        path = os.path.dirname(path)
-        os.rmdir(path)
-
-
-# ----------------------------------------------------------------------------------------
-# Where each split lives (the layout of XTREME's own preprocessing; see the README).
+# Where each split lives (the layout of XTREME's own preprocessing; docs/data.md).
 
 QA_FILES = {
     'xquad': {'train': 'squad/train-v1.1.json', 'dev': 'squad/dev-v1.1.json', 'test': 'xquad/xquad.{lang}.json',
@@ -319,7 +260,7 @@ def split_path(data_dir, task, split, lang='en'):
 # folders XNLI, PAWSX, SQuAD, XQuAD, MLQA, TyDiQA-GoldP hold translate-train / translate-test files
 # under the names read here, so each goes under the task's folder of the layout.
 TRANSLATIONS = ('get XTREME\'s translations with gsutil -m cp -r gs://xtreme_translations/<XNLI|PAWSX|SQuAD|XQuAD|MLQA|'
-                'TyDiQA-GoldP> and put them under xnli, pawsx, squad, xquad, mlqa, tydiqa (the README\'s data layout)')
+                'TyDiQA-GoldP> and put them under xnli, pawsx, squad, xquad, mlqa, tydiqa (docs/data.md)')
 
 
 def need(path, what):
@@ -468,8 +409,9 @@ def read_squad(path, task='squad', train=False):
     except json.JSONDecodeError as e:
         raise DataError(f'{path}, line {e.lineno}: not valid JSON ({e.msg}); fix the file') from None
     except (KeyError, TypeError) as e:
-        raise DataError(f'{path}: not in SQuAD format ({"no" if isinstance(e, KeyError) else "a malformed"} {e} '
-                        'field); expected data/paragraphs/qas with id, question, answers (text, answer_start)') from None
+        what = 'no' if isinstance(e, KeyError) else 'a malformed'
+        raise DataError(f'{path}: not in SQuAD format ({what} {e} field); expected data/paragraphs/qas with id, '
+                        'question, answers (text, answer_start)') from None
     if not train:
         return examples
     problems = [unusable_answer(ex) for ex in examples]
@@ -489,6 +431,33 @@ def unusable_answer(ex):
     if ex['context'][a['answer_start']:a['answer_start'] + len(a['text'])] != a['text']:
         return 'answer text not at answer_start'
     return None
+
+
+# The leaderboard's files, predictions and test labels alike: a label a line (read_lines), a tag a line with a
+# blank line between sentences (read_tag_file), or SQuAD's JSON (read_qa_file).
+
+def read_lines(path):
+    return [line.strip() for line in lines_of(path)]
+
+
+def read_tag_file(path):
+    """One tag per line, a blank line between sentences (as the leaderboard: blank lines in a row give empty
+    sentences)."""
+    sentences = [[]]
+    for line in read_lines(path):
+        if line:
+            sentences[-1].append(line)
+        else:
+            sentences.append([])
+    return sentences if sentences[-1] else sentences[:-1]
+
+
+def read_qa_file(path):
+    try:
+        obj = json.loads(read_text(path))
+    except json.JSONDecodeError as e:
+        raise DataError(f'{path}, line {e.lineno}: not valid JSON ({e.msg}); fix the file') from None
+    return obj['data'] if 'data' in obj else obj
 
 
 def check_language(data_dir, task, lang):
@@ -578,7 +547,8 @@ def read_retrieval(data_dir, task, split, lang):
     tatoeba: ([sentences of lang], [English sentences], None)."""
     check_language(data_dir, task, lang)
     stem = split_path(data_dir, task, split, lang)
-    src, eng = (need(f'{stem}.{side}', f'get the {task} data (python data.py download --task {task})') for side in (lang, 'en'))
+    get = f'get the {task} data (python data.py download --task {task})'
+    src, eng = (need(f'{stem}.{side}', get) for side in (lang, 'en'))
     if task == 'tatoeba':
         return lines_of(src), lines_of(eng), None
     gold = [tuple(line.split('\t')) for line in lines_of(stem + '.gold')] if os.path.exists(stem + '.gold') else None
@@ -710,9 +680,10 @@ def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=Fals
             if train:
                 within = start <= first and last < start + length
                 label = (first - start + len(head), last - start + len(head)) if within else (0, 0)
+            fullest = (owner[start:start + length] == w).tolist()
             feats.append(Feature(head + ctx[start:start + length] + [tok.eos], label, n,
                                  spans=[None] * len(head) + spans[start:start + length] + [None],
-                                 max_context=[False] * len(head) + (owner[start:start + length] == w).tolist() + [False]))
+                                 max_context=[False] * len(head) + fullest + [False]))
     return feats
 
 
@@ -728,89 +699,81 @@ def make_features(tok, task, examples, max_len=None, train=False, stride=128):
 # ----------------------------------------------------------------------------------------
 # What a run reads: the files of a task, and the examples a method trains and is evaluated on.
 
-def target_langs(args):
-    return [lang for lang in languages(args.task, args.demo or is_demo(args.data_dir)) if lang != 'en']
-
-
-def planned_files(args, cls):
-    """-> [(path, what it is, needed)] of the data a run of the method class cls reads (args: the
-    run's settings), in the README's layout, the sentencepiece model last; not needed: read where
-    it is there (dev sets, test labels, round trips)."""
-    files = []
-    if args.task in TASKS:
-        translated = {'translation': [args.train_lang], 'translations': target_langs(args)}.get(cls.trains_on, [])
-        files = task_files(args.data_dir, args.task, translated, cls.round_trip, cls.paired or args.translate_test,
-                                not args.eval_only, args.method)
-        files += [(os.path.join(args.data_dir, 'labels', args.task, f'test-{lang}.{suffix(args.task)}'),
-                   'test labels (scored when there)', False) for lang in languages(args.task, is_demo(args.data_dir))]
-    spm = args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model')
-    return files + cls.reads(args) + [(spm, 'XLM-R\'s sentencepiece model: put it there or pass --spm', True)]
-
-
-def check_files(data_dir, task, method, files):
+def check_files(data_dir, task, reader, files):
     """Every file the run needs is there, or a DataError names the first missing one (the others
     are listed above it); the sentencepiece model reads."""
     data_needed = [path for path, _, needed in files[:-1] if needed]  # the last is the sentencepiece model
     lost = [(path, what) for path, what, needed in files if needed and not os.path.isfile(path)]
     if data_needed and all(not os.path.isfile(p) for p in data_needed):
-        hint = f' ({method} reads translations too: {TRANSLATIONS})' if any(TRANSLATIONS in what for _, what, _ in files) else ''
+        translated = any(TRANSLATIONS in what for _, what, _ in files)
+        hint = f' ({reader} reads translations too: {TRANSLATIONS})' if translated else ''
         raise DataError(f'{data_dir} holds no {task} data (no {lost[0][0]}): {lost[0][1]}, or pass --demo{hint}')
     for path, what in lost[1:]:
         print(f'not found: {path}')
     if lost:
-        raise DataError(f'{lost[0][0]} not found{f" (and {len(lost) - 1} more, listed above)" if len(lost) > 1 else ""}: {lost[0][1]}')
+        more = f' (and {len(lost) - 1} more, listed above)' if len(lost) > 1 else ''
+        raise DataError(f'{lost[0][0]} not found{more}: {lost[0][1]}')
     if files:
         Tokenizer(files[-1][0])  # a file that is not a sentencepiece model stops here, not after a folder is made
 
 
 def task_files(data_dir, task, translated=(), round_trip=False, translations=False, train=True, reader='the run'):
-    """-> [(path, what, needed)] of a task in the README's layout: the English training file
+    """-> [(path, what, needed)] of a task in the layout of docs/data.md: the English training file
     (train), the translate-train files of the languages `translated` (with their round trips,
-    read where they are), every dev and test file, and with translations the translate-dev and
-    translate-test files of the target languages (reader: who reads them, for the message). Not
-    needed: read where it is there."""
+    read where they are), every dev and test file, with translations the translate-dev and
+    translate-test files of the target languages (reader: who reads them, for the message), and
+    the test labels. Not needed: read where it is there (round trips, test labels)."""
     family, langs, files = TASKS[task].family, languages(task, is_demo(data_dir)), []
     add = lambda path, what, needed=True: files.append((path, what, needed))
     get = f'python data.py download --task {task} --out {data_dir}'
     if family == 'retrieval':  # BUCC's threshold comes from its dev pairs and their gold alignment
-        return [(f'{split_path(data_dir, task, split, lang)}.{side}', get, True) for lang in langs
-                for split, sides in (('test', (lang, 'en')), ('dev', (lang, 'en', 'gold') if task == 'bucc2018' else ()))
-                for side in sides]
-    if train:
+        sides = lambda lang: (('test', (lang, 'en')), ('dev', (lang, 'en', 'gold') if task == 'bucc2018' else ()))
+        for lang in langs:
+            for split, names in sides(lang):
+                for side in names:
+                    add(f'{split_path(data_dir, task, split, lang)}.{side}', get)
+    elif train:
         add(split_path(data_dir, task, 'train'), get)
         for lang in translated:
-            add(split_path(data_dir, task, 'translate-train', lang), f'{task} needs translate-train files for {lang}; '
-                f'{TRANSLATIONS}')
+            add(split_path(data_dir, task, 'translate-train', lang),
+                f'{task} needs translate-train files for {lang}; {TRANSLATIONS}')
             if round_trip:
-                add(split_path(data_dir, task, 'round-trip', lang), 'X-Mixup\'s round trip (the real English where missing)', False)
-    for split in ('dev', 'test'):
+                add(split_path(data_dir, task, 'round-trip', lang),
+                    'X-Mixup\'s round trip (the real English where missing)', False)
+    for split in ('dev', 'test') if family != 'retrieval' else ():
         for lang in langs:
             path = split_path(data_dir, task, split, lang)
             if path is None or (split == 'dev' and not os.path.exists(path)):
                 continue  # no dev set in this language: the run evaluates what there is
             add(path, get)
             if lang != 'en' and translations:
-                add(split_path(data_dir, task, f'translate-{split}', lang), f'{reader} needs translate-{split} files for '
-                    f'{lang}; {TRANSLATIONS}')
+                add(split_path(data_dir, task, f'translate-{split}', lang),
+                    f'{reader} needs translate-{split} files for {lang}; {TRANSLATIONS}')
+    for lang in langs:
+        add(os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}'), 'test labels (scored when there)',
+            False)
     return files
 
 
 def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round_trip=False, max_len=None, share=None,
                  stride=128, cache=True):
     """The training items of a method (Items): features of English ('en'; a share of it), of its
-    translations into langs without English ('translation') or with it ('translations'); for a
+    translations into langs without English ('train_lang') or with it ('every_lang'); for a
     paired method tuples (English, translation[, round trip]), English also paired with itself, as
-    both released codes do. Tokenized once into <data_dir>/.cache (cached), or with cache False
+    both released codes do. Tokenized once into <data_dir>/.cache (build_once), or with cache False
     into a temporary folder."""
+    kinds = ('translate-train', 'round-trip')[:1 + round_trip]
     files = tok.files + [split_path(data_dir, task, 'train')] + [
-        split_path(data_dir, task, kind, lang) for lang in langs for kind in ('translate-train', 'round-trip')[:1 + round_trip]]
-    settings = [task, langs, trains_on, paired, round_trip, max_len, share, stride]
+        split_path(data_dir, task, kind, lang) for lang in langs for kind in kinds]
+    key = [task, langs, trains_on, paired, round_trip, max_len, share, stride]
     sources = lambda: training_sources(data_dir, task, langs, trains_on, paired, round_trip, share)
-    items = feature_set(tok, task, files, settings, sources, (2 + round_trip) if paired else 1, max_len, stride, data_dir, cache)
+    width = (2 + round_trip) if paired else 1
+    items = feature_set(tok, task, files, key, sources, width, max_len, stride, data_dir, cache)
     if not paired and not items.labelled.all():  # a single-text method learns every feature's own label
-        raise DataError(f'{task}: {len(items) - int(items.labelled.sum())} of {len(items)} training examples have no label: '
-                        'translations without tags (XTREME publishes none for POS and NER, FILTER\'s have none) teach a '
-                        'single-text method nothing; train on English, or pair them with it')
+        unlabelled = len(items) - int(items.labelled.sum())
+        raise DataError(f'{task}: {unlabelled} of {len(items)} training examples have no label: translations without '
+                        'tags (XTREME publishes none for POS and NER, FILTER\'s have none) teach a single-text method '
+                        'nothing; train on English, or pair them with it')
     return items
 
 
@@ -821,25 +784,30 @@ def unlabelled_set(tok, data_dir, task, lang, share, max_len=None, cache=True):
     from English's (training_set's share), so the two are not translations of each other (the
     paper's 5% setting)."""
     tagging = TASKS[task].family == 'tagging'
-    files = tok.files + [split_path(data_dir, task, 'train'), split_path(data_dir, task, 'train' if tagging else 'translate-train', lang)]
+    text = split_path(data_dir, task, 'train' if tagging else 'translate-train', lang)
+    files = tok.files + [split_path(data_dir, task, 'train'), text]
 
     def sources():
         if tagging:  # the two languages' own training sets: each its own draw
-            yield lang, share_of([dict(ex, tags=None) for ex in read_split(data_dir, task, 'train', lang)], share, part=1), None
+            own = [dict(ex, tags=None) for ex in read_split(data_dir, task, 'train', lang)]
+            yield lang, share_of(own, share, part=1), None
         else:  # drawn from the pairs, so that the draw is disjoint from English's where translations are missing
-            pairs = share_of(read_translations(data_dir, task, 'train', lang, read_split(data_dir, task, 'train')), share, part=1)
+            english = read_split(data_dir, task, 'train')
+            pairs = share_of(read_translations(data_dir, task, 'train', lang, english), share, part=1)
             yield lang, [dict(t, label=None) for _, t in pairs if t is not None], None
-    return feature_set(tok, task, files, ['unlabelled', task, lang, share, max_len], sources, 1, max_len, 128, data_dir, cache)
+    key = ['unlabelled', task, lang, share, max_len]
+    return feature_set(tok, task, files, key, sources, 1, max_len, 128, data_dir, cache)
 
 
-def feature_set(tok, task, files, settings, sources, width, max_len, stride, data_dir, cache, train=True):
+def feature_set(tok, task, files, key, sources, width, max_len, stride, data_dir, cache, train=True):
     """Items of the features of sources() ((name, examples, positions of their English) a source at a
     time), tokenized by feature_arrays (stored): each feature alone (width 1), or tuples of width."""
     kept = {}  # each source's English positions, as its jobs are made
     jobs = lambda: training_jobs(sources(), task, max_len, stride, kept, train)
     index_of = lambda done, total: training_index(done, total, kept, width, train)
-    return stored(lambda path: write_items(path, tok, jobs(), feature_arrays, index_of, {'family': TASKS[task].family}),
-                  files, settings + ['lower'] * tok.lower, data_dir, cache, quiet=not train)  # evaluation sets build quietly
+    build = lambda path: write_items(path, tok, jobs(), feature_arrays, index_of, {'family': TASKS[task].family})
+    key = key + ['lower'] * tok.lower
+    return stored(build, files, key, data_dir, cache, quiet=not train)  # evaluation sets build quietly
 
 
 def evaluation_sets(data_dir, task, translate_test=False, paired=False):
@@ -854,7 +822,8 @@ def evaluation_sets(data_dir, task, translate_test=False, paired=False):
                 continue  # no dev set in this language (XQuAD, TyDiQA); the run checked every other file
             sets[split][lang] = evaluation_set(data_dir, task, split, lang, translate_test, paired)
             if split == 'test':
-                check_labels(task, os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}'), sets[split][lang][1])
+                labels = os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}')
+                check_labels(task, labels, sets[split][lang][1])
     return sets
 
 
@@ -865,43 +834,22 @@ def check_labels(task, path, examples):
         return
     family = TASKS[task].family
     if family == 'qa':
-        found = {qa['id'] for article in read_qa_file(path) for p in article.get('paragraphs', []) for qa in p.get('qas', [])}
+        found = {qa['id'] for article in read_qa_file(path) for p in article.get('paragraphs', [])
+                 for qa in p.get('qas', [])}
         lost = [ex['id'] for ex in examples if ex['id'] not in found]
         if lost:
-            raise DataError(f'{path} has no answers for {len(lost)} test questions (the first: {lost[0]}): use the labels '
-                            'of this test set')
+            raise DataError(f'{path} has no answers for {len(lost)} test questions (the first: {lost[0]}): use the '
+                            'labels of this test set')
         return
     labels = read_tag_file(path) if family == 'tagging' else read_lines(path)
     if len(labels) != len(examples):
-        raise DataError(f'{path} has {len(labels)} labelled examples for {len(examples)} in the test set: use the labels '
-                        'of this test set')
+        raise DataError(f'{path} has {len(labels)} labelled examples for {len(examples)} in the test set: use the '
+                        'labels of this test set')
     allowed = set(TASKS[task].labels)
-    bad = next((n for n, row in enumerate(labels, 1) for label in (row if family == 'tagging' else [row]) if label not in allowed), None)
+    rows = labels if family == 'tagging' else [[label] for label in labels]
+    bad = next((n for n, row in enumerate(rows, 1) for label in row if label not in allowed), None)
     if bad:
         raise DataError(f'{path}: example {bad} has a label outside {", ".join(TASKS[task].labels)}; fix the file')
-
-
-def read_lines(path):
-    return [line.strip() for line in lines_of(path)]
-
-
-def read_tag_file(path):
-    """One tag per line, a blank line between sentences (as the leaderboard: blank lines in a row give empty sentences)."""
-    sentences = [[]]
-    for line in read_lines(path):
-        if line:
-            sentences[-1].append(line)
-        else:
-            sentences.append([])
-    return sentences if sentences[-1] else sentences[:-1]
-
-
-def read_qa_file(path):
-    try:
-        obj = json.loads(read_text(path))
-    except json.JSONDecodeError as e:
-        raise DataError(f'{path}, line {e.lineno}: not valid JSON ({e.msg}); fix the file') from None
-    return obj['data'] if 'data' in obj else obj
 
 
 def evaluation_items(tok, data_dir, task, inputs, pairs, max_len=None, stride=128, cache=True):
@@ -918,12 +866,12 @@ def evaluation_items(tok, data_dir, task, inputs, pairs, max_len=None, stride=12
 
 def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share):
     """-> (name, examples, positions of their English examples) a source at a time: English (not
-    for a single-text method on 'translation'), then each language's translations and their round
+    for a single-text method on 'train_lang'), then each language's translations and their round
     trips where there are (write_items pairs the English itself where there are none)."""
     english = read_split(data_dir, task, 'train')
     if share:  # XLA's warm-up on the 5% setting: its share of English
         english = share_of(english, share, part=0)
-    if paired or trains_on != 'translation':
+    if paired or trains_on != 'train_lang':
         yield 'en', english, None
     missing = []
     for lang in langs:
@@ -935,7 +883,7 @@ def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share
             yield f'{lang} round trip', [trip[n] for n in kept], kept
         missing += [lang] * (round_trip and trip is None)
     if missing:
-        warn(f'no round-trip data for {task} in {", ".join(missing)} (see the README): scheduled sampling feeds the '
+        warn(f'no round-trip data for {task} in {", ".join(missing)} (docs/data.md): scheduled sampling feeds the '
              'real English text there')
 
 
@@ -965,23 +913,23 @@ CACHE_FORMAT = 3  # part of every cache's key: raised when features or their fil
 SLICE = 2000  # examples a worker tokenizes at a time (below progress()'s bar: workers draw none)
 
 
-def stored(build, files, settings, data_dir, cache=True, quiet=False):
-    """The Items that build(path) writes, kept in <data_dir>/.cache (cached: files that are not
+def stored(build, files, key, data_dir, cache=True, quiet=False):
+    """The Items that build(path) writes, kept in <data_dir>/.cache (build_once: files that are not
     there are left out of the key), or with cache False built into a temporary folder that is
     removed once they are open (the open files live on until the items go)."""
     folder = os.path.join(data_dir, '.cache') if cache else tempfile.mkdtemp()
     try:
-        return Items(cached(build, [p for p in files if p and os.path.exists(p)], settings, folder, quiet))
+        return Items(build_once(build, [p for p in files if p and os.path.exists(p)], key, folder, quiet))
     finally:
         if not cache:
             shutil.rmtree(folder)
 
 
-def cached(build, files, settings, folder, quiet=False):
-    """folder/<key>, made by build(path) unless there; the key hashes CACHE_FORMAT, the settings
-    and each file's path, size, mtime and content. One process builds, under a lock, while the
-    others wait and then read what it wrote; what builds killed halfway left behind is removed first."""
-    digest = hashlib.sha1(json.dumps([CACHE_FORMAT] + settings).encode())
+def build_once(build, files, key, folder, quiet=False):
+    """folder/<digest>, made by build(path) unless there; the digest hashes CACHE_FORMAT, the values of key (the
+    settings the set depends on) and each file's path, size, mtime and content. One process builds, under a lock,
+    while the others wait and then read what it wrote; what builds killed halfway left behind is removed first."""
+    digest = hashlib.sha1(json.dumps([CACHE_FORMAT] + key).encode())
     for path in files:
         stat = os.stat(path)
         digest.update(f'{os.path.abspath(path)} {stat.st_size} {stat.st_mtime_ns}'.encode())
@@ -995,7 +943,8 @@ def cached(build, files, settings, folder, quiet=False):
         os.makedirs(folder, exist_ok=True)
         lock = open(os.path.join(folder, '.lock'), 'w')
     except OSError as e:
-        raise DataError(f'cannot write the feature cache in {folder} ({e.strerror}): make it writable or pass --no_cache')
+        raise DataError(f'cannot write the feature cache in {folder} ({e.strerror}): make it writable or pass '
+                        '--no_cache')
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or its process dies
         if os.path.isdir(path) and (why := torn(path)):
@@ -1017,8 +966,10 @@ def torn(path):
         sizes = json.loads(read_text(os.path.join(path, 'meta.json')))['sizes']
     except (OSError, ValueError, KeyError):
         return 'its meta.json is missing or unreadable'
-    found = {name: os.path.getsize(f'{path}/{name}.bin') if os.path.exists(f'{path}/{name}.bin') else 0 for name in sizes}
-    return next((f'{name}.bin holds {found[name]} bytes, not {size}' for name, size in sizes.items() if found[name] != size), None)
+    found = {name: os.path.getsize(f'{path}/{name}.bin') if os.path.exists(f'{path}/{name}.bin') else 0
+             for name in sizes}
+    wrong = [f'{name}.bin holds {found[name]} bytes, not {size}' for name, size in sizes.items() if found[name] != size]
+    return wrong[0] if wrong else None
 
 
 def write_items(path, tok, jobs, work, index_of, meta):
@@ -1039,8 +990,9 @@ def write_items(path, tok, jobs, work, index_of, meta):
         # forked with TOKENIZER before any thread starts (the bar's); the workers run sentencepiece and numpy
         with multiprocessing.get_context('fork').Pool(cores) if cores > 1 else nullcontext() as pool:
             jobs, progress = chain(first, jobs), bar(desc='tokenizing', unit=' jobs', leave=False)
+            apply, work = pool.imap if pool else map, work or (lambda job: job)
             while window := list(islice(jobs, 4 * cores)):
-                for (name, _), (arrays, info) in zip(window, (pool.imap if pool else map)(work or (lambda job: job), [job for _, job in window])):
+                for (name, _), (arrays, info) in zip(window, apply(work, [job for _, job in window])):
                     done.append((name, total, info))
                     total += len(arrays['length'])
                     for key, counts in (('ends', arrays['length']), ('word_ends', arrays.pop('word_count', []))):
@@ -1059,7 +1011,8 @@ def write_items(path, tok, jobs, work, index_of, meta):
             f.close()
         heard, HEARD = HEARD, None
     sizes = {name: os.path.getsize(f.name) for name, f in files.items()}  # what torn() checks at every open
-    atomic_write(os.path.join(tmp, 'meta.json'), json.dumps(dict(meta, sides=index.shape[1], warnings=heard, sizes=sizes, **more)))
+    meta = dict(meta, sides=index.shape[1], warnings=heard, sizes=sizes, **more)
+    atomic_write(os.path.join(tmp, 'meta.json'), json.dumps(meta))
     shutil.rmtree(path, ignore_errors=True)  # an earlier run's (XLA's samples, made anew in a run's folder)
     os.replace(tmp, path)
 
@@ -1115,8 +1068,9 @@ def training_index(done, total, kept, width, train=True):
     if width == 1:
         return np.arange(total)[:, None], {}
     joined = lambda parts: np.concatenate([np.zeros(0, np.int64)] + parts)
-    sides = {name: (joined([before + first[:-1] for n, before, first in done if n == name]),
-                    joined([np.diff(first) for n, _, first in done if n == name]), positions) for name, positions in kept.items()}
+    sides = {name: (joined([before + first[:-1] for n, before, first in done if n == name]),  # first features
+                    joined([np.diff(first) for n, _, first in done if n == name]), positions)  # their counts
+             for name, positions in kept.items()}
     if not train:
         return aligned([sides[name][:2] for name in ('en', 'input')], train).astype(np.int64), {}
     return item_index(sides, width), {}
@@ -1159,14 +1113,16 @@ class Items:
     def __init__(self, path):
         if why := torn(path):
             raise DataError(f'{path} is torn ({why}): remove it and run again')
-        meta, file = json.loads(read_text(os.path.join(path, 'meta.json'))), lambda name: os.path.join(path, f'{name}.bin')
+        meta = json.loads(read_text(os.path.join(path, 'meta.json')))
+        file = lambda name: os.path.join(path, f'{name}.bin')
         there = lambda name: os.path.exists(file(name)) and os.path.getsize(file(name)) > 0
         mapped = lambda name, dtype=np.int64: np.memmap(file(name), dtype, 'r') if there(name) else np.zeros(0, dtype)
         self.family, self.meta, self.length = meta['family'], meta, mapped('length', np.int32)
-        self.labelled = mapped('labelled', np.int32)  # whether a feature's own example has a label (none: XLA's samples)
-        self.index, self.offsets, self.word_offsets = mapped('items').reshape(-1, meta['sides']), mapped('ends'), mapped('word_ends')
-        self.files = {name: os.open(file(name), os.O_RDONLY) for name in ('ids', 'label', 'words', 'example', 'spans',
-                                                                            'max_context') if there(name)}
+        self.labelled = mapped('labelled', np.int32)  # whether a feature's own example has a label (none: XLA's)
+        self.index = mapped('items').reshape(-1, meta['sides'])
+        self.offsets, self.word_offsets = mapped('ends'), mapped('word_ends')
+        self.files = {name: os.open(file(name), os.O_RDONLY)
+                      for name in ('ids', 'label', 'words', 'example', 'spans', 'max_context') if there(name)}
         for message in meta['warnings']:  # what the readers said when the set was built
             warn(message)
 
@@ -1183,7 +1139,9 @@ class Items:
 
     def read(self, name, a, b):
         """Values a to b of the int32 array `name`, from its file."""
-        return np.frombuffer(os.pread(self.files[name], 4 * (b - a), 4 * a), np.int32).tolist() if name in self.files else []
+        if name not in self.files:
+            return []
+        return np.frombuffer(os.pread(self.files[name], 4 * (b - a), 4 * a), np.int32).tolist()
 
     def lengths(self, index=None):
         """item_lengths' (items, sides) array: the token count of each side of items[index] (default all)."""
@@ -1191,7 +1149,9 @@ class Items:
 
     def feature(self, k):
         a, b, example = int(self.offsets[k]), int(self.offsets[k + 1]), (self.read('example', k, k + 1) or [0])[0]
-        words = self.read('words', int(self.word_offsets[k]), int(self.word_offsets[k + 1])) if self.family == 'tagging' else None
+        words = None
+        if self.family == 'tagging':
+            words = self.read('words', int(self.word_offsets[k]), int(self.word_offsets[k + 1]))
         label = None  # the feature's own example has none, whatever the other side of its pair has
         if k < len(self.labelled) and self.labelled[k]:  # a tag per token, a class, or QA's (start, end)
             label = self.read('label', *{'tagging': (a, b), 'qa': (2 * k, 2 * k + 2)}.get(self.family, (k, k + 1)))
@@ -1200,7 +1160,8 @@ class Items:
             return Feature(self.read('ids', a, b), label, example, words)
         spans = self.read('spans', 2 * a, 2 * b)  # QA's evaluation windows
         spans = [None if s < 0 else (s, e) for s, e in zip(spans[::2], spans[1::2])]
-        return Feature(self.read('ids', a, b), label, example, words, spans, [bool(x) for x in self.read('max_context', a, b)])
+        fullest = [bool(x) for x in self.read('max_context', a, b)]
+        return Feature(self.read('ids', a, b), label, example, words, spans, fullest)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1278,7 +1239,7 @@ def cut_batches(order, size, chunks, g, lengths=None):
     sorted by length (in BUCKET steps) before it is cut, and the batches are then shuffled by g:
     a batch holds items of similar length and pads little, and the split depends on no process
     count. A last batch too small to give every process and micro-step (chunks) an item is dropped."""
-    if lengths is not None:  # lengths within BUCKET tokens keep their random order (and mix their labels): a stable sort
+    if lengths is not None:  # a stable sort: lengths within BUCKET tokens keep their random order (and mix labels)
         key, mega = np.asarray(lengths) // BUCKET, size * MEGA  # a pair: by one side, then the other
         parts = np.split(np.asarray(order), range(mega, len(order), mega))
         order = np.concatenate([part[np.lexsort(key[part].T[::-1])] for part in parts]).tolist()
@@ -1294,7 +1255,8 @@ def stepped(cut, steps, eval_every, batch_size):
     per_pass = len(cut(0))
     if not per_pass:
         raise DataError(f'{batch_size} is larger than the training items: lower it')
-    return lambda epoch: [cut(s // per_pass)[s % per_pass] for s in range(epoch * eval_every, min((epoch + 1) * eval_every, steps))]
+    steps_of = lambda epoch: range(epoch * eval_every, min((epoch + 1) * eval_every, steps))
+    return lambda epoch: [cut(s // per_pass)[s % per_pass] for s in steps_of(epoch)]
 
 
 def pad_share(lengths_of, batches, parts):
@@ -1385,11 +1347,12 @@ def pretrain_files(data_dir, mono_only=False):
         pair, _, lang = name.rpartition('.')
         if pair.count('-') == 1 and lang == pair.split('-')[0]:  # {a}-{b}.{a}: its other side is {a}-{b}.{b}
             b = pair.split('-')[1]
-            groups[f'para:{pair}'] = [os.path.join(para, name), need(os.path.join(para, f'{pair}.{b}'),
-                                                                    f'{name} has no other side: put its translations in {pair}.{b}')]
+            other = need(os.path.join(para, f'{pair}.{b}'), f'{name} has no other side: put its translations in '
+                                                            f'{pair}.{b}')
+            groups[f'para:{pair}'] = [os.path.join(para, name), other]
     if not groups:
         raise DataError(f'no pre-training text in {root}: put monolingual documents in mono/<lang>.txt and parallel '
-                        'sentences in parallel/<a>-<b>.<a> and .<b> (the README\'s layout), or pass --demo')
+                        'sentences in parallel/<a>-<b>.<a> and .<b> (docs/veco.md), or pass --demo')
     return groups
 
 
@@ -1450,15 +1413,16 @@ def pretraining_set(tok, data_dir, max_len, mono_only=False, cache=True):
     what each rule used and what was left out, {rule: [documents or lines, segments, pieces]}. The
     text is read a chunk at a time and tokenized once into <data_dir>/.cache (as training_set)."""
     groups = pretrain_files(data_dir, mono_only)
+    text = lambda group, paths: documents(paths[0]) if group.startswith('mono:') else line_pairs(*paths)
     jobs = ((group, (group.startswith('para:'), chunk, max_len)) for group, paths in groups.items()
-            for chunk in chunks(documents(paths[0]) if group.startswith('mono:') else line_pairs(*paths), TEXT_CHUNK))
+            for chunk in groups_of(text(group, paths), TEXT_CHUNK))
     build = lambda path: write_items(path, tok, jobs, pair_arrays, pretraining_index, {'family': 'pretrain'})
-    items = stored(build, tok.files + [p for paths in groups.values() for p in paths], ['pretrain', max_len, mono_only],
-                   data_dir, cache)
+    files = tok.files + [p for paths in groups.values() for p in paths]
+    items = stored(build, files, ['pretrain', max_len, mono_only], data_dir, cache)
     return items, {g: range(*ends) for g, ends in items.meta['groups'].items()}, items.meta['counts']
 
 
-def chunks(iterable, n):
+def groups_of(iterable, n):
     iterable = iter(iterable)
     while chunk := list(islice(iterable, n)):
         yield chunk
@@ -1479,7 +1443,8 @@ def pair_arrays(job):
         used = sum(len(x) + len(y) for x, y in pairs)
         count(counts, 'parallel lines, a pair each', len(pairs), 2 * len(pairs), used)
         count(counts, 'left out: parallel lines with an empty side', len(part) - len(kept), 0, 0)
-        count(counts, f'left out: parallel pieces past {longest} a side', 0, 0, sum(len(x) + len(y) for x, y in whole) - used)
+        cut = sum(len(x) + len(y) for x, y in whole) - used
+        count(counts, f'left out: parallel pieces past {longest} a side', 0, 0, cut)
     sides = [[tok.bos] + side + [tok.eos] for pair in pairs for side in pair]
     return {'ids': flat(sides), 'length': np.array([len(s) for s in sides], np.int32),
             'label': np.full(len(sides), int(parallel), np.int32), 'labelled': np.ones(len(sides), np.int32)}, counts
@@ -1552,7 +1517,7 @@ def parallel_files(data_dir, src, tgt, split):
     pairs = [os.path.join(data_dir, 'translation', p) for p in (f'{src}-{tgt}', f'{tgt}-{src}')]
     folder = next((p for p in pairs if os.path.isdir(p)), pairs[0])
     return [need(os.path.join(folder, f'{split}.{lang}'), f'put the {split} set\'s {lang} side there, one sentence '
-                 f'a line, aligned with {split}.{src if lang == tgt else tgt} (the README\'s translation layout)')
+                 f'a line, aligned with {split}.{src if lang == tgt else tgt} (docs/veco.md)')
             for lang in (src, tgt)]
 
 
@@ -1587,10 +1552,12 @@ DEMO_LANGS = ('en', 'de', 'zh')
 DEMO_WORDS = {  # slot: [(English, toy German, toy Chinese)]
     'first': [('Anna', 'Anna', '安娜'), ('Ben', 'Ben', '本'), ('Clara', 'Klara', '克拉'), ('David', 'David', '大卫'),
               ('Emma', 'Emma', '艾玛'), ('Felix', 'Felix', '菲力'), ('Greta', 'Greta', '格蕾'), ('Hugo', 'Hugo', '雨果')],
-    'last': [('Smith', 'Schmidt', '史密'), ('Jones', 'Jonas', '琼斯'), ('Brown', 'Braun', '布朗'), ('Miller', 'Müller', '米勒')],
+    'last': [('Smith', 'Schmidt', '史密'), ('Jones', 'Jonas', '琼斯'), ('Brown', 'Braun', '布朗'),
+             ('Miller', 'Müller', '米勒')],
     'C': [('Paris', 'Paris', '巴黎'), ('Berlin', 'Berlin', '柏林'), ('Tokyo', 'Tokio', '东京'), ('Cairo', 'Kairo', '开罗'),
           ('Lima', 'Lima', '利马'), ('Oslo', 'Oslo', '奥斯陆')],
-    'O': [('Blue Bank', 'Blau Bank', '蓝 银行'), ('Acme Corp', 'Acme Werk', '顶峰 公司'), ('Star News', 'Stern Blatt', '星 报社')],
+    'O': [('Blue Bank', 'Blau Bank', '蓝 银行'), ('Acme Corp', 'Acme Werk', '顶峰 公司'),
+          ('Star News', 'Stern Blatt', '星 报社')],
     'V': [('buys', 'kauft', '买'), ('reads', 'liest', '读'), ('writes', 'schreibt', '写'), ('sees', 'sieht', '看'),
           ('finds', 'findet', '找到'), ('sells', 'verkauft', '卖'), ('paints', 'malt', '画'), ('likes', 'mag', '喜欢')],
     'A': [('red', 'rot', '红'), ('big', 'groß', '大'), ('old', 'alt', '旧'), ('new', 'neu', '新'), ('small', 'klein', '小')],
@@ -1616,7 +1583,8 @@ DEMO_NER = {'S': 'PER', 'O': 'ORG', 'C': 'LOC'}
 
 
 def demo_fact(rng):
-    return {**{slot: rng.randrange(len(DEMO_WORDS[slot])) for slot in ('first', 'last', 'C', 'O', 'V', 'A', 'N')}, 'D': 0}
+    return {**{slot: rng.randrange(len(DEMO_WORDS[slot])) for slot in ('first', 'last', 'C', 'O', 'V', 'A', 'N')},
+            'D': 0}
 
 
 DEMO_ROUND_TRIP = {'fact': 'moved', 'moved': 'fact'}  # English -> target -> English comes back reordered
@@ -1657,7 +1625,8 @@ def demo_examples(task, n, rng):
             label = rng.choice(TASKS[task].labels)
             second = {'entailment': ('short', f), 'contradiction': ('never', f), 'neutral': ('work', f),
                       '1': ('moved', f), '0': ('moved', other)}[label]
-            out.append({l: {'a': demo_say('fact', f, l)[0], 'b': demo_say(*second, l)[0], 'label': label} for l in DEMO_SIDES})
+            out.append({l: {'a': demo_say('fact', f, l)[0], 'b': demo_say(*second, l)[0], 'label': label}
+                        for l in DEMO_SIDES})
         elif task in ('udpos', 'panx'):
             kind = rng.choice(['fact', 'work', 'moved'] + (['short', 'never'] if task == 'udpos' else []))
             said = {l: demo_say(kind, f, l) for l in DEMO_SIDES}
@@ -1666,19 +1635,23 @@ def demo_examples(task, n, rng):
             g = dict(demo_fact(rng), first=(f['first'] + 1 + rng.randrange(7)) % 8)
             kind = rng.choice(['who', 'where', 'which'])
             said_first = rng.random() < 0.5
-            ex = {}
-            for l in DEMO_SIDES:
-                fact, work = demo_say('fact', f, l), demo_say('work', g, l)
-                sep = '' if l == 'zh' else ' '
-                first, second = (fact, work) if said_first else (work, fact)
-                asked = work if kind == 'which' else fact
-                a0, a1 = asked[4]['O' if kind == 'which' else 'S' if kind == 'who' else 'C']
-                offset = 0 if asked is first else len(first[0]) + len(sep)
-                context = first[0] + sep + second[0]
-                ex[l] = {'id': f'demo-{len(out)}', 'question': demo_say(kind, g if kind == 'which' else f, l)[0],
-                         'context': context, 'answers': [{'text': context[offset + a0:offset + a1], 'answer_start': offset + a0}]}
-            out.append(ex)
+            out.append({l: demo_question(f, g, kind, said_first, l, f'demo-{len(out)}') for l in DEMO_SIDES})
     return out
+
+
+def demo_question(f, g, kind, said_first, lang, qid):
+    """A QA example in lang: a context of the fact f and where g's person works, f's said first or
+    second, and a question of `kind`: who did f, where, or for which company g's person works."""
+    fact, work = demo_say('fact', f, lang), demo_say('work', g, lang)
+    sep = '' if lang == 'zh' else ' '
+    first, second = (fact, work) if said_first else (work, fact)
+    asked = work if kind == 'which' else fact
+    a0, a1 = asked[4]['O' if kind == 'which' else 'S' if kind == 'who' else 'C']
+    offset = 0 if asked is first else len(first[0]) + len(sep)
+    context = first[0] + sep + second[0]
+    answer = {'text': context[offset + a0:offset + a1], 'answer_start': offset + a0}
+    return {'id': qid, 'question': demo_say(kind, g if kind == 'which' else f, lang)[0], 'context': context,
+            'answers': [answer]}
 
 
 def demo_files(task, split, rows):
@@ -1689,27 +1662,23 @@ def demo_files(task, split, rows):
     have none), QA translations their answers; translate-train leaves some English examples out,
     in another order (demo_translated)."""
     family, files, test = TASKS[task].family, {}, split == 'test'
-    squad = lambda exs, blank=False: json.dumps({'version': 'demo', 'data': [{'paragraphs': [{'context': e['context'], 'qas': [
-        {'id': e['id'], 'question': e['question'],
-         'answers': [{'text': '', 'answer_start': 0}] if blank else e['answers']}]}]} for e in exs]}, ensure_ascii=False)
 
     def text(exs, labelled=True):  # a file of examples as the readers read it
         if family == 'classification':
             return tsv_text((e['a'], e['b']) + ((e['label'],) if labelled else ()) for e in exs)
-        return tagged_text(exs, labelled) if family == 'tagging' else squad(exs, blank=not labelled)
+        return tagged_text(exs, labelled) if family == 'tagging' else squad_text(exs, blank=not labelled)
     for lang in ['en'] if split == 'train' else DEMO_LANGS:
         exs = [r[lang] for r in rows]
         if split_path('', task, split, lang):
             files[split_path('', task, split, lang)] = text(exs, not test)
-        if test:  # the gold: a label a line, a tag a line (a blank line between sentences), or the answers
-            files[f'labels/{task}/test-{lang}.{suffix(task)}'] = (
-                tsv_text((e['label'],) for e in exs) if family == 'classification' else squad(exs) if family == 'qa'
-                else '\n'.join(''.join(t + '\n' for t in e['tags']) for e in exs))
+        if test:
+            files[f'labels/{task}/test-{lang}.{suffix(task)}'] = gold_text(family, exs)
         for other in DEMO_LANGS[1:] if split == 'train' else ['en'] * (lang != 'en'):
             # translations: English -> other for train (with the round trip back), lang -> English otherwise
             if split == 'train':
                 files[split_path('', task, 'round-trip', other)] = text([r['rt'] for r in rows])
-            trans, path = [r[other] for r in rows], split_path('', task, f'translate-{split}', other if split == 'train' else lang)
+            trans = [r[other] for r in rows]
+            path = split_path('', task, f'translate-{split}', other if split == 'train' else lang)
             pairs = demo_translated(task, other, list(zip(exs, trans))) if split == 'train' else list(zip(exs, trans))
             if family == 'classification':  # the original pair, its translation, the label
                 files[path] = tsv_text((o['a'], o['b'], t['a'], t['b'], o['label']) for o, t in pairs)
@@ -1732,9 +1701,28 @@ def demo_translated(task, lang, pairs):
     return kept
 
 
+def gold_text(family, examples):
+    """Test labels as the leaderboard's files hold them: a label a line, a tag a line (a blank line
+    between sentences), or the answers in SQuAD's format."""
+    if family == 'classification':
+        return tsv_text((e['label'],) for e in examples)
+    if family == 'qa':
+        return squad_text(examples)
+    return '\n'.join(''.join(t + '\n' for t in e['tags']) for e in examples)
+
+
+def squad_text(examples, blank=False):
+    """A QA file in SQuAD's format, a paragraph a question; blank: the answers blanked, as in test files."""
+    qa = lambda e: {'id': e['id'], 'question': e['question'],
+                    'answers': [{'text': '', 'answer_start': 0}] if blank else e['answers']}
+    data = [{'paragraphs': [{'context': e['context'], 'qas': [qa(e)]}]} for e in examples]
+    return json.dumps({'version': 'demo', 'data': data}, ensure_ascii=False)
+
+
 def tagged_text(examples, tags=True):
     """A tagging file: a word (and its tag) a line, a blank line after each sentence."""
-    return '\n'.join(''.join(f'{w}\t{t}\n' if tags else f'{w}\n' for w, t in zip(e['words'], e['tags'])) for e in examples)
+    line = lambda w, t: f'{w}\t{t}\n' if tags else f'{w}\n'
+    return '\n'.join(''.join(line(w, t) for w, t in zip(e['words'], e['tags'])) for e in examples)
 
 
 def demo_retrieval(task, split, rng, n=100):
@@ -1801,14 +1789,18 @@ def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
     rng_target = random.Random(seed + 3)  # the target languages' own tagged training text (XLA's unlabelled data)
     for task in ('panx', 'udpos'):
         rows = demo_examples(task, n_train, rng_target)
-        files.update({split_path('', task, 'train', lang): tagged_text([r[lang] for r in rows]) for lang in DEMO_LANGS[1:]})
+        for lang in DEMO_LANGS[1:]:
+            files[split_path('', task, 'train', lang)] = tagged_text([r[lang] for r in rows])
     for path, text in files.items():
-        write_text(os.path.join(out_dir, path), text)
-    sentences = [demo_say(kind, demo_fact(rng), lang)[0] for kind in DEMO_ORDER for lang in DEMO_LANGS for _ in range(100)]
+        atomic_write(os.path.join(out_dir, path), text)
+    sentences = [demo_say(kind, demo_fact(rng), lang)[0] for kind in DEMO_ORDER for lang in DEMO_LANGS
+                 for _ in range(100)]
     spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences),
-                                   model_prefix=os.path.join(out_dir, 'sentencepiece.bpe'), vocab_size=600, model_type='bpe',
-                                   hard_vocab_limit=False, character_coverage=1.0, minloglevel=2, num_threads=1)
-    atomic_write(os.path.join(out_dir, 'demo.json'), json.dumps({'languages': DEMO_LANGS, 'seed': seed, 'version': DEMO_VERSION}))
+                                   model_prefix=os.path.join(out_dir, 'sentencepiece.bpe'), vocab_size=600,
+                                   model_type='bpe', hard_vocab_limit=False, character_coverage=1.0, minloglevel=2,
+                                   num_threads=1)
+    marker = {'languages': DEMO_LANGS, 'seed': seed, 'version': DEMO_VERSION}
+    atomic_write(os.path.join(out_dir, 'demo.json'), json.dumps(marker))
     return out_dir
 
 
@@ -1859,11 +1851,6 @@ def fetch(url, folder):
     return path
 
 
-def write_text(path, text):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    atomic_write(path, text)
-
-
 def tsv_text(rows):
     out = io.StringIO()
     csv.writer(out, delimiter='\t', lineterminator='\n').writerows(rows)
@@ -1872,9 +1859,10 @@ def tsv_text(rows):
 
 def convert_pairs(task, out, split, lang, rows):
     """rows of (a, b, label) -> the split file; test labels also to labels/."""
-    write_text(os.path.join(out, task, f'{split}-{lang}.tsv'), tsv_text(r[:2] if split == 'test' else r for r in rows))
+    kept = (r[:2] if split == 'test' else r for r in rows)  # test files carry no label
+    atomic_write(os.path.join(out, task, f'{split}-{lang}.tsv'), tsv_text(kept))
     if split == 'test':
-        write_text(os.path.join(out, 'labels', task, f'test-{lang}.tsv'), ''.join(r[2] + '\n' for r in rows))
+        atomic_write(os.path.join(out, 'labels', task, f'test-{lang}.tsv'), ''.join(r[2] + '\n' for r in rows))
 
 
 def download(task, out):
@@ -1917,15 +1905,15 @@ def download(task, out):
             name = os.path.basename(path).replace('.sample.', '.dev.').replace('.training.', '.test.')
             target = (os.path.join(out, 'labels', task, f'test-{name[:2]}.tsv') if name.endswith('test.gold')
                       else os.path.join(out, task, name))
-            write_text(target, open(path, encoding='utf-8').read())
+            atomic_write(target, open(path, encoding='utf-8').read())
     else:  # tatoeba: LASER's aligned files; the English side sorted, as XTREME does
         for lang, iso in TATOEBA_ISO3.items():
             stem = glob_files(unpacked, f'tatoeba.{iso}-eng.{iso}')[0][:-len(iso) - 1]
             src, eng = lines_of(f'{stem}.{iso}'), lines_of(f'{stem}.eng')
             order = sorted(range(len(eng)), key=lambda i: eng[i])
-            write_text(os.path.join(out, task, f'{lang}-en.{lang}'), ''.join(s + '\n' for s in src))
-            write_text(os.path.join(out, task, f'{lang}-en.en'), ''.join(eng[i] + '\n' for i in order))
-            write_text(os.path.join(out, 'labels', task, f'test-{lang}.tsv'), ''.join(f'{i}\n' for i in order))
+            atomic_write(os.path.join(out, task, f'{lang}-en.{lang}'), ''.join(s + '\n' for s in src))
+            atomic_write(os.path.join(out, task, f'{lang}-en.en'), ''.join(eng[i] + '\n' for i in order))
+            atomic_write(os.path.join(out, 'labels', task, f'test-{lang}.tsv'), ''.join(f'{i}\n' for i in order))
     print(f'{task} is ready in {out}; FILTER and X-Mixup also need translations: {TRANSLATIONS}')
 
 
@@ -1960,16 +1948,17 @@ def convert_ud(paths, out):
                 words = []
     for (split, lang), sents in sentences.items():
         rows = lambda fmt: '\n'.join(''.join(fmt(w, t) + '\n' for w, t in s) for s in sents)
-        write_text(os.path.join(out, 'udpos', f'{split}-{lang}.tsv'), rows(lambda w, t: w if split == 'test' else f'{w}\t{t}'))
+        words = rows(lambda w, t: w if split == 'test' else f'{w}\t{t}')
+        atomic_write(os.path.join(out, 'udpos', f'{split}-{lang}.tsv'), words)
         if split == 'test':
-            write_text(os.path.join(out, 'labels', 'udpos', f'test-{lang}.tsv'), rows(lambda w, t: t))
+            atomic_write(os.path.join(out, 'labels', 'udpos', f'test-{lang}.tsv'), rows(lambda w, t: t))
 
 
 def convert_qa(task, files, unpacked, out):
     """SQuAD-format files to their places; test files with their answers blanked (as XTREME's),
     the answers kept in labels/<task>/test-<lang>.json."""
     load = lambda path: json.load(open(path, encoding='utf-8'))
-    save = lambda path, obj: write_text(path, json.dumps(obj, ensure_ascii=False))
+    save = lambda path, obj: atomic_write(path, json.dumps(obj, ensure_ascii=False))
     def test_file(lang, obj):
         save(os.path.join(out, 'labels', task, f'test-{lang}.json'), obj)
         for qa in [qa for article in obj['data'] for p in article['paragraphs'] for qa in p['qas']]:
@@ -1998,11 +1987,11 @@ def convert_qa(task, files, unpacked, out):
 
 
 DOWNLOAD_HELP = """Fetch one XTREME task from its official sources (the files XTREME's download_data.sh
-fetches) and write it in the layout train.py reads (the README's Data section), test labels
+fetches) and write it in the layout train.py reads (docs/data.md), test labels
 under labels/ where they are public. Archives are kept in OUT/downloads/TASK, so a second run
 does not fetch them again. PAN-X has no direct download (the command says what to do), and
 XTREME's translations, which translate-train(-all), --translate_test, FILTER, X-Mixup and VECO's
-translate-train-all read, are fetched with gsutil (the README).
+translate-train-all read, are fetched with gsutil (docs/data.md).
 
 example:
   python data.py download --task xnli --out data/"""
@@ -2016,8 +2005,9 @@ def main(argv=None):
     get.add_argument('--task', required=True, choices=list(TASKS), help=f'one of {", ".join(TASKS)}')
     get.add_argument('--out', required=True, help='the data folder (train.py --data_dir), e.g. data/')
     demo = sub.add_parser('demo', help='write the generated demo data of every task',
-                          description='Write the demo\'s generated data of all nine tasks, with its sentencepiece model, '
-                                      'in the same layout (train.py --demo makes it in the run folder by itself).')
+                          description='Write the demo\'s generated data of all nine tasks, with its sentencepiece '
+                                      'model, in the same layout (train.py --demo makes it in the run folder by '
+                                      'itself).')
     demo.add_argument('--out', required=True, help='the folder to write, e.g. demo/')
     demo.add_argument('--seed', type=int, default=0, help='the generator\'s seed (default 0, the demo\'s)')
     args = parser.parse_args(argv)

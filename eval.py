@@ -24,8 +24,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data import (GROUPS, TASKS, DataError, Feature, collate, is_demo, item_lengths, languages, length_batches, lines_of,
-                  read_lines, read_qa_file, read_retrieval, read_tag_file, read_text, suffix, word_predictions, write_text)
+from data import (GROUPS, TASKS, DataError, Feature, collate, is_demo, item_lengths, languages, length_batches,
+                  lines_of, read_lines, read_qa_file, read_retrieval, read_tag_file, read_text, suffix,
+                  word_predictions)
 from layers import Parser, atomic_write, mean_pool
 
 
@@ -40,7 +41,7 @@ def accuracy(labels, preds):
     return {'accuracy': sum(p == g for p, g in zip(preds, labels)) / len(preds) * 100}
 
 
-def chunks(sentences):
+def tag_chunks(sentences):
     """seqeval 1.2.2 get_entities (default mode): sentences are joined with an 'O' after each,
     a tag's first character is its B/I/E/S/O prefix and the rest (after a '-') its type, so
     POS tags chunk too ('NOUN' = prefix 'N', type 'OUN': a run of NOUNs is one chunk)."""
@@ -59,7 +60,7 @@ def chunks(sentences):
     return found
 
 
-def chunk_f1(labels, preds, items=chunks):
+def chunk_f1(labels, preds, items=tag_chunks):
     """Micro precision, recall and F1 over all chunks of a file, as seqeval's defaults (0 when undefined);
     items: the set a file's labels make (bucc_f1: its pairs, each counted once)."""
     gold, pred = items(labels), items(preds)
@@ -76,7 +77,8 @@ def bucc_f1(labels, preds):
 
 SQUAD_PUNCT = set(string.punctuation)
 # MLQA: every Unicode punctuation character plus ASCII's, articles per language.
-MLQA_PUNCT = {chr(i) for i in range(sys.maxunicode) if unicodedata.category(chr(i)).startswith('P')} | set(string.punctuation)
+MLQA_PUNCT = ({chr(i) for i in range(sys.maxunicode) if unicodedata.category(chr(i)).startswith('P')}
+              | set(string.punctuation))
 MLQA_ARTICLES = {'en': r'\b(a|an|the)\b', 'es': r'\b(un|una|unos|unas|el|la|los|las)\b',
                  'de': r'\b(ein|eine|einen|einem|eines|einer|der|die|das|den|dem|des)\b',
                  'vi': r'\b(của|là|cái|chiếc|những)\b', 'hi': None, 'zh': None,
@@ -192,6 +194,20 @@ def tokenized_bleu(hyps, refs):
     return bleu_scores(hyps, refs, split, smooth=False, signature='multi-bleu.perl -lc (whitespace tokens)')
 
 
+def translation_scores(hyps, refs):
+    """A translation run's test scores: sacreBLEU's BLEU of the detokenised text, and the tokenised
+    BLEU of its 13a tokens (multi-bleu.perl -lc)."""
+    tokens = lambda lines: [tokenize_13a(line) for line in lines]
+    return {'bleu': bleu(hyps, refs), 'tokenized_bleu': tokenized_bleu(tokens(hyps), tokens(refs))}
+
+
+def translation_table(title, scores):
+    """The table a translation run prints: sacreBLEU with its signature, then tokenised BLEU."""
+    sacre, tokenized = scores['bleu'], scores['tokenized_bleu']
+    return (f'{title}\n  sacreBLEU       {sacre["bleu"]:6.2f}  {sacre["signature"]}\n'
+            f'  tokenized BLEU  {tokenized["bleu"]:6.2f}  (13a tokens, lower case, no smoothing: multi-bleu.perl -lc)')
+
+
 def bleu_files(hyp_path, ref_path, tokenized=False):
     """BLEU of two UTF-8 text files, line i against line i (an empty line is an empty sentence)."""
     for path in (hyp_path, ref_path):
@@ -219,7 +235,8 @@ def score_file(task, pred_path, label_path, lang):
     family = TASKS[task].family
     for path in (pred_path, label_path):
         if not os.path.isfile(path):
-            raise EvalError(f'{path} is not there: every language of {task} needs a file ({", ".join(TASKS[task].langs)})')
+            raise EvalError(f'{path} is not there: every language of {task} needs a file '
+                            f'({", ".join(TASKS[task].langs)})')
     if family == 'qa':
         return qa_scores(read_qa_file(label_path), read_qa_file(pred_path), lang if task == 'mlqa' else None)
     read = read_tag_file if family == 'tagging' else read_lines
@@ -228,7 +245,8 @@ def score_file(task, pred_path, label_path, lang):
         return bucc_f1(labels, preds)
     if len(labels) != len(preds):
         unit = 'sentences' if family == 'tagging' else 'lines'
-        raise EvalError(f'{pred_path} has {len(preds)} {unit}, {label_path} has {len(labels)}: write one per test example')
+        raise EvalError(f'{pred_path} has {len(preds)} {unit}, {label_path} has {len(labels)}: write one per test '
+                        'example')
     if family == 'tagging':
         bad = next((i for i, (g, p) in enumerate(zip(labels, preds)) if len(g) != len(p)), None)
         if bad is not None:
@@ -258,7 +276,7 @@ def score_folder(pred_dir, label_dir, demo=False, tasks=TASKS):
     then the group scores and all_task where every task they need is there. demo: the demo's languages."""
     detailed = {}
     for task in TASKS:
-        if task in tasks and os.path.isdir(os.path.join(pred_dir, task)) and os.path.isdir(os.path.join(label_dir, task)):
+        if task in tasks and all(os.path.isdir(os.path.join(d, task)) for d in (pred_dir, label_dir)):
             name = lambda d, lang: os.path.join(d, task, f'test-{lang}.{suffix(task)}')
             detailed[task] = task_scores({lang: score_file(task, name(pred_dir, lang), name(label_dir, lang), lang)
                                           for lang in languages(task, demo)})
@@ -281,7 +299,7 @@ def write_predictions(folder, task, lang, preds):
     else:
         text = ''.join(f'{p}\n' for p in preds)
     path = os.path.join(folder, task, f'test-{lang}.{suffix(task)}')
-    write_text(path, text)
+    atomic_write(path, text)
     return path
 
 
@@ -371,7 +389,7 @@ def retrieve(data_dir, task, embed, mining='margin'):
         if task == 'tatoeba':  # for every English sentence, the line of its source sentence
             preds[lang] = nearest(embed(eng), embed(src))[0].tolist()
             continue
-        dev_src, dev_eng, gold = read_retrieval(data_dir, task, 'dev', lang)  # BUCC: the pairs from the dev threshold on
+        dev_src, dev_eng, gold = read_retrieval(data_dir, task, 'dev', lang)  # BUCC: dev's best threshold
         dev_pairs, dev_scores = bucc_candidates(embed, dev_src, dev_eng, mining)
         threshold = best_threshold(dev_scores, dev_pairs, set(gold))
         pairs, scores = bucc_candidates(embed, src, eng, mining)
@@ -458,7 +476,27 @@ def linear_cka(x, y):
 
 
 # ----------------------------------------------------------------------------------------
-# Per-language tables.
+# What a run prints and keeps: its epoch lines, per-language tables.
+
+def epoch_line(state, epochs, epoch_loss, dev, select, seconds):
+    """The line a run prints at an epoch's end: where it is, its training loss (epoch_loss: the (mean, steps)
+    of each log line), the dev average and the best score so far by the run's selection rule."""
+    loss = sum(l * n for l, n in epoch_loss) / max(1, sum(n for _, n in epoch_loss))
+    line = f'epoch {state["epoch"]}/{epochs}  step {state["step"]}  train loss {loss:.4f}'
+    if dev and select == 'loss':
+        line += f'  held-out loss {-np.mean([s["score"] for s in dev.values()]):.4f}  best {-state["best"]:.4f}'
+    elif dev:
+        average = np.mean([s['score'] for s in dev.values()])
+        by_en = select == 'en' and 'en' in dev
+        line += f'  dev avg {average:.1f}' + (f'  dev en {dev["en"]["score"]:.1f}' if by_en else '')
+        line += f'  best {state["best"]:.1f} ({"en" if by_en else "avg"})'
+    return line + f'  {clock(seconds)}'
+
+
+def clock(seconds):
+    s = int(seconds)
+    return f'{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}'
+
 
 def summarize(per_lang, source='en'):
     """{lang: score} -> {lang: score, 'avg': mean, 'gap': source minus the mean of the others}."""
@@ -520,6 +558,15 @@ def format_table(rows):
     return '\n'.join(lines)
 
 
+def held_out_table(losses):
+    """The table VECO's pre-training prints: its held-out losses {kind: {term: loss}}, a row a kind of pair."""
+    names = sorted({k for row in losses.values() for k in row} - {'score'})
+    lines = [f'{"held out":<10}' + ''.join(f'{n:>13}' for n in names)]
+    for kind, row in losses.items():
+        lines.append(f'{kind:<10}' + ''.join(f'{row[n]:13.3f}' if n in row else ' ' * 13 for n in names))
+    return '\n'.join(lines)
+
+
 METRIC_NAMES = {'accuracy': 'accuracy', 'f1': 'F1', 'em_f1': 'mean of EM and F1'}
 
 
@@ -552,7 +599,8 @@ def finished_task(run):
         raise EvalError(f'{run} is not a finished run (no results.json): pass the --out folders of finished runs')
     task = json.loads(read_text(path)).get('task')
     if task not in TASKS or not os.path.isdir(os.path.join(run, 'predictions', task)):
-        raise EvalError(f'{run} holds no test predictions of an XTREME task (predictions/<task>/): it cannot be submitted')
+        raise EvalError(f'{run} holds no test predictions of an XTREME task (predictions/<task>/): it cannot be '
+                        'submitted')
     config = os.path.join(run, 'config.json')
     if TASKS[task].family == 'qa' and os.path.isfile(config) and json.loads(read_text(config)).get('translate_test'):
         raise EvalError(f'{run} is a translate-test run: its answers are English, which the leaderboard does not score')
@@ -616,7 +664,8 @@ def plot(runs, out):
             for r in runs]
     results = [json.loads(read_text(p)) if os.path.exists(p := os.path.join(r, 'results.json')) else {} for r in runs]
     if not any(logs) and not any(r.get('test') for r in results):
-        raise EvalError(f'nothing to plot in {", ".join(runs)}: no log.jsonl or results.json there (a finished run\'s --out)')
+        raise EvalError(f'nothing to plot in {", ".join(runs)}: no log.jsonl or results.json there (a finished '
+                        'run\'s --out)')
     os.makedirs(out, exist_ok=True)
     written = []
     for name, draw in (('loss.png', plot_loss), ('dev.png', plot_dev), ('test.png', plot_test)):
@@ -653,8 +702,8 @@ def plot_dev(ax, names, logs, results):
         for lang in dict.fromkeys(k for _, d in epochs for k in d) if one else ():
             ax.plot([e for e, d in epochs if lang in d], [d[lang] for e, d in epochs if lang in d], marker='o',
                     lw=2 if lang == 'en' else 1, label=lang)
-        ax.plot([e for e, _ in epochs], [sum(d.values()) / len(d) for _, d in epochs], 'k--' if one else '-', marker='s',
-                label='average' if one else name)
+        ax.plot([e for e, _ in epochs], [sum(d.values()) / len(d) for _, d in epochs], 'k--' if one else '-',
+                marker='s', label='average' if one else name)
     loss = any(isinstance(v, dict) for log in logs for r in log for v in r.get('dev', {}).values())
     ax.set(xlabel='epoch', ylabel='held-out loss' if loss else 'dev score per language' if one else
            'dev score, average over languages')
@@ -715,7 +764,8 @@ def main(argv=None):
                      '--collect RUN [RUN ...] --out DIR, --plot RUN [RUN ...] or --bleu HYP --ref REF')
         scores = score_folder(args.predictions, args.labels, args.demo)
         if not scores:
-            sys.exit(f'error: no task folder is in both {args.predictions} and {args.labels}: expected e.g. xnli/test-en.tsv')
+            sys.exit(f'error: no task folder is in both {args.predictions} and {args.labels}: expected e.g. '
+                     'xnli/test-en.tsv')
         atomic_write(args.out, json.dumps(scores, indent=2, ensure_ascii=False))
     except (EvalError, DataError, OSError) as e:
         sys.exit(f'error: {e}')
@@ -745,13 +795,13 @@ def collect_main(args):
         print(f'missing: {gap}')
     incomplete = {g.split(':')[0] for g in gaps}  # each gap begins '<task>:'
     print(f'submission in {args.out}: {len(TASKS) - len(incomplete)} of {len(TASKS)} tasks complete')
-    groups = {}
-    for run in args.collect:  # runs of one command differ in --seed and in options that leave results alike (--out, ...)
+    groups = {}  # runs of one command differ in --seed and in options that leave results alike (--out, ...)
+    for run in args.collect:
         config = json.loads(read_text(f'{run}/config.json')) if os.path.isfile(f'{run}/config.json') else {}
-        same = set(config.get('changes_nothing', ['out'])) | {'seed', 'changes_nothing'}  # recorded by the run (Run.begin)
-        groups.setdefault((finished_task(run), json.dumps({k: v for k, v in config.items() if k not in same}, sort_keys=True)),
-                          []).append((run, config.get('seed')))
-    for (task, command), runs in ((k, r) for k, r in groups.items() if len(r) > 1):  # a command's seeds: the papers' ± std
+        same = set(config.get('changes_nothing', ['out'])) | {'seed', 'changes_nothing'}  # recorded by Run.begin
+        command = json.dumps({k: v for k, v in config.items() if k not in same}, sort_keys=True)
+        groups.setdefault((finished_task(run), command), []).append((run, config.get('seed')))
+    for (task, command), runs in ((k, r) for k, r in groups.items() if len(r) > 1):  # the papers' ± std over seeds
         print(f'{task}, {json.loads(command).get("method")}, test, mean ± std over {len(runs)} runs (--seed '
               f'{", ".join(str(seed) for _, seed in runs)}):\n{seed_table([run for run, _ in runs])}')
     if args.labels:

@@ -83,7 +83,10 @@ class Attention(nn.Module):
         else:
             w, b = self.qkv.weight, self.qkv.bias
             q = F.linear(x, w[:D], b[:D])
-            k, v = (cache['k'], cache['v']) if cache and 'k' in cache else F.linear(memory, w[D:], b[D:]).split(D, dim=2)
+            if cache and 'k' in cache:  # the memory's keys and values, computed at the first step
+                k, v = cache['k'], cache['v']
+            else:
+                k, v = F.linear(memory, w[D:], b[D:]).split(D, dim=2)
         if cache is not None:
             cache['k'], cache['v'] = k, v
         q, k, v = (t.view(B, -1, self.n_head, D // self.n_head).transpose(1, 2) for t in (q, k, v))
@@ -167,7 +170,8 @@ class Encoder(nn.Module):
         offset: how many positions came before (decoding step by step)."""
         longest = self.cfg.max_positions - self.cfg.pad_id - 1
         if ids.size(1) + offset > longest:
-            raise ValueError(f'sequence of {ids.size(1) + offset} tokens is longer than the model\'s {longest}: lower --max_len')
+            raise ValueError(f'sequence of {ids.size(1) + offset} tokens is longer than the model\'s {longest}: lower '
+                             '--max_len')
         positions = position_ids(ids, self.cfg.pad_id) + offset * ids.ne(self.cfg.pad_id)
         return self.drop(self.ln(self.tok(ids) * self.cfg.embed_scale + self.pos(positions)))
 
@@ -221,6 +225,66 @@ class MLMHead(nn.Module):
 
     def forward(self, h):
         return F.linear(self.ln(F.gelu(self.dense(h))), self.weight, self.bias)
+
+
+def next_log_probs(decoder, tokens, memory, memory_mask, cache=None):
+    """log p(next token | prefix, source) (N, V) for prefixes tokens (N, t) of a decoder (an Encoder
+    with cross-attention on memory) whose output layer is its token embedding, tied as fairseq's
+    share_all_embeddings. With a cache only the newest token runs through the decoder; without,
+    the whole prefix again."""
+    new = tokens if cache is None else tokens[:, -1:]
+    x = decoder.embed(new, offset=tokens.size(1) - new.size(1))
+    h = decoder.run(x, None, memory=memory, memory_mask=memory_mask, causal=True, cache=cache)
+    return F.linear(h[:, -1], decoder.tok.weight).float().log_softmax(-1)
+
+
+@torch.no_grad()
+def beam_search(decoder, memory, memory_mask, bos, beam=5, lenpen=1.0, max_new=200, min_len=1, cache=True, eos=2,
+                pad=1):
+    """Beam search as fairseq's SequenceGenerator, batched over sentences and beams, of the decoder
+    reading memory (B, S, H), the encoder's states of B sources. Each step takes the 2K best
+    extensions of a sentence's K hypotheses; those among the first K that end in </s> are finished
+    with the score log p / length ** lenpen (the length counts </s>), the K best others go on. A
+    sentence stops at K finished hypotheses or at max_new tokens. cache: each step runs the newest
+    token alone, the earlier keys and values kept. -> the best hypothesis of each source, token
+    ids after bos without </s>."""
+    K, V, B, device = beam, decoder.cfg.vocab_size, memory.size(0), memory.device
+    memory, memory_mask = memory.repeat_interleave(K, 0), memory_mask.repeat_interleave(K, 0)
+    max_len = min(max_new, decoder.cfg.max_positions - decoder.cfg.pad_id - 2)
+    tokens = torch.full((B * K, 1), bos, dtype=torch.long, device=device)
+    scores = torch.zeros(B * K, device=device)  # log p of each hypothesis so far
+    alive, finished, state = list(range(B)), [[] for _ in range(B)], {} if cache else None
+    rank = torch.arange(2 * K, device=device)
+    for step in range(max_len + 1):
+        logp = next_log_probs(decoder, tokens, memory, memory_mask, state)
+        logp[:, pad] = -math.inf
+        if step >= max_len:  # the last step may only end the hypothesis
+            logp[:, torch.arange(V, device=device) != eos] = -math.inf
+        elif step < min_len:
+            logp[:, eos] = -math.inf
+        n = len(alive)
+        total = (scores[:, None] + logp).view(n, K, V)
+        top, index = (total[:, :1] if step == 0 else total).reshape(n, -1).topk(2 * K)  # step 0: K equal beams
+        beams, words = index // V, index % V
+        ends = words.eq(eos) & top.ne(-math.inf)
+        for i, j in ends[:, :K].nonzero().tolist():  # at most K a sentence
+            if len(finished[alive[i]]) < K:
+                hyp = tokens[i * K + beams[i, j], 1:].tolist()
+                finished[alive[i]].append((top[i, j].item() / (step + 1) ** lenpen, hyp))
+        live = [i for i in range(n) if len(finished[alive[i]]) < K] if step < max_len else []
+        if not live:
+            break
+        live_rows = torch.tensor(live, device=device)
+        going = torch.where(ends, rank + 2 * K, rank)[live_rows].topk(K, largest=False).indices  # K best that go on
+        rows = (live_rows[:, None] * K + beams[live_rows].gather(1, going)).view(-1)
+        tokens = torch.cat([tokens[rows], words[live_rows].gather(1, going).view(-1, 1)], 1)
+        scores = top[live_rows].gather(1, going).view(-1)
+        memory, memory_mask = memory[rows], memory_mask[rows]
+        for block in (state or {}).values():  # the cached keys and values follow their hypotheses
+            for part in block.values():
+                part['k'], part['v'] = part['k'][rows], part['v'][rows]
+        alive = [alive[i] for i in live]
+    return [max(hyps, key=lambda h: h[0])[1] for hyps in finished]
 
 
 def init_weights(module):
@@ -305,20 +369,22 @@ def fold_tied(sd):
     if 'type.weight' in sd and 'enc.pos.weight' in sd:
         t = sd.pop('type.weight')
         if t.size(0) != 1:
-            raise CheckpointError(f'token_type_embeddings has {t.size(0)} rows; XLM-R has 1 and this model adds no segment ids')
+            raise CheckpointError(f'token_type_embeddings has {t.size(0)} rows; XLM-R has 1 and this model adds no '
+                                  'segment ids')
         sd['enc.pos.weight'] = sd['enc.pos.weight'] + t[0]
-    tied = {'tied.weight': 'enc.tok.weight', 'tied.bias': 'mlm.bias', 'mlm.weight': 'enc.tok.weight',  # fairseq: mlm.weight
+    tied = {'tied.weight': 'enc.tok.weight', 'tied.bias': 'mlm.bias', 'mlm.weight': 'enc.tok.weight',  # fairseq's
             'dec_tok.weight': 'enc.tok.weight', 'dec_out.weight': 'enc.tok.weight'}
+    decoder = {'dec_tok.weight': 'the decoder\'s token embeddings',
+               'dec_out.weight': 'the decoder\'s output projection'}
     for copy, original in tied.items():
         if copy in sd:
             t = sd.pop(copy)
             if original not in sd:
                 sd[original] = t
             elif not torch.equal(t, sd[original]):
-                what = {'dec_tok.weight': 'the decoder\'s token embeddings', 'dec_out.weight': 'the decoder\'s output projection'}
-                raise CheckpointError(f'{what.get(copy, "the MLM decoder " + copy.split(".")[1])} differs from {original}; '
-                                      'this model ties them' + (' (the file was trained without share_all_embeddings)'
-                                                               if copy in what else ''))
+                what = decoder.get(copy, 'the MLM decoder ' + copy.split('.')[1])
+                why = ' (the file was trained without share_all_embeddings)' if copy in decoder else ''
+                raise CheckpointError(f'{what} differs from {original}; this model ties them{why}')
     if any(k.startswith('mlm.') for k in sd) and 'enc.tok.weight' in sd:
         sd['mlm.weight'] = sd['enc.tok.weight']
 
@@ -345,7 +411,10 @@ def read_safetensors(path):
                                   f'(truncated?): re-download or re-save it')
         (begin, end), dtype = info['data_offsets'], dtypes[info['dtype']]
         count = (end - begin) // torch.empty(0, dtype=dtype).element_size()
-        t = torch.frombuffer(buf, dtype=dtype, count=count, offset=8 + n + begin) if count else torch.empty(0, dtype=dtype)
+        if not count:  # frombuffer takes no empty tensor
+            t = torch.empty(0, dtype=dtype)
+        else:
+            t = torch.frombuffer(buf, dtype=dtype, count=count, offset=8 + n + begin)
         sd[name] = t.reshape(info['shape']).clone()
     return sd
 
@@ -376,8 +445,9 @@ def torch_load(path, mmap=False):
     except Exception as e:  # torch reports refused globals as UnpicklingError, with a long explanation
         found = re.search(r'(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)', str(e))
         if found:
-            raise CheckpointError(f'{path} holds a pickled {found.group(1)} object, which is not allowed (loading '
-                                  'it could run code): on a machine you trust, save its tensors alone with torch.save') from None
+            why = (f'{path} holds a pickled {found.group(1)} object, which is not allowed (loading it could run code): '
+                   'on a machine you trust, save its tensors alone with torch.save')
+            raise CheckpointError(why) from None
         raise CheckpointError(f'{path} is not a PyTorch file (torch.load cannot read it): {CHECKPOINTS}') from None
 
 
@@ -388,8 +458,9 @@ def config_from(sd, meta, scaled=False):
     if not heads:
         raise CheckpointError('the checkpoint does not say its number of attention heads (config.json or args)')
     if scaled and meta.get('decoder_attention_heads', heads) != heads:  # the decoder is built with the encoder's Config
-        raise CheckpointError(f'the checkpoint\'s decoder has {meta["decoder_attention_heads"]} attention heads and its '
-                              f'encoder {heads}: this model gives its decoder the encoder\'s heads, so it cannot read it')
+        raise CheckpointError(f'the checkpoint\'s decoder has {meta["decoder_attention_heads"]} attention heads and '
+                              f'its encoder {heads}: this model gives its decoder the encoder\'s heads, so it cannot '
+                              'read it')
     if meta.get('hidden_act', 'gelu') != 'gelu' or meta.get('activation_fn', 'gelu') != 'gelu':
         raise CheckpointError('this model uses exact GELU; the checkpoint asks for another activation')
     n_layer = 1 + max(int(k.split('.')[2]) for k in sd if k.startswith('enc.blocks.'))
@@ -403,19 +474,21 @@ def config_from(sd, meta, scaled=False):
 def read_checkpoint(path):
     """-> (config, flat state dict with our names) from any supported layout."""
     if os.path.isdir(path):
-        files = [f for f in ('model.safetensors', 'pytorch_model.bin', 'model.pt', 'checkpoint.pt') if os.path.exists(os.path.join(path, f))]
+        names = ('model.safetensors', 'pytorch_model.bin', 'model.pt', 'checkpoint.pt')
+        files = [f for f in names if os.path.exists(os.path.join(path, f))]
         if not files:
             raise CheckpointError(f'{path} holds no model.safetensors, pytorch_model.bin or model.pt: {CHECKPOINTS}')
         path = os.path.join(path, files[0])
     check_format(path)
     obj = read_safetensors(path) if path.endswith('.safetensors') else torch_load(path)
     hf = isinstance(obj, dict) and any('word_embeddings' in k for k in obj)
-    if not isinstance(obj, dict) or not (hf or 'model' in obj or obj.get('format') == FORMAT or {'config', 'encoder'} <= set(obj)):
-        what = f'a dict with the keys {", ".join(map(str, list(obj)[:4]))}{" ..." if len(obj) > 4 else ""}' if isinstance(obj, dict) \
-            else f'a {type(obj).__name__}'
+    ours = isinstance(obj, dict) and (obj.get('format') == FORMAT or {'config', 'encoder'} <= set(obj))  # or before it
+    if not isinstance(obj, dict) or not (hf or ours or 'model' in obj):
+        keys = f'{", ".join(map(str, list(obj)[:4]))}{" ..." if len(obj) > 4 else ""}' if isinstance(obj, dict) else ''
+        what = f'a dict with the keys {keys}' if isinstance(obj, dict) else f'a {type(obj).__name__}'
         raise CheckpointError(f'{path} holds {what}, not XLM-R weights: {CHECKPOINTS}')
-    translation = not hf and any(k.startswith('decoder.layers.') for k in obj.get('model') or {})  # fairseq's, encoder-decoder
-    if not hf and (obj.get('format') == FORMAT or {'config', 'encoder'} <= set(obj)):  # ours (or ours before its format)
+    translation = not hf and any(k.startswith('decoder.layers.') for k in obj.get('model') or {})  # fairseq's
+    if not hf and ours:
         if 'encoder' not in obj:
             raise CheckpointError(f'{path} holds {", ".join(obj["meta"]["holds"])}, no encoder: give a converted '
                                   'checkpoint or a run\'s best.pt')
@@ -426,7 +499,8 @@ def read_checkpoint(path):
     if not hf:  # fairseq: {'model': state dict, 'args': Namespace or 'cfg': {'model': ...}}
         args = obj.get('args') or (obj.get('cfg') or {}).get('model') or {}
         meta = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
-        sd, unknown = rename(obj['model'], *((TRANSLATION_NAMES, ()) if translation else (FAIRSEQ_NAMES, ('decoder.', 'encoder.'))))
+        names, prefixes = (TRANSLATION_NAMES, ()) if translation else (FAIRSEQ_NAMES, ('decoder.', 'encoder.'))
+        sd, unknown = rename(obj['model'], names, prefixes)
     else:  # Hugging Face: a flat state dict, its config.json beside it
         cfg_file = os.path.join(os.path.dirname(path), 'config.json')
         if not os.path.exists(cfg_file):
@@ -466,7 +540,8 @@ def load_pretrained(path, cross=False, decoder=False):
         return enc, mlm
     if not dec_sd:
         return enc, mlm, None
-    dec = Encoder(replace(cfg, n_layer=1 + max(int(k.split('.')[1]) for k in dec_sd if k.startswith('blocks.'))), cross=True)
+    n_layer = 1 + max(int(k.split('.')[1]) for k in dec_sd if k.startswith('blocks.'))
+    dec = Encoder(replace(cfg, n_layer=n_layer), cross=True)
     dec_sd['tok.weight'] = sd['enc.tok.weight']
     check_keys(path, dec.state_dict(), dec_sd, [])
     dec.load_state_dict(dec_sd)
@@ -477,7 +552,8 @@ def check_keys(path, expected, sd, unknown):
     """Raise CheckpointError, naming what is missing, unexpected or of the wrong shape, unless sd fits expected."""
     missing = sorted(set(expected) - set(sd))
     unknown = unknown + sorted(set(sd) - set(expected))
-    shapes = [f'{k} {list(sd[k].shape)} (model {list(v.shape)})' for k, v in expected.items() if k in sd and sd[k].shape != v.shape]
+    shapes = [f'{k} {list(sd[k].shape)} (model {list(v.shape)})' for k, v in expected.items()
+              if k in sd and sd[k].shape != v.shape]
     problems = [f'{what}: {", ".join(keys[:5])}{" ..." if len(keys) > 5 else ""}'
                 for what, keys in (('missing', missing), ('unexpected', unknown), ('wrong shape', shapes)) if keys]
     if problems:
@@ -524,7 +600,8 @@ def load_checkpoint(path, expect=None, mmap=False):
     check_format(path)
     ckpt = torch_load(path, mmap)
     if not isinstance(ckpt, dict) or ckpt.get('format') != FORMAT:
-        raise CheckpointError(f'{path} is not a checkpoint of this project (a run\'s best.pt or last.pt): use another --out')
+        raise CheckpointError(f'{path} is not a checkpoint of this project (a run\'s best.pt or last.pt): use another '
+                              '--out')
     meta = ckpt['meta']
     if expect and any(meta.get(k) != v for k, v in expect.items()):
         raise CheckpointError(f'{path} holds {meta.get("method")} on {meta.get("task")} with the {meta.get("model")} '
@@ -535,7 +612,9 @@ def load_checkpoint(path, expect=None, mmap=False):
 
 def kept_checkpoints(folder):
     """The checkpoints of a folder, in the order of their names (none without the folder)."""
-    return [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith('.pt')] if os.path.isdir(folder) else []
+    if not os.path.isdir(folder):
+        return []
+    return [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith('.pt')]
 
 
 def keep_last(folder, n):
@@ -578,13 +657,15 @@ def autocast(device):
 # Export: a model of this project as a Hugging Face folder, which transformers' Auto classes load.
 
 HF_CLASSES = {  # what a checkpoint exports as -> (Hugging Face's class, {our head's module: theirs})
-    'classification': ('XLMRobertaForSequenceClassification', {'head.dense': 'classifier.dense', 'head.out': 'classifier.out_proj'}),
+    'classification': ('XLMRobertaForSequenceClassification',
+                       {'head.dense': 'classifier.dense', 'head.out': 'classifier.out_proj'}),
     'tagging': ('XLMRobertaForTokenClassification', {'head.out': 'classifier'}),
     'qa': ('XLMRobertaForQuestionAnswering', {'head.out': 'qa_outputs'}),
     'mlm': ('XLMRobertaForMaskedLM', {'mlm.dense': 'lm_head.dense', 'mlm.ln': 'lm_head.layer_norm', 'mlm': 'lm_head'}),
     'encoder': ('XLMRobertaModel', {}),
 }
-SPECIAL_TOKENS = {'bos_token': '<s>', 'eos_token': '</s>', 'unk_token': '<unk>', 'sep_token': '</s>', 'cls_token': '<s>',
+SPECIAL_TOKENS = {'bos_token': '<s>', 'eos_token': '</s>', 'unk_token': '<unk>', 'sep_token': '</s>',
+                  'cls_token': '<s>',
                   'pad_token': '<pad>', 'mask_token': '<mask>'}
 
 
@@ -626,24 +707,30 @@ def hf_config(cfg, arch, labels):
             'max_position_embeddings': cfg.max_positions, 'type_vocab_size': 1, 'initializer_range': 0.02,
             'layer_norm_eps': cfg.ln_eps, 'pad_token_id': cfg.pad_id, 'bos_token_id': 0, 'eos_token_id': 2,
             'position_embedding_type': 'absolute', 'tie_word_embeddings': True,
-            **({'id2label': dict(enumerate(labels)), 'label2id': {x: i for i, x in enumerate(labels)}} if labels else {})}
+            **({'id2label': dict(enumerate(labels)), 'label2id': {x: i for i, x in enumerate(labels)}}
+               if labels else {})}
 
 
 def export_checkpoint(src, encoder_only=False):
     """-> (checkpoint, its path, what it exports as: a key of HF_CLASSES), or a CheckpointError saying why not."""
     path = os.path.join(src, 'best.pt') if os.path.isdir(src) else src
     if not os.path.exists(path):  # an XLA run keeps its models below it
-        below = sorted(os.path.relpath(os.path.join(d, 'best.pt'), src) for d, _, files in os.walk(src) if 'best.pt' in files)
-        raise CheckpointError(f'{src} keeps no best.pt: ' + (f'its prediction comes from the models below it ({", ".join(below[:3])}'
-                              f'{" ..." if len(below) > 3 else ""}): export one of them' if below else 'give a run\'s folder or its best.pt'))
+        below = sorted(os.path.relpath(os.path.join(d, 'best.pt'), src) for d, _, files in os.walk(src)
+                       if 'best.pt' in files)
+        more = ' ...' if len(below) > 3 else ''
+        hint = (f'its prediction comes from the models below it ({", ".join(below[:3])}{more}): export one of them'
+                if below else 'give a run\'s folder or its best.pt')
+        raise CheckpointError(f'{src} keeps no best.pt: {hint}')
     ckpt = load_checkpoint(path)
     kind = 'encoder' if encoder_only else ckpt['meta'].get('export')
     if kind not in HF_CLASSES:
-        raise CheckpointError(f'{path}: {kind or "the checkpoint does not say how its method predicts"}, which no Hugging Face '
-                              'XLM-R class computes: export its encoder alone with --encoder')
-    if ckpt['config']['embed_scale'] != 1 or kind == 'mlm' and not ckpt.get('mlm'):
-        raise CheckpointError(f'{path}: ' + ('its token embeddings are scaled, which XLM-R\'s are not' if ckpt['config']['embed_scale']
-                              != 1 else 'no MLM head') + ': export its encoder alone with --encoder')
+        why = kind or 'the checkpoint does not say how its method predicts'
+        raise CheckpointError(f'{path}: {why}, which no Hugging Face XLM-R class computes: export its encoder alone '
+                              'with --encoder')
+    scaled = ckpt['config']['embed_scale'] != 1
+    if scaled or kind == 'mlm' and not ckpt.get('mlm'):
+        why = 'its token embeddings are scaled, which XLM-R\'s are not' if scaled else 'no MLM head'
+        raise CheckpointError(f'{path}: {why}: export its encoder alone with --encoder')
     return ckpt, path, kind
 
 
@@ -654,14 +741,18 @@ def model_card(ckpt, path, arch, out):
     scores = f'```\n{open(table).read().rstrip()}\n```' if os.path.exists(table) else 'The run has no results.txt.'
     auto = arch.replace('XLMRobertaFor', 'AutoModelFor').replace('XLMRobertaModel', 'AutoModel')
     length = f'{s["steps"]} steps' if s.get('steps') else f'{s.get("epochs")} epochs'
-    lower = ' It read QA text lowercased (`--qa_case lower`): lowercase yours too.' if s.get('qa_case') == 'lower' else ''
+    lower = ''
+    if s.get('qa_case') == 'lower':
+        lower = ' It read QA text lowercased (`--qa_case lower`): lowercase yours too.'
     return (f'---\nlibrary_name: transformers\ntags: [xlm-roberta, cross-lingual-transfer]\n---\n\n'
-            f'# {meta.get("method")} on {meta.get("task")}\n\n{arch}, exported from `{path}` by `python layers.py export`: '
-            f'method `{meta.get("method")}`, task `{meta.get("task")}`, preset `{meta.get("model")}` ({cfg["n_layer"]} layers '
-            f'x {cfg["dim"]}) from `{s.get("init") or "random weights"}`; learning rate {s.get("lr")}, batch {s.get("batch_size")}, '
-            f'{length}, up to {s.get("max_len")} tokens, seed {s.get("seed")}.{lower}\n\n## Scores\n\n{scores}\n\n## Use\n\n'
-            f'```python\nfrom transformers import AutoTokenizer, {auto}\ntokenizer = AutoTokenizer.from_pretrained({out!r})\n'
-            f'model = {auto}.from_pretrained({out!r})\n```\n')
+            f'# {meta.get("method")} on {meta.get("task")}\n\n{arch}, exported from `{path}` by '
+            f'`python layers.py export`: method `{meta.get("method")}`, task `{meta.get("task")}`, preset '
+            f'`{meta.get("model")}` ({cfg["n_layer"]} layers x {cfg["dim"]}) from '
+            f'`{s.get("init") or "random weights"}`; learning rate {s.get("lr")}, batch {s.get("batch_size")}, '
+            f'{length}, up to {s.get("max_len")} tokens, '
+            f'seed {s.get("seed")}.{lower}\n\n## Scores\n\n{scores}\n\n## Use\n\n'
+            f'```python\nfrom transformers import AutoTokenizer, {auto}\n'
+            f'tokenizer = AutoTokenizer.from_pretrained({out!r})\nmodel = {auto}.from_pretrained({out!r})\n```\n')
 
 
 def unigram(path):
@@ -685,15 +776,15 @@ def export(src, out, encoder_only=False, spm=None):
         raise CheckpointError(f'{path}: sentencepiece model {sp_model} not found: pass --spm')
     if not unigram(sp_model):
         raise CheckpointError(f'{sp_model} is a BPE sentencepiece model, which transformers\' XLMRobertaTokenizer '
-                              'would read as a unigram one (XLM-R\'s is): its ids would not be the run\'s; train with a '
-                              'unigram model (--spm) to export')
+                              'would read as a unigram one (XLM-R\'s is): its ids would not be the run\'s; train with '
+                              'a unigram model (--spm) to export')
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise CheckpointError(f'{out} exists and is not an empty folder: give a new folder')
     head = HF_CLASSES[kind][1]
     parts = {**{k: v for k, v in (ckpt.get('method') or {}).items() if k.startswith('head.')},
              **{f'mlm.{k}': v for k, v in (ckpt.get('mlm') or {}).items()}}  # the MLM's weight: the embeddings (tied)
     found = {f'{head[m]}.{p}': t for key, t in parts.items() for m, _, p in [key.rpartition('.')] if m in head}
-    if len(found) != 2 * len(head) - (kind == 'mlm'):  # a weight and a bias a module; the MLM's weight is the embeddings
+    if len(found) != 2 * len(head) - (kind == 'mlm'):  # a weight and a bias a module; the MLM's weight: the embeddings
         raise CheckpointError(f'{path} holds no {kind} head: export its encoder alone with --encoder')
     tmp = f'{os.path.abspath(out)}.tmp{os.getpid()}'
     try:
@@ -712,9 +803,12 @@ def write_folder(tmp, out, ckpt, path, kind, found, sp_model):
                       os.path.join(tmp, 'model.safetensors'))
     shutil.copyfile(sp_model, os.path.join(tmp, 'sentencepiece.bpe.model'))
     labels = ckpt['meta'].get('labels') if kind in ('classification', 'tagging') else None
-    for name, text in {'config.json': hf_config(Config(**ckpt['config']), arch, labels), 'special_tokens_map.json': SPECIAL_TOKENS,
-                       'tokenizer_config.json': {'tokenizer_class': 'XLMRobertaTokenizer', 'model_max_length': 512, **SPECIAL_TOKENS},
-                       'README.md': model_card(ckpt, path, arch, out)}.items():
+    files = {'config.json': hf_config(Config(**ckpt['config']), arch, labels),
+             'special_tokens_map.json': SPECIAL_TOKENS,
+             'tokenizer_config.json': {'tokenizer_class': 'XLMRobertaTokenizer', 'model_max_length': 512,
+                                       **SPECIAL_TOKENS},
+             'README.md': model_card(ckpt, path, arch, out)}
+    for name, text in files.items():
         with open(os.path.join(tmp, name), 'w') as f:
             f.write(text if isinstance(text, str) else json.dumps(text, indent=2))
     if os.path.isdir(out):
@@ -767,7 +861,8 @@ def main(argv=None):
         if args.cmd == 'export':
             return print(f'wrote {args.out}: {export(args.src, args.out, args.encoder, args.spm)}')
         enc, mlm = load_pretrained(args.src)
-        save_checkpoint(args.out, {'method': None, 'task': None, 'model': None, 'source': args.src}, **encoder_parts(enc, mlm))
+        meta = {'method': None, 'task': None, 'model': None, 'source': args.src}
+        save_checkpoint(args.out, meta, **encoder_parts(enc, mlm))
     except (CheckpointError, OSError) as e:
         sys.exit(f'error: {e}')
     n = sum(p.numel() for p in enc.parameters())

@@ -10,12 +10,13 @@ config.json, log.jsonl, last.pt (resume point), best.pt (the kept model), result
 and the test predictions in the leaderboard layout (predictions/<task>/test-<lang>.<ext>).
 """
 import argparse
+import fcntl
+import functools
 import json
-import math
 import os
 import shutil
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -26,9 +27,8 @@ import layers
 import xlt
 from xlt import AT_LEAST_1, NON_NEGATIVE, POSITIVE, SHARE, Option
 
-# The demo: a tiny model from scratch, no warm-up (a ramp from 0 leaves it on a plateau for some seeds), random
-# batches (the demo's sentences differ by a few tokens, and length tells the label: grouped batches would each hold
-# one label); 8 epochs, QA 15. A method's DEMO changes these.
+# The demo: a tiny model from scratch, no warm-up (a ramp from 0 leaves it on a plateau for some seeds), random batches
+# (length tells the demo's labels: grouped batches would each hold one); 8 epochs, QA 15; a method's DEMO changes these.
 DEMO = {'model': 'tiny', 'lr': 1e-3, 'warmup': 0.0, 'batch_size': 32, 'group_by_length': False}
 OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS (xlt.py)
     Option('method', str, f'one of {", ".join(xlt.METHODS)}', default='zeroshot'),
@@ -36,41 +36,42 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('demo', bool, 'generated data and a tiny model: runs in a minute on a CPU'),
     Option('model', str, f'preset: {", ".join(layers.CONFIGS)} (default base; tiny with --demo)'),
     Option('init', str, 'converted XLM-R checkpoint (python layers.py convert) or a run\'s best.pt', path='checkpoint'),
-    Option('from_scratch', bool, 'train from random weights (real data without --init; a demo that starts pre-trained)'),
+    Option('from_scratch', bool, 'train from random weights (real data without --init; a demo that starts trained)'),
     Option('spm', str, 'sentencepiece model (default: the one in --data_dir)'),
-    Option('dict', str, 'fairseq dict.txt --init was trained with (default: a dict.txt beside it, as VECO\'s NLG model ships)'),
-    Option('data_dir', str, 'XTREME data in the layout of the README', default='data'),
+    Option('dict', str, 'fairseq dict.txt --init was trained with (default: a dict.txt beside it, as VECO ships)'),
+    Option('data_dir', str, 'XTREME data in the layout of docs/data.md', default='data'),
     Option('out', str, 'run folder (default runs/<task>-<method>-<each choice that changes the result>)'),
     Option('lr', help='peak learning rate (default: per task, from the papers)', valid=POSITIVE),
     Option('epochs', int, 'default 4 (2 for xquad and mlqa)', AT_LEAST_1),
     Option('batch_size', int, 'global batch size, over all processes (default 64)', AT_LEAST_1),
     Option('grad_accum', int, 'micro-batches per process and step', AT_LEAST_1, default=1),
-    Option('max_len', int, 'max tokens per input (default 128; 384 for QA)', (lambda v: 8 <= v <= 512, '8 to 512 tokens')),
+    Option('max_len', int, 'max tokens per input (default 128; QA 384)', (lambda v: 8 <= v <= 512, '8 to 512 tokens')),
     Option('warmup', help='share of the steps with a rising learning rate (default 0.1; demo 0)', valid=SHARE),
     Option('warmup_steps', int, 'the warm-up in steps instead (VECO\'s SQuAD script: 500)', NON_NEGATIVE),
-    Option('doc_stride', int, 'QA: tokens between the starts of a long context\'s windows (default 128; VECO 64)', AT_LEAST_1),
+    Option('doc_stride', int, 'QA: tokens between a context\'s window starts (default 128; VECO 64)', AT_LEAST_1),
     Option('weight_decay', help='default 0.01 (VECO: its scripts\' values)', valid=NON_NEGATIVE),
     Option('clip', help='gradient norm clipping (default 1.0; translation 0.1)', valid=POSITIVE),
     Option('dropout', help='override the model\'s dropout', valid=SHARE),
     Option('attn_dropout', help='override the attention dropout (default: --dropout\'s value)', valid=SHARE),
     Option('seed', int, 'seed of the head, the batches and dropout (default 1)', NON_NEGATIVE, default=1),
     Option('translate_test', bool, 'evaluate on the test sets translated into English'),
-    Option('layer', int, 'retrieval: hidden layer to pool (default XTREME\'s: BUCC 20, Tatoeba 14 of 24; 8 of 12)', AT_LEAST_1),
+    Option('layer', int, 'retrieval: the layer pooled (default XTREME\'s: BUCC 20, Tatoeba 14 of 24)', AT_LEAST_1),
     Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute'),
     Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64),
     Option('save_every', int, 'steps between resume checkpoints', AT_LEAST_1, default=200),
     Option('no_cache', bool, 'tokenize the data into a temporary folder, not once into <data_dir>/.cache'),
-    Option('eval_steps', int, 'also select within an epoch, every N steps (VECO\'s scripts: XNLI 500, SQuAD 200)', AT_LEAST_1),
-    Option('log_every', int, 'steps between lines of log.jsonl, each their mean (the loop\'s one host sync)', AT_LEAST_1, default=10),
-    Option('compile', bool, 'torch.compile each transformer block (the first steps compile; outputs as without, to 1e-5)'),
+    Option('eval_steps', int, 'also select within an epoch, every N steps (VECO: XNLI 500, SQuAD 200)', AT_LEAST_1),
+    Option('log_every', int, 'steps between log.jsonl lines, each their mean (one host sync)', AT_LEAST_1, default=10),
+    Option('compile', bool, 'torch.compile each block (the first steps compile; outputs as without, to 1e-5)'),
     Option('resume', bool, 'continue from --out/last.pt'),
     Option('eval_only', bool, 'evaluate --out/best.pt (or --init) without training'),
-    Option('overwrite', bool, 'replace a finished run of other settings in --out (without it such a folder is refused)'),
-    Option('dry_run', bool, 'check the options and every file the run reads, print the plan, and stop (writes nothing)'),
+    Option('overwrite', bool, 'replace a finished run of other settings in --out (else such a folder is refused)'),
+    Option('dry_run', bool, 'check the options and every file the run reads, print the plan, stop (writes nothing)'),
     Option('halt_after', int, argparse.SUPPRESS))  # tests: die abruptly after this many steps
-FREE = ('spm', 'data_dir', 'out', 'grad_accum', 'grad_checkpoint', 'eval_batch_size', 'save_every', 'log_every', 'compile',
-        'no_cache', 'resume', 'eval_only', 'overwrite', 'dry_run', 'halt_after')  # the trainer's options that leave results alike
-SCORED = ('method', 'task', 'model', 'max_len', 'translate_test', 'layer', 'doc_stride', 'dict')  # and those --eval_only's scores depend on
+# the trainer's options that leave results alike (FREE), and those --eval_only's scores depend on (SCORED)
+FREE = ('spm', 'data_dir', 'out', 'grad_accum', 'grad_checkpoint', 'eval_batch_size', 'save_every', 'log_every',
+        'compile', 'no_cache', 'resume', 'eval_only', 'overwrite', 'dry_run', 'halt_after')
+SCORED = ('method', 'task', 'model', 'max_len', 'translate_test', 'layer', 'doc_stride', 'dict')
 OPTIONS = tuple(o._replace(changes='nothing' if o.name in FREE else 'scores' if o.name in SCORED else 'results')
                 for o in OPTIONS)
 
@@ -90,24 +91,17 @@ def main(argv=None):
     START = time.time()
     args = parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 matmuls outside autocast
-    rank, world, device = setup_distributed() if not args.dry_run else (0, 1, None)
+    env = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1)), None  # a dry run starts no process
+    rank, world, device = env if args.dry_run else setup_distributed()
     data.VERBOSE = rank == 0  # warnings about skipped data, once
     try:
-        dry_run(args) if args.dry_run else execute(args, rank, world, device)
+        execute(args, rank, world, device)
     except (data.DataError, ev.EvalError, layers.CheckpointError, OSError) as e:
         fail(f'{e.filename}: {e.strerror}' if isinstance(e, OSError) and e.strerror else str(e))
     except KeyboardInterrupt:
         fail(interrupted(args))
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def dry_run(args):
-    """--dry_run: the checks and the plan; under torchrun every process checks, the first prints."""
-    files = check(args, int(os.environ.get('WORLD_SIZE', 1)))
-    if os.environ.get('RANK', '0') == '0':
-        show(f'dry run of {args.method} on {args.task} into {args.out}: nothing is trained or written',
-             plan(args, int(os.environ.get('WORLD_SIZE', 1)), files))
 
 
 # ----------------------------------------------------------------------------------------
@@ -132,7 +126,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     for o in OPTIONS + tuple(o for c in xlt.classes() for o in c.OPTIONS):  # before the defaults: 0 is not 'not given'
         value = getattr(args, o.name)
-        if o.valid and value is not None and not all(math.isfinite(v) and o.valid[0](v) for v in np.atleast_1d(value)):
+        if o.valid and value is not None and not all(np.isfinite(v) and o.valid[0](v) for v in np.atleast_1d(value)):
             fail(f'--{o.name} {" ".join(map(str, value)) if o.nargs else value} is out of range: give {o.valid[1]}')
     return configure(args, owners)
 
@@ -141,7 +135,8 @@ def add_option(parser, o):
     if o.type is bool:
         parser.add_argument(f'--{o.name}', action='store_true', help=o.help)
     else:
-        parser.add_argument(f'--{o.name}', type=o.type, nargs=o.nargs, choices=o.choices, default=o.default, help=o.help)
+        parser.add_argument(f'--{o.name}', type=o.type, nargs=o.nargs, choices=o.choices, default=o.default,
+                            help=o.help)
 
 
 def called(classes):
@@ -161,7 +156,8 @@ def configure(args, owners):
     cls = xlt.method_class(args)
     if args.task not in cls.TASKS:
         others = [c for c in xlt.classes() if args.task in c.TASKS and args.task not in data.TASKS]
-        fail(f'{args.method} runs {", ".join(cls.TASKS)}, not {args.task}' + (f': pass {called(others)}' if others else ''))
+        hint = f': pass {called(others)}' if others else ''
+        fail(f'{args.method} runs {", ".join(cls.TASKS)}, not {args.task}{hint}')
     for name, classes in owners.items():
         if getattr(args, name) is not None and getattr(args, name) is not False and cls not in classes:  # 0 is given
             fail(f'--{name} belongs to {called(classes)}, not to {args.method} on {args.task}')
@@ -199,6 +195,11 @@ def demo_start(out):
     return os.path.join(os.path.dirname(os.path.abspath(out)), 'pretrain-veco-demo', 'best.pt')
 
 
+def makes_demo_start(args):
+    """Does the run start from the demo's pre-trained model, which it makes first?"""
+    return args.demo and args.init == demo_start(args.out) and not is_finished(os.path.dirname(args.init))
+
+
 # ----------------------------------------------------------------------------------------
 # Checks before anything is made, and the plan.
 
@@ -206,19 +207,21 @@ def check(args, world):
     """Everything that can be checked before anything is made: --out, the processes, the options against the model,
     every file the run reads and the checkpoints and runs it names, and what --out holds. -> the data files."""
     cls = xlt.method_class(args)
-    parent = os.path.dirname(data.first_missing(args.out) or os.path.abspath(args.out))
+    parent = os.path.dirname(first_missing(args.out) or os.path.abspath(args.out))
     if os.path.exists(args.out) and not os.path.isdir(args.out) or not os.path.isdir(parent):
-        fail(f'--out {args.out}: {args.out if os.path.exists(args.out) else parent} is a file; give a folder for the run')
+        file = args.out if os.path.exists(args.out) else parent
+        fail(f'--out {args.out}: {file} is a file; give a folder for the run')
     if not os.access(parent if not os.path.exists(args.out) else args.out, os.W_OK):
         fail(f'--out {args.out} cannot be written here: give a folder you can write to')
     if not args.demo and os.path.isfile(args.data_dir):
-        fail(f'--data_dir {args.data_dir} is a file: give the data folder (the README\'s layout)')
+        fail(f'--data_dir {args.data_dir} is a file: give the data folder (the layout of docs/data.md)')
     for option, size in vars(args).items():  # every global batch size: the run's, and a method's own stages'
-        if option.endswith('batch_size') and option != 'eval_batch_size' and size is not None and size < world * args.grad_accum:
+        global_batch = option.endswith('batch_size') and option != 'eval_batch_size' and size is not None
+        if global_batch and size < world * args.grad_accum:
             fail(f'--{option} {size} cannot be cut into {world} processes x --grad_accum {args.grad_accum}: raise '
                  f'--{option} or lower --grad_accum')
     check_options(args, cls)
-    files = [] if args.demo else data.planned_files(args, cls)
+    files = [] if args.demo else planned_files(args, cls)
     data.check_files(args.data_dir, args.task, args.method, files)
     check_init(args)
     for o in OPTIONS + cls.OPTIONS:  # the checkpoints and runs it names (the demo's start is made by the run)
@@ -227,9 +230,11 @@ def check(args, world):
             check_run(args, o.name, value)
         elif value and o.path == 'checkpoint' and not (args.demo and value == demo_start(args.out)):
             layers.check_format(value)  # a CheckpointError: main()'s one line
-    if args.eval_only and not (args.init and cls.KEEPS == 'best.pt' or os.path.exists(os.path.join(args.out, cls.KEEPS))):
+    kept = os.path.exists(os.path.join(args.out, cls.KEEPS)) or args.init and cls.KEEPS == 'best.pt'
+    if args.eval_only and not kept:
         fail(f'{args.out}/{cls.KEEPS} not found: --eval_only evaluates a finished run in --out (or the --init weights)')
-    if args.resume and not (data.began(args.out) or args.init == demo_start(args.out) and data.began(os.path.dirname(args.init))):
+    demo_began = lambda: args.init == demo_start(args.out) and began(os.path.dirname(args.init))  # its pre-training
+    if args.resume and not (began(args.out) or demo_began()):
         fail(f'nothing to resume in {args.out} (no run began there): drop --resume to start a new run, or give the '
              'folder of the stopped run')
     check_stages(args, cls)
@@ -241,20 +246,22 @@ def check_stages(args, cls):
     """A finished stage kept outside the run's folder (--warmup_dir) serves other runs: other settings are refused."""
     for name, changes in cls.stages(args).items():
         settings = stage_settings(args, cls, name)
-        if 'out' in changes and is_finished(settings.out) and (differ := differences(read_config(settings.out), settings)):
-            fail(f'{settings.out} holds a finished {name} with --{differ[0]} {read_config(settings.out).get(differ[0])} '
+        found = read_config(settings.out) if 'out' in changes and is_finished(settings.out) else None
+        if found and (differ := differences(found, settings)):
+            fail(f'{settings.out} holds a finished {name} with --{differ[0]} {found.get(differ[0])} '
                  f'(this run: {getattr(settings, differ[0])}): give another folder, or remove that one')
 
 
 def check_options(args, cls):
     """What needs the data's languages or a model: translate-train's language, and the method's
     own layer counts, tried on a narrow model of the preset's depth."""
-    if cls.trains_on == 'translation' and family(args) != 'retrieval':
-        langs = data.target_langs(args)
+    if cls.trains_on == 'train_lang' and family(args) != 'retrieval':
+        langs = target_langs(args)
         if args.train_lang not in langs:
             fail(f'translate-train needs --train_lang, one of {", ".join(langs)}')
     if args.task in data.TASKS and family(args) != 'retrieval':
-        cfg = layers.Config(**{**layers.CONFIGS[args.model].__dict__, 'dim': 8, 'n_head': 1, 'ffn_dim': 8, 'vocab_size': 8})
+        narrow = {'dim': 8, 'n_head': 1, 'ffn_dim': 8, 'vocab_size': 8}
+        cfg = layers.Config(**{**layers.CONFIGS[args.model].__dict__, **narrow})
         try:
             cls(layers.Encoder(cfg), args.task, args)
         except ValueError as e:
@@ -269,6 +276,22 @@ def check_init(args):
              f'xlmr-{args.model}.pt and pass --init xlmr-{args.model}.pt (or --from_scratch to mean it)')
 
 
+def target_langs(args):
+    return [lang for lang in data.languages(args.task, args.demo or data.is_demo(args.data_dir)) if lang != 'en']
+
+
+def planned_files(args, cls):
+    """-> [(path, what it is, needed)] of the data a run of the method class cls reads (data.task_files
+    and the method's own), the sentencepiece model last; not needed: read where it is there."""
+    files = []
+    if args.task in data.TASKS:
+        translated = {'train_lang': [args.train_lang], 'every_lang': target_langs(args)}.get(cls.trains_on, [])
+        files = data.task_files(args.data_dir, args.task, translated, cls.round_trip, cls.paired or args.translate_test,
+                                not args.eval_only, args.method)
+    spm = args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model')
+    return files + cls.reads(args) + [(spm, 'XLM-R\'s sentencepiece model: put it there or pass --spm', True)]
+
+
 def check_run(args, name, folder):
     """--name is a finished run of this task: its results.json, and its best.pt's meta says so."""
     if not is_finished(folder):
@@ -281,65 +304,31 @@ def check_run(args, name, folder):
         fail(f'--{name} {folder} is a run of {task}, not {args.task}: give a {args.task} run')
 
 
-def changing(what):
-    """The options that change `what`: 'scores' (what --eval_only's scores depend on), or 'nothing'."""
-    return list(dict.fromkeys(o.name for o in OPTIONS + tuple(o for c in xlt.classes() for o in c.OPTIONS) if o.changes == what))
-
-
-def read_config(folder):
-    path = os.path.join(folder, 'config.json')
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        fail(f'{path} is not a run\'s config (not valid JSON): remove it, or give another folder')
-
-
-def differences(found, args, keys=None):
-    """The settings of args that differ from a run's config.json (found), paths compared as files: the
-    trainer's options and the run's method's (keys: only those), but for those that leave results alike."""
-    now = json.loads(json.dumps(vars(args)))
-    same = lambda a, b: a == b or (isinstance(a, str) and isinstance(b, str) and os.path.realpath(a) == os.path.realpath(b))
-    keys = keys or [o.name for o in OPTIONS + xlt.method_class(args).OPTIONS]
-    return [k for k in keys if k not in changing('nothing') and k in found and k in now and not same(found[k], now[k])]
-
-
-def check_finished(args):
-    """A finished run in --out (or the stopped one --resume goes on with) is replaced only by a run
-    of the same settings, or with --overwrite; --eval_only compares what its results depend on."""
-    if args.overwrite or not os.path.exists(os.path.join(args.out, 'config.json')) or not (args.resume or is_finished(args.out)):
-        return
-    found = read_config(args.out)
-    differ = differences(found, args, changing('scores') if args.eval_only else None)
-    if differ:
-        now, more = vars(args), f', and {len(differ) - 1} more' if len(differ) > 1 else ''
-        fail(f'{args.out} holds a {"stopped" if args.resume else "finished"} run with --{differ[0]} {found[differ[0]]} '
-             f'(this run: {now[differ[0]]}{more}): give another --out, or add --overwrite to replace it')
-
-
 def plan(args, world, files):
     """The run in a few named lines, for the banner and --dry_run."""
-    found, cls = [path for path, _, _ in files if os.path.isfile(path)], xlt.method_class(args)
-    stages, options = cls.stages(args), [o.name for o in cls.OPTIONS]
-    made = ' (the demo\'s pre-trained model, made first)' if args.demo and args.init == demo_start(args.out) and \
-        not is_finished(os.path.dirname(args.init)) else ''
-    return {'model': f'{args.model}, from {args.init or "random weights"}{made}',
+    cls, found = xlt.method_class(args), [path for path, _, _ in files if os.path.isfile(path)]
+    options = [(o.name, getattr(args, o.name, None)) for o in cls.OPTIONS]
+    stages = [f'{name} in {stage_settings(args, cls, name).out}' for name in cls.stages(args)]
+    return {'model': f'{args.model}, from {args.init or "random weights"}'
+                     + (' (the demo\'s pre-trained model, made first)' if makes_demo_start(args) else ''),
             'data': 'generated into the run folder (--demo)' if args.demo else
-            f'{args.data_dir}: {len(found)} files found, {len(files) - len(found)} optional ones missing',
-            'training': 'none (--eval_only)' if args.eval_only else 'none (retrieval: mean-pooled states, nearest '
-            'neighbours)' if family(args) == 'retrieval' else
-            f'{f"{args.steps} steps" if args.steps else f"{args.epochs} epoch(s)"}, global batch {args.batch_size}'
-            f'{f" ({world} processes x {args.grad_accum} micro-batches)" if world * args.grad_accum > 1 else ""}, lr {args.lr:g}, warm-up {f"{args.warmup_steps} steps" if args.warmup_steps else f"{args.warmup:g}"}, '
-            f'weight decay {args.weight_decay:g}, up to {args.max_len} tokens, seed {args.seed}',
-            'method': ', '.join(f'{o} {" ".join(map(str, v)) if isinstance(v, list) else v}' for o in options
-                                if (v := getattr(args, o, None)) not in (None, False)) or 'its defaults',
-            'stages': ', '.join(f'{name} in {stage_settings(args, cls, name).out}' for name in stages) + ', then this run'
-            if stages else 'one',
+                    f'{args.data_dir}: {len(found)} files found, {len(files) - len(found)} optional ones missing',
+            'training': training_plan(args, world),
+            'method': ', '.join(f'{o} {" ".join(map(str, v)) if isinstance(v, list) else v}' for o, v in options
+                                if v not in (None, False)) or 'its defaults',
+            'stages': ', '.join(stages + ['then this run']) if stages else 'one',
             'kept': 'nothing trained' if family(args) == 'retrieval' else 'the ' + xlt.SELECTED_BY[cls.select]}
 
 
-def show(title, rows):
-    print('\n'.join([title] + [f'  {name:<9} {value}' for name, value in rows.items()]))
+def training_plan(args, world):
+    """The plan's line of the training: its length, batch, learning rate and schedule."""
+    if args.eval_only or family(args) == 'retrieval':
+        return 'none (--eval_only)' if args.eval_only else 'none (retrieval: mean-pooled states, nearest neighbours)'
+    length = f'{args.steps} steps' if args.steps else f'{args.epochs} epoch(s)'
+    split = f' ({world} processes x {args.grad_accum} micro-batches)' if world * args.grad_accum > 1 else ''
+    warmup = f'{args.warmup_steps} steps' if args.warmup_steps else f'{args.warmup:g}'
+    return (f'{length}, global batch {args.batch_size}{split}, lr {args.lr:g}, warm-up {warmup}, '
+            f'weight decay {args.weight_decay:g}, up to {args.max_len} tokens, seed {args.seed}')
 
 
 def setup_distributed():
@@ -358,16 +347,20 @@ def setup_distributed():
 # A run: one folder, held for the run's life; its data; the method's procedure, handed a Run.
 
 def execute(args, rank, world, device):
-    """The run of args in args.out (the command's, or a stage's): check, banner, hold the folder,
-    the data, the demo's pre-trained start, then the method's procedure."""
+    """The run of args in args.out (the command's, or a stage's): check, banner, hold the folder, the data, the
+    demo's pre-trained start, then the method's procedure. A dry run (every process under torchrun) stops after
+    the checks and the banner."""
     files = check(args, world)
     if rank == 0:
-        status = 'evaluating' if args.eval_only else 'resuming' if args.resume else 'a new run'
-        show(f'{args.method} on {args.task}{f" ({args.stage})" if args.stage else ""} in {args.out}: {status}',
-             plan(args, world, files))
-    with data.hold(args.out, rank):
+        status = ('a dry run: nothing is trained or written' if args.dry_run else 'evaluating' if args.eval_only
+                  else 'resuming' if args.resume else 'a new run')
+        title = f'{args.method} on {args.task}{f" ({args.stage})" if args.stage else ""} in {args.out}: {status}'
+        print('\n'.join([title] + [f'  {name:<9} {value}' for name, value in plan(args, world, files).items()]))
+    if args.dry_run:
+        return
+    with hold(args.out, rank):
         tok = prepare_data(args, rank)
-        if args.demo and args.init == demo_start(args.out) and not is_finished(os.path.dirname(args.init)) and not args.eval_only:
+        if makes_demo_start(args) and not args.eval_only:
             demo_pretrained(args, rank, world, device)
         run = Run(args, rank, world, device, tok)
         if family(args) == 'retrieval':
@@ -382,7 +375,8 @@ def prepare_data(args, rank):
             data.make_demo(args.data_dir, seed=0)
         if dist.is_initialized():
             dist.barrier()
-    return data.Tokenizer(args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model'), args.qa_case == 'lower', args.dict)
+    spm = args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model')
+    return data.Tokenizer(spm, args.qa_case == 'lower', args.dict)
 
 
 def demo_pretrained(args, rank, world, device):
@@ -391,8 +385,119 @@ def demo_pretrained(args, rank, world, device):
     folder = os.path.dirname(demo_start(args.out))
     if rank == 0:
         print(f'{args.method} starts from a pre-trained model: pre-training the demo model into {folder} first')
-    argv = ['--method', 'veco', '--task', 'pretrain', '--demo', '--out', folder] + ['--resume'] * (args.resume and data.began(folder))
-    execute(parse_args(argv + ['--halt_after', str(args.halt_after)] * bool(args.halt_after)), rank, world, device)
+    argv = ['--method', 'veco', '--task', 'pretrain', '--demo', '--out', folder]
+    argv += ['--resume'] * (args.resume and began(folder))
+    argv += ['--halt_after', str(args.halt_after)] * bool(args.halt_after)
+    execute(parse_args(argv), rank, world, device)
+
+
+# ----------------------------------------------------------------------------------------
+# The run folder: held by one run at a time (hold); its config.json (Run.begin) says that a run began there and
+# with which settings, its results.json that it finished. A run that stops before it began leaves nothing behind.
+
+@contextmanager
+def hold(folder, rank):
+    """The run's folder, held for the run's life by an OS lock on its .lock file (released when the
+    process ends, however it ends): a second run there stops with one line naming the holder.
+    Under DDP the first process holds it for all. A run that stops before it began leaves nothing."""
+    folder, lock, holder = os.path.abspath(folder), None, None
+    if rank == 0:
+        made = first_missing(folder) or first_missing(os.path.join(folder, 'demo-data'))
+        fresh = not os.path.exists(os.path.join(folder, '.lock'))
+        os.makedirs(folder, exist_ok=True)
+        lock = open(os.path.join(folder, '.lock'), 'a+')
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock.truncate(0)
+            print(os.getpid(), file=lock, flush=True)
+        except BlockingIOError:
+            lock.seek(0)
+            holder, lock = lock.read().strip() or 'unknown', lock.close()
+    if dist.is_initialized():
+        dist.broadcast_object_list(shared := [holder])
+        holder = shared[0]
+    if holder:
+        fail(f'{folder} is in use by another run (pid {holder}): wait for it to end, or give another --out')
+    try:
+        yield
+    except BaseException:
+        if lock and not began(folder):  # a run that stopped before it began leaves nothing, its .lock neither
+            discard_if_unbegun(folder, made)
+            if fresh and os.path.exists(os.path.join(folder, '.lock')):
+                os.remove(os.path.join(folder, '.lock'))
+        raise
+    finally:
+        if lock:
+            lock.close()  # the lock goes with it
+
+
+def first_missing(path):
+    """The outermost folder of path that does not exist yet (None if path does)."""
+    path, missing = os.path.abspath(path), None
+    while not os.path.exists(path):
+        path, missing = os.path.dirname(path), path
+    return missing
+
+
+def began(folder):
+    """Did a run begin in folder, or in a stage below it (its config.json is written by Run.begin)?"""
+    return any('config.json' in names for _, _, names in os.walk(folder))
+
+
+def is_finished(folder):
+    return os.path.exists(os.path.join(folder, 'results.json'))
+
+
+def discard_if_unbegun(out, made):
+    """A run that stops before it began (no config.json in its folder or below) leaves nothing
+    behind: what this process made goes (the run folder and the parents it made, or the demo
+    data in a folder that was there), and nothing else."""
+    if not made or not os.path.isdir(made) or began(out):
+        return
+    path = made if made == os.path.join(os.path.abspath(out), 'demo-data') else os.path.abspath(out)
+    shutil.rmtree(path)
+    while path != made and not os.listdir(os.path.dirname(path)):  # parents made for it, if nothing else is in them
+        path = os.path.dirname(path)
+        os.rmdir(path)
+
+
+def changing(what):
+    """The options that change `what`: 'scores' (what --eval_only's scores depend on), or 'nothing'."""
+    options = OPTIONS + tuple(o for c in xlt.classes() for o in c.OPTIONS)
+    return list(dict.fromkeys(o.name for o in options if o.changes == what))
+
+
+def read_config(folder):
+    path = os.path.join(folder, 'config.json')
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        fail(f'{path} is not a run\'s config (not valid JSON): remove it, or give another folder')
+
+
+def differences(found, args, keys=None):
+    """The settings of args that differ from a run's config.json (found), paths compared as files: the
+    trainer's options and the run's method's (keys: only those), but for those that leave results alike."""
+    now = json.loads(json.dumps(vars(args)))
+    same = lambda a, b: a == b or (isinstance(a, str) and isinstance(b, str)
+                                   and os.path.realpath(a) == os.path.realpath(b))
+    keys = keys or [o.name for o in OPTIONS + xlt.method_class(args).OPTIONS]
+    return [k for k in keys if k not in changing('nothing') and k in found and k in now and not same(found[k], now[k])]
+
+
+def check_finished(args):
+    """A finished run in --out (or the stopped one --resume goes on with) is replaced only by a run
+    of the same settings, or with --overwrite; --eval_only compares what its results depend on."""
+    config = os.path.join(args.out, 'config.json')
+    if args.overwrite or not os.path.exists(config) or not (args.resume or is_finished(args.out)):
+        return
+    found = read_config(args.out)
+    differ = differences(found, args, changing('scores') if args.eval_only else None)
+    if differ:
+        now, more = vars(args), f', and {len(differ) - 1} more' if len(differ) > 1 else ''
+        fail(f'{args.out} holds a {"stopped" if args.resume else "finished"} run with --{differ[0]} {found[differ[0]]} '
+             f'(this run: {now[differ[0]]}{more}): give another --out, or add --overwrite to replace it')
 
 
 class Run:
@@ -437,8 +542,9 @@ class Run:
             torch.manual_seed(args.seed)
             encoder = layers.Encoder(layers.Config(**{**cfg.__dict__, 'vocab_size': self.tok.vocab_size}), cross)
         if encoder.cfg.vocab_size != self.tok.vocab_size:
-            fail(f'the tokenizer has {self.tok.vocab_size} ids but the model {encoder.cfg.vocab_size}: use the sentencepiece '
-                 'model that came with the checkpoint (--spm), and its fairseq dict.txt if it came with one (--dict)')
+            fail(f'the tokenizer has {self.tok.vocab_size} ids but the model {encoder.cfg.vocab_size}: use the '
+                 'sentencepiece model that came with the checkpoint (--spm), and its fairseq dict.txt if it came with '
+                 'one (--dict)')
         layers.set_dropout(encoder, args.dropout, args.dropout if args.attn_dropout is None else args.attn_dropout)
         return (self.ready(encoder), mlm, *dec)
 
@@ -454,7 +560,7 @@ class Run:
         args = self.args
         if args.eval_only:
             return None
-        langs = {'translation': [args.train_lang], 'translations': data.target_langs(args)}.get(method.trains_on, [])
+        langs = {'train_lang': [args.train_lang], 'every_lang': target_langs(args)}.get(method.trains_on, [])
         items = data.training_set(self.tok, args.data_dir, args.task, langs, method.trains_on, method.paired,
                                   method.round_trip, args.max_len, args.train_share, args.doc_stride, not args.no_cache)
         if not items:
@@ -470,16 +576,17 @@ class Run:
         self.begin()
         if keep_last and not self.args.resume:  # an earlier run's are not to be averaged with these
             self.drop('checkpoints')
-        train(self, method, items, validate or (lambda: self.evaluate(method, 'dev')[0]), batches_of or self.shuffled(items),
-              keep_last)
+        validate = validate or (lambda: self.evaluate(method, 'dev')[0])
+        train(self, method, items, validate, batches_of or self.shuffled(items), keep_last)
 
     def begin(self):
         """All input read: the run begins, and results of an earlier run in its folder are no
         longer its; a new run (not --resume) also drops the earlier run's checkpoints."""
         if self.rank == 0 and not self.begun:
-            kept = [] if self.args.resume or not os.path.exists(self.path('kept.txt')) else data.lines_of(self.path('kept.txt'))
-            self.drop('results.json', 'results.txt', *['last.pt', 'best.pt', 'kept.txt', 'trained.json'] * (not self.args.resume), *kept)
-            config = {**vars(self.args), 'changes_nothing': changing('nothing')}  # eval.py --collect groups runs by the rest
+            new = not self.args.resume
+            kept = data.lines_of(self.path('kept.txt')) if new and os.path.exists(self.path('kept.txt')) else []
+            self.drop('results.json', 'results.txt', *['last.pt', 'best.pt', 'kept.txt', 'trained.json'] * new, *kept)
+            config = {**vars(self.args), 'changes_nothing': changing('nothing')}  # eval.py --collect groups by the rest
             layers.atomic_write(self.path('config.json'), json.dumps(config, indent=2))
         self.begun = True
 
@@ -496,15 +603,12 @@ class Run:
         """-> batches_of(epoch): a permutation fixed by (--seed, epoch), grouped by length unless
         --no_group_by_length; a run counted in --steps reads pass after pass, an epoch being
         --eval_every steps."""
-        args, lengths = self.args, data.item_lengths(items)
-        passes = {}  # one pass in memory at a time
+        args = self.args
+        lengths = data.item_lengths(items) if args.group_by_length else None
 
+        @functools.lru_cache(maxsize=1)  # one pass in memory at a time
         def cut(p):
-            if p not in passes:
-                passes.clear()
-                passes[p] = data.global_batches(len(items), args.batch_size, args.seed * 1000 + p, self.chunks,
-                                                lengths if args.group_by_length else None)
-            return passes[p]
+            return data.global_batches(len(items), args.batch_size, args.seed * 1000 + p, self.chunks, lengths)
         return data.stepped(cut, args.steps, args.eval_every, f'--batch_size {args.batch_size}') if args.steps else cut
 
     def evaluate(self, method, split, langs=None):
@@ -513,8 +617,9 @@ class Run:
         for lang, (gold, inputs, pairs) in ((k, v) for k, v in self.sets[split].items() if langs is None or k in langs):
             key, args = (lang, method.paired), self.args
             if key not in self.cache[split]:  # the features, kept on disk (data.evaluation_items), open for the run
-                self.cache[split][key] = data.evaluation_items(self.tok, args.data_dir, args.task, inputs, pairs if method.paired
-                                                               else None, args.max_len, args.doc_stride, not args.no_cache)
+                self.cache[split][key] = data.evaluation_items(self.tok, args.data_dir, args.task, inputs,
+                                                               pairs if method.paired else None, args.max_len,
+                                                               args.doc_stride, not args.no_cache)
             items = self.cache[split][key]
             feats = (item[1] if method.paired else item for item in items)  # the target side, read as it is scored
             preds[lang] = ev.predictions(self.args.task, feats, self.outputs(method, items), inputs)
@@ -580,7 +685,8 @@ class Run:
     def finish(self, dev, test, selected_by=None, runs=None, name=None):
         """results.json and the table of the run's scores (eval.results); runs: other rows, first
         (several models of one run), the run's then named `name`."""
-        results, table = ev.results(self.args.task, self.args.method, dev, test, selected_by, runs, self.args.stage, name)
+        args = self.args
+        results, table = ev.results(args.task, args.method, dev, test, selected_by, runs, args.stage, name)
         kept = ', the kept model in best.pt' if os.path.exists(self.path('best.pt')) else ''
         self.write_results(results, table, f'results in {self.out}/results.json and results.txt, predictions in '
                                            f'{self.out}/predictions/{kept}')
@@ -590,9 +696,10 @@ class Run:
         the table printed, then where they are and the time the run took."""
         if self.rank != 0:
             return
-        for name, text in {**(files or {}), 'results.json': json.dumps(results, indent=2), 'results.txt': table + '\n'}.items():
-            data.write_text(self.path(name), text)
-        print(f'{table}\n{where}; {clock(time.time() - START)} in all')
+        files = {**(files or {}), 'results.json': json.dumps(results, indent=2), 'results.txt': table + '\n'}
+        for name, text in files.items():
+            layers.atomic_write(self.path(name), text)
+        print(f'{table}\n{where}; {ev.clock(time.time() - START)} in all')
 
     def path(self, name):
         return os.path.join(self.out, name)
@@ -601,9 +708,11 @@ class Run:
         """The method of a checkpoint, or of a finished run's folder (its best.pt), with its settings
         and weights; as cls, given one, a model of this run's preset (XLA trains a warm-up's model)."""
         path = os.path.join(weights, 'best.pt') if os.path.isdir(weights) else weights
-        ckpt = layers.load_checkpoint(path, {'task': identity(self.args)['task'], **({'model': self.args.model} if cls else {})})
+        expect = {'task': identity(self.args)['task'], **({'model': self.args.model} if cls else {})}
+        ckpt = layers.load_checkpoint(path, expect)
         settings = argparse.Namespace(**ckpt['meta']['settings'])
-        method = self.build(cls or xlt.method_class(settings), layers.Encoder(layers.Config(**ckpt['config'])), settings)
+        encoder = layers.Encoder(layers.Config(**ckpt['config']))
+        method = self.build(cls or xlt.method_class(settings), encoder, settings)
         method.load_state_dict(ckpt['method'])
         return method
 
@@ -633,8 +742,8 @@ class Run:
         """compute() once, kept as `name` (JSON for .json, else torch.save, read memory-mapped):
         --resume and --eval_only read it back; a new run computes it again. compute() may give None
         on processes other than 0, which then read what process 0 kept."""
-        path = self.path(name)
-        read = lambda: json.loads(data.read_text(path)) if name.endswith('.json') else torch.load(path, weights_only=True, mmap=True)
+        path, as_json = self.path(name), name.endswith('.json')
+        read = lambda: json.loads(data.read_text(path)) if as_json else torch.load(path, weights_only=True, mmap=True)
         if (self.args.resume or self.args.eval_only) and os.path.exists(path):
             return read()
         if self.args.eval_only:
@@ -642,7 +751,7 @@ class Run:
         value = compute()
         self.keep(name)
         if self.rank == 0:
-            layers.atomic_write(path, json.dumps(value, indent=2) if name.endswith('.json') else value)
+            layers.atomic_write(path, json.dumps(value, indent=2) if as_json else value)
         if dist.is_initialized():
             dist.barrier()
         return read() if value is None else value
@@ -665,12 +774,13 @@ class Run:
 def stage_settings(args, cls, name):
     """The settings of the method's stage `name` (cls.stages): the run's with the stage's changes,
     in --out/<name> unless the stage says where; options of other methods dropped."""
-    settings = argparse.Namespace(**{**vars(args), 'out': os.path.join(args.out, name), 'demo': False, 'overwrite': True,
-                                     'from_scratch': args.from_scratch or args.demo, **cls.stages(args)[name]})
+    settings = argparse.Namespace(**{**vars(args), 'out': os.path.join(args.out, name), 'demo': False,
+                                     'overwrite': True, 'from_scratch': args.from_scratch or args.demo,
+                                     **cls.stages(args)[name]})
     own = {o.name for o in xlt.method_class(settings).OPTIONS}
     for o in (o for c in xlt.classes() for o in c.OPTIONS if o.name not in own):
         setattr(settings, o.name, False if o.type is bool else None)
-    settings.resume = args.resume and data.began(settings.out)
+    settings.resume = args.resume and began(settings.out)
     return settings
 
 
@@ -697,8 +807,9 @@ def train(run, method, items, validate, batches_of, keep_last=0):
         # since: the logs of the steps since the last line; epoch_loss: (mean loss, steps) of each line of the epoch
         batches, since, epoch_loss = batches_of(state['epoch']), [], []
         padding = data.pad_share(lambda index: data.item_lengths(items, index), batches, run.chunks)
-        bar = data.bar(total=len(batches), initial=state['step'] % per_epoch, desc=f'epoch {state["epoch"] + 1}/{args.epochs}')
-        for batch in batches[state['step'] % per_epoch:]:
+        start = state['step'] % per_epoch  # a resumed epoch goes on where it stopped
+        bar = data.bar(total=len(batches), initial=start, desc=f'epoch {state["epoch"] + 1}/{args.epochs}')
+        for batch in batches[start:]:
             method.train()
             since.append(train_step(model, items, batch, args, state['step'], rank, world, run.device, collate))
             frozen = method.frozen()
@@ -715,17 +826,9 @@ def train(run, method, items, validate, batches_of, keep_last=0):
                 log.write(json.dumps({'step': state['step'], 'event': 'every parameter trains from here on'}) + '\n')
             bar.update()
             if state['step'] % args.log_every == 0 or batch is batches[-1]:  # the one host sync (and each epoch's end)
-                logs = {k: float(sum(s[k] for s in since if k in s)) / sum(k in s for s in since)  # each one's mean
-                        for k in dict.fromkeys(k for s in since for k in s)}  # over the steps since the last line
-                epoch_loss.append((logs['loss'], len(since)))
-                stop_if_diverged(run, logs['loss'], state['step'] - len(since) + 1, state['step'])
+                epoch_loss.append(log_line(run, log, bar, since, state, sched.get_last_lr()[0], started))
                 since = []
-                bar.set_postfix(loss=f'{logs["loss"]:.3f}')
-                if log:
-                    log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'lr': sched.get_last_lr()[0],
-                                          'time': round(time.time() - started, 2), **logs}) + '\n')
-                    log.flush()
-            if args.eval_steps and state['step'] % args.eval_steps == 0 and state['step'] % per_epoch:  # within the epoch
+            if args.eval_steps and state['step'] % args.eval_steps == 0 and state['step'] % per_epoch:  # in the epoch
                 end_epoch(run, method, validate, state, 0, epoch_loss, time.time() - started, log, padding,
                           round(state['step'] / per_epoch, 2))
             if state['step'] % args.save_every == 0 and state['step'] % per_epoch:
@@ -743,15 +846,26 @@ def train(run, method, items, validate, batches_of, keep_last=0):
         dist.barrier()  # every process reads best.pt (and the kept checkpoints) only once they are written
 
 
-def stop_if_diverged(run, loss, first, last):
-    """A mean loss that is not finite (on any process) stops the run in one line, before anything of it is kept."""
-    loss = torch.tensor(loss, dtype=torch.float64, device=run.device)  # a sum of large losses stays finite
+def log_line(run, log, bar, since, state, lr, started):
+    """A line of log.jsonl, every --log_every steps (the loop's one host sync): the mean of each logged value over
+    the steps since the last line, shown on the bar. A mean loss that is not finite on any process stops the run in
+    one line first, so that nothing of those steps is kept. -> (the mean loss, its steps)."""
+    logs = {k: float(sum(s[k] for s in since if k in s)) / sum(k in s for s in since)
+            for k in dict.fromkeys(k for s in since for k in s)}
+    loss = torch.tensor(logs['loss'], dtype=torch.float64, device=run.device)  # a sum of large losses stays finite
     if run.world > 1:
         dist.all_reduce(loss)  # every process stops together
     if not torch.isfinite(loss):
-        kept = f'the last checkpoint is {run.path("last.pt")}' if os.path.exists(run.path('last.pt')) else 'no checkpoint was kept'
-        fail(f'the training loss is {loss.item()} in steps {first}-{last}: {kept}; start again with a lower --lr (now '
-             f'{run.args.lr:g}) or a lower --clip (now {run.args.clip:g})')
+        checkpoint = run.path('last.pt')
+        kept = f'the last checkpoint is {checkpoint}' if os.path.exists(checkpoint) else 'no checkpoint was kept'
+        fail(f'the training loss is {loss.item()} in steps {state["step"] - len(since) + 1}-{state["step"]}: {kept}; '
+             f'start again with a lower --lr (now {run.args.lr:g}) or a lower --clip (now {run.args.clip:g})')
+    bar.set_postfix(loss=f'{logs["loss"]:.3f}')
+    if log:
+        log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'lr': lr,
+                              'time': round(time.time() - started, 2), **logs}) + '\n')
+        log.flush()
+    return logs['loss'], len(since)
 
 
 def optimizer_and_schedule(method, args, total_steps):
@@ -770,8 +884,8 @@ def resumed(run, method, opt, sched):
     last, trained = run.path('last.pt'), run.path('trained.json')
     if run.args.resume and os.path.exists(trained):  # a finished training: best.pt holds what it kept
         return json.loads(data.read_text(trained))
-    if run.args.resume and not os.path.exists(last) and run.rank == 0:
-        print(f'note: {last} not found: starting from the beginning')
+    if run.args.resume and not os.path.exists(last):
+        run.say(f'note: {last} not found: starting from the beginning')
     if not (run.args.resume and os.path.exists(last)):
         return {'step': 0, 'epoch': 0, 'best': float('-inf')}
     ckpt = layers.load_checkpoint(last, identity(run.args))
@@ -811,33 +925,16 @@ def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log,
     score = state['epoch'] if score is None else score  # no dev set: keep the last
     if score > state['best']:
         state['best'] = float(score)
-        save(run, 'best.pt', {**layers.encoder_parts(method.encoder, method.mlm), 'method': method.state_dict()}, run.args)
+        parts = {**layers.encoder_parts(method.encoder, method.mlm), 'method': method.state_dict()}
+        save(run, 'best.pt', parts, run.args)
     if run.rank == 0:
-        print(epoch_line({**state, 'epoch': within or state['epoch']}, run.args, epoch_loss, dev, method.select, seconds),
-              flush=True)
+        at = {**state, 'epoch': within or state['epoch']}
+        print(ev.epoch_line(at, run.args.epochs, epoch_loss, dev, method.select, seconds), flush=True)
     if log:
-        log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': {k: v if method.select == 'loss' else v['score'] for k, v in dev.items()},
-                              'dev_avg': float(score), 'pad_share': round(padding, 4)}) + '\n')
+        scores = {k: v if method.select == 'loss' else v['score'] for k, v in dev.items()}  # the held-out losses whole
+        log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': scores, 'dev_avg': float(score),
+                              'pad_share': round(padding, 4)}) + '\n')
         log.flush()
-
-
-def epoch_line(state, args, epoch_loss, dev, select, seconds):
-    """The line printed at an epoch's end: where the run is, its training loss, the dev average
-    and the best score so far by the run's selection rule."""
-    loss = sum(l * n for l, n in epoch_loss) / max(1, sum(n for _, n in epoch_loss))
-    line = f'epoch {state["epoch"]}/{args.epochs}  step {state["step"]}  train loss {loss:.4f}'
-    if dev and select == 'loss':
-        line += f'  held-out loss {-np.mean([s["score"] for s in dev.values()]):.4f}  best {-state["best"]:.4f}'
-    elif dev:
-        average = np.mean([s['score'] for s in dev.values()])
-        line += f'  dev avg {average:.1f}' + (f'  dev en {dev["en"]["score"]:.1f}' if select == 'en' and 'en' in dev else '')
-        line += f'  best {state["best"]:.1f} ({"en" if select == "en" and "en" in dev else "avg"})'
-    return line + f'  {clock(seconds)}'
-
-
-def clock(seconds):
-    s = int(seconds)
-    return f'{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}'
 
 
 def resume_point(method, opt, sched, state):
@@ -848,7 +945,8 @@ def resume_point(method, opt, sched, state):
 def save(run, name, parts, args, keep=0):
     """A checkpoint (layers.save_checkpoint: atomic), from the first process; keep: the last `keep` of its folder."""
     if run.rank == 0:
-        meta = {**identity(args), 'settings': json.loads(json.dumps(vars(args))), **xlt.method_class(args).exported(args, run.tok)}
+        exported = xlt.method_class(args).exported(args, run.tok)  # what python layers.py export reads
+        meta = {**identity(args), 'settings': json.loads(json.dumps(vars(args))), **exported}
         layers.save_checkpoint(run.path(name), meta, **parts)
         layers.keep_last(os.path.dirname(run.path(name)), keep)
 
@@ -863,10 +961,6 @@ def open_log(path, step):
 # ----------------------------------------------------------------------------------------
 # Stopping: what Ctrl-C says.
 
-def is_finished(folder):
-    return os.path.exists(os.path.join(folder, 'results.json'))
-
-
 def interrupted(args):
     """Ctrl-C's line: the last checkpoint this run wrote, and how to go on from it."""
     if args.eval_only:
@@ -875,11 +969,11 @@ def interrupted(args):
     found = [p for p in found if os.path.getmtime(p) >= START]  # not an earlier run's
     if not found:
         return f'interrupted before the first checkpoint in {args.out}: run the same command again'
-    last = max(found, key=os.path.getmtime)
+    last, go_on = max(found, key=os.path.getmtime), 'run the same command with --resume to go on'
     if last.endswith('trained.json'):  # a training ended, its model in best.pt
-        return f'interrupted after a training ended ({os.path.dirname(last)}): run the same command with --resume to go on'
+        return f'interrupted after a training ended ({os.path.dirname(last)}): {go_on}'
     step = layers.load_checkpoint(last, mmap=True)['state']['step']  # mapped: the weights are not read
-    return f'interrupted: the last checkpoint is step {step} ({last}); run the same command with --resume to go on from it'
+    return f'interrupted: the last checkpoint is step {step} ({last}); {go_on} from it'
 
 
 if __name__ == '__main__':

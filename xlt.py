@@ -20,8 +20,12 @@ import torch.nn.functional as F
 import data
 import eval as ev
 from data import IGNORE, TASKS, Batch
-from layers import CONFIGS, Encoder, MLMHead, autocast, average_checkpoints, init_weights, is_cross, kept_checkpoints, mean_pool
+from layers import (CONFIGS, Encoder, MLMHead, autocast, average_checkpoints, beam_search, init_weights, is_cross,
+                    kept_checkpoints, mean_pool)
 
+
+# ----------------------------------------------------------------------------------------
+# The protocol: a method's options (Option), its class (Method) and how its checkpoint is kept (selection).
 
 class Option(NamedTuple):
     """A command-line option (train.py builds the command line from every class's OPTIONS): --name,
@@ -44,19 +48,20 @@ POSITIVE, AT_LEAST_1, NON_NEGATIVE = (lambda v: v > 0, 'a number above 0'), (lam
     (lambda v: v >= 0, '0 or more')
 SHARE, UNIT = (lambda v: 0 <= v < 1, 'at least 0 and below 1'), (lambda v: 0 <= v <= 1, 'from 0 to 1')
 PART = (lambda v: 0 < v <= 1, 'above 0 and at most 1')
-QA_CASE = Option('qa_case', str, 'QA text as the model reads it: lower (XTREME\'s train_qa.sh and FILTER\'s train.sh pass '
-                 '--do_lower_case, which lowercased XLM-R\'s input in their transformers 2.x) or cased (the default elsewhere)',
-                 choices=('lower', 'cased'), default='cased')
-MINING = Option('mining', str, 'BUCC: margin (XTREME\'s ratio margin over 4 neighbours both ways, the default) or cosine '
-                '(each source sentence\'s nearest English one)', choices=('margin', 'cosine'), default='margin', changes='scores')
+QA_CASE = Option('qa_case', str, 'QA text as the model reads it: lower (XTREME\'s train_qa.sh and FILTER\'s train.sh '
+                 'pass --do_lower_case, which lowercased XLM-R\'s input in their transformers 2.x) or cased (the '
+                 'default elsewhere)', choices=('lower', 'cased'), default='cased')
+MINING = Option('mining', str, 'BUCC: margin (XTREME\'s ratio margin over 4 neighbours both ways, the default) or '
+                'cosine (each source sentence\'s nearest English one)', choices=('margin', 'cosine'), default='margin',
+                changes='scores')
 
 
 class Method(nn.Module):
     """The protocol between a method and the trainer, with its defaults.
 
     What it trains on and how it is fed:
-      trains_on   'en': English; 'translation': English translated into --train_lang;
-                  'translations': English and its translations into every target language
+      trains_on   'en': English; 'train_lang': English translated into --train_lang;
+                  'every_lang': English and its translations into every target language
       paired      batches are data.Pair (English, its translation): loss and predict read pairs
       round_trip  a paired method also reads English's round trip through the target (Pair.alt)
     How it is trained and kept:
@@ -92,8 +97,9 @@ class Method(nn.Module):
     LR, LR_LARGE, ADAM, RUN, DEMO, OPTIONS = {}, {}, {}, {}, {}, ()
     TASKS = tuple(TASKS)
     KEEPS, EXPORT = 'best.pt', 'its prediction is its own, not XLM-R\'s forward pass and a head'
-    # XTREME's run_bucc2018.sh, run_tatoeba.sh (d224426 to 838c13b): --specific_layer of the last --num_layers hidden
-    # states, the embeddings' being the first: BUCC 7 of the last 12, Tatoeba 13 of 24 (XLM-R large), 7 of 12 (12 layers)
+    # XTREME's run_bucc2018.sh, run_tatoeba.sh (d224426 to 838c13b): --specific_layer of the last --num_layers
+    # hidden states, the embeddings' being the first: BUCC 7 of the last 12, Tatoeba 13 of 24 (XLM-R large), 7 of
+    # 12 (12 layers)
     RETRIEVAL_LAYERS = {24: {'bucc2018': 20, 'tatoeba': 14}, 12: {'bucc2018': 8, 'tatoeba': 8}}
 
     def __init__(self):
@@ -121,12 +127,14 @@ class Method(nn.Module):
         qa = args.task in TASKS and TASKS[args.task].family == 'qa'
         epochs = (15 if qa else 8) if demo else 2 if args.task in ('xquad', 'mlqa') else 4  # the demo's QA needs longer
         lr = {**cls.LR, **(cls.LR_LARGE if args.model == 'large' else {})}.get(args.task, 2e-5)
-        for option, value in {**{o.name: o.default for o in cls.OPTIONS}, 'lr': lr, 'epochs': epochs, 'warmup': 0.1,
-                              'group_by_length': True, 'clip': 1.0, 'weight_decay': 0.01, 'batch_size': 64, 'doc_stride': 128,
-                              'max_len': 384 if qa else 128, **(cls.released(args) if demo is None else demo)}.items():
+        papers = {'lr': lr, 'epochs': epochs, 'warmup': 0.1, 'group_by_length': True, 'clip': 1.0, 'weight_decay': 0.01,
+                  'batch_size': 64, 'doc_stride': 128, 'max_len': 384 if qa else 128}
+        own = {o.name: o.default for o in cls.OPTIONS}
+        for option, value in {**own, **papers, **(cls.released(args) if demo is None else demo)}.items():
             if getattr(args, option, None) is None:
                 setattr(args, option, value)
-        args.epochs = math.ceil(args.steps / args.eval_every) if args.steps else args.epochs  # an 'epoch': eval_every steps
+        if args.steps:  # a run counted in steps: an 'epoch' is eval_every of them
+            args.epochs = math.ceil(args.steps / args.eval_every)
         if getattr(args, 'qa_case', None) == 'lower' and not qa:
             raise ValueError(f'--qa_case lower lowercases the text of QA tasks, not of {args.task}: drop it')
 
@@ -169,7 +177,8 @@ class Method(nn.Module):
         run.begin()
         layer = args.layer or cls.retrieval_layer(args.task, encoder.cfg.n_layer)
         embed = lambda texts: ev.embed_texts(encoder, run.tok, texts, layer, args.eval_batch_size, run.device)
-        run.finish({}, run.test_scores(ev.retrieve(args.data_dir, args.task, embed, args.mining) if run.rank == 0 else {}))
+        preds = ev.retrieve(args.data_dir, args.task, embed, args.mining) if run.rank == 0 else {}
+        run.finish({}, run.test_scores(preds))
 
     def frozen(self):
         return []
@@ -207,6 +216,9 @@ def method_class(args):
     """The class that runs --method on --task (with its options)."""
     return METHODS[args.method].resolve(args)
 
+
+# ----------------------------------------------------------------------------------------
+# Task heads and losses, shared by the methods.
 
 class Head(nn.Module):
     """classification: <s> -> dense -> tanh -> classes (RoBERTa's head); tagging: a class per
@@ -249,7 +261,8 @@ def per_example_loss(family, logits, labels):
         tokens = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=IGNORE, reduction='none')
         return per_example(family, tokens, labels.ne(IGNORE))
     start, end = logits.float().unbind(-1)
-    return (F.cross_entropy(start, labels[:, 0], reduction='none') + F.cross_entropy(end, labels[:, 1], reduction='none')) / 2
+    return (F.cross_entropy(start, labels[:, 0], reduction='none')
+            + F.cross_entropy(end, labels[:, 1], reduction='none')) / 2
 
 
 def entropy_per_example(family, logits, mask):
@@ -288,10 +301,14 @@ def probabilities(family, logits):
     return logits.float().softmax(0 if family == 'qa' else -1)
 
 
+def scale_depth(n, n_layer):
+    """A layer count or index the papers give for XLM-R large (24 layers), at another depth."""
+    return min(n_layer, max(1, round(n * n_layer / 24)))
 
-# ---------------------------------------------------------------------------
-# The baselines (XTREME, Section 4): fine-tuning on English alone (zero-shot transfer), or on
-# English translated into the target languages (translate-train).
+
+# ----------------------------------------------------------------------------------------
+# XTREME's baselines (Hu et al., 2020, Section 4): fine-tuning on English alone (zero-shot transfer), or on
+# English translated into the target languages (translate-train, translate-train-all).
 
 class Baseline(Method):
     """Fine-tuning the encoder and a task head on labelled examples of one text each."""
@@ -299,11 +316,14 @@ class Baseline(Method):
     # XTREME's scripts (train_xnli.sh ... train_qa.sh): 2e-5, 3e-5 for QA and for XNLI on XLM-R large
     LR = {'xnli': 2e-5, 'pawsx': 2e-5, 'udpos': 2e-5, 'panx': 2e-5, 'xquad': 3e-5, 'mlqa': 3e-5, 'tydiqa': 3e-5}
     LR_LARGE = {'xnli': 3e-5}
-    RUN = {task: {'warmup_steps': 500, 'weight_decay': 1e-4, 'qa_case': 'lower'} for task in ('xquad', 'mlqa', 'tydiqa')}  # train_qa.sh
-    OPTIONS = (MINING, QA_CASE, Option('conf_penalty', help='XLA\'s confidence penalty (Eq. 1): minus this weight times the entropy of '
-                      'the predictions (XLA warms up with 1)', valid=NON_NEGATIVE),
-               Option('train_share', help='share of the English training data used (XLA: of the English and the '
-                      'target text; XNLI, PAWS-X: 0.05, the paper\'s 5%% setting; 1 for the 100%% setting)', valid=PART))
+    RUN = {task: {'warmup_steps': 500, 'weight_decay': 1e-4, 'qa_case': 'lower'}  # train_qa.sh
+           for task in ('xquad', 'mlqa', 'tydiqa')}
+    OPTIONS = (
+        MINING, QA_CASE,
+        Option('conf_penalty', help='XLA\'s confidence penalty (Eq. 1): minus this weight times the entropy of the '
+               'predictions (XLA warms up with 1)', valid=NON_NEGATIVE),
+        Option('train_share', help='share of the English training data used (XLA: of the English and the target '
+               'text; XNLI, PAWS-X: 0.05, the paper\'s 5%% setting; 1 for the 100%% setting)', valid=PART))
 
     def __init__(self, encoder, task, args=None):
         super().__init__()
@@ -330,7 +350,7 @@ LABELLED_TRANSLATIONS = tuple(task for task in TASKS if TASKS[task].family != 't
 
 class TranslateTrain(Baseline):
     """Fine-tuning on English's translation into one target language, --train_lang."""
-    NAME, trains_on, TASKS = 'translate-train', 'translation', LABELLED_TRANSLATIONS
+    NAME, trains_on, TASKS = 'translate-train', 'train_lang', LABELLED_TRANSLATIONS
     OPTIONS = Baseline.OPTIONS + (Option('train_lang', str, 'the target language whose translation is trained on '
                                          '(XLA: whose text it adapts to)'),)
 
@@ -341,22 +361,19 @@ class TranslateTrain(Baseline):
 
 class TranslateTrainAll(Baseline):
     """Fine-tuning on English and its translations into every target language."""
-    NAME, trains_on, TASKS = 'translate-train-all', 'translations', LABELLED_TRANSLATIONS
+    NAME, trains_on, TASKS = 'translate-train-all', 'every_lang', LABELLED_TRANSLATIONS
 
 
-def scale_depth(n, n_layer):
-    """A layer count or index the papers give for XLM-R large (24 layers), at another depth."""
-    return min(n_layer, max(1, round(n * n_layer / 24)))
-
-
-# ---------------------------------------------------------------------------
-# A teacher's labels on the target side: FILTER's self-teaching (Algorithm 1) and X-Mixup's
-# tagging, whose translations have no labels.
+# ----------------------------------------------------------------------------------------
+# FILTER (Fang et al., 2021): fusion of a text and its translation in the middle layers (Eq. 1-3), and
+# self-teaching (Algorithm 1, Eq. 6): a teacher's labels on the target side (Taught), which X-Mixup's tagging
+# shares, whose translations have no labels.
 
 class Taught(Method):
     """A paired method that can learn the target side from a teacher's stored probabilities."""
     teacher_method = 'filter'
-    OPTIONS = (MINING, QA_CASE, Option('self_teach', bool, 'train a teacher into --out/teacher first, then this model taught by it'),
+    OPTIONS = (MINING, QA_CASE,
+               Option('self_teach', bool, 'train a teacher into --out/teacher first, then this model taught by it'),
                Option('teacher', str, 'a finished run folder of this task whose predictions teach the target side',
                       path='run'))
 
@@ -396,15 +413,16 @@ def teacher_probabilities(run, items):
 
 
 class Filter(Taught):
-    """FILTER (filter.txt): a source text S and its translation T are encoded apart by m local
+    """FILTER: a source text S and its translation T are encoded apart by m local
     layers, together by k fusion layers over [H_l^s; H_l^t] (Eq. 1) and apart again by the
     L - k - m domain layers (Eq. 2-3): one set of weights, one head on both sides. It trains on
     English with its translation and predicts from the target side of (English translation,
     target text). With stored teacher probabilities p_teacher it is the self-taught student."""
-    NAME, trains_on, paired, teacher_method = 'filter', 'translations', True, 'filter'
+    NAME, trains_on, paired, teacher_method = 'filter', 'every_lang', True, 'filter'
     EXPORT = 'FILTER predicts from a text fused with its English translation in the middle layers'
     select = 'average'  # the best average over the dev languages (Section 4.1)
-    LR = {'xnli': 3e-6, 'pawsx': 1e-5, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 1e-5}  # train.sh
+    LR = {'xnli': 3e-6, 'pawsx': 1e-5, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6,  # train.sh
+          'tydiqa': 1e-5}
     RUN = {'xnli': {'max_len': 256}, 'pawsx': {'max_len': 256},  # train.sh: --max_seq_length 256, QA --do_lower_case
            **{task: {'qa_case': 'lower'} for task in ('xquad', 'mlqa', 'tydiqa')}}
     # m, k and the KL weight 1 - lambda of the paper for XLM-R large (24 layers); k is scaled to
@@ -457,6 +475,10 @@ class Filter(Taught):
         return loss.mean(), {'loss': loss.mean().detach(), 'kl': kl.mean().detach()}
 
 
+# ----------------------------------------------------------------------------------------
+# X-Mixup (Yang et al., 2022): the target's states mixed with the source's in one layer (Eq. 3-5), scheduled
+# sampling of the source (Eq. 6) and consistency losses (Eq. 7-8).
+
 def attention_entropy(scores, query_mask, key_mask):
     """Eq. 5: H(A) = -1/I sum_i sum_j A_ij log A_ij per instance, A = softmax over the real keys j
     of scores (B, heads, I, J), averaged over the I real query tokens and over heads."""
@@ -467,17 +489,18 @@ def attention_entropy(scores, query_mask, key_mask):
 
 
 class XMixup(Taught):
-    """X-Mixup (x-mixup.txt): the source S and the target T are encoded apart; in one layer the
+    """X-Mixup: the source S and the target T are encoded apart; in one layer the
     target's self-attention output also attends to the source's with that layer's own weights
     (Eq. 3), and the two are mixed with a per-instance ratio lambda (Eq. 4) that grows with the
     two-way attention entropy (Eq. 5); the layer's FFN follows. Training feeds the real English
     or its round-trip translation as S (scheduled sampling, Eq. 6) and adds consistency losses
     (Eq. 7-8); inference mixes the target with its translation into English."""
-    NAME, trains_on, paired, round_trip, teacher_method = 'xmixup', 'translations', True, True, 'zeroshot'
+    NAME, trains_on, paired, round_trip, teacher_method = 'xmixup', 'every_lang', True, True, 'zeroshot'
     EXPORT = 'X-Mixup predicts from a text\'s states mixed with its English translation\'s'
     pretrained_start = True  # X-Mixup starts from a trained encoder, see train.demo_pretrained
     select = 'average'  # the best average over the dev languages (Section 4.1)
-    LR = {'xnli': 5e-6, 'pawsx': 5e-6, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 3e-5}  # scripts
+    LR = {'xnli': 5e-6, 'pawsx': 5e-6, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6,  # the run scripts
+          'tydiqa': 3e-5}
     DEMO = {'p_k': 50}  # p* decays within the demo's short runs
     # mixup layer, alpha, p_k (Table 10 and the released scripts); only QA's layer depends on the
     # depth (16 of 24 on XLM-R large, 8 of 12 on base: Section 4.1)
@@ -524,7 +547,8 @@ class XMixup(Taught):
         """lambda = lambda_0 sigmoid((H(A) + H(A^T)) W + b) from the scores of T attending to S."""
         if self.fixed_lambda:
             return torch.full((mask_t.size(0), 1, 1), self.lambda_0, device=mask_t.device)
-        entropy = attention_entropy(scores, mask_t, mask_s) + attention_entropy(scores.transpose(-1, -2), mask_s, mask_t)
+        entropy = (attention_entropy(scores, mask_t, mask_s)
+                   + attention_entropy(scores.transpose(-1, -2), mask_s, mask_t))
         return (self.lambda_0 * torch.sigmoid(entropy * self.w + self.b)).view(-1, 1, 1)
 
     def mix(self, block, x_s, mask_s, x_t, mask_t):
@@ -600,7 +624,9 @@ class XMixup(Taught):
 
 
 
-# VECO (veco.txt): pre-training of variable blocks, and the encoder they assemble into.
+# ----------------------------------------------------------------------------------------
+# VECO (Luo et al., 2020): pre-training of variable blocks (Section 2.2), and the encoder they assemble into
+# for understanding (Section 2.3).
 
 def bert_mask(ids, share, mask_id, first_piece=4):
     """BERT's masking: each piece (ids >= first_piece: not <s>, <pad>, </s>, <unk>) is chosen
@@ -648,23 +674,24 @@ class VecoPretrain(Method):
     parallel pairs TLM adds the masked concatenation x^ y^ (Section 3). One MLM head serves all.
     Without CS-MLM (cs_mlm=False, no cross-attention) it is Table 2's XLM: MLM and TLM."""
     NAME, TASKS, paired, family, select, EXPORT = 'veco', ('pretrain',), True, 'pretrain', 'loss', 'mlm'
-    SHARE = {'mono': 0.15, 'para': 0.25}  # masked share of a monolingual / bilingual pair (Table 5)
+    MASKED_SHARE = {'mono': 0.15, 'para': 0.25}  # masked share of a monolingual / bilingual pair (Table 5)
     LR = {'pretrain': 3e-4}  # Table 5: 3e-4 small, 2e-4 large (LR_LARGE); Adam beta2 and eps below
     LR_LARGE = {'pretrain': 2e-4}
     ADAM = {m: ((0.9, 0.98 if m == 'large' else 0.999), 1e-6) for m in CONFIGS}  # Table 5
     # the demo: about a minute on a laptop CPU; segments of a sentence or two
     DEMO = {'steps': 2000, 'eval_every': 500, 'max_len': 32, 'lr': 3e-3}
-    OPTIONS = STEPPED + (Option('cross_only_steps', int, 'phase 1: the first steps, which train only the cross-attention, '
-                                'the rest frozen; phase 2 trains everything for the rest of --steps; each phase warms '
-                                'up (default from --init: the --warmup share of --steps; 0 from scratch)', NON_NEGATIVE),
-                         Option('para_batch_size', int, 'pairs of a bilingual step; --batch_size is the monolingual '
-                                'one (default 4 x --batch_size, Table 5\'s 1024 / 4096; the demo: 1 x)', AT_LEAST_1),
-                         Option('no_cs_mlm', bool, 'CS-MLM off, no cross-attention: MLM and TLM, Table 2\'s XLM'),
-                         Option('mono_only', bool, 'the monolingual text alone (Table 2\'s first rows)'),
-                         Option('lang_alpha', float, 'languages drawn with p_i ~ n_i^alpha over their pairs n_i (Section 4: 0.5, '
-                                'as XLM; XLM-R took 0.3)', POSITIVE, default=0.5))
-
-    RUN = {'pretrain': {'steps': 240000, 'eval_every': 2000, 'warmup': 0.05, 'batch_size': 1024, 'max_len': 512}}  # Table 5
+    OPTIONS = STEPPED + (
+        Option('cross_only_steps', int, 'phase 1: the first steps, which train only the cross-attention, the rest '
+               'frozen; phase 2 trains everything for the rest of --steps; each phase warms up (default from --init: '
+               'the --warmup share of --steps; 0 from scratch)', NON_NEGATIVE),
+        Option('para_batch_size', int, 'pairs of a bilingual step; --batch_size is the monolingual one (default 4 x '
+               '--batch_size, Table 5\'s 1024 / 4096; the demo: 1 x)', AT_LEAST_1),
+        Option('no_cs_mlm', bool, 'CS-MLM off, no cross-attention: MLM and TLM, Table 2\'s XLM'),
+        Option('mono_only', bool, 'the monolingual text alone (Table 2\'s first rows)'),
+        Option('lang_alpha', float, 'languages drawn with p_i ~ n_i^alpha over their pairs n_i (Section 4: 0.5, as '
+               'XLM; XLM-R took 0.3)', POSITIVE, default=0.5))
+    RUN = {'pretrain': {'steps': 240000, 'eval_every': 2000, 'warmup': 0.05, 'batch_size': 1024,  # Table 5
+                        'max_len': 512}}
 
     @classmethod
     def configure(cls, args, demo=None):
@@ -672,10 +699,12 @@ class VecoPretrain(Method):
         if args.cross_only_steps is None:  # phase 1 trains the new cross-attention, which XLM has not
             args.cross_only_steps = int(args.warmup * args.steps) if args.init and not args.no_cs_mlm else 0
         if args.no_cs_mlm and args.cross_only_steps:
-            raise ValueError('--cross_only_steps trains the cross-attention alone, which --no_cs_mlm leaves out: drop one')
+            raise ValueError('--cross_only_steps trains the cross-attention alone, which --no_cs_mlm leaves out: drop '
+                             'one')
         args.para_batch_size = args.para_batch_size or (1 if demo else 4) * args.batch_size
         if args.cross_only_steps >= args.steps:
-            raise ValueError(f'--cross_only_steps {args.cross_only_steps} leaves no step of phase 2 in --steps {args.steps}: '
+            raise ValueError(f'--cross_only_steps {args.cross_only_steps} leaves no step of phase 2 in --steps '
+                             f'{args.steps}: '
                              'lower it or raise --steps')
 
     @classmethod
@@ -695,7 +724,8 @@ class VecoPretrain(Method):
                      'XLM-R checkpoint, python layers.py convert)')
         torch.manual_seed(args.seed)
         method = cls(encoder, run.tok.mask, mlm, args.cross_only_steps, cs_mlm=not args.no_cs_mlm).to(run.device)
-        items, groups, used = data.pretraining_set(run.tok, args.data_dir, args.max_len, args.mono_only, not args.no_cache)
+        items, groups, used = data.pretraining_set(run.tok, args.data_dir, args.max_len, args.mono_only,
+                                                   not args.no_cache)
         run.say(data.pretraining_table(used))
         groups, held = data.split_held_out(groups)
         if not groups:
@@ -704,21 +734,21 @@ class VecoPretrain(Method):
         validate = lambda: method.held_out_losses(held, args.eval_batch_size, args.seed, run.device)
         steps = lambda epoch: min(args.eval_every, args.steps - epoch * args.eval_every)  # an 'epoch': eval_every steps
         sizes = (args.batch_size, args.para_batch_size)
-        run.fit(method, items, validate, lambda epoch: data.pretrain_batches(groups, sizes, steps(epoch),
-                                                                              args.seed * 1000 + epoch, args.lang_alpha))
+        batches = lambda epoch: data.pretrain_batches(groups, sizes, steps(epoch), args.seed * 1000 + epoch,
+                                                      args.lang_alpha)
+        run.fit(method, items, validate, batches)
         run.load_best(method)
         losses = validate()
-        names = sorted({k for row in losses.values() for k in row} - {'score'})
-        table = '\n'.join([f'{"held out":<10}' + ''.join(f'{n:>13}' for n in names)] + [
-            f'{kind:<10}' + ''.join(f'{row[n]:13.3f}' if n in row else ' ' * 13 for n in names) for kind, row in losses.items()])
-        run.write_results({'task': 'pretrain', 'method': 'veco', 'selected_by': selection(method.select, losses)[1],
-                           'held_out': losses, 'data': used}, table, f'pre-trained model in {run.out}/best.pt: fine-tune it with '
-                                                      f'--init {run.out}/best.pt')
+        results = {'task': 'pretrain', 'method': 'veco', 'selected_by': selection(method.select, losses)[1],
+                   'held_out': losses, 'data': used}
+        run.write_results(results, ev.held_out_table(losses),
+                          f'pre-trained model in {run.out}/best.pt: fine-tune it with --init {run.out}/best.pt')
 
     def __init__(self, encoder, mask_id, mlm=None, cross_only_steps=0, cs_mlm=True):
         super().__init__()
         if cs_mlm and not encoder.has_cross:
-            raise ValueError('VECO pre-training needs an encoder with cross-attention (layers.Encoder(cfg, cross=True))')
+            raise ValueError('VECO pre-training needs an encoder with cross-attention (layers.Encoder(cfg, '
+                             'cross=True))')
         self.encoder, self.mask_id, self.cross_only_steps, self.cs_mlm = encoder, mask_id, cross_only_steps, cs_mlm
         self.mlm = mlm if mlm is not None else MLMHead(encoder.cfg, encoder.tok.weight)
 
@@ -729,7 +759,8 @@ class VecoPretrain(Method):
     def crossed(self, ids, mask, memory, memory_mask):
         """Eq. 6: S^(i) = SelfAttention(Y^(i-1)) with a causal mask, Z^(i) = CrossAttention(S^(i),
         X^N), Y^(i) = FFN(Z^(i)) -> Y^N. X^N is detached: the two objectives train in isolation."""
-        return self.encoder.run(self.encoder.embed(ids), mask, memory=memory.detach(), memory_mask=memory_mask, causal=True)
+        return self.encoder.run(self.encoder.embed(ids), mask, memory=memory.detach(), memory_mask=memory_mask,
+                                causal=True)
 
     def cross_only(self):
         return self.step < self.cross_only_steps
@@ -751,7 +782,8 @@ class VecoPretrain(Method):
         return terms
 
     def masked(self, batch, parallel):
-        share = torch.where(parallel, self.SHARE['para'], self.SHARE['mono']).view(-1, 1).to(batch.ids.device)
+        share = torch.where(parallel, self.MASKED_SHARE['para'], self.MASKED_SHARE['mono'])
+        share = share.view(-1, 1).to(batch.ids.device)
         return bert_mask(batch.ids, share, self.mask_id)
 
     def loss(self, pair):
@@ -774,7 +806,8 @@ class VecoPretrain(Method):
         phase 2 XLM-R's weights start their Adam moments afresh, so they warm up, while the
         cross-attention keeps the moments of phase 1 (one optimiser all along)."""
         P = self.cross_only_steps
-        first, second = warmup_then_decay(int(args.warmup * P), 0, P), warmup_then_decay(int(args.warmup * (total - P)), P, total)
+        first = warmup_then_decay(int(args.warmup * P), 0, P)
+        second = warmup_then_decay(int(args.warmup * (total - P)), P, total)
         return lambda step: first(step) if step < P else second(step)
 
     @torch.no_grad()
@@ -790,20 +823,26 @@ class VecoPretrain(Method):
                 part = [item for item in items if item[0].label == (kind == 'para')]
                 for index in data.length_batches(data.item_lengths(part)[:, 0], batch_size):
                     pair = data.collate_pairs([part[i][0] for i in index], [part[i][1] for i in index]).to(device)
-                    parallel = pair.src.labels.bool()
-                    (x, x_bar), (y, y_bar) = self.masked(pair.src, parallel), self.masked(pair.tgt, parallel)
-                    with autocast(device):
-                        terms = self.terms(x, pair.src.mask, x_bar, y, pair.tgt.mask, y_bar, parallel)
-                        if len(index) > 1 and self.cs_mlm:
-                            X, xm = self.inner(x, pair.src.mask), pair.src.mask
-                            terms['cs_shuffled'] = mlm_loss(self.mlm, self.crossed(y, pair.tgt.mask, X.roll(1, 0), xm.roll(1, 0)), y_bar)
-                    for name, t in terms.items():  # a mean over the kind's pairs
+                    for name, t in self.held_out_terms(pair).items():  # a mean over the kind's pairs
                         total, count = sums.setdefault(kind, {}), counts.setdefault(kind, {})
-                        total[name], count[name] = total.get(name, 0.0) + t.item() * len(index), count.get(name, 0) + len(index)
+                        total[name] = total.get(name, 0.0) + t.item() * len(index)
+                        count[name] = count.get(name, 0) + len(index)
         out = {kind: {n: v / counts[kind][n] for n, v in row.items()} for kind, row in sums.items()}
         for row in out.values():
             row['score'] = -sum(v for n, v in row.items() if n != 'cs_shuffled')
         return out
+
+    def held_out_terms(self, pair):
+        """A held-out batch's loss terms, and CS-MLM once more with each row reading another row's X^N."""
+        parallel = pair.src.labels.bool()
+        (x, x_bar), (y, y_bar) = self.masked(pair.src, parallel), self.masked(pair.tgt, parallel)
+        with autocast(x.device):
+            terms = self.terms(x, pair.src.mask, x_bar, y, pair.tgt.mask, y_bar, parallel)
+            if len(x) > 1 and self.cs_mlm:
+                X, x_mask = self.inner(x, pair.src.mask), pair.src.mask
+                shuffled = self.crossed(y, pair.tgt.mask, X.roll(1, 0), x_mask.roll(1, 0))
+                terms['cs_shuffled'] = mlm_loss(self.mlm, shuffled, y_bar)
+        return terms
 
 
 class Veco(Baseline):
@@ -821,12 +860,12 @@ class Veco(Baseline):
            **{task: {'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4, 'warmup_steps': 500, 'doc_stride': 64,
                      'eval_steps': 200} for task in ('xquad', 'mlqa')}}
     GRID = {'lr': (1e-5, 2e-5, 3e-5), 'epochs': (3, 5, 10), 'batch_size': (16, 32, 64)}  # Table 6's search
-    OPTIONS = Baseline.OPTIONS + (Option('translate_train_all', bool, 'fine-tune on English and its translations into '
-                                         'every target language (default: English alone)'),
-                                  Option('search', str, 'Table 6\'s search: a run per point of a grid, the best average '
-                                         'dev score kept; NAME=V,V,... replaces a row of the default grid (lr 1e-5,2e-5,'
-                                         '3e-5 epochs 3,5,10 batch_size 16,32,64; translate-train-all lr 3e-6,5e-6,1e-5)',
-                                         nargs='*'))
+    OPTIONS = Baseline.OPTIONS + (
+        Option('translate_train_all', bool, 'fine-tune on English and its translations into every target language '
+               '(default: English alone)'),
+        Option('search', str, 'Table 6\'s search: a run per point of a grid, the best average dev score kept; '
+               'NAME=V,V,... replaces a row of the default grid (lr 1e-5,2e-5,3e-5 epochs 3,5,10 batch_size 16,32,64; '
+               'translate-train-all lr 3e-6,5e-6,1e-5)', nargs='*'))
 
     @classmethod
     def retrieval_layer(cls, task, n_layer):  # its run_tatoeba.sh: after layer 19 of 24, mean over every token
@@ -891,7 +930,7 @@ class Veco(Baseline):
 
 class VecoAll(Veco):
     """VECO fine-tuned on English and its translations (Table 2's translate-train-all)."""
-    TASKS, trains_on = LABELLED_TRANSLATIONS, 'translations'  # POS and NER: English alone (VECO, Section 4.1)
+    TASKS, trains_on = LABELLED_TRANSLATIONS, 'every_lang'  # POS and NER: English alone (VECO, Section 4.1)
     LR = {task: 5e-6 for task in TASKS}  # the middle of Table 6's [3e-6, 5e-6, 1e-5]
     GRID = {'lr': (3e-6, 5e-6, 1e-5)}  # Table 6: the learning rate alone
 
@@ -900,7 +939,7 @@ class VecoAll(Veco):
         return super().folder(args) + ['translate-train-all']
 
 
-# ---------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------
 # VECO for generation (Section 2.3, Tables 3-4): the same blocks assembled into an
 # encoder-decoder, fine-tuned on translation as the released fairseq scripts do.
 
@@ -964,7 +1003,7 @@ class VecoTranslate(Method):
     DEMO = {'steps': 500, 'eval_every': 125, 'lr': 1e-3, 'batch_size': 32, 'warmup': 0.1, 'dropout': 0.1,
             'attn_dropout': 0.0, 'label_smoothing': 0.1, 'average_last': 2, 'max_len': 64}
     OPTIONS = STEPPED + (
-        Option('src', str, 'source language (default en; the README\'s layout)', changes='scores'),
+        Option('src', str, 'source language (default en; the layout of docs/veco.md)', changes='scores'),
         Option('tgt', str, 'target language (default de)', changes='scores'),
         Option('dec_layers', int, 'decoder layers (default 6, at most the model\'s depth)', AT_LEAST_1),
         Option('dec_init', str, 'the decoder copies the last (default) or the first pre-trained layers, or is new '
@@ -973,7 +1012,8 @@ class VecoTranslate(Method):
         Option('beam', int, 'beam size (default 5)', AT_LEAST_1, default=5, changes='scores'),
         Option('decode_bf16', bool, 'decode in bf16 autocast on a GPU (default fp32, as the released inference script)',
                changes='scores'),
-        Option('lenpen', help='length penalty, score / length ** lenpen (default 1)', valid=NON_NEGATIVE, default=1.0, changes='scores'),
+        Option('lenpen', help='length penalty, score / length ** lenpen (default 1)', valid=NON_NEGATIVE, default=1.0,
+               changes='scores'),
         Option('average_last', int, 'decode with the mean of the last N checkpoints (one every --eval_every steps; '
                'default 10; 0: best.pt, the lowest valid loss)', NON_NEGATIVE, changes='scores'))
 
@@ -1018,49 +1058,62 @@ class VecoTranslate(Method):
         then the test set decoded by beam search with the mean of the last --average_last
         checkpoints (fairseq's average_checkpoints), one line per source, scored with BLEU."""
         args, tok = run.args, run.tok
+        method, lang_ids, scale = cls.assembled(run)
+        read = lambda split: data.translation_items(tok, args.data_dir, args.src, args.tgt, split, lang_ids,
+                                                    args.max_len)
+        items, valid, test = read('train'), read('valid'), read('test')
+        for name, part in (('training', items), ('valid', valid)):
+            if not part:
+                run.fail(f'no {name} pairs for {args.src}-{args.tgt} in {args.data_dir}/translation: the files hold '
+                         'no text')
+        validate = lambda: {'valid': method.valid_losses(valid, args.eval_batch_size, run.device)}
+        run.fit(method, items, validate, keep_last=args.average_last)
+        decoded_with = cls.average_last(run, method, args.average_last)
+        hyps = [tok.decode(ids.tolist()) for ids in cls.translations(run, method, test)]
+        refs = data.lines_of(data.parallel_files(args.data_dir, args.src, args.tgt, 'test')[1])
+        scores = ev.translation_scores(hyps, refs)
+        results = {'task': 'translate', 'method': 'veco', 'pair': f'{args.src}-{args.tgt}',
+                   'decoded_with': decoded_with, 'embed_scale': scale, 'valid': validate()['valid'], 'test': scores,
+                   'decoded_in': 'bf16' if args.decode_bf16 and run.device.type == 'cuda' else 'fp32'}
+        path = f'predictions/test.{args.src}-{args.tgt}.{args.tgt}'
+        table = ev.translation_table(f'test {args.src}-{args.tgt} ({len(hyps)} sentences, beam {args.beam}, '
+                                     f'{decoded_with})', scores)
+        run.write_results(results, table, f'translations in {run.out}/{path}', {path: ''.join(h + '\n' for h in hyps)})
+
+    @classmethod
+    def assembled(cls, run):
+        """The encoder-decoder (assemble) from --init, or new -> (the method, the ids of [src] and [tgt], the
+        token embeddings' scale)."""
+        args, tok = run.args, run.tok
         pre, _, released = run.encoder(cross=True, decoder=True)  # --init's cross-attention kept, or new for XLM-R
         if args.init and released is None and pre.new_cross:
-            run.say(f'note: --init {args.init} is an encoder alone, without cross-attention or decoder (XLM-R, or VECO\'s '
-                    'released NLU model): the cross-attention starts from random weights')
-        lang_ids = tok.language_ids(args.src, args.tgt)  # [src], [tgt]: the --dict's lines, or new rows of the embedding
+            run.say(f'note: --init {args.init} is an encoder alone, without cross-attention or decoder (XLM-R, or '
+                    'VECO\'s released NLU model): the cross-attention starts from random weights')
+        lang_ids = tok.language_ids(args.src, args.tgt)  # [src], [tgt]: the --dict's lines, or new embedding rows
         new_rows = sum(i >= tok.vocab_size for i in lang_ids)
         scale = pre.cfg.embed_scale if args.init else math.sqrt(pre.cfg.dim)  # a new model: fairseq's default
         run.say(f'token embeddings scaled by {scale:g}: ' + ('the scale --init was trained with' if args.init else
                                                              'a new model, fairseq\'s sqrt(dim)'))
         torch.manual_seed(args.seed)
         try:
-            encoder, decoder = assemble(pre, args.dec_layers, args.dec_init, new_rows, args.dropout, args.attn_dropout, scale,
-                                        released)
+            encoder, decoder = assemble(pre, args.dec_layers, args.dec_init, new_rows, args.dropout, args.attn_dropout,
+                                        scale, released)
         except ValueError as e:
             run.fail(str(e))
         method = cls(run.ready(encoder), run.ready(decoder), lang_ids[1], args.label_smoothing).to(run.device)
-        read = lambda split: data.translation_items(tok, args.data_dir, args.src, args.tgt, split, lang_ids, args.max_len)
-        items, valid, test = read('train'), read('valid'), read('test')
-        for name, part in (('training', items), ('valid', valid)):
-            if not part:
-                run.fail(f'no {name} pairs for {args.src}-{args.tgt} in {args.data_dir}/translation: the files hold no text')
-        validate = lambda: {'valid': method.valid_losses(valid, args.eval_batch_size, run.device)}
-        run.fit(method, items, validate, keep_last=args.average_last)
-        decoded_with = cls.average_last(run, method, args.average_last)
+        return method, lang_ids, scale
+
+    @classmethod
+    def translations(cls, run, method, test):
+        """The test sources' translations (token ids), shared out over the processes (run.map)."""
+        args = run.args
         method.eval()
 
         def decode(index):  # in fp32 as the released inference script, unless --decode_bf16 (on a GPU)
             with nullcontext() if args.decode_bf16 else torch.autocast(run.device.type, enabled=False):
-                return method.generate(data.collate([test[i][0] for i in index]).to(run.device), args.beam, args.lenpen)
-        hyps = run.map(lambda index: [(torch.tensor(h, dtype=torch.long),) for h in decode(index)],
-                       data.item_lengths(test)[:, 0], 'decode')[0]
-        hyps = [tok.decode(ids.tolist()) for ids in hyps]
-        refs = data.lines_of(data.parallel_files(args.data_dir, args.src, args.tgt, 'test')[1])
-        bleu = ev.bleu(hyps, refs)
-        tokenized = ev.tokenized_bleu([ev.tokenize_13a(h) for h in hyps], [ev.tokenize_13a(r) for r in refs])
-        results = {'task': 'translate', 'method': 'veco', 'pair': f'{args.src}-{args.tgt}', 'decoded_with': decoded_with,
-                   'decoded_in': 'bf16' if args.decode_bf16 and run.device.type == 'cuda' else 'fp32', 'embed_scale': scale,
-                   'valid': validate()['valid'], 'test': {'bleu': bleu, 'tokenized_bleu': tokenized}}
-        path = f'predictions/test.{args.src}-{args.tgt}.{args.tgt}'
-        table = (f'test {args.src}-{args.tgt} ({len(hyps)} sentences, beam {args.beam}, {decoded_with})\n'
-                 f'  sacreBLEU       {bleu["bleu"]:6.2f}  {bleu["signature"]}\n'
-                 f'  tokenized BLEU  {tokenized["bleu"]:6.2f}  (13a tokens, lower case, no smoothing: multi-bleu.perl -lc)')
-        run.write_results(results, table, f'translations in {run.out}/{path}', {path: ''.join(h + '\n' for h in hyps)})
+                batch = data.collate([test[i][0] for i in index]).to(run.device)
+                return [(torch.tensor(h, dtype=torch.long),) for h in method.generate(batch, args.beam, args.lenpen)]
+        return run.map(decode, data.item_lengths(test)[:, 0], 'decode')[0]
 
     def __init__(self, encoder, decoder, bos, eps=0.2):
         super().__init__()
@@ -1100,65 +1153,14 @@ class VecoTranslate(Method):
             tokens += pair.tgt.labels.ne(IGNORE).sum().item()
         return {'loss': loss / tokens, 'nll': nll / tokens, 'ppl': math.exp(nll / tokens), 'score': -loss / tokens}
 
-    def next_log_probs(self, tokens, memory, memory_mask, cache=None):
-        """log p(next token | prefix, source) (N, V) for prefixes tokens (N, t). With a cache
-        only the newest token runs through the decoder; without, the whole prefix again."""
-        new = tokens if cache is None else tokens[:, -1:]
-        x = self.decoder.embed(new, offset=tokens.size(1) - new.size(1))
-        h = self.decoder.run(x, None, memory=memory, memory_mask=memory_mask, causal=True, cache=cache)
-        return self.logits(h[:, -1]).float().log_softmax(-1)
-
-    @torch.no_grad()
-    def generate(self, src, beam=5, lenpen=1.0, max_new=200, min_len=1, cache=True, eos=2, pad=1):
-        """Beam search as fairseq's SequenceGenerator, batched over sentences and beams. Each step
-        takes the 2K best extensions of a sentence's K hypotheses; those among the first K that
-        end in </s> are finished with the score log p / length ** lenpen (the length counts
-        </s>), the K best others go on. A sentence stops at K finished hypotheses or at max_new
-        tokens. -> the best hypothesis of each source row, token ids without </s>."""
-        K, V = beam, self.encoder.cfg.vocab_size
-        B, device = src.ids.size(0), src.ids.device
-        memory = self.encoder(src.ids, src.mask).repeat_interleave(K, 0)
-        memory_mask = src.mask.repeat_interleave(K, 0)
-        longest = self.decoder.cfg.max_positions - self.decoder.cfg.pad_id - 1
-        max_len = min(max_new, longest - 1)
-        tokens = torch.full((B * K, 1), self.bos, dtype=torch.long, device=device)
-        scores = torch.zeros(B * K, device=device)  # log p of each hypothesis so far
-        alive, finished, state = list(range(B)), [[] for _ in range(B)], {} if cache else None
-        rank = torch.arange(2 * K, device=device)
-        for step in range(max_len + 1):
-            logp = self.next_log_probs(tokens, memory, memory_mask, state)
-            logp[:, pad] = -math.inf
-            if step >= max_len:  # the last step may only end the hypothesis
-                logp[:, torch.arange(V, device=device) != eos] = -math.inf
-            elif step < min_len:
-                logp[:, eos] = -math.inf
-            n = len(alive)
-            total = (scores[:, None] + logp).view(n, K, V)
-            top, index = (total[:, :1] if step == 0 else total).reshape(n, -1).topk(2 * K)  # step 0: K equal beams
-            beams, words = index // V, index % V
-            ends = words.eq(eos) & top.ne(-math.inf)
-            for i, j in ends[:, :K].nonzero().tolist():  # at most K a sentence
-                if len(finished[alive[i]]) < K:
-                    hyp = tokens[i * K + beams[i, j], 1:].tolist()
-                    finished[alive[i]].append((top[i, j].item() / (step + 1) ** lenpen, hyp))
-            live = [i for i in range(n) if len(finished[alive[i]]) < K] if step < max_len else []
-            if not live:
-                break
-            live_rows = torch.tensor(live, device=device)
-            going = torch.where(ends, rank + 2 * K, rank)[live_rows].topk(K, largest=False).indices  # K best that go on
-            rows = (live_rows[:, None] * K + beams[live_rows].gather(1, going)).view(-1)
-            tokens = torch.cat([tokens[rows], words[live_rows].gather(1, going).view(-1, 1)], 1)
-            scores = top[live_rows].gather(1, going).view(-1)
-            memory, memory_mask = memory[rows], memory_mask[rows]
-            for block in (state or {}).values():  # the cached keys and values follow their hypotheses
-                for part in block.values():
-                    part['k'], part['v'] = part['k'][rows], part['v'][rows]
-            alive = [alive[i] for i in live]
-        return [max(hyps, key=lambda h: h[0])[1] for hyps in finished]
+    def generate(self, src, beam=5, lenpen=1.0, max_new=200, min_len=1, cache=True):
+        """The best translation of each source row (a Batch): beam search from [tgt] (layers.beam_search)."""
+        memory = self.encoder(src.ids, src.mask)
+        return beam_search(self.decoder, memory, src.mask, self.bos, beam, lenpen, max_new, min_len, cache)
 
 
-# ---------------------------------------------------------------------------
-# XLA (Bari et al.; Algorithm 1): self-training on unlabelled target-language text. Three
+# ----------------------------------------------------------------------------------------
+# XLA (Bari et al., 2021; Algorithm 1): self-training on unlabelled target-language text. Three
 # models warm up on English with Eq. 1's confidence penalty (Baseline.conf_penalty); every XLA
 # epoch a frozen masked LM makes vicinal samples (Section 3.2), each model labels the data and
 # keeps what it is sure of (DISTIL, Section 3.3), and each model trains on the samples the other
@@ -1174,25 +1176,26 @@ class XLA(Baseline):
     # Table 8 (XNER for panx and udpos). The warm-up (--lr, --batch_size, --epochs) and the XLA
     # epochs (--xla_lr, --xla_batch_size); eta: the share kept per epoch in percent; share: P;
     # delta: samples per sentence (one number) or per part of a pair (successive cross).
-    TAGGING = {'lr': 3e-5, 'batch_size': 20, 'epochs': 3, 'warmup': 0.07, 'max_len': 280, 'eval_steps': 50, 'xla_lr': 5e-6,
-               'xla_batch_size': 16, 'xla_weight_decay': 0.01, 'xla_eval_steps': 50, 'eta': [80, 100, 100], 'aug_share': 0.3,
-               'delta': [3], 'train_share': 1.0}
+    TAGGING = {'lr': 3e-5, 'batch_size': 20, 'epochs': 3, 'warmup': 0.07, 'max_len': 280, 'eval_steps': 50,
+               'xla_lr': 5e-6, 'xla_batch_size': 16, 'xla_weight_decay': 0.01, 'xla_eval_steps': 50,
+               'eta': [80, 100, 100], 'aug_share': 0.3, 'delta': [3], 'train_share': 1.0}
     PAIR = {'lr': 1e-6, 'batch_size': 32, 'weight_decay': 0.0, 'eval_steps': 50, 'xla_lr': 1e-6, 'xla_batch_size': 32,
             'xla_weight_decay': 0.0, 'xla_eval_steps': 25, 'aug_share': 0.3, 'delta': [2, 2], 'train_share': 0.05}
     RUN = {'panx': TAGGING, 'udpos': TAGGING, 'xnli': {**PAIR, 'epochs': 6, 'eta': [50, 80, 100]},
            'pawsx': {**PAIR, 'epochs': 10, 'xla_epochs': 6, 'eta': [80, 90, 80], 'aug_share': 0.4}}
-    # the demo: the warm-up as every demo, the XLA epochs at a lower rate, selecting at their end; 100% of the demo's data
+    # the demo: the warm-up as every demo's, the XLA epochs at a lower rate, selecting at their end; all its data
     DEMO = {'xla_lr': 1e-4, 'xla_batch_size': 32, 'xla_eval_steps': None, 'train_share': 1.0, 'train_lang': 'de'}
     SETS = {1: ('source', 'target'), 2: ('target vicinal',),  # Algorithm 1, line 22: the sets of each epoch
             3: ('source', 'target', 'source vicinal', 'target vicinal')}
     OPTIONS = TranslateTrain.OPTIONS + (
         Option('xla_lr', help='learning rate of the XLA epochs (--lr: the warm-up\'s; Table 8)', valid=POSITIVE),
         Option('xla_batch_size', int, 'batch size of the XLA epochs (Table 8: 16, 32)', AT_LEAST_1),
-        Option('xla_epochs', int, 'epochs of co-teaching after the warm-up (Algorithm 1: 3; Table 8: PAWS-X 6)', AT_LEAST_1, default=3),
+        Option('xla_epochs', int, 'epochs of co-teaching after the warm-up (Algorithm 1: 3; Table 8: PAWS-X 6)',
+               AT_LEAST_1, default=3),
         Option('xla_weight_decay', help='weight decay of the XLA epochs (Table 8: 0.01; XNLI, PAWS-X none)',
                valid=NON_NEGATIVE),
-        Option('xla_eval_steps', int, 'select on the --train_lang dev score every N steps of an XLA epoch (Table 8: 50; '
-               'XNLI, PAWS-X 25)', AT_LEAST_1),
+        Option('xla_eval_steps', int, 'select on the --train_lang dev score every N steps of an XLA epoch (Table 8: '
+               '50; XNLI, PAWS-X 25)', AT_LEAST_1),
         Option('eta', float, 'percent of the labelled samples each model keeps, per XLA epoch, by confidence (the last '
                'repeats; Table 8: 80 100 100 / 50 80 100 / 80 90 80)', (lambda v: 0 < v <= 100, 'percents above 0 and '
                'at most 100'), nargs='+'),
@@ -1200,14 +1203,19 @@ class XLA(Baseline):
                'the losses puts in the low-loss cluster', choices=('confidence', 'gmm'), default='confidence'),
         Option('posterior', help='with --distil gmm: the least posterior of the low-loss component a kept sample has '
                '(default 0.5)', valid=UNIT),
-        Option('aug_share', help='share P of a sentence\'s pieces the masked LM replaces (0.3; PAWS-X 0.4)', valid=PART),
+        Option('aug_share', help='share P of a sentence\'s words the masked LM replaces (0.3; PAWS-X 0.4)',
+               valid=PART),
         Option('delta', int, 'vicinal samples per sentence (3), or per part of a pair (2 2: successive cross, 4 '
                'samples)', (lambda v: v >= 1, 'samples per sentence, at least 1'), nargs='+'),
-        Option('alpha', help='Eq. 2\'s sampling factor over the training sets (default 0.7, Table 8)', valid=UNIT, default=0.7),
-        Option('union', bool, 'ablation: a model learns what either peer keeps (both: if they agree), not what both agree on'),
+        Option('alpha', help='Eq. 2\'s sampling factor over the training sets (default 0.7, Table 8)', valid=UNIT,
+               default=0.7),
+        Option('union', bool, 'ablation: a model learns what either peer keeps (both: if they agree), not what both '
+               'agree on'),
         Option('no_vicinal', bool, 'ablation: no vicinal samples, each epoch\'s English and target sets alone'),
-        Option('single', bool, 'ablation: one model (warm-up 1) learns what it keeps itself, no co-teaching (Table 5\'s φ)'),
-        Option('mlm', str, 'the checkpoint whose masked LM makes the vicinal samples (default --init)', path='checkpoint'),
+        Option('single', bool, 'ablation: one model (warm-up 1) learns what it keeps itself, no co-teaching (Table '
+               '5\'s φ)'),
+        Option('mlm', str, 'the checkpoint whose masked LM makes the vicinal samples (default --init)',
+               path='checkpoint'),
         Option('warmup_dir', str, 'folder of the three warm-up runs warmup-1..3, reused when finished (default --out; '
                'share one folder between target languages)', changes='nothing'))
 
@@ -1220,7 +1228,9 @@ class XLA(Baseline):
         warm-up is the zero-shot baseline's (the papers' defaults), the XLA epochs Table 8's."""
         run = cls.RUN.get(args.task, {})
         hundred = args.train_share == 1 and run.get('train_share') == 0.05
-        return {k: v for k, v in run.items() if k not in ('lr', 'batch_size', 'epochs', 'weight_decay')} if hundred else run
+        if not hundred:
+            return run
+        return {k: v for k, v in run.items() if k not in ('lr', 'batch_size', 'epochs', 'weight_decay')}
 
     @classmethod
     def configure(cls, args, demo=None):
@@ -1232,11 +1242,12 @@ class XLA(Baseline):
         args.posterior = 0.5 if args.posterior is None and args.distil == 'gmm' else args.posterior
         pair = TASKS[args.task].family == 'classification'
         if len(args.delta) not in ((1, 2) if pair else (1,)):
-            raise ValueError(f'--delta takes {"one or two numbers (samples per part of a pair)" if pair else "one number (samples per sentence)"} '
-                             f'for {args.task}, not {len(args.delta)}')
+            takes = 'one or two numbers (samples per part of a pair)' if pair else 'one number (samples per sentence)'
+            raise ValueError(f'--delta takes {takes} for {args.task}, not {len(args.delta)}')
         args.delta = args.delta * 2 if pair and len(args.delta) == 1 else args.delta
         if not args.train_lang:
-            raise ValueError('XLA adapts to one target language: pass --train_lang (its unlabelled training text is read)')
+            raise ValueError('XLA adapts to one target language: pass --train_lang (its unlabelled training text is '
+                             'read)')
 
     @classmethod
     def folder(cls, args):
@@ -1259,8 +1270,9 @@ class XLA(Baseline):
         confidence penalty (weight 1, or --conf_penalty), seeds 3 x --seed + m: runs of other seeds
         share no model."""
         shared = lambda m: {'out': f'{args.warmup_dir}/warmup-{m + 1}'} if args.warmup_dir else {}  # for other runs
+        penalty = 1.0 if args.conf_penalty is None else args.conf_penalty
         return {f'warmup-{m + 1}': {'method': 'zeroshot', 'seed': 3 * args.seed + m, 'stage': f'warm-up {m + 1} of 3',
-                                    'conf_penalty': 1.0 if args.conf_penalty is None else args.conf_penalty, **shared(m)}
+                                    'conf_penalty': penalty, **shared(m)}
                 for m in range(1 if args.single else 3)}
 
     @classmethod
@@ -1281,7 +1293,8 @@ class XLA(Baseline):
         target = data.unlabelled_set(run.tok, args.data_dir, args.task, args.train_lang, args.train_share, args.max_len,
                                      not args.no_cache)  # D_t
         if not (args.mlm or args.init):
-            run.fail('XLA\'s vicinal samples need a masked LM: pass --mlm (a converted XLM-R checkpoint, python layers.py convert)')
+            run.fail('XLA\'s vicinal samples need a masked LM: pass --mlm (a converted XLM-R checkpoint, python '
+                     'layers.py convert)')
         encoder, mlm = run.encoder(init=args.mlm or args.init)  # now: a missing masked LM must not wait until epoch 2
         if mlm is None:
             run.fail(f'{args.mlm or args.init} has no MLM head: pass --mlm a converted XLM-R checkpoint '
@@ -1327,14 +1340,16 @@ class XLA(Baseline):
         warm = [run.results_of(name) for name in cls.stages(run.args)]
         rows = {'warm-up (zero-shot + penalty), mean': ev.statistic(warm)} if all(warm) else {}
         for m, (method, path) in enumerate(zip(methods, models)):  # each model's test predictions in model<m>/
-            dev, test = run.evaluate(method, 'dev')[0], run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1])
+            dev = run.evaluate(method, 'dev')[0]
+            test = run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1])
             rows[f'XLA model {m + 1}'] = {'dev': ev.summary(dev), 'test': ev.summary(test), 'checkpoint': path}
+        each = [rows[f'XLA model {m + 1}'] for m in range(len(models))]
         for stat in ('mean', 'std'):  # the paper reports the mean of the three models, ± std over seeds (Section E.4)
-            rows[f'XLA {stat} of the models'] = ev.statistic([rows[f'XLA model {m + 1}'] for m in range(len(models))], stat)
+            rows[f'XLA {stat} of the models'] = ev.statistic(each, stat)
         ensemble = Ensemble(methods)
         run.finish(run.evaluate(ensemble, 'dev')[0], run.test_scores(run.evaluate(ensemble, 'test')[1]),
-                   'each model\'s last XLA epoch that kept the --train_lang dev score (or its warm-up: the best English '
-                   'dev); the ensemble averages the models\' probabilities', rows, 'ensemble')
+                   'each model\'s last XLA epoch that kept the --train_lang dev score (or its warm-up: the best '
+                   'English dev); the ensemble averages the models\' probabilities', rows, 'ensemble')
 
 
 REMOVED = ('sentences under 5 or over 150 words', 'sentences without a word of 3 or more characters',
@@ -1359,11 +1374,12 @@ def vicinal_samples(run, feats, vicinity, epoch, name):
 
         def samples_of(index):  # a batch of features -> each one's samples as sample_arrays
             batch_feats = [feats[i] for i in index]
+            seed = lambda i: ((args.seed * 10 + epoch) * 2 + source) * 10 ** 10 + i
             plans = [masked_words(f, family, args.delta, args.aug_share, word_start, chars,
-                                  torch.Generator().manual_seed(((args.seed * 10 + epoch) * 2 + source) * 10 ** 10 + i))
-                     for i, f in zip(index, batch_feats)]
+                                  torch.Generator().manual_seed(seed(i))) for i, f in zip(index, batch_feats)]
             rows = [(f, words) for f, (parts, _) in zip(batch_feats, plans) for sets in parts for words in sets]
-            filled, ok = torch.zeros(0, max(len(f.ids) for f in batch_feats), dtype=torch.long), torch.zeros(0, dtype=torch.bool)
+            filled = torch.zeros(0, max(len(f.ids) for f in batch_feats), dtype=torch.long)
+            ok = torch.zeros(0, dtype=torch.bool)
             if rows:
                 batch = data.collate([data.Feature(f.ids) for f, _ in rows])
                 words = torch.nn.utils.rnn.pad_sequence([torch.tensor(w).view(-1, 2) for _, w in rows], True, -1)
@@ -1371,30 +1387,39 @@ def vicinal_samples(run, feats, vicinity, epoch, name):
                                            fillable, tok.mask, tok.pad).cpu()
                 firsts = words[..., 0]
                 ok = (whole_word[filled.gather(1, firsts.clamp(min=0))] | (firsts < 0)).all(1)
-            out, at = [], 0
-            for f, (parts, removed) in zip(batch_feats, plans):  # a feature's rows, cut to its length
-                counts = [len(sets) for sets in parts]
-                made, good = filled[at:at + sum(counts), :len(f.ids)], ok[at:at + sum(counts)]
-                at += sum(counts)
-                if family != 'tagging' and parts:  # a pair: every sample of part a with every one of part b
-                    made = crossed(made[:counts[0]], made[counts[0]:], parts_of(f.ids, family)[0])
-                    good = good[:counts[0]].repeat_interleave(counts[1]) & good[counts[0]:].repeat(counts[0])
-                removed = [removed.get(why, 0) for why in REMOVED[:-1]] + [int((~good).sum())]
-                out.append(sample_arrays(f, made[good], removed, tok.pad))
-            return out
+            return samples_per_feature(batch_feats, plans, filled, ok, family, tok.pad)
         fields = ('ids', 'length', 'example', 'removed') + ('words', 'word_count') * (family == 'tagging')
         made = run.map(samples_of, data.item_lengths(feats)[:, 0], name, len(fields), everywhere=False)
         if made is not None:  # process 0 writes them (write_items: arrays in feature_arrays' layout)
             made = {field: ragged.values.numpy().astype(np.int32) for field, ragged in zip(fields, made)}
             removed = dict(zip(REMOVED, made.pop('removed').reshape(-1, len(REMOVED)).sum(0).tolist()))
             data.write_items(run.path(name), None, [(name, (made, None))], None,
-                             lambda done, total: (np.arange(total)[:, None], {}), {'family': family, 'removed': removed})
+                             lambda done, total: (np.arange(total)[:, None], {}),
+                             {'family': family, 'removed': removed})
         run.keep(name)
         barrier(run)
     samples = data.Items(run.path(name))
-    run.say(f'XLA epoch {epoch}: {len(samples)} {name.split("/")[-1].replace("-", " ")} samples of {len(feats)} sentences; '
-            'removed: ' + ', '.join(f'{n} {why}' for why, n in samples.meta['removed'].items()))
+    what = name.split('/')[-1].replace('-', ' ')
+    run.say(f'XLA epoch {epoch}: {len(samples)} {what} samples of {len(feats)} sentences; removed: '
+            + ', '.join(f'{n} {why}' for why, n in samples.meta['removed'].items()))
     return samples
+
+
+def samples_per_feature(feats, plans, filled, ok, family, pad):
+    """A batch's filled rows (its features' samples, one after another) and whether each kept its word
+    count (ok) -> each feature's sample_arrays, its rows cut to its length; a pair's samples of its part
+    a and part b crossed (successive cross), a crossed sample kept where both of its parts are."""
+    out, at = [], 0
+    for f, (parts, removed) in zip(feats, plans):
+        counts = [len(sets) for sets in parts]
+        made, good = filled[at:at + sum(counts), :len(f.ids)], ok[at:at + sum(counts)]
+        at += sum(counts)
+        if family != 'tagging' and parts:  # a pair: every sample of part a with every one of part b
+            made = successive_cross(made[:counts[0]], made[counts[0]:], parts_of(f.ids, family)[0])
+            good = good[:counts[0]].repeat_interleave(counts[1]) & good[counts[0]:].repeat(counts[0])
+        removed = [removed.get(why, 0) for why in REMOVED[:-1]] + [int((~good).sum())]
+        out.append(sample_arrays(f, made[good], removed, pad))
+    return out
 
 
 def sample_arrays(feat, rows, removed, pad):
@@ -1423,7 +1448,8 @@ def distil(run, model, unlabelled, eta):
 
     def scored(items, index):  # a batch -> each sample's labels and scores
         batch = data.collate([items[i] for i in index]).to(run.device)
-        labels, count, confidence, loss = (t.cpu() for t in pseudo_labels(method.family, method.predict(batch), batch.first))
+        scores = pseudo_labels(method.family, method.predict(batch), batch.first)
+        labels, count, confidence, loss = (t.cpu() for t in scores)
         return list(zip(labels.split(count.tolist()), confidence[:, None], loss[:, None]))
     for name, items in unlabelled.items():
         made = run.map(lambda index: scored(items, index), data.item_lengths(items)[:, 0], name, 3, everywhere=False)
@@ -1460,7 +1486,8 @@ class Chosen:
     all, labels or None for their own, ends: where each sample's labels end)]."""
 
     def __init__(self, parts):
-        self.parts = [(items, torch.arange(len(items)) if at is None else at, labels, ends) for items, at, labels, ends in parts]
+        self.parts = [(items, torch.arange(len(items)) if at is None else at, labels, ends)
+                      for items, at, labels, ends in parts]
         self.starts = np.cumsum([0] + [len(at) for _, at, _, _ in self.parts])
         self.length = np.concatenate([np.zeros((0, 1), np.int64)] + [data.item_lengths(items, at.numpy())
                                                                     for items, at, _, _ in self.parts])
@@ -1497,7 +1524,7 @@ def co_train(run, epoch, l, pair, parts, start):
     folder = f'epoch{epoch}/model{l + 1}-by{k + 1}{j + 1}'
     sub = run.sub(folder, epochs=1, lr=args.xla_lr, batch_size=args.xla_batch_size, warmup=0.1, seed=3 * args.seed + l,
                   eval_steps=args.xla_eval_steps, weight_decay=args.xla_weight_decay)
-    target_dev = lambda method: sub.evaluate(method, 'dev', [args.train_lang])[0]  # the paper's selection: the target alone
+    target_dev = lambda method: sub.evaluate(method, 'dev', [args.train_lang])[0]  # the paper's selection: the target
     score = lambda dev: dev[args.train_lang]['score'] if args.train_lang in dev else None
 
     def train():
@@ -1506,8 +1533,8 @@ def co_train(run, epoch, l, pair, parts, start):
         items = Chosen(parts.values())
         sizes = np.diff(items.starts).tolist()
         lengths = data.item_lengths(items) if args.group_by_length else None
-        batches = mixture_batches(sizes, args.alpha, sub.args.batch_size, sub.args.seed * 1000 + epoch * 10 + k, run.chunks,
-                                  lengths)  # the two trainings of a model in an epoch draw apart
+        seed = sub.args.seed * 1000 + epoch * 10 + k  # the two trainings of a model in an epoch draw apart
+        batches = mixture_batches(sizes, args.alpha, sub.args.batch_size, seed, run.chunks, lengths)
         if batches:  # none when the peers agree on nothing: the model stays as it was
             sub.fit(method, items, lambda: target_dev(method), lambda _: batches)  # none: the last weights
             sub.load_best(method)
@@ -1532,7 +1559,8 @@ def mixture_batches(sizes, alpha, batch_size, seed, chunks, lengths=None):
     for n, q in zip(sizes, data.sampling_weights(sizes, alpha) if sum(sizes) else sizes):
         count = round(q * sum(sizes))
         if n and count:
-            picks.append(torch.cat([torch.randperm(n, generator=g) for _ in range(math.ceil(count / n))])[:count] + offset)
+            passes = torch.cat([torch.randperm(n, generator=g) for _ in range(math.ceil(count / n))])
+            picks.append(passes[:count] + offset)
         offset += n
     if not picks:
         return []
@@ -1604,7 +1632,7 @@ def fill_successively(encoder, mlm, ids, mask, words, fillable, mask_id, pad_id)
     return ids
 
 
-def crossed(a_samples, b_samples, a_span):
+def successive_cross(a_samples, b_samples, a_span):
     """Successive cross: every sample of part a with every sample of part b, δ1 x δ2 rows (all
     rows hold the same pair, so part a's positions are the same in each)."""
     start, end = a_span
@@ -1641,7 +1669,7 @@ def em_step(x, mu, var, pi):
     r = responsibilities(x, mu, var, pi)
     n = r.sum(0)
     mu = (r * x[:, None]).sum(0) / n
-    var = (r * (x[:, None] - mu) ** 2).sum(0) / n + 1e-5  # reg_covar as the released code's sklearn GMM: no collapse to a point
+    var = (r * (x[:, None] - mu) ** 2).sum(0) / n + 1e-5  # the released GMM's reg_covar: no collapse to a point
     return mu, var, n / len(x), r
 
 
@@ -1683,7 +1711,10 @@ class Ensemble(nn.Module):
         return torch.stack([m.predict(batch).float().softmax(-1) for m in self.models]).mean(0).log()
 
 
-METHODS = {cls.NAME: cls for cls in (Baseline, TranslateTrain, TranslateTrainAll, Filter, XMixup, Veco, XLA)}  # --method
+# ----------------------------------------------------------------------------------------
+# The methods, by their --method names.
+
+METHODS = {cls.NAME: cls for cls in (Baseline, TranslateTrain, TranslateTrainAll, Filter, XMixup, Veco, XLA)}
 
 
 def classes():

@@ -460,7 +460,7 @@ def test_training_sets_on_disk_hold_the_features_of_the_readers(demo_dir, monkey
     langs = [] if data.TASKS[task].family == 'tagging' and not paired else ['de', 'zh']  # untagged translations: English
     feats = features_by_hand(tok, demo_dir, task, paired, round_trip, max_len, langs)
     for cache in (False, True):
-        items = data.training_set(tok, demo_dir, task, langs, 'translations', paired, round_trip, max_len, cache=cache)
+        items = data.training_set(tok, demo_dir, task, langs, 'every_lang', paired, round_trip, max_len, cache=cache)
         same_features(items, feats, example=not paired)  # a pair's sides number their examples apart
 
 
@@ -556,7 +556,7 @@ def test_tagging_translations_without_tags_train_filter_on_the_english_side(demo
     """FILTER's tagging translations have no tags: a pair (English, translation) has English's tags
     on its source side and None on its target; English with itself has them on both."""
     tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
-    items = data.training_set(tok, demo_dir, 'panx', ['de', 'zh'], 'translations', paired=True, cache=False)
+    items = data.training_set(tok, demo_dir, 'panx', ['de', 'zh'], 'every_lang', paired=True, cache=False)
     english = data.read_split(demo_dir, 'panx', 'train')
     tags = lambda f: [data.TASKS['panx'].labels.index(t) for t in english[f.example]['tags']]
     first = lambda f: [f.label[i] for i in f.words]  # the label on each word's first piece
@@ -567,7 +567,7 @@ def test_tagging_translations_without_tags_train_filter_on_the_english_side(demo
     batch = data.collate_items(True)([items[0], items[len(english)]])
     assert batch.tgt.labels is None and batch.src.labels.ne(data.IGNORE).any()
     with pytest.raises(data.DataError, match=f'^panx: {2 * len(english)} of {3 * len(english)} training examples have no label: translations without tags'):
-        data.training_set(tok, demo_dir, 'panx', ['de', 'zh'], 'translations', cache=False)  # a single-text method's set
+        data.training_set(tok, demo_dir, 'panx', ['de', 'zh'], 'every_lang', cache=False)  # a single-text method's set
 
 
 def test_a_missing_round_trip_pairs_the_english_with_itself_and_is_said_at_every_start(tmp_path, capsys):
@@ -575,7 +575,7 @@ def test_a_missing_round_trip_pairs_the_english_with_itself_and_is_said_at_every
     os.remove(data.split_path(demo, 'panx', 'round-trip', 'zh'))
     tok = data.Tokenizer(f'{demo}/sentencepiece.bpe.model')
     for start in ('built', 'read from the cache'):
-        items = data.training_set(tok, demo, 'panx', ['de', 'zh'], 'translations', True, True)
+        items = data.training_set(tok, demo, 'panx', ['de', 'zh'], 'every_lang', True, True)
         assert capsys.readouterr().out.count('warning: no round-trip data for panx in zh') == 1, start
     same_features(items, features_by_hand(tok, demo, 'panx', True, True), example=False)
     assert data.item_lengths([]).shape == (0, 1)  # no items (XLA's peers agreeing on nothing): no lengths
@@ -585,7 +585,7 @@ def test_the_cache_is_built_once_and_again_when_a_file_the_tokenizer_or_a_settin
     demo = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=5)
     tok, other = data.Tokenizer(f'{demo}/sentencepiece.bpe.model'), data.Tokenizer(spm_path)
     builds = lambda: capsys.readouterr().out.count('tokenizing the training data into')
-    load = lambda tok=tok, max_len=None: data.training_set(tok, demo, 'panx', ['de', 'zh'], 'translations', True, max_len=max_len)
+    load = lambda tok=tok, max_len=None: data.training_set(tok, demo, 'panx', ['de', 'zh'], 'every_lang', True, max_len=max_len)
     load(), load()
     assert builds() == 1
     load(max_len=16)
@@ -625,7 +625,7 @@ data.append = append
 if together:
     open(f'{{together}}/started-{{os.getpid()}}', 'w').close()
 tok = data.Tokenizer({demo!r} + '/sentencepiece.bpe.model')
-print(len(data.training_set(tok, {demo!r}, 'xnli', ['de', 'zh'], 'translations')))
+print(len(data.training_set(tok, {demo!r}, 'xnli', ['de', 'zh'], 'every_lang')))
 '''
     return subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, text=True)
 
@@ -643,7 +643,7 @@ def test_a_build_killed_halfway_is_never_read_and_two_processes_build_once(tmp_p
     assert sum(out.count('tokenizing the training data into') for out in outs) == 1
     assert len(os.listdir(cache)) == 2 and not any('.tmp' in n for n in os.listdir(cache))  # the lock and one set
     tok = data.Tokenizer(f'{demo}/sentencepiece.bpe.model')
-    same_features(data.training_set(tok, demo, 'xnli', ['de', 'zh'], 'translations'),
+    same_features(data.training_set(tok, demo, 'xnli', ['de', 'zh'], 'every_lang'),
                   features_by_hand(tok, demo, 'xnli', False, False))
 
 

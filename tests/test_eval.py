@@ -72,7 +72,7 @@ def test_mock_per_language_scores(task, metric, lang, value):
     ([['O']], set()),
 ])
 def test_chunks_follow_seqeval(sentences, expected):
-    assert ev.chunks(sentences) == expected
+    assert ev.tag_chunks(sentences) == expected
 
 
 def test_chunk_f1_by_hand():

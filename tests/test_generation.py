@@ -161,12 +161,12 @@ def test_beam_one_is_greedy_and_the_cache_changes_nothing():
     # step by step, the cached next-token distribution equals the one from the whole prefix
     memory, prefix, state = m.encoder(src.ids, src.mask), torch.full((4, 1), 51), {}
     for token in (9, 17, 23, 5):
-        cached = m.next_log_probs(prefix, memory, src.mask, state)
-        assert torch.allclose(cached, m.next_log_probs(prefix, memory, src.mask), atol=1e-5)
+        cached = layers.next_log_probs(m.decoder, prefix, memory, src.mask, state)
+        assert torch.allclose(cached, layers.next_log_probs(m.decoder, prefix, memory, src.mask), atol=1e-5)
         prefix = torch.cat([prefix, torch.full((4, 1), token)], 1)
 
 
-def test_length_penalty_ranks_finished_hypotheses_as_fairseq():
+def test_length_penalty_ranks_finished_hypotheses_as_fairseq(monkeypatch):
     """Beam 2 on a model whose next-token probabilities are set by hand (ids: 2 </s>, 3-5 words,
     0 the start). Step 0: 3 (0.6) and 4 (0.4) go on. Step 1: 3 </s> (0.6 x 0.7 = 0.42) is first
     and finishes; 4 5 (0.36) and 3 5 (0.18) go on. Step 2: 4 5 </s> (0.36 x 0.95 = 0.342) finishes
@@ -177,7 +177,7 @@ def test_length_penalty_ranks_finished_hypotheses_as_fairseq():
     table = {(): {3: 0.6, 4: 0.4}, (3,): {2: 0.7, 5: 0.3}, (4,): {5: 0.9, 2: 0.05, 3: 0.05},
              (3, 5): {2: 0.5, 4: 0.4, 3: 0.1}, (4, 5): {2: 0.95, 3: 0.05}}
 
-    def next_log_probs(tokens, memory, memory_mask, cache=None):
+    def next_log_probs(decoder, tokens, memory, memory_mask, cache=None):
         logp = torch.full((tokens.size(0), 8), -30.0)
         for row, prefix in enumerate(tokens[:, 1:].tolist()):
             for word, p in table.get(tuple(prefix), {2: 1.0}).items():
@@ -186,7 +186,7 @@ def test_length_penalty_ranks_finished_hypotheses_as_fairseq():
     torch.manual_seed(0)
     enc, dec = xlt.assemble(layers.Encoder(layers.Config(vocab_size=8, n_layer=1, n_head=1, dim=8, ffn_dim=8), cross=True), 1)
     m = xlt.VecoTranslate(enc, dec, bos=0).eval()
-    m.next_log_probs = next_log_probs
+    monkeypatch.setattr(layers, 'next_log_probs', next_log_probs)
     src = data.Batch(torch.tensor([[5, 2, 6]]), torch.ones(1, 3, dtype=torch.bool))
     assert m.generate(src, beam=2, lenpen=1.0) == [[4, 5]]
     assert m.generate(src, beam=2, lenpen=0.0) == [[3]]

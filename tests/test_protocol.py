@@ -99,7 +99,7 @@ class Consistency(xlt.Method):
     """A paired method written from the protocol alone: English and its translation through the
     encoder, the task loss on both, and the MSE between their <s> states; it predicts from the
     target side. `seen` counts the Pair batches its loss was given."""
-    NAME, TASKS, paired, trains_on, select = 'consistency', ('xnli', 'pawsx'), True, 'translations', 'average'
+    NAME, TASKS, paired, trains_on, select = 'consistency', ('xnli', 'pawsx'), True, 'every_lang', 'average'
     LR = {'xnli': 1e-5, 'pawsx': 1e-5}
     seen = []
 
@@ -134,7 +134,7 @@ def test_a_paired_method_from_the_protocol_alone_trains_on_pairs(registered, tmp
     assert 0.2 < same / rows < 0.5  # English with itself, and with each of its two translations
     # the trainer reads its translations for training and evaluation, as for FILTER: --dry_run's files say so
     args = train.parse_args(['--method', 'consistency', '--task', 'pawsx', '--data_dir', demo_data, '--from_scratch'])
-    planned = {p for p, _, _ in data.planned_files(args, Consistency)}
+    planned = {p for p, _, _ in train.planned_files(args, Consistency)}
     assert {data.split_path(demo_data, 'pawsx', kind, lang) for kind in ('translate-train', 'translate-dev', 'translate-test')
             for lang in ('de', 'zh')} <= planned
 
@@ -317,3 +317,31 @@ def test_the_modules_import_in_one_order_without_a_circle():
         imported = {a.name.split('.')[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split('.')[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert imported & set(order) <= set(order[i + 1:]), (name, imported & set(order))
+
+
+MODULES = ('layers', 'data', 'eval', 'xlt', 'train')
+
+
+def test_no_line_of_the_package_is_longer_than_120_characters():
+    for name in MODULES:
+        for n, line in enumerate(open(os.path.join(ROOT, f'{name}.py'), encoding='utf-8').read().splitlines(), 1):
+            assert len(line) <= 120, f'{name}.py line {n} has {len(line)} characters'
+
+
+def test_no_function_is_longer_than_60_lines():
+    import ast
+    for name in MODULES:
+        tree = ast.parse(open(os.path.join(ROOT, f'{name}.py'), encoding='utf-8').read())
+        for f in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            assert f.end_lineno - f.lineno + 1 <= 60, f'{name}.py: {f.name} has {f.end_lineno - f.lineno + 1} lines'
+
+
+def test_data_takes_plain_values_never_the_trainers_settings_or_a_method():
+    """data.py is handed paths, a task, languages and numbers: no function of it takes the trainer's settings
+    (args) or a method class, so that what a run reads is planned in train.py, beside its other checks."""
+    import ast
+    tree = ast.parse(open(os.path.join(ROOT, 'data.py'), encoding='utf-8').read())
+    for f in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+        own_class = any(getattr(d, 'id', None) == 'classmethod' for d in f.decorator_list)  # Ragged.joined's cls
+        params = {a.arg for a in f.args.posonlyargs + f.args.args + f.args.kwonlyargs} - ({'cls'} if own_class else set())
+        assert not params & {'args', 'cls', 'method', 'settings'}, f'data.{f.name} takes {params}'

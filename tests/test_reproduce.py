@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -126,12 +125,12 @@ def test_collect_replaces_a_submission_and_refuses_unfinished_runs(runs, tmp_pat
 
 
 def test_epoch_line_and_clock_by_hand():
-    state, args = {'epoch': 2, 'step': 40, 'best': 71.0}, SimpleNamespace(epochs=4)
+    state = {'epoch': 2, 'step': 40, 'best': 71.0}
     dev = {'en': {'score': 80.0}, 'de': {'score': 60.0}, 'zh': {'score': 52.0}}
-    line = train.epoch_line(state, args, [(1.0, 10), (0.4, 10), (0.1, 5)], dev, 'average', 3725)
+    line = ev.epoch_line(state, 4, [(1.0, 10), (0.4, 10), (0.1, 5)], dev, 'average', 3725)
     assert line == 'epoch 2/4  step 40  train loss 0.5800  dev avg 64.0  best 71.0 (avg)  1:02:05'  # (10 + 4 + 0.5) / 25
     held_out = {'mono': {'score': -3.0}, 'para': {'score': -5.0}}
-    line = train.epoch_line({**state, 'best': -3.5}, args, [(2.0, 4)], held_out, 'loss', 90000)
+    line = ev.epoch_line({**state, 'best': -3.5}, 4, [(2.0, 4)], held_out, 'loss', 90000)
     assert line == 'epoch 2/4  step 40  train loss 2.0000  held-out loss 4.0000  best 3.5000  25:00:00'
 
 
@@ -280,7 +279,7 @@ def test_every_reproduction_command_passes_dry_run(tmp_path, monkeypatch, capsys
         monkeypatch.setenv('WORLD_SIZE', str(world))
         train.main([*argv, '--dry_run'])
         out = capsys.readouterr().out
-        assert out.startswith('dry run of ') and 'nothing is trained or written' in out, argv
+        assert out.splitlines()[0].endswith(': a dry run: nothing is trained or written'), argv
     assert {os.path.join(d, f) for d, _, names in os.walk('runs') for f in names} == {p for p in made if p.startswith('runs')}
 
 
@@ -344,7 +343,7 @@ def test_the_dry_run_checks_exactly_the_files_a_run_reads(tmp_path, monkeypatch,
     argv = [*argv, '--data_dir', demo, '--model', 'tiny', '--from_scratch', '--epochs', '1', '--out', str(tmp_path / 'run'),
             '--batch_size', '16', '--max_len', '64']  # small steps: the files read are the same
     args = train.parse_args(argv)
-    planned = {os.path.realpath(p): needed for p, _, needed in data.planned_files(args, xlt.method_class(args))}
+    planned = {os.path.realpath(p): needed for p, _, needed in train.planned_files(args, xlt.method_class(args))}
     opened, real_open = set(), builtins.open
     def recording_open(file, *args, **kwargs):
         if isinstance(file, (str, os.PathLike)) and os.path.realpath(file).startswith(os.path.realpath(demo)) and \

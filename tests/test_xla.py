@@ -460,7 +460,7 @@ def test_generation_keeps_the_word_count_masks_at_most_k_words_and_crosses_d1_d2
 def test_successive_cross_pairs_every_a_sample_with_every_b_sample():
     a = torch.tensor([[0, 10, 11, 2, 2, 5, 2], [0, 12, 13, 2, 2, 5, 2]])  # part a (1, 3) differs
     b = torch.tensor([[0, 9, 9, 2, 2, 20, 2], [0, 9, 9, 2, 2, 21, 2]])  # part b (5, 6) differs
-    rows = xlt.crossed(a, b, (1, 3)).tolist()
+    rows = xlt.successive_cross(a, b, (1, 3)).tolist()
     assert sorted((r[1], r[5]) for r in rows) == [(10, 20), (10, 21), (12, 20), (12, 21)]
     assert all(r[:1] + r[3:5] + r[6:] == [0, 2, 2, 2] and r[2] == r[1] + 1 for r in rows)
 
