@@ -347,9 +347,8 @@ def setup_distributed():
 # A run: one folder, held for the run's life; its data; the method's procedure, handed a Run.
 
 def execute(args, rank, world, device):
-    """The run of args in args.out (the command's, or a stage's): check, banner, hold the folder, the data, the
-    demo's pre-trained start, then the method's procedure. A dry run (every process under torchrun) stops after
-    the checks and the banner."""
+    """The run of args in args.out (the command's, or a stage's): check, banner (a dry run stops there), hold the
+    folder, the data, the demo's pre-trained start, then the method's procedure."""
     files = check(args, world)
     if rank == 0:
         status = ('a dry run: nothing is trained or written' if args.dry_run else 'evaluating' if args.eval_only
@@ -397,9 +396,8 @@ def demo_pretrained(args, rank, world, device):
 
 @contextmanager
 def hold(folder, rank):
-    """The run's folder, held for the run's life by an OS lock on its .lock file (released when the
-    process ends, however it ends): a second run there stops with one line naming the holder.
-    Under DDP the first process holds it for all. A run that stops before it began leaves nothing."""
+    """The folder, locked (.lock) for the run's life and released when its process ends, however it ends (under DDP by
+    the first process): a second run there stops in one line naming the holder; a run never begun leaves nothing."""
     folder, lock, holder = os.path.abspath(folder), None, None
     if rank == 0:
         made = first_missing(folder) or first_missing(os.path.join(folder, 'demo-data'))
@@ -502,9 +500,8 @@ def check_finished(args):
 
 class Run:
     """What a method's procedure is handed: settings (args), tokenizer (tok), processes (rank, world, device), folder
-    (out) and the trainer's parts: the model (build, restore, encoder), the data and the loop (items, fit),
-    evaluation shared out over the processes (evaluate, outputs, map), the results (report, finish), and for stages
-    stage, sub and cached (computed once and kept); stage and sub name folders relative to the run's (path)."""
+    (out), and the trainer's parts: model (build, restore, encoder), data and loop (items, fit), evaluation over the
+    processes (evaluate, outputs, map), results (report, finish), stages (stage, sub, cached: kept; paths in out)."""
 
     def __init__(self, args, rank, world, device, tok, sets=None, cache=None):
         self.args, self.rank, self.world, self.device, self.tok = args, rank, world, device, tok
@@ -525,10 +522,9 @@ class Run:
             fail(str(e))
 
     def encoder(self, cross=False, init=None, decoder=False):
-        """-> (encoder, MLM head or None) from init (default --init) or, for the demo and
-        --from_scratch, random. cross: blocks with a cross-attention (the checkpoint's, or new);
-        without, a checkpoint's cross-attention is left out; decoder: a translation checkpoint's
-        decoder (or None) too (layers.load_pretrained)."""
+        """-> (encoder, MLM head or None) from init (default --init), or random for the demo and --from_scratch.
+        cross: blocks with a cross-attention (the checkpoint's, or new), else a checkpoint's is left out; decoder:
+        a translation checkpoint's decoder (or None) too (layers.load_pretrained)."""
         args, init = self.args, init or self.args.init
         cfg, mlm, dec = layers.CONFIGS[args.model], None, [None] * decoder
         if init:
@@ -543,8 +539,7 @@ class Run:
             encoder = layers.Encoder(layers.Config(**{**cfg.__dict__, 'vocab_size': self.tok.vocab_size}), cross)
         if encoder.cfg.vocab_size != self.tok.vocab_size:
             fail(f'the tokenizer has {self.tok.vocab_size} ids but the model {encoder.cfg.vocab_size}: use the '
-                 'sentencepiece model that came with the checkpoint (--spm), and its fairseq dict.txt if it came with '
-                 'one (--dict)')
+                 'sentencepiece model (--spm) and the fairseq dict.txt (--dict) that came with the checkpoint')
         layers.set_dropout(encoder, args.dropout, args.dropout if args.attn_dropout is None else args.attn_dropout)
         return (self.ready(encoder), mlm, *dec)
 
@@ -568,9 +563,8 @@ class Run:
         return items
 
     def fit(self, method, items, validate=None, batches_of=None, keep_last=0):
-        """Train method on items (train), resumable from last.pt. validate() -> the scores by
-        which best.pt is kept (default: the dev sets); batches_of(epoch) -> the epoch's global
-        batches (default: shuffled); keep_last: the last N epochs' weights kept for averaging."""
+        """Train method on items (train), resumable from last.pt. validate() -> the scores best.pt is kept by (the dev
+        sets); batches_of(epoch) -> its global batches (shuffled); keep_last: the last N epochs' kept to average."""
         if self.args.eval_only:
             return
         self.begin()
@@ -600,9 +594,8 @@ class Run:
                     f.write(name + '\n')
 
     def shuffled(self, items):
-        """-> batches_of(epoch): a permutation fixed by (--seed, epoch), grouped by length unless
-        --no_group_by_length; a run counted in --steps reads pass after pass, an epoch being
-        --eval_every steps."""
+        """-> batches_of(epoch): a permutation fixed by (--seed, epoch), grouped by length unless --no_group_by_length;
+        a run counted in --steps reads pass after pass, an epoch being --eval_every steps."""
         args = self.args
         lengths = data.item_lengths(items) if args.group_by_length else None
 
@@ -642,10 +635,9 @@ class Run:
 
     @torch.no_grad()
     def map(self, fn, lengths, desc='eval', fields=1, everywhere=True):
-        """fn(positions) -> a tuple of `fields` tensors per position, over this process's block of
-        positions (data.in_windows, by `lengths`); under DDP the blocks go through files in the run's
-        folder (no all_gather_object). -> a data.Ragged per field of every position's results, the
-        same for any number of processes, on every process (or on process 0 alone, else None)."""
+        """fn(positions) -> a tuple of `fields` tensors per position, over this process's block of positions
+        (data.in_windows, by `lengths`); under DDP the blocks go through files in the run's folder. -> a data.Ragged
+        per field of every position's results, alike for any number of processes, on every process (or process 0)."""
         block = range(len(lengths) * self.rank // self.world, len(lengths) * (self.rank + 1) // self.world)
         with layers.autocast(self.device):
             blocks = data.in_windows(fn, lengths, block, self.args.eval_batch_size, desc)
@@ -847,9 +839,8 @@ def train(run, method, items, validate, batches_of, keep_last=0):
 
 
 def log_line(run, log, bar, since, state, lr, started):
-    """A line of log.jsonl, every --log_every steps (the loop's one host sync): the mean of each logged value over
-    the steps since the last line, shown on the bar. A mean loss that is not finite on any process stops the run in
-    one line first, so that nothing of those steps is kept. -> (the mean loss, its steps)."""
+    """A line of log.jsonl every --log_every steps (the loop's one host sync): each logged value's mean since the last
+    line; a mean loss not finite on any process stops the run first, in one line. -> (the mean loss, its steps)."""
     logs = {k: float(sum(s[k] for s in since if k in s)) / sum(k in s for s in since)
             for k in dict.fromkeys(k for s in since for k in s)}
     loss = torch.tensor(logs['loss'], dtype=torch.float64, device=run.device)  # a sum of large losses stays finite
@@ -897,9 +888,8 @@ def resumed(run, method, opt, sched):
 
 
 def train_step(model, items, batch, args, step, rank, world, device, collate):
-    """One optimiser step's gradients. The global batch is cut into world x grad_accum chunks;
-    chunk c goes to process c % world and seeds its own dropout, so any split of the same
-    global batch over processes and micro-steps computes the same gradient."""
+    """One optimiser step's gradients: the global batch cut into world x grad_accum chunks, chunk c on process c %
+    world with its own dropout seed, so that any split over processes and micro-steps computes the same gradient."""
     chunks = np.array_split(np.array(batch), world * args.grad_accum)
     mine = sum(len(chunks[a * world + rank]) for a in range(args.grad_accum))
     logs = {}

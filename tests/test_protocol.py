@@ -244,10 +244,10 @@ def test_a_run_killed_inside_xla_s_loop_resumes_to_the_same_numbers(tmp_path, ca
 
 
 def test_the_reading_guide_is_the_flagship_path_as_the_code_has_it():
-    """The README's table of the flagship command's path through train.py: every function there,
+    """docs/reading.md's table of the flagship command's path through train.py: every function there,
     its line count the code's own, at most 600 in all, and none of them names another method."""
     import ast
-    text = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read().split('\n## Reading the code\n')[1].split('\n## ')[0]
+    text = open(os.path.join(ROOT, 'docs', 'reading.md'), encoding='utf-8').read().split('\n## ')[0]
     rows = re.findall(r'^\| `train\.py: ([\w.]+)` \| (\d+) \|', text, re.M)
     source = open(os.path.join(ROOT, 'train.py'), encoding='utf-8').read()
     lines, found = source.splitlines(), {}

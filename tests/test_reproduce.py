@@ -1,5 +1,5 @@
 """From runs to the papers' tables: the printed progress, --collect into one submission that
-eval.py scores as each run scored itself, --plot, --dry_run of every command of the README's
+eval.py scores as each run scored itself, --plot, --dry_run of every command of docs/reproducing.md's
 reproduction table, and the equation index naming only code that exists."""
 import contextlib
 import importlib
@@ -21,7 +21,7 @@ import xlt
 from conftest import demo_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
+DOCS = os.path.join(ROOT, 'docs')
 
 
 @pytest.fixture(scope='module')
@@ -194,18 +194,22 @@ def test_plot_without_matplotlib_says_how_to_install_it(runs, monkeypatch, tmp_p
 
 
 # ----------------------------------------------------------------------------------------
-# The README's reproduction table: every command passes --dry_run on the README's data layout.
+# The reproduction page: every command passes --dry_run on the data layout of docs/data.md.
 
-def section(title):
-    start = README.index(f'\n## {title}')
-    end = README.find('\n## ', start + 1)
-    return README[start:end if end > 0 else None]
+def section(page, title=None):
+    """A page of docs/, or its section `title` (to the next '## ' heading)."""
+    text = open(os.path.join(DOCS, page), encoding='utf-8').read()
+    if title is None:
+        return text
+    start = text.index(f'\n## {title}')
+    end = text.find('\n## ', start + 1)
+    return text[start:end if end > 0 else None]
 
 
 def reproduction_commands():
-    """Every train.py command of the README's reproduction section, `for X in ...; do` loops
+    """Every train.py command of the reproduction page, `for X in ...; do` loops
     unrolled: (processes, argv)."""
-    text = section('Reproducing the papers').replace('\\\n', ' ')
+    text = section('reproducing.md').replace('\\\n', ' ')
     commands, loop = [], None
     for line in text.splitlines():
         if m := re.match(r'\s*for (\w+) in ([\w ]+); do$', line):
@@ -221,7 +225,7 @@ def reproduction_commands():
 
 
 def write_layout(root, langs_of):
-    """Tiny files under the names of the README's Data section (not the package's own paths)."""
+    """Tiny files under the names of docs/data.md's layout (not the package's own paths)."""
     files = ['sentencepiece.bpe.model', 'squad/train-v1.1.json', 'squad/dev-v1.1.json',
              'tydiqa/tydiqa-goldp-v1.1-train/tydiqa.goldp.en.train.json']
     for task in ('xnli', 'pawsx'):
@@ -304,9 +308,9 @@ INDEX_PAPERS = {'FILTER': 6, 'X-Mixup': 13, 'VECO': 8, 'XLA': 9}  # the papers' 
 
 
 def index_rows():
-    """(paper, equation numbers or 'Algorithm 1', the implementing cell) of the README's equation index."""
+    """(paper, equation numbers or 'Algorithm 1', the implementing cell) of docs/reading.md's equation index."""
     rows = []
-    for line in section('Equation index').splitlines():
+    for line in section('reading.md', 'Equation index').splitlines():
         cells = [c.strip() for c in re.split(r'(?<!\\)\|', line.strip().strip('|'))]  # '\|' is a pipe in a cell
         if len(cells) >= 4 and cells[0] in INDEX_PAPERS:
             eq = cells[1].split(' (')[0]
@@ -335,7 +339,7 @@ def test_equation_index_covers_the_papers_and_names_only_existing_code():
     ['--method', 'translate-train-all', '--task', 'tydiqa'], ['--task', 'mlqa', '--translate_test'],
     ['--task', 'bucc2018'], ['--method', 'veco', '--task', 'pretrain', '--steps', '2', '--eval_every', '2']])
 def test_the_dry_run_checks_exactly_the_files_a_run_reads(tmp_path, monkeypatch, argv):
-    """A real run on data in the README's layout (the demo's files, without --demo) opens every
+    """A real run on data in the layout of docs/data.md (the demo's files, without --demo) opens every
     file the dry run requires, and no file of the data folder the dry run does not list (the
     cache of tokenized training sets, .cache, aside: made from them)."""
     import builtins
