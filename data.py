@@ -94,8 +94,8 @@ class Tokenizer:
         after the vocabulary (the model grows a row for each)."""
         missing = [f'[{lang}]' for lang in langs if f'[{lang}]' not in self.symbols]
         if self.symbols and missing:  # fairseq would read it as <unk>
-            raise DataError(f'{self.files[-1]} has no line {missing[0]}: give the dict.txt that came with the '
-                            'checkpoint (--dict)')
+            raise DataError(f'{self.files[-1]} has no line {missing[0]}: '
+                            'give the dict.txt that came with the checkpoint (--dict)')
         return tuple(self.symbols[f'[{lang}]'] if self.symbols else self.vocab_size + k for k, lang in enumerate(langs))
 
     def model_text(self, text):
@@ -158,7 +158,7 @@ class Tokenizer:
         spm_ids = self.to_spm[[i for i in ids if 0 <= i < self.vocab_size]]
         return self.sp.decode(spm_ids[spm_ids >= 0].tolist())
 
-    @functools.cache  # the same list for every call: the pre-training build asks once a chunk
+    @functools.cache  # the same list for every call: the pre-training build asks once a slice
     def word_starts(self):
         """For every id, whether its piece begins a word ('▁...'); the special tokens do not."""
         return [bool(s > 0 and self.sp.id_to_piece(int(s)).startswith('▁')) for s in self.to_spm]
@@ -185,8 +185,8 @@ def read_dictionary(path):
         for n, line in enumerate(f, 1):
             word, _, count = line.rstrip().removesuffix(' #fairseq:overwrite').rpartition(' ')
             if not word or not count.isdigit():
-                raise DataError(f'{path} line {n} is not "<symbol> <count>": give the dict.txt that came with the '
-                                'checkpoint')
+                raise DataError(f'{path} line {n} is not "<symbol> <count>": '
+                                'give the dict.txt that came with the checkpoint')
             symbols.append(word)
     return symbols
 
@@ -723,16 +723,17 @@ def task_files(data_dir, task, translated=(), round_trip=False, translations=Fal
     read where they are), every dev and test file, with translations the translate-dev and
     translate-test files of the target languages (reader: who reads them, for the message), and
     the test labels. Not needed: read where it is there (round trips, test labels)."""
-    family, langs, files = TASKS[task].family, languages(task, is_demo(data_dir)), []
-    add = lambda path, what, needed=True: files.append((path, what, needed))
+    family, langs = TASKS[task].family, languages(task, is_demo(data_dir))
     get = f'python data.py download --task {task} --out {data_dir}'
+    labels = [(os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}'), 'test labels (scored when there)',
+               False) for lang in langs]
     if family == 'retrieval':  # BUCC's threshold comes from its dev pairs and their gold alignment
         sides = lambda lang: (('test', (lang, 'en')), ('dev', (lang, 'en', 'gold') if task == 'bucc2018' else ()))
-        for lang in langs:
-            for split, names in sides(lang):
-                for side in names:
-                    add(f'{split_path(data_dir, task, split, lang)}.{side}', get)
-    elif train:
+        return [(f'{split_path(data_dir, task, split, lang)}.{side}', get, True) for lang in langs
+                for split, names in sides(lang) for side in names] + labels
+    files = []
+    add = lambda path, what, needed=True: files.append((path, what, needed))
+    if train:
         add(split_path(data_dir, task, 'train'), get)
         for lang in translated:
             add(split_path(data_dir, task, 'translate-train', lang),
@@ -740,7 +741,7 @@ def task_files(data_dir, task, translated=(), round_trip=False, translations=Fal
             if round_trip:
                 add(split_path(data_dir, task, 'round-trip', lang),
                     'X-Mixup\'s round trip (the real English where missing)', False)
-    for split in ('dev', 'test') if family != 'retrieval' else ():
+    for split in ('dev', 'test'):
         for lang in langs:
             path = split_path(data_dir, task, split, lang)
             if path is None or (split == 'dev' and not os.path.exists(path)):
@@ -749,10 +750,7 @@ def task_files(data_dir, task, translated=(), round_trip=False, translations=Fal
             if lang != 'en' and translations:
                 add(split_path(data_dir, task, f'translate-{split}', lang),
                     f'{reader} needs translate-{split} files for {lang}; {TRANSLATIONS}')
-    for lang in langs:
-        add(os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}'), 'test labels (scored when there)',
-            False)
-    return files
+    return files + labels
 
 
 def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round_trip=False, max_len=None, share=None,
@@ -806,8 +804,7 @@ def feature_set(tok, task, files, key, sources, width, max_len, stride, data_dir
     jobs = lambda: training_jobs(sources(), task, max_len, stride, kept, train)
     index_of = lambda done, total: training_index(done, total, kept, width, train)
     build = lambda path: write_items(path, tok, jobs(), feature_arrays, index_of, {'family': TASKS[task].family})
-    key = key + ['lower'] * tok.lower
-    return stored(build, files, key, data_dir, cache, quiet=not train)  # evaluation sets build quietly
+    return stored(build, files, key + ['lower'] * tok.lower, data_dir, cache, quiet=not train)  # evaluation: quietly
 
 
 def evaluation_sets(data_dir, task, translate_test=False, paired=False):
@@ -943,8 +940,8 @@ def build_once(build, files, key, folder, quiet=False):
         os.makedirs(folder, exist_ok=True)
         lock = open(os.path.join(folder, '.lock'), 'w')
     except OSError as e:
-        raise DataError(f'cannot write the feature cache in {folder} ({e.strerror}): make it writable or pass '
-                        '--no_cache')
+        raise DataError(f'cannot write the feature cache in {folder} ({e.strerror}): '
+                        'make it writable or pass --no_cache')
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or its process dies
         if os.path.isdir(path) and (why := torn(path)):
@@ -990,7 +987,8 @@ def write_items(path, tok, jobs, work, index_of, meta):
         # forked with TOKENIZER before any thread starts (the bar's); the workers run sentencepiece and numpy
         with multiprocessing.get_context('fork').Pool(cores) if cores > 1 else nullcontext() as pool:
             jobs, progress = chain(first, jobs), bar(desc='tokenizing', unit=' jobs', leave=False)
-            apply, work = pool.imap if pool else map, work or (lambda job: job)
+            apply = pool.imap if pool else map
+            work = work or (lambda job: job)  # XLA's samples are their arrays already
             while window := list(islice(jobs, 4 * cores)):
                 for (name, _), (arrays, info) in zip(window, apply(work, [job for _, job in window])):
                     done.append((name, total, info))
@@ -1333,7 +1331,7 @@ def length_batches(lengths, batch_size):
 #   pretrain/parallel/{a}-{b}.{b}   {a}-{b}.{b} translate each other (OPUS's Moses layout)
 
 PARA_LEN = 128  # longest parallel sentence, in tokens (Table 5's bilingual length)
-TEXT_CHUNK = 1000  # documents or parallel lines a worker tokenizes at a time
+TEXT_SLICE = 1000  # documents or parallel lines a worker tokenizes at a time
 
 
 def pretrain_files(data_dir, mono_only=False):
@@ -1347,8 +1345,8 @@ def pretrain_files(data_dir, mono_only=False):
         pair, _, lang = name.rpartition('.')
         if pair.count('-') == 1 and lang == pair.split('-')[0]:  # {a}-{b}.{a}: its other side is {a}-{b}.{b}
             b = pair.split('-')[1]
-            other = need(os.path.join(para, f'{pair}.{b}'), f'{name} has no other side: put its translations in '
-                                                            f'{pair}.{b}')
+            other = need(os.path.join(para, f'{pair}.{b}'),
+                         f'{name} has no other side: put its translations in {pair}.{b}')
             groups[f'para:{pair}'] = [os.path.join(para, name), other]
     if not groups:
         raise DataError(f'no pre-training text in {root}: put monolingual documents in mono/<lang>.txt and parallel '
@@ -1411,21 +1409,22 @@ def pretraining_set(tok, data_dir, max_len, mono_only=False, cache=True):
     """-> (items, {group: its items' positions}, counts): items are (x, y) Feature pairs, <s> x </s>
     and <s> y </s>, labelled 1 on parallel pairs and 0 on adjacent monolingual segments; counts:
     what each rule used and what was left out, {rule: [documents or lines, segments, pieces]}. The
-    text is read a chunk at a time and tokenized once into <data_dir>/.cache (as training_set)."""
+    text is read a slice at a time and tokenized once into <data_dir>/.cache (as training_set)."""
     groups = pretrain_files(data_dir, mono_only)
     text = lambda group, paths: documents(paths[0]) if group.startswith('mono:') else line_pairs(*paths)
-    jobs = ((group, (group.startswith('para:'), chunk, max_len)) for group, paths in groups.items()
-            for chunk in groups_of(text(group, paths), TEXT_CHUNK))
+    jobs = ((group, (group.startswith('para:'), part, max_len)) for group, paths in groups.items()
+            for part in slices(text(group, paths), TEXT_SLICE))
     build = lambda path: write_items(path, tok, jobs, pair_arrays, pretraining_index, {'family': 'pretrain'})
     files = tok.files + [p for paths in groups.values() for p in paths]
     items = stored(build, files, ['pretrain', max_len, mono_only], data_dir, cache)
     return items, {g: range(*ends) for g, ends in items.meta['groups'].items()}, items.meta['counts']
 
 
-def groups_of(iterable, n):
+def slices(iterable, n):
+    """Consecutive lists of n of the iterable's items (the last may be shorter), read as they are needed."""
     iterable = iter(iterable)
-    while chunk := list(islice(iterable, n)):
-        yield chunk
+    while part := list(islice(iterable, n)):
+        yield part
 
 
 def pair_arrays(job):
@@ -1452,11 +1451,11 @@ def pair_arrays(job):
 
 def pretraining_index(done, total):
     """write_items' index_of for pre-training: items (x, y) of consecutive features, each group's
-    items [first, end), and the counts of its chunks added up."""
+    items [first, end), and the counts of its slices added up."""
     groups, counts = {}, {}
-    for (name, before, chunk_counts), end in zip(done, [before for _, before, _ in done[1:]] + [total]):
+    for (name, before, slice_counts), end in zip(done, [before for _, before, _ in done[1:]] + [total]):
         groups[name] = [groups.get(name, [before // 2])[0], end // 2]
-        for rule, values in chunk_counts.items():
+        for rule, values in slice_counts.items():
             count(counts, rule, *values)
     return np.arange(total).reshape(-1, 2), {'groups': {g: ends for g, ends in groups.items() if ends[1] > ends[0]},
                                             'counts': counts}
@@ -1948,8 +1947,8 @@ def convert_ud(paths, out):
                 words = []
     for (split, lang), sents in sentences.items():
         rows = lambda fmt: '\n'.join(''.join(fmt(w, t) + '\n' for w, t in s) for s in sents)
-        words = rows(lambda w, t: w if split == 'test' else f'{w}\t{t}')
-        atomic_write(os.path.join(out, 'udpos', f'{split}-{lang}.tsv'), words)
+        text = rows(lambda w, t: w if split == 'test' else f'{w}\t{t}')
+        atomic_write(os.path.join(out, 'udpos', f'{split}-{lang}.tsv'), text)
         if split == 'test':
             atomic_write(os.path.join(out, 'labels', 'udpos', f'test-{lang}.tsv'), rows(lambda w, t: t))
 

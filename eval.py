@@ -245,8 +245,8 @@ def score_file(task, pred_path, label_path, lang):
         return bucc_f1(labels, preds)
     if len(labels) != len(preds):
         unit = 'sentences' if family == 'tagging' else 'lines'
-        raise EvalError(f'{pred_path} has {len(preds)} {unit}, {label_path} has {len(labels)}: write one per test '
-                        'example')
+        raise EvalError(f'{pred_path} has {len(preds)} {unit}, {label_path} has {len(labels)}: '
+                        'write one per test example')
     if family == 'tagging':
         bad = next((i for i, (g, p) in enumerate(zip(labels, preds)) if len(g) != len(p)), None)
         if bad is not None:
@@ -599,8 +599,8 @@ def finished_task(run):
         raise EvalError(f'{run} is not a finished run (no results.json): pass the --out folders of finished runs')
     task = json.loads(read_text(path)).get('task')
     if task not in TASKS or not os.path.isdir(os.path.join(run, 'predictions', task)):
-        raise EvalError(f'{run} holds no test predictions of an XTREME task (predictions/<task>/): it cannot be '
-                        'submitted')
+        raise EvalError(f'{run} holds no test predictions of an XTREME task (predictions/<task>/): '
+                        'it cannot be submitted')
     config = os.path.join(run, 'config.json')
     if TASKS[task].family == 'qa' and os.path.isfile(config) and json.loads(read_text(config)).get('translate_test'):
         raise EvalError(f'{run} is a translate-test run: its answers are English, which the leaderboard does not score')
@@ -764,8 +764,8 @@ def main(argv=None):
                      '--collect RUN [RUN ...] --out DIR, --plot RUN [RUN ...] or --bleu HYP --ref REF')
         scores = score_folder(args.predictions, args.labels, args.demo)
         if not scores:
-            sys.exit(f'error: no task folder is in both {args.predictions} and {args.labels}: expected e.g. '
-                     'xnli/test-en.tsv')
+            sys.exit(f'error: no task folder is in both {args.predictions} and {args.labels}: '
+                     'expected e.g. xnli/test-en.tsv')
         atomic_write(args.out, json.dumps(scores, indent=2, ensure_ascii=False))
     except (EvalError, DataError, OSError) as e:
         sys.exit(f'error: {e}')

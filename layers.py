@@ -170,8 +170,8 @@ class Encoder(nn.Module):
         offset: how many positions came before (decoding step by step)."""
         longest = self.cfg.max_positions - self.cfg.pad_id - 1
         if ids.size(1) + offset > longest:
-            raise ValueError(f'sequence of {ids.size(1) + offset} tokens is longer than the model\'s {longest}: lower '
-                             '--max_len')
+            raise ValueError(f'sequence of {ids.size(1) + offset} tokens is longer than the model\'s {longest}: '
+                             'lower --max_len')
         positions = position_ids(ids, self.cfg.pad_id) + offset * ids.ne(self.cfg.pad_id)
         return self.drop(self.ln(self.tok(ids) * self.cfg.embed_scale + self.pos(positions)))
 
@@ -239,8 +239,8 @@ def next_log_probs(decoder, tokens, memory, memory_mask, cache=None):
 
 
 @torch.no_grad()
-def beam_search(decoder, memory, memory_mask, bos, beam=5, lenpen=1.0, max_new=200, min_len=1, cache=True, eos=2,
-                pad=1):
+def beam_search(decoder, memory, memory_mask, bos, beam=5, lenpen=1.0, max_new=200, min_len=1, cache=True,
+                eos=2, pad=1):
     """Beam search as fairseq's SequenceGenerator, batched over sentences and beams, of the decoder
     reading memory (B, S, H), the encoder's states of B sources. Each step takes the 2K best
     extensions of a sentence's K hypotheses; those among the first K that end in </s> are finished
@@ -369,21 +369,21 @@ def fold_tied(sd):
     if 'type.weight' in sd and 'enc.pos.weight' in sd:
         t = sd.pop('type.weight')
         if t.size(0) != 1:
-            raise CheckpointError(f'token_type_embeddings has {t.size(0)} rows; XLM-R has 1 and this model adds no '
-                                  'segment ids')
+            raise CheckpointError(f'token_type_embeddings has {t.size(0)} rows; XLM-R has 1 and this model '
+                                  'adds no segment ids')
         sd['enc.pos.weight'] = sd['enc.pos.weight'] + t[0]
     tied = {'tied.weight': 'enc.tok.weight', 'tied.bias': 'mlm.bias', 'mlm.weight': 'enc.tok.weight',  # fairseq's
             'dec_tok.weight': 'enc.tok.weight', 'dec_out.weight': 'enc.tok.weight'}
-    decoder = {'dec_tok.weight': 'the decoder\'s token embeddings',
-               'dec_out.weight': 'the decoder\'s output projection'}
+    decoder_copies = {'dec_tok.weight': 'the decoder\'s token embeddings',
+                      'dec_out.weight': 'the decoder\'s output projection'}
     for copy, original in tied.items():
         if copy in sd:
             t = sd.pop(copy)
             if original not in sd:
                 sd[original] = t
             elif not torch.equal(t, sd[original]):
-                what = decoder.get(copy, 'the MLM decoder ' + copy.split('.')[1])
-                why = ' (the file was trained without share_all_embeddings)' if copy in decoder else ''
+                what = decoder_copies.get(copy, 'the MLM decoder ' + copy.split('.')[1])
+                why = ' (the file was trained without share_all_embeddings)' if copy in decoder_copies else ''
                 raise CheckpointError(f'{what} differs from {original}; this model ties them{why}')
     if any(k.startswith('mlm.') for k in sd) and 'enc.tok.weight' in sd:
         sd['mlm.weight'] = sd['enc.tok.weight']
@@ -459,8 +459,8 @@ def config_from(sd, meta, scaled=False):
         raise CheckpointError('the checkpoint does not say its number of attention heads (config.json or args)')
     if scaled and meta.get('decoder_attention_heads', heads) != heads:  # the decoder is built with the encoder's Config
         raise CheckpointError(f'the checkpoint\'s decoder has {meta["decoder_attention_heads"]} attention heads and '
-                              f'its encoder {heads}: this model gives its decoder the encoder\'s heads, so it cannot '
-                              'read it')
+                              f'its encoder {heads}: this model gives its decoder the encoder\'s heads, '
+                              'so it cannot read it')
     if meta.get('hidden_act', 'gelu') != 'gelu' or meta.get('activation_fn', 'gelu') != 'gelu':
         raise CheckpointError('this model uses exact GELU; the checkpoint asks for another activation')
     n_layer = 1 + max(int(k.split('.')[2]) for k in sd if k.startswith('enc.blocks.'))
@@ -481,12 +481,13 @@ def read_checkpoint(path):
         path = os.path.join(path, files[0])
     check_format(path)
     obj = read_safetensors(path) if path.endswith('.safetensors') else torch_load(path)
-    hf = isinstance(obj, dict) and any('word_embeddings' in k for k in obj)
-    ours = isinstance(obj, dict) and (obj.get('format') == FORMAT or {'config', 'encoder'} <= set(obj))  # or before it
-    if not isinstance(obj, dict) or not (hf or ours or 'model' in obj):
-        keys = f'{", ".join(map(str, list(obj)[:4]))}{" ..." if len(obj) > 4 else ""}' if isinstance(obj, dict) else ''
-        what = f'a dict with the keys {keys}' if isinstance(obj, dict) else f'a {type(obj).__name__}'
-        raise CheckpointError(f'{path} holds {what}, not XLM-R weights: {CHECKPOINTS}')
+    if not isinstance(obj, dict):
+        raise CheckpointError(f'{path} holds a {type(obj).__name__}, not XLM-R weights: {CHECKPOINTS}')
+    hf = any('word_embeddings' in k for k in obj)
+    ours = obj.get('format') == FORMAT or {'config', 'encoder'} <= set(obj)  # (the second: ours before its format)
+    if not (hf or ours or 'model' in obj):
+        keys = f'{", ".join(map(str, list(obj)[:4]))}{" ..." if len(obj) > 4 else ""}'
+        raise CheckpointError(f'{path} holds a dict with the keys {keys}, not XLM-R weights: {CHECKPOINTS}')
     translation = not hf and any(k.startswith('decoder.layers.') for k in obj.get('model') or {})  # fairseq's
     if not hf and ours:
         if 'encoder' not in obj:
@@ -600,8 +601,8 @@ def load_checkpoint(path, expect=None, mmap=False):
     check_format(path)
     ckpt = torch_load(path, mmap)
     if not isinstance(ckpt, dict) or ckpt.get('format') != FORMAT:
-        raise CheckpointError(f'{path} is not a checkpoint of this project (a run\'s best.pt or last.pt): use another '
-                              '--out')
+        raise CheckpointError(f'{path} is not a checkpoint of this project (a run\'s best.pt or last.pt): '
+                              'use another --out')
     meta = ckpt['meta']
     if expect and any(meta.get(k) != v for k, v in expect.items()):
         raise CheckpointError(f'{path} holds {meta.get("method")} on {meta.get("task")} with the {meta.get("model")} '
@@ -665,8 +666,7 @@ HF_CLASSES = {  # what a checkpoint exports as -> (Hugging Face's class, {our he
     'encoder': ('XLMRobertaModel', {}),
 }
 SPECIAL_TOKENS = {'bos_token': '<s>', 'eos_token': '</s>', 'unk_token': '<unk>', 'sep_token': '</s>',
-                  'cls_token': '<s>',
-                  'pad_token': '<pad>', 'mask_token': '<mask>'}
+                  'cls_token': '<s>', 'pad_token': '<pad>', 'mask_token': '<mask>'}
 
 
 def write_safetensors(tensors, path):

@@ -13,6 +13,7 @@ import argparse
 import fcntl
 import functools
 import json
+import math
 import os
 import shutil
 import time
@@ -36,9 +37,9 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('demo', bool, 'generated data and a tiny model: runs in a minute on a CPU'),
     Option('model', str, f'preset: {", ".join(layers.CONFIGS)} (default base; tiny with --demo)'),
     Option('init', str, 'converted XLM-R checkpoint (python layers.py convert) or a run\'s best.pt', path='checkpoint'),
-    Option('from_scratch', bool, 'train from random weights (real data without --init; a demo that starts trained)'),
+    Option('from_scratch', bool, 'random weights: real data without --init, a demo that would start pre-trained'),
     Option('spm', str, 'sentencepiece model (default: the one in --data_dir)'),
-    Option('dict', str, 'fairseq dict.txt --init was trained with (default: a dict.txt beside it, as VECO ships)'),
+    Option('dict', str, 'fairseq dict.txt --init was trained with (default: one beside it, as VECO\'s NLG model)'),
     Option('data_dir', str, 'XTREME data in the layout of docs/data.md', default='data'),
     Option('out', str, 'run folder (default runs/<task>-<method>-<each choice that changes the result>)'),
     Option('lr', help='peak learning rate (default: per task, from the papers)', valid=POSITIVE),
@@ -55,7 +56,7 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('attn_dropout', help='override the attention dropout (default: --dropout\'s value)', valid=SHARE),
     Option('seed', int, 'seed of the head, the batches and dropout (default 1)', NON_NEGATIVE, default=1),
     Option('translate_test', bool, 'evaluate on the test sets translated into English'),
-    Option('layer', int, 'retrieval: the layer pooled (default XTREME\'s: BUCC 20, Tatoeba 14 of 24)', AT_LEAST_1),
+    Option('layer', int, 'retrieval: layer pooled (default XTREME\'s: BUCC 20, Tatoeba 14 of 24; 8 of 12)', AT_LEAST_1),
     Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute'),
     Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64),
     Option('save_every', int, 'steps between resume checkpoints', AT_LEAST_1, default=200),
@@ -91,8 +92,8 @@ def main(argv=None):
     START = time.time()
     args = parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 matmuls outside autocast
-    env = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1)), None  # a dry run starts no process
-    rank, world, device = env if args.dry_run else setup_distributed()
+    rank, world, device = setup_distributed() if not args.dry_run else (  # a dry run starts no process group
+        int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1)), None)
     data.VERBOSE = rank == 0  # warnings about skipped data, once
     try:
         execute(args, rank, world, device)
@@ -126,7 +127,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     for o in OPTIONS + tuple(o for c in xlt.classes() for o in c.OPTIONS):  # before the defaults: 0 is not 'not given'
         value = getattr(args, o.name)
-        if o.valid and value is not None and not all(np.isfinite(v) and o.valid[0](v) for v in np.atleast_1d(value)):
+        if o.valid and value is not None and not all(math.isfinite(v) and o.valid[0](v) for v in np.atleast_1d(value)):
             fail(f'--{o.name} {" ".join(map(str, value)) if o.nargs else value} is out of range: give {o.valid[1]}')
     return configure(args, owners)
 
@@ -233,7 +234,7 @@ def check(args, world):
     kept = os.path.exists(os.path.join(args.out, cls.KEEPS)) or args.init and cls.KEEPS == 'best.pt'
     if args.eval_only and not kept:
         fail(f'{args.out}/{cls.KEEPS} not found: --eval_only evaluates a finished run in --out (or the --init weights)')
-    demo_began = lambda: args.init == demo_start(args.out) and began(os.path.dirname(args.init))  # its pre-training
+    demo_began = lambda: args.init == demo_start(args.out) and began(os.path.dirname(args.init))  # the demo's start
     if args.resume and not (began(args.out) or demo_began()):
         fail(f'nothing to resume in {args.out} (no run began there): drop --resume to start a new run, or give the '
              'folder of the stopped run')
@@ -309,8 +310,8 @@ def plan(args, world, files):
     cls, found = xlt.method_class(args), [path for path, _, _ in files if os.path.isfile(path)]
     options = [(o.name, getattr(args, o.name, None)) for o in cls.OPTIONS]
     stages = [f'{name} in {stage_settings(args, cls, name).out}' for name in cls.stages(args)]
-    return {'model': f'{args.model}, from {args.init or "random weights"}'
-                     + (' (the demo\'s pre-trained model, made first)' if makes_demo_start(args) else ''),
+    made = ' (the demo\'s pre-trained model, made first)' if makes_demo_start(args) else ''
+    return {'model': f'{args.model}, from {args.init or "random weights"}{made}',
             'data': 'generated into the run folder (--demo)' if args.demo else
                     f'{args.data_dir}: {len(found)} files found, {len(files) - len(found)} optional ones missing',
             'training': training_plan(args, world),
@@ -351,7 +352,7 @@ def execute(args, rank, world, device):
     folder, the data, the demo's pre-trained start, then the method's procedure."""
     files = check(args, world)
     if rank == 0:
-        status = ('a dry run: nothing is trained or written' if args.dry_run else 'evaluating' if args.eval_only
+        status = ('dry run, nothing is trained or written' if args.dry_run else 'evaluating' if args.eval_only
                   else 'resuming' if args.resume else 'a new run')
         title = f'{args.method} on {args.task}{f" ({args.stage})" if args.stage else ""} in {args.out}: {status}'
         print('\n'.join([title] + [f'  {name:<9} {value}' for name, value in plan(args, world, files).items()]))
@@ -501,7 +502,7 @@ def check_finished(args):
 class Run:
     """What a method's procedure is handed: settings (args), tokenizer (tok), processes (rank, world, device), folder
     (out), and the trainer's parts: model (build, restore, encoder), data and loop (items, fit), evaluation over the
-    processes (evaluate, outputs, map), results (report, finish), stages (stage, sub, cached: kept; paths in out)."""
+    processes (evaluate, outputs, map), results (report, finish), and for stages: stage, sub, cached (kept on disk)."""
 
     def __init__(self, args, rank, world, device, tok, sets=None, cache=None):
         self.args, self.rank, self.world, self.device, self.tok = args, rank, world, device, tok
@@ -539,7 +540,7 @@ class Run:
             encoder = layers.Encoder(layers.Config(**{**cfg.__dict__, 'vocab_size': self.tok.vocab_size}), cross)
         if encoder.cfg.vocab_size != self.tok.vocab_size:
             fail(f'the tokenizer has {self.tok.vocab_size} ids but the model {encoder.cfg.vocab_size}: use the '
-                 'sentencepiece model (--spm) and the fairseq dict.txt (--dict) that came with the checkpoint')
+                 'sentencepiece model (--spm) and any fairseq dict.txt (--dict) that came with the checkpoint')
         layers.set_dropout(encoder, args.dropout, args.dropout if args.attn_dropout is None else args.attn_dropout)
         return (self.ready(encoder), mlm, *dec)
 
@@ -563,8 +564,8 @@ class Run:
         return items
 
     def fit(self, method, items, validate=None, batches_of=None, keep_last=0):
-        """Train method on items (train), resumable from last.pt. validate() -> the scores best.pt is kept by (the dev
-        sets); batches_of(epoch) -> its global batches (shuffled); keep_last: the last N epochs' kept to average."""
+        """Train method on items (train), resumable from last.pt. validate() -> the scores best.pt is kept by (default:
+        the dev sets); batches_of(epoch) -> its global batches (default: shuffled); keep_last: N epochs' to average."""
         if self.args.eval_only:
             return
         self.begin()
@@ -635,9 +636,9 @@ class Run:
 
     @torch.no_grad()
     def map(self, fn, lengths, desc='eval', fields=1, everywhere=True):
-        """fn(positions) -> a tuple of `fields` tensors per position, over this process's block of positions
-        (data.in_windows, by `lengths`); under DDP the blocks go through files in the run's folder. -> a data.Ragged
-        per field of every position's results, alike for any number of processes, on every process (or process 0)."""
+        """fn(positions) -> a tuple of `fields` tensors per position, over this process's block of positions (by
+        `lengths`, data.in_windows); under DDP the blocks pass through files. -> a data.Ragged per field of every
+        position's results, alike for any number of processes, on every process (everywhere=False: on process 0)."""
         block = range(len(lengths) * self.rank // self.world, len(lengths) * (self.rank + 1) // self.world)
         with layers.autocast(self.device):
             blocks = data.in_windows(fn, lengths, block, self.args.eval_batch_size, desc)

@@ -98,8 +98,8 @@ class Method(nn.Module):
     TASKS = tuple(TASKS)
     KEEPS, EXPORT = 'best.pt', 'its prediction is its own, not XLM-R\'s forward pass and a head'
     # XTREME's run_bucc2018.sh, run_tatoeba.sh (d224426 to 838c13b): --specific_layer of the last --num_layers
-    # hidden states, the embeddings' being the first: BUCC 7 of the last 12, Tatoeba 13 of 24 (XLM-R large), 7 of
-    # 12 (12 layers)
+    # hidden states, the embeddings' being the first: BUCC 7 of the last 12, Tatoeba 13 of 24 (XLM-R large),
+    # 7 of 12 (12 layers)
     RETRIEVAL_LAYERS = {24: {'bucc2018': 20, 'tatoeba': 14}, 12: {'bucc2018': 8, 'tatoeba': 8}}
 
     def __init__(self):
@@ -421,9 +421,9 @@ class Filter(Taught):
     NAME, trains_on, paired, teacher_method = 'filter', 'every_lang', True, 'filter'
     EXPORT = 'FILTER predicts from a text fused with its English translation in the middle layers'
     select = 'average'  # the best average over the dev languages (Section 4.1)
-    LR = {'xnli': 3e-6, 'pawsx': 1e-5, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6,  # train.sh
-          'tydiqa': 1e-5}
-    RUN = {'xnli': {'max_len': 256}, 'pawsx': {'max_len': 256},  # train.sh: --max_seq_length 256, QA --do_lower_case
+    # train.sh: the learning rates; --max_seq_length 256 for XNLI and PAWS-X; QA --do_lower_case
+    LR = {'xnli': 3e-6, 'pawsx': 1e-5, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 1e-5}
+    RUN = {'xnli': {'max_len': 256}, 'pawsx': {'max_len': 256},
            **{task: {'qa_case': 'lower'} for task in ('xquad', 'mlqa', 'tydiqa')}}
     # m, k and the KL weight 1 - lambda of the paper for XLM-R large (24 layers); k is scaled to
     # other depths (QA on XLM-R base: m = 1, k = 10) unless --k is given
@@ -499,8 +499,8 @@ class XMixup(Taught):
     EXPORT = 'X-Mixup predicts from a text\'s states mixed with its English translation\'s'
     pretrained_start = True  # X-Mixup starts from a trained encoder, see train.demo_pretrained
     select = 'average'  # the best average over the dev languages (Section 4.1)
-    LR = {'xnli': 5e-6, 'pawsx': 5e-6, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6,  # the run scripts
-          'tydiqa': 3e-5}
+    # the released run scripts
+    LR = {'xnli': 5e-6, 'pawsx': 5e-6, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 3e-5}
     DEMO = {'p_k': 50}  # p* decays within the demo's short runs
     # mixup layer, alpha, p_k (Table 10 and the released scripts); only QA's layer depends on the
     # depth (16 of 24 on XLM-R large, 8 of 12 on base: Section 4.1)
@@ -690,8 +690,8 @@ class VecoPretrain(Method):
         Option('mono_only', bool, 'the monolingual text alone (Table 2\'s first rows)'),
         Option('lang_alpha', float, 'languages drawn with p_i ~ n_i^alpha over their pairs n_i (Section 4: 0.5, as '
                'XLM; XLM-R took 0.3)', POSITIVE, default=0.5))
-    RUN = {'pretrain': {'steps': 240000, 'eval_every': 2000, 'warmup': 0.05, 'batch_size': 1024,  # Table 5
-                        'max_len': 512}}
+    # Table 5
+    RUN = {'pretrain': {'steps': 240000, 'eval_every': 2000, 'warmup': 0.05, 'batch_size': 1024, 'max_len': 512}}
 
     @classmethod
     def configure(cls, args, demo=None):
@@ -699,13 +699,12 @@ class VecoPretrain(Method):
         if args.cross_only_steps is None:  # phase 1 trains the new cross-attention, which XLM has not
             args.cross_only_steps = int(args.warmup * args.steps) if args.init and not args.no_cs_mlm else 0
         if args.no_cs_mlm and args.cross_only_steps:
-            raise ValueError('--cross_only_steps trains the cross-attention alone, which --no_cs_mlm leaves out: drop '
-                             'one')
+            raise ValueError('--cross_only_steps trains the cross-attention alone, which --no_cs_mlm leaves out: '
+                             'drop one')
         args.para_batch_size = args.para_batch_size or (1 if demo else 4) * args.batch_size
         if args.cross_only_steps >= args.steps:
             raise ValueError(f'--cross_only_steps {args.cross_only_steps} leaves no step of phase 2 in --steps '
-                             f'{args.steps}: '
-                             'lower it or raise --steps')
+                             f'{args.steps}: lower it or raise --steps')
 
     @classmethod
     def reads(cls, args):
@@ -747,8 +746,8 @@ class VecoPretrain(Method):
     def __init__(self, encoder, mask_id, mlm=None, cross_only_steps=0, cs_mlm=True):
         super().__init__()
         if cs_mlm and not encoder.has_cross:
-            raise ValueError('VECO pre-training needs an encoder with cross-attention (layers.Encoder(cfg, '
-                             'cross=True))')
+            raise ValueError('VECO pre-training needs an encoder with cross-attention '
+                             '(layers.Encoder(cfg, cross=True))')
         self.encoder, self.mask_id, self.cross_only_steps, self.cs_mlm = encoder, mask_id, cross_only_steps, cs_mlm
         self.mlm = mlm if mlm is not None else MLMHead(encoder.cfg, encoder.tok.weight)
 
@@ -1064,17 +1063,18 @@ class VecoTranslate(Method):
         items, valid, test = read('train'), read('valid'), read('test')
         for name, part in (('training', items), ('valid', valid)):
             if not part:
-                run.fail(f'no {name} pairs for {args.src}-{args.tgt} in {args.data_dir}/translation: the files hold '
-                         'no text')
+                run.fail(f'no {name} pairs for {args.src}-{args.tgt} in {args.data_dir}/translation: '
+                         'the files hold no text')
         validate = lambda: {'valid': method.valid_losses(valid, args.eval_batch_size, run.device)}
         run.fit(method, items, validate, keep_last=args.average_last)
         decoded_with = cls.average_last(run, method, args.average_last)
-        hyps = [tok.decode(ids.tolist()) for ids in cls.translations(run, method, test)]
+        hyps = [tok.decode(ids.tolist()) for ids in cls.decoded(run, method, test)]
         refs = data.lines_of(data.parallel_files(args.data_dir, args.src, args.tgt, 'test')[1])
         scores = ev.translation_scores(hyps, refs)
+        decoded_in = 'bf16' if args.decode_bf16 and run.device.type == 'cuda' else 'fp32'
         results = {'task': 'translate', 'method': 'veco', 'pair': f'{args.src}-{args.tgt}',
-                   'decoded_with': decoded_with, 'embed_scale': scale, 'valid': validate()['valid'], 'test': scores,
-                   'decoded_in': 'bf16' if args.decode_bf16 and run.device.type == 'cuda' else 'fp32'}
+                   'decoded_with': decoded_with, 'decoded_in': decoded_in, 'embed_scale': scale,
+                   'valid': validate()['valid'], 'test': scores}
         path = f'predictions/test.{args.src}-{args.tgt}.{args.tgt}'
         table = ev.translation_table(f'test {args.src}-{args.tgt} ({len(hyps)} sentences, beam {args.beam}, '
                                      f'{decoded_with})', scores)
@@ -1104,7 +1104,7 @@ class VecoTranslate(Method):
         return method, lang_ids, scale
 
     @classmethod
-    def translations(cls, run, method, test):
+    def decoded(cls, run, method, test):
         """The test sources' translations (token ids), shared out over the processes (run.map)."""
         args = run.args
         method.eval()
@@ -1153,6 +1153,7 @@ class VecoTranslate(Method):
             tokens += pair.tgt.labels.ne(IGNORE).sum().item()
         return {'loss': loss / tokens, 'nll': nll / tokens, 'ppl': math.exp(nll / tokens), 'score': -loss / tokens}
 
+    @torch.no_grad()
     def generate(self, src, beam=5, lenpen=1.0, max_new=200, min_len=1, cache=True):
         """The best translation of each source row (a Batch): beam search from [tgt] (layers.beam_search)."""
         memory = self.encoder(src.ids, src.mask)
@@ -1246,8 +1247,8 @@ class XLA(Baseline):
             raise ValueError(f'--delta takes {takes} for {args.task}, not {len(args.delta)}')
         args.delta = args.delta * 2 if pair and len(args.delta) == 1 else args.delta
         if not args.train_lang:
-            raise ValueError('XLA adapts to one target language: pass --train_lang (its unlabelled training text is '
-                             'read)')
+            raise ValueError('XLA adapts to one target language: '
+                             'pass --train_lang (its unlabelled training text is read)')
 
     @classmethod
     def folder(cls, args):
@@ -1293,8 +1294,8 @@ class XLA(Baseline):
         target = data.unlabelled_set(run.tok, args.data_dir, args.task, args.train_lang, args.train_share, args.max_len,
                                      not args.no_cache)  # D_t
         if not (args.mlm or args.init):
-            run.fail('XLA\'s vicinal samples need a masked LM: pass --mlm (a converted XLM-R checkpoint, python '
-                     'layers.py convert)')
+            run.fail('XLA\'s vicinal samples need a masked LM: '
+                     'pass --mlm (a converted XLM-R checkpoint, python layers.py convert)')
         encoder, mlm = run.encoder(init=args.mlm or args.init)  # now: a missing masked LM must not wait until epoch 2
         if mlm is None:
             run.fail(f'{args.mlm or args.init} has no MLM head: pass --mlm a converted XLM-R checkpoint '

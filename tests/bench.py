@@ -395,7 +395,7 @@ def data_bench(args):
 
 
 def generated_text(folder, megabytes, seed=0):
-    """About `megabytes` MB of pre-training text in the README's layout: monolingual documents
+    """About `megabytes` MB of pre-training text in the layout of docs/veco.md: monolingual documents
     (5-30 lines of 8-40 Zipf-distributed words) in English and German (German: each word with a
     suffix), a third each, and a third of English-German parallel lines of 40-60 words (at --seq
     64 every batch then has the same shape, so that memory tells the data apart from the

@@ -283,7 +283,7 @@ def test_every_reproduction_command_passes_dry_run(tmp_path, monkeypatch, capsys
         monkeypatch.setenv('WORLD_SIZE', str(world))
         train.main([*argv, '--dry_run'])
         out = capsys.readouterr().out
-        assert out.splitlines()[0].endswith(': a dry run: nothing is trained or written'), argv
+        assert out.splitlines()[0].endswith(': dry run, nothing is trained or written'), argv
     assert {os.path.join(d, f) for d, _, names in os.walk('runs') for f in names} == {p for p in made if p.startswith('runs')}
 
 

@@ -410,7 +410,7 @@ def test_pretraining_text_is_read_a_chunk_at_a_time_and_as_a_whole_file(tmp_path
     messy = write(tmp_path / 'messy', '\n\n\n'.join(docs[:2]).replace(line, line + '\n   ', 1) + '\n\n' + '\n\n'.join(docs[2:]),
                   para, end='\r\n')
     expected = data.pretraining_set(tok, plain, 64)
-    monkeypatch.setattr(data, 'TEXT_CHUNK', 1)
+    monkeypatch.setattr(data, 'TEXT_SLICE', 1)
     items, groups, counts = data.pretraining_set(tok, messy, 64)
     assert [(x.ids, y.ids, x.label) for x, y in items] == [(x.ids, y.ids, x.label) for x, y in expected[0]]
     assert groups == expected[1] == {'mono:en': range(0, 3), 'para:en-de': range(3, 7)}  # 3 documents of pairs; a line has an empty side
@@ -588,7 +588,7 @@ def test_released_nlg_model_is_read_through_its_dict_txt(tmp_path, demo_data):
     os.remove(folder / 'dict.txt')
     one_line(['--demo', '--out', str(tmp_path / 'run'), *argv, '--init', str(folder / 'model.pt'), '--overwrite'],
              f'the tokenizer has {data.Tokenizer(sp_path).vocab_size} ids but the model {tok.vocab_size}: use the sentencepiece '
-             'model that came with the checkpoint (--spm), and its fairseq dict.txt if it came with one (--dict)')
+             'model (--spm) and any fairseq dict.txt (--dict) that came with the checkpoint')
 
 
 def test_released_nlu_checkpoint_is_the_encoder(tmp_path):

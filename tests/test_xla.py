@@ -1,4 +1,4 @@
-"""XLA (xla.txt), each piece against a computation by hand: the warm-up's confidence penalty
+"""XLA (Bari et al.), each piece against a computation by hand: the warm-up's confidence penalty
 (Eq. 1), distillation by confidence and by a GMM (Appendix B), agreement, Eq. 2, successive max
 and cross; then the whole run, its resume, and two processes against one."""
 import argparse
