@@ -40,7 +40,12 @@ def check_same_as_naive(enc, mlm, sd, cfg):
     assert (logits.double() - ref_logits).abs().max() <= 1e-4
 
 
-@pytest.mark.parametrize('layout', ['safetensors', 'bin', 'fairseq-old', 'fairseq-new'])
+# every layout at the tiny size; XLM-R base's size in one (the readers do not depend on the size)
+LAYOUTS = [('tiny', layout) for layout in ('safetensors', 'bin', 'fairseq-old', 'fairseq-new')] + [
+    pytest.param('base', 'safetensors', marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize('weights,layout', LAYOUTS, indirect=['weights'])
 def test_every_layout_matches_naive_implementation(weights, layout, tmp_path):
     cfg, sd = weights
     if layout.startswith('fairseq'):

@@ -201,7 +201,7 @@ SHORT_PRETRAINING = {'steps': 20, 'eval_every': 10}
 def test_a_run_killed_inside_the_demo_pretraining_resumes_to_the_same_numbers(tmp_path, monkeypatch):
     """The run never stopped and the resumed one in this process, the one cut short in its own; the
     runs and their pre-trainings read one small demo, linked into their folders."""
-    demo = data.make_demo(str(tmp_path / 'demo-data'), n_train=200, n_eval=30)
+    demo = data.make_demo(str(tmp_path / 'demo-data'), n_train=100, n_eval=16)
     for name in ('whole', 'cut'):
         for folder in ('run', 'pretrain-veco-demo'):
             os.makedirs(tmp_path / name / folder)

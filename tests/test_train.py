@@ -26,6 +26,12 @@ def demo_data(tmp_path_factory):
     return data.make_demo(str(tmp_path_factory.mktemp('demo') / 'demo-data'))
 
 
+@pytest.fixture(scope='module')
+def small_demo(tmp_path_factory):
+    """A fifth of the demo, for runs that check processes, set-ups and files rather than learning."""
+    return data.make_demo(str(tmp_path_factory.mktemp('small') / 'demo-data'), n_train=200, n_eval=30)
+
+
 def run(out, demo_data, *args):
     """A demo run in `out` that reuses the module's demo data instead of generating it again."""
     os.makedirs(out, exist_ok=True)
@@ -73,15 +79,15 @@ def final_weights(out):
 
 
 @pytest.mark.slow
-def test_ddp_on_two_processes_equals_one_process(tmp_path, demo_data):
+def test_ddp_on_two_processes_equals_one_process(tmp_path, small_demo):
     """Same global batch (16) and seed: 2 processes x 1 micro-batch against 1 process x 2 micro-batches."""
     common = ['--task', 'pawsx', '--epochs', '1', '--batch_size', '16', '--eval_batch_size', '128', '--group_by_length']
     os.makedirs(tmp_path / 'ddp')
-    os.symlink(demo_data, tmp_path / 'ddp' / 'demo-data')
+    os.symlink(small_demo, tmp_path / 'ddp' / 'demo-data')
     subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2',
                     'train.py', '--demo', '--out', str(tmp_path / 'ddp'), *common], cwd=ROOT, check=True,
                    capture_output=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
-    one = run(tmp_path / 'one', demo_data, *common, '--grad_accum', '2')
+    one = run(tmp_path / 'one', small_demo, *common, '--grad_accum', '2')
     a, b = final_weights(tmp_path / 'ddp'), final_weights(tmp_path / 'one')
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5
     assert json.load(open(tmp_path / 'ddp' / 'results.json'))['test'] == pytest.approx(one['test'], abs=1e-9)
@@ -120,20 +126,20 @@ def one_line_failure(capsys, argv, message):
     assert message in str(err.value)
 
 
-def test_bad_set_ups_stop_with_one_line(tmp_path, demo_data, capsys):
+def test_bad_set_ups_stop_with_one_line(tmp_path, small_demo, capsys):
     one_line_failure(capsys, ['--task', 'xnlii'], "unknown task 'xnlii': choose one of pawsx, xnli")
     one_line_failure(capsys, ['--method', 'magic'], "unknown method 'magic': choose one of zeroshot")
     one_line_failure(capsys, ['--task', 'panx', '--translate_test'], 'tags would need a word alignment): drop --translate_test')
     one_line_failure(capsys, ['--data_dir', str(tmp_path / 'nowhere'), '--out', str(tmp_path / 'o')],
                      'nowhere holds no xnli data')
     broken = tmp_path / 'broken'
-    shutil.copytree(demo_data, broken)
+    shutil.copytree(small_demo, broken)
     os.remove(broken / 'xnli' / 'translate-train' / 'en-zh-translated.tsv')
     one_line_failure(capsys, ['--task', 'xnli', '--method', 'translate-train-all', '--model', 'tiny', '--from_scratch',
                               '--data_dir', str(broken), '--out', str(tmp_path / 'o')],
                      'en-zh-translated.tsv not found: xnli needs translate-train files for zh')
-    run(tmp_path / 'tiny', demo_data, '--task', 'pawsx', '--epochs', '1')
-    one_line_failure(capsys, ['--task', 'pawsx', '--model', 'small', '--data_dir', demo_data, '--out', str(tmp_path / 'o'),
+    run(tmp_path / 'tiny', small_demo, '--task', 'pawsx', '--epochs', '1')
+    one_line_failure(capsys, ['--task', 'pawsx', '--model', 'small', '--data_dir', small_demo, '--out', str(tmp_path / 'o'),
                               '--init', str(tmp_path / 'tiny' / 'best.pt')], 'not the small preset')
 
 
@@ -150,21 +156,21 @@ def test_translate_train_and_translate_test(tmp_path, demo_data):
         run(tmp_path / 'x', demo_data, '--task', 'xnli', '--method', 'translate-train')
 
 
-def test_set_up_errors_before_training(tmp_path, demo_data, capsys):
+def test_set_up_errors_before_training(tmp_path, small_demo, capsys):
     one_line_failure(capsys, ['--demo', '--batch_size', '1', '--grad_accum', '2', '--out', str(tmp_path / 'b')],
                      'cannot be cut into 1 processes x --grad_accum 2')
     one_line_failure(capsys, ['--demo', '--max_len', '1024', '--out', str(tmp_path / 'm')], '--max_len 1024 is out of range: give 8 to 512')
     broken = tmp_path / 'broken'
-    shutil.copytree(demo_data, broken)
+    shutil.copytree(small_demo, broken)
     os.remove(broken / 'xnli' / 'translate-dev' / 'dev-zh-en-translated.tsv')
     one_line_failure(capsys, ['--task', 'xnli', '--method', 'filter', '--model', 'tiny', '--from_scratch', '--data_dir', str(broken),
                               '--out', str(tmp_path / 'f')], 'dev-zh-en-translated.tsv not found: filter needs translate-dev')
     assert not os.path.exists(tmp_path / 'f' / 'log.jsonl')  # stopped before any training
-    run(tmp_path / 'zs', demo_data, '--task', 'xnli', '--epochs', '1')
+    run(tmp_path / 'zs', small_demo, '--task', 'xnli', '--epochs', '1')
     with pytest.raises(SystemExit, match='zs holds a finished run with --method zeroshot .this run: filter'):
-        run(tmp_path / 'zs', demo_data, '--task', 'xnli', '--method', 'filter', '--eval_only')
+        run(tmp_path / 'zs', small_demo, '--task', 'xnli', '--method', 'filter', '--eval_only')
     with pytest.raises(SystemExit, match='holds zeroshot on xnli with the tiny preset, not filter on xnli'):
-        run(tmp_path / 'zs', demo_data, '--task', 'xnli', '--method', 'filter', '--eval_only', '--overwrite')
+        run(tmp_path / 'zs', small_demo, '--task', 'xnli', '--method', 'filter', '--eval_only', '--overwrite')
 
 
 @pytest.mark.slow
@@ -175,11 +181,11 @@ def test_translate_test_qa_is_scored_on_the_translations(tmp_path, demo_data):
 
 
 @pytest.mark.slow
-def test_ddp_with_every_parameter_unused_sometimes(tmp_path, demo_data):
+def test_ddp_with_every_parameter_unused_sometimes(tmp_path, small_demo):
     """X-Mixup's --fixed_lambda leaves no parameter without a gradient under DDP."""
-    init = quick_pretrained(demo_data, tmp_path / 'pretrained', steps=10)
+    init = quick_pretrained(small_demo, tmp_path / 'pretrained', steps=10)
     os.makedirs(tmp_path / 'x')
-    os.symlink(demo_data, tmp_path / 'x' / 'demo-data')
+    os.symlink(small_demo, tmp_path / 'x' / 'demo-data')
     res = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2',
                           'train.py', '--demo', '--out', str(tmp_path / 'x'), '--task', 'pawsx', '--method', 'xmixup',
                           '--fixed_lambda', '--epochs', '1', '--batch_size', '64', '--init', init], cwd=ROOT, capture_output=True,
@@ -233,7 +239,7 @@ def test_numeric_options_out_of_range_stop_with_one_line(option, value):
     assert message.startswith(f'error: --{option} ') and 'is out of range: give ' in message and '\n' not in message
 
 
-def test_selection_rule(tmp_path, demo_data):
+def test_selection_rule(tmp_path, small_demo):
     """Baselines keep the checkpoint with the best English dev score, FILTER and X-Mixup the best
     average over the dev languages; results.json says which."""
     import argparse
@@ -245,7 +251,7 @@ def test_selection_rule(tmp_path, demo_data):
     for method in (xlt.Filter, xlt.XMixup):
         assert xlt.selection(method(enc, 'xnli', argparse.Namespace()).select, dev) == (70.0, 'best average dev score over languages')
     assert xlt.selection(xlt.Baseline(enc, 'tydiqa').select, {})[1] == 'last epoch (no dev set)'
-    results = run(tmp_path, demo_data, '--task', 'pawsx', '--epochs', '1')
+    results = run(tmp_path, small_demo, '--task', 'pawsx', '--epochs', '1')
     assert results['selected_by'] == 'best English dev score'
 
 
