@@ -1,4 +1,4 @@
-"""Text to tensors: XLM-R's tokenizer, the XTREME tasks, their files and batches."""
+"""Text to tensors: XLM-R's and BERT's tokenizers, the XTREME tasks, their files and batches."""
 import argparse
 import csv
 import fcntl
@@ -13,6 +13,7 @@ import random
 import shutil
 import sys
 import tempfile
+import unicodedata
 from contextlib import nullcontext
 from dataclasses import dataclass
 from itertools import accumulate, chain, islice, zip_longest
@@ -63,6 +64,7 @@ class Tokenizer:
     through it (`dictionary`): its pieces in its order, a piece it lacks as <unk> (as fairseq reads
     it), and its lines that are no piece (language tokens such as [en]) in `symbols`."""
     bos, pad, eos, unk = 0, 1, 2, 3
+    between = [eos, eos]  # the ids between a pair's two texts
 
     def __init__(self, path, lower=False, dictionary=None):
         if not os.path.isfile(path):
@@ -169,11 +171,156 @@ class Tokenizer:
         return [len(self.sp.id_to_piece(int(s)).removeprefix('▁')) if s > 0 else 0 for s in self.to_spm]
 
 
-def dictionary_beside(checkpoint):
-    """The dict.txt in a checkpoint's folder (fairseq's released models ship one), or None."""
+# BERT's BasicTokenizer sorts every character into one of these
+DROP, SPACE, CJK, PUNCTUATION, IN_WORD = range(5)  # removed; between words; words of their own; part of a word
+CJK_BLOCKS = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+              (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))  # its "Chinese characters": CJK ideographs
+
+
+@functools.cache
+def char_kind(c):
+    """DROP: NUL, U+FFFD and control characters (Unicode C*, but tab and newlines); SPACE: whitespace; CJK: an
+    ideograph; PUNCTUATION: ASCII's non-alphanumeric symbols and Unicode's P*; IN_WORD: the rest."""
+    cp, cat = ord(c), unicodedata.category(c)
+    if cp in (0, 0xFFFD) or cat.startswith('C') and c not in '\t\n\r':
+        return DROP
+    if c.isspace():  # BERT cleans its whitespace to ' ', then splits as str.split() does
+        return SPACE
+    if any(a <= cp <= b for a, b in CJK_BLOCKS):
+        return CJK
+    ascii_symbol = 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
+    return PUNCTUATION if ascii_symbol or cat.startswith('P') else IN_WORD
+
+
+class WordPiece:
+    """BERT's tokenizer as the Python BertTokenizer of XTREME's transformers computes it (docs/weights.md): the text
+    cleaned, split into words at whitespace, punctuation and CJK ideographs (lowercased with accents stripped first
+    for an uncased vocabulary, or with `lower`), each word cut greedily into the longest pieces of vocab.txt from its
+    start, '##' on a piece inside a word; a word of over 100 characters, or one no pieces make up, is [UNK]. The
+    interface of Tokenizer; [CLS] a [SEP] b [SEP] for pairs."""
+    LONGEST = 100  # characters of a word
+
+    def __init__(self, path, lower=False):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f'WordPiece vocabulary {path} not found: pass --vocab with the model\'s vocab.txt')
+        with open(path, encoding='utf-8') as f:
+            self.pieces = [line.rstrip('\n') for line in f]
+        self.vocab = {piece: i for i, piece in enumerate(self.pieces)}  # a repeated line: the later one, as BERT's
+        specials = [self.vocab.get(s) for s in ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')]
+        if None in specials:
+            raise DataError(f'{path} has no [PAD], [UNK], [CLS], [SEP] or [MASK] line: not a BERT vocab.txt; pass '
+                            '--vocab with the model\'s')
+        self.pad, self.unk, self.bos, self.eos, self.mask = self.specials = specials
+        self.path, self.files, self.vocab_size = path, [os.path.abspath(path)], len(self.pieces)
+        self.between = [self.eos]  # the ids between a pair's two texts
+        uncased = all(p == p.lower() for p in self.pieces if not p.startswith('['))  # as bert-base-uncased's
+        self.lower, self.cache = lower or uncased, {}  # cache: word -> its pieces
+
+    def words(self, text):
+        """-> [(word, at)]: the words of text as the vocabulary reads them; at[k]: the index in text of the
+        character the word's k-th character comes from."""
+        words, chars, at = [], [], []
+        for i, c in enumerate(text + ' '):
+            kind = char_kind(c)
+            if kind in (SPACE, CJK):  # the end of a whitespace token; an ideograph is one of its own
+                words += self.split(chars, at) + (self.split([c], [i]) if kind == CJK else [])
+                chars, at = [], []
+            elif kind != DROP:
+                chars.append(c)
+                at.append(i)
+        return words
+
+    def split(self, chars, at):
+        """A whitespace token -> its words: lowercased without accents (Unicode Mn after NFD) where the tokenizer
+        lowers, the whole token at once (a final sigma stays one), then cut around each punctuation mark."""
+        if self.lower and chars:
+            token = ''.join(chars).lower()
+            lowered = token if len(token) == len(chars) else [c.lower() for c in chars]  # 'İ' lowers to two
+            kept = [(x, a) for low, a in zip(lowered, at) for x in unicodedata.normalize('NFD', low)
+                    if unicodedata.category(x) != 'Mn']
+            chars, at = [x for x, _ in kept], [a for _, a in kept]
+        words, start = [], 0
+        for k, c in enumerate(chars):
+            if char_kind(c) == PUNCTUATION:
+                words += [(''.join(chars[start:k]), at[start:k])] * (k > start) + [(c, at[k:k + 1])]
+                start = k + 1
+        return words + [(''.join(chars[start:]), at[start:])] * (len(chars) > start)
+
+    def word_pieces(self, word, inside=False):
+        """-> [(id, characters of word it stands for)]: the longest piece of vocab.txt first, '##' on those inside a
+        word (on every one when inside: the rest of a word cut at a QA answer's boundary); [UNK] for a word no pieces
+        make up."""
+        if (word, inside) not in self.cache:
+            out, start = [], 0
+            while start < len(word):
+                mark = '##' if start or inside else ''
+                end = next((e for e in range(len(word), start, -1) if mark + word[start:e] in self.vocab), None)
+                if end is None:
+                    out = [(self.unk, len(word))]
+                    break
+                out.append((self.vocab[mark + word[start:end]], end - start))
+                start = end
+            if len(self.cache) > 1 << 20:
+                self.cache.clear()
+            self.cache[word, inside] = out
+        return self.cache[word, inside]
+
+    def encode_with_spans(self, text, cuts=()):
+        """(ids, spans): spans[i] = (start, end), the characters of text token i stands for. A position in cuts (QA
+        answer boundaries) inside a word cuts it there: the rest is read as a word's inside."""
+        ids, spans = [], []
+        for word, at in self.words(text):
+            bounds = [0] + [k for k in range(1, len(at)) if any(at[k - 1] < cut <= at[k] for cut in cuts)]
+            bounds = [0] if len(word) > self.LONGEST else bounds
+            for s, e in zip(bounds, bounds[1:] + [len(at)]):
+                pieces = self.word_pieces(word[s:e], s > 0) if len(word) <= self.LONGEST else [(self.unk, len(word))]
+                for i, n in pieces:
+                    ids.append(i)
+                    spans.append((at[s], at[s + n - 1] + 1))
+                    s += n
+        return ids, spans
+
+    def encode(self, text):
+        return self.encode_with_spans(text)[0]
+
+    def encode_lines(self, lines):
+        return [self.encode(line) for line in lines]
+
+    def encode_words(self, words):
+        """Ids of each word on its own (tagging); a word with no piece becomes [UNK]."""
+        return [self.encode(word) or [self.unk] for word in words]
+
+    def encode_pair(self, a, b=None):
+        """[CLS] a [SEP] or [CLS] a [SEP] b [SEP], from texts or from lists of ids."""
+        ids = [self.bos] + (self.encode(a) if isinstance(a, str) else list(a)) + [self.eos]
+        return ids if b is None else ids + (self.encode(b) if isinstance(b, str) else list(b)) + [self.eos]
+
+    def decode(self, ids):
+        """Text of ids, pieces joined at '##'; special tokens are dropped."""
+        kept = [self.pieces[i] for i in ids if 0 <= i < self.vocab_size and i not in self.specials]
+        return ' '.join(kept).replace(' ##', '')
+
+
+def tokenizer(family, path, lower=False, dictionary=None):
+    """A model family's tokenizer: BERT's WordPiece over its vocab.txt, or XLM-R's over its sentencepiece model."""
+    return WordPiece(path, lower) if family == 'bert' else Tokenizer(path, lower, dictionary)
+
+
+def tokenizer_file(family, data_dir, spm=None, vocab=None, init=None):
+    """-> (path, what it is, needed) of a family's tokenizer: BERT's vocab.txt (vocab, else the one beside the
+    checkpoint init, else data_dir's), XLM-R's sentencepiece model (spm, else data_dir's)."""
+    if family == 'bert':
+        path = vocab or beside(init, 'vocab.txt') or os.path.join(data_dir, 'vocab.txt')
+        return path, 'BERT\'s vocab.txt: put it beside --init or pass --vocab', True
+    return spm or os.path.join(data_dir, 'sentencepiece.bpe.model'), ('XLM-R\'s sentencepiece model: put it there or '
+                                                                     'pass --spm'), True
+
+
+def beside(checkpoint, name):
+    """The file `name` in a checkpoint's folder, or None (fairseq's models ship a dict.txt, BERT's a vocab.txt)."""
     if not checkpoint:
         return None
-    path = os.path.join(checkpoint if os.path.isdir(checkpoint) else os.path.dirname(checkpoint), 'dict.txt')
+    path = os.path.join(checkpoint if os.path.isdir(checkpoint) else os.path.dirname(checkpoint), name)
     return path if os.path.isfile(path) else None
 
 
@@ -206,15 +353,15 @@ QA_FILES = {
              'test': 'mlqa/MLQA_V1/test/test-context-{lang}-question-{lang}.json',
              'translate-train': 'squad/translate-train/squad.translate.train.en-{lang}.json',
              'round-trip': 'squad/round-trip/squad.round-trip.train.en-{lang}-en.json'},
-    'tydiqa': {'train': 'tydiqa/tydiqa-goldp-v1.1-train/tydiqa.goldp.en.train.json',
+    'tydiqa': {'train': 'tydiqa/tydiqa-goldp-v1.1-train/tydiqa.goldp.{lang}.train.json',  # each language's questions
                'test': 'tydiqa/tydiqa-goldp-v1.1-dev/tydiqa.goldp.{lang}.dev.json',  # XTREME tests on GoldP dev
                'translate-train': 'tydiqa/translate-train/tydiqa.translate.train.en-{lang}.json',
                'round-trip': 'tydiqa/round-trip/tydiqa.round-trip.train.en-{lang}-en.json'},
 }
 
 
-DEMO_VERSION = 4  # raised when the demo's files change (2: translation, 3: target-language tagging train sets,
-# 4: the published translations' shapes)
+DEMO_VERSION = 5  # raised when the demo's files change (2: translation, 3: target-language tagging train sets,
+# 4: the published translations' shapes, 5: BERT's vocab.txt and TyDiQA's questions in each language)
 
 
 def is_demo(data_dir, current=False):
@@ -611,10 +758,10 @@ def truncate_pair(a, b, budget):
 
 
 def classification_features(tok, task, examples, max_len=128):
-    labels = TASKS[task].labels
+    labels, specials = TASKS[task].labels, len(tok.encode_pair([], []))  # <s> </s></s> </s>; [CLS] [SEP] [SEP]
     feats = []
     for n, ex in enumerate(progress(examples, 'features')):
-        a, b = truncate_pair(tok.encode(ex['a']), tok.encode(ex['b']), max_len - 4)
+        a, b = truncate_pair(tok.encode(ex['a']), tok.encode(ex['b']), max_len - specials)
         feats.append(Feature(tok.encode_pair(a, b), None if ex['label'] is None else labels.index(ex['label']), n))
     return feats
 
@@ -648,23 +795,23 @@ def word_predictions(features, token_preds, n_examples):
 
 
 def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=False):
-    """Sliding windows <s> question </s></s> context part </s> over each context, window starts
-    `stride` tokens apart. Training labels are the answer's first and last tokens (0, 0 when the
-    answer is not inside the window); in training the answer's boundaries are made token
-    boundaries, so that the tokens give back exactly its characters, in scripts without spaces
-    too. Evaluation tokenizes without looking at any answer."""
-    feats = []
+    """Sliding windows <s> question </s></s> context part </s> (BERT: [CLS] question [SEP] context part
+    [SEP]) over each context, window starts `stride` tokens apart. Training labels are the answer's
+    first and last tokens (0, 0 when the answer is not inside the window); in training the answer's
+    boundaries are made token boundaries, so that the tokens give back exactly its characters, in
+    scripts without spaces too. Evaluation tokenizes without looking at any answer."""
+    feats, specials = [], len(tok.encode_pair([], []))
     for n, ex in enumerate(progress(examples, 'QA windows')):
         if train and unusable_answer(ex):
             continue  # the readers skip (and count) these already; features never learn from them
         a0 = ex['answers'][0]['answer_start'] if train else None  # evaluation reads blind
         a1 = a0 + len(ex['answers'][0]['text']) if train else None
-        query = tok.encode(ex['question'])[:min(max_query, max_len - 5)]  # at least one context token a window
+        query = tok.encode(ex['question'])[:min(max_query, max_len - specials - 1)]  # a context token left, at least
         ctx, spans = tok.encode_with_spans(ex['context'], (a0, a1) if train else ())
         if train:  # first and last token holding answer characters
             inside = [p for p, (s, e) in enumerate(spans) if s < e and s < a1 and e > a0]
             first, last = (inside[0], inside[-1]) if inside else (-1, -1)
-        budget = max_len - len(query) - 4
+        budget = max_len - len(query) - specials
         step = min(stride, budget)
         # window starts step tokens apart, up to the first window that reaches the context's end
         windows = [(start, min(len(ctx) - start, budget)) for start in range(0, max(len(ctx) - budget, 0) + step, step)]
@@ -674,7 +821,7 @@ def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=Fals
             p = np.arange(start, start + length)
             score[w, p] = np.minimum(p - start, start + length - 1 - p) + 0.01 * length
         owner = score.argmax(0)
-        head = [tok.bos] + query + [tok.eos, tok.eos]
+        head = [tok.bos] + query + tok.between
         for w, (start, length) in enumerate(windows):
             label = None
             if train:
@@ -699,10 +846,10 @@ def make_features(tok, task, examples, max_len=None, train=False, stride=128):
 # ----------------------------------------------------------------------------------------
 # What a run reads: the files of a task, and the examples a method trains and is evaluated on.
 
-def check_files(data_dir, task, reader, files):
-    """Every file the run needs is there, or a DataError names the first missing one (the others
-    are listed above it); the sentencepiece model reads."""
-    data_needed = [path for path, _, needed in files[:-1] if needed]  # the last is the sentencepiece model
+def check_files(data_dir, task, reader, files, family='xlmr'):
+    """Every file the run needs is there, or a DataError names the first missing one (the others are
+    listed above it); the last, the tokenizer's, reads as the model family's."""
+    data_needed = [path for path, _, needed in files[:-1] if needed]  # the last is the tokenizer's
     lost = [(path, what) for path, what, needed in files if needed and not os.path.isfile(path)]
     if data_needed and all(not os.path.isfile(p) for p in data_needed):
         translated = any(TRANSLATIONS in what for _, what, _ in files)
@@ -713,16 +860,18 @@ def check_files(data_dir, task, reader, files):
     if lost:
         more = f' (and {len(lost) - 1} more, listed above)' if len(lost) > 1 else ''
         raise DataError(f'{lost[0][0]} not found{more}: {lost[0][1]}')
-    if files:
-        Tokenizer(files[-1][0])  # a file that is not a sentencepiece model stops here, not after a folder is made
+    if files:  # a file that is no tokenizer's stops here, not after a folder is made
+        (WordPiece if family == 'bert' else Tokenizer)(files[-1][0])
 
 
-def task_files(data_dir, task, translated=(), round_trip=False, translations=False, train=True, reader='the run'):
+def task_files(data_dir, task, trained=(), round_trip=False, translations=False, train=True, reader='the run',
+               own=False):
     """-> [(path, what, needed)] of a task in the layout of docs/data.md: the English training file
-    (train), the translate-train files of the languages `translated` (with their round trips,
-    read where they are), every dev and test file, with translations the translate-dev and
-    translate-test files of the target languages (reader: who reads them, for the message), and
-    the test labels. Not needed: read where it is there (round trips, test labels)."""
+    (train), the translate-train files of the languages `trained` (with their round trips, read
+    where they are) or with `own` their own training files (in-language: one needed; in-language
+    multi-task reads those there are, UD has none in some), every dev and test file, with
+    translations the translate-dev and translate-test files of the target languages (reader: who
+    reads them, for the message), and the test labels. Not needed: read where it is there."""
     family, langs = TASKS[task].family, languages(task, is_demo(data_dir))
     get = f'python data.py download --task {task} --out {data_dir}'
     labels = [(os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}'), 'test labels (scored when there)',
@@ -735,7 +884,10 @@ def task_files(data_dir, task, translated=(), round_trip=False, translations=Fal
     add = lambda path, what, needed=True: files.append((path, what, needed))
     if train:
         add(split_path(data_dir, task, 'train'), get)
-        for lang in translated:
+        for lang in trained if own else ():
+            add(split_path(data_dir, task, 'train', lang), f'the training data of {lang} itself ({get}; UD v2.5 has '
+                'none in some languages)', len(trained) == 1)
+        for lang in () if own else trained:
             add(split_path(data_dir, task, 'translate-train', lang),
                 f'{task} needs translate-train files for {lang}; {TRANSLATIONS}')
             if round_trip:
@@ -754,17 +906,23 @@ def task_files(data_dir, task, translated=(), round_trip=False, translations=Fal
 
 
 def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round_trip=False, max_len=None, share=None,
-                 stride=128, cache=True):
+                 stride=128, cache=True, first=None):
     """The training items of a method (Items): features of English ('en'; a share of it), of its
-    translations into langs without English ('train_lang') or with it ('every_lang'); for a
-    paired method tuples (English, translation[, round trip]), English also paired with itself, as
-    both released codes do. Tokenized once into <data_dir>/.cache (build_once), or with cache False
-    into a temporary folder."""
-    kinds = ('translate-train', 'round-trip')[:1 + round_trip]
-    files = tok.files + [split_path(data_dir, task, 'train')] + [
-        split_path(data_dir, task, kind, lang) for lang in langs for kind in kinds]
-    key = [task, langs, trains_on, paired, round_trip, max_len, share, stride]
-    sources = lambda: training_sources(data_dir, task, langs, trains_on, paired, round_trip, share)
+    translations into langs without English ('train_lang') or with it ('every_lang'), of the
+    languages' own training data ('own_lang'; 'every_own': English's too, each its first examples);
+    for a paired method tuples (English, translation[, round trip]), English also paired with itself,
+    as both released codes do. Tokenized once into <data_dir>/.cache (build_once), or with cache
+    False into a temporary folder."""
+    if trains_on == 'every_own':  # English and the languages with training data of their own
+        langs = ['en'] + [lang for lang in langs if has_training_data(data_dir, task, lang)]
+    if trains_on in ('own_lang', 'every_own'):
+        files = tok.files + [split_path(data_dir, task, 'train', lang) for lang in langs]
+    else:
+        kinds = ('translate-train', 'round-trip')[:1 + round_trip]
+        files = tok.files + [split_path(data_dir, task, 'train')] + [
+            split_path(data_dir, task, kind, lang) for lang in langs for kind in kinds]
+    key = [task, langs, trains_on, paired, round_trip, max_len, share, stride] + [first] * bool(first)
+    sources = lambda: training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first)
     width = (2 + round_trip) if paired else 1
     items = feature_set(tok, task, files, key, sources, width, max_len, stride, data_dir, cache)
     if not paired and not items.labelled.all():  # a single-text method learns every feature's own label
@@ -861,10 +1019,24 @@ def evaluation_items(tok, data_dir, task, inputs, pairs, max_len=None, stride=12
                        1 if pairs is None else 2, max_len, stride, data_dir, cache, train=False)
 
 
-def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share):
-    """-> (name, examples, positions of their English examples) a source at a time: English (not
-    for a single-text method on 'train_lang'), then each language's translations and their round
-    trips where there are (write_items pairs the English itself where there are none)."""
+def has_training_data(data_dir, task, lang):
+    """Has lang training data of its own? UD v2.5 has none for some languages (Thai, Tagalog, Yoruba)."""
+    path = split_path(data_dir, task, 'train', lang)
+    if path and os.path.exists(path):
+        return True
+    warn(f'{task} has no training data in {lang} ({path}): in-language multi-task trains without it')
+    return False
+
+
+def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first=None):
+    """-> (name, examples, positions of their English examples) a source at a time: each language's
+    own first examples (in-language), or English (not for a single-text method on 'train_lang'),
+    then each language's translations and their round trips where there are (write_items pairs the
+    English itself where there are none)."""
+    if trains_on in ('own_lang', 'every_own'):
+        for lang in langs:
+            yield lang, read_split(data_dir, task, 'train', lang)[:first], None
+        return
     english = read_split(data_dir, task, 'train')
     if share:  # XLA's warm-up on the 5% setting: its share of English
         english = share_of(english, share, part=0)
@@ -1192,6 +1364,7 @@ class Pair:
 
 
 def collate(features, index=None, pad_id=1):
+    """A Batch of features, padded with pad_id (the tokenizer's: XLM-R's 1, BERT's 0)."""
     pad = lambda rows, value: torch.nn.utils.rnn.pad_sequence([torch.tensor(r) for r in rows], True, value)
     ids = pad([f.ids for f in features], pad_id)
     labels = first = None
@@ -1205,8 +1378,8 @@ def collate(features, index=None, pad_id=1):
     return Batch(ids, ids.ne(pad_id), labels, index, first)
 
 
-def collate_pairs(src, tgt, index=None, alt=None):
-    return Pair(collate(src, index), collate(tgt, index), alt and collate(alt, index))
+def collate_pairs(src, tgt, index=None, alt=None, pad_id=1):
+    return Pair(collate(src, index, pad_id), collate(tgt, index, pad_id), alt and collate(alt, index, pad_id))
 
 
 MEGA = 50  # length grouping sorts mega-batches of this many batches
@@ -1268,12 +1441,12 @@ def pad_share(lengths_of, batches, parts):
     return 1 - real / max(padded, 1)
 
 
-def collate_items(paired):
+def collate_items(paired, pad_id=1):
     """Batches of features, or Pairs of (English, target) features for paired methods."""
     if not paired:
-        return collate
+        return lambda items, index=None: collate(items, index, pad_id)
     return lambda items, index=None: collate_pairs([i[0] for i in items], [i[1] for i in items], index,
-                                                        alt=[i[2] for i in items] if len(items[0]) > 2 else None)
+                                                   [i[2] for i in items] if len(items[0]) > 2 else None, pad_id)
 
 
 class Ragged:
@@ -1770,6 +1943,16 @@ def demo_parallel(rng, n, stem, langs):
     return {f'{stem}.{lang}': ''.join(demo_say(k, f, lang)[0] + '\n' for k, f in said) for lang in langs}
 
 
+def demo_vocab(sentences, text):
+    """The demo's WordPiece vocab.txt in BERT's layout: [PAD] at 0, [UNK] [CLS] [SEP] [MASK] at 100-103 (unused
+    slots between), then every character of the demo's files alone and inside a word, then the sentences' words."""
+    chars = sorted(set(text) - set(' \t\n'))
+    words = {w for s in sentences for w in s.split() if len(w) > 1 and all(char_kind(c) == IN_WORD for c in w)}
+    lines = ['[PAD]'] + [f'[unused{i}]' for i in range(99)] + ['[UNK]', '[CLS]', '[SEP]', '[MASK]']
+    lines += chars + ['##' + c for c in chars if char_kind(c) == IN_WORD] + sorted(words)
+    return ''.join(line + '\n' for line in lines)
+
+
 def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
     """Write the demo data of every task and a sentencepiece model trained on it; the marker
     demo.json, written last, lists the languages."""
@@ -1790,10 +1973,14 @@ def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
         rows = demo_examples(task, n_train, rng_target)
         for lang in DEMO_LANGS[1:]:
             files[split_path('', task, 'train', lang)] = tagged_text([r[lang] for r in rows])
+    rows = demo_examples('tydiqa', n_train, random.Random(seed + 4))  # TyDiQA's questions in each language
+    for lang in DEMO_LANGS[1:]:
+        files[split_path('', 'tydiqa', 'train', lang)] = squad_text([r[lang] for r in rows])
     for path, text in files.items():
         atomic_write(os.path.join(out_dir, path), text)
     sentences = [demo_say(kind, demo_fact(rng), lang)[0] for kind in DEMO_ORDER for lang in DEMO_LANGS
                  for _ in range(100)]
+    atomic_write(os.path.join(out_dir, 'vocab.txt'), demo_vocab(sentences, ''.join(files.values())))
     spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences),
                                    model_prefix=os.path.join(out_dir, 'sentencepiece.bpe'), vocab_size=600,
                                    model_type='bpe', hard_vocab_limit=False, character_coverage=1.0, minloglevel=2,
@@ -1974,14 +2161,14 @@ def convert_qa(task, files, unpacked, out):
             name = f'context-{lang}-question-{lang}.json'
             save(split_path(out, task, 'dev', lang), load(glob_files(unpacked, 'dev-' + name)[0]))
             test_file(lang, load(glob_files(unpacked, 'test-' + name)[0]))
-    else:  # tydiqa: English training questions (ids start with the language name); dev sets are XTREME's tests
+    else:  # tydiqa: each language's training questions (ids start with its name); dev sets are XTREME's tests
         names = {'ar': 'arabic', 'bn': 'bengali', 'en': 'english', 'fi': 'finnish', 'id': 'indonesian',
                  'ko': 'korean', 'ru': 'russian', 'sw': 'swahili', 'te': 'telugu'}
         train = load(files[0])
-        for p in [p for article in train['data'] for p in article['paragraphs']]:
-            p['qas'] = [qa for qa in p['qas'] if qa['id'].startswith('english')]
-        save(split_path(out, task, 'train'), train)
         for lang, name in names.items():
+            own = lambda p: {**p, 'qas': [qa for qa in p['qas'] if qa['id'].startswith(name + '-')]}
+            articles = [{**a, 'paragraphs': [own(p) for p in a['paragraphs'] if own(p)['qas']]} for a in train['data']]
+            save(split_path(out, task, 'train', lang), {**train, 'data': [a for a in articles if a['paragraphs']]})
             test_file(lang, load(glob_files(unpacked, f'tydiqa-goldp-dev-{name}.json')[0]))
 
 

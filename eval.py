@@ -369,12 +369,11 @@ def decode_qa(windows, start_logits, end_logits, examples, max_answer_len=30):
 @torch.no_grad()
 def embed_texts(encoder, tok, texts, layer, batch_size, device):
     """Mean-pooled hidden states after `layer` blocks (0: the embeddings) of each text (<s> text </s>)."""
-    longest = encoder.cfg.max_positions - encoder.cfg.pad_id - 3
-    feats = [Feature(tok.encode_pair(ids[:longest])) for ids in (tok.encode(t) for t in texts)]
+    feats = [Feature(tok.encode_pair(ids[:encoder.longest - 2])) for ids in (tok.encode(t) for t in texts)]
     out = torch.zeros(len(texts), encoder.cfg.dim)
     encoder.eval()
     for index in length_batches(item_lengths(feats)[:, 0], batch_size):
-        b = collate([feats[i] for i in index]).to(device)
+        b = collate([feats[i] for i in index], pad_id=tok.pad).to(device)
         out[index] = mean_pool(encoder.run(encoder.embed(b.ids), b.mask, 0, layer), b.mask).float().cpu()
     return out
 
@@ -487,9 +486,9 @@ def epoch_line(state, epochs, epoch_loss, dev, select, seconds):
         line += f'  held-out loss {-np.mean([s["score"] for s in dev.values()]):.4f}  best {-state["best"]:.4f}'
     elif dev:
         average = np.mean([s['score'] for s in dev.values()])
-        by_en = select == 'en' and 'en' in dev
-        line += f'  dev avg {average:.1f}' + (f'  dev en {dev["en"]["score"]:.1f}' if by_en else '')
-        line += f'  best {state["best"]:.1f} ({"en" if by_en else "avg"})'
+        by_lang = select in dev  # English, or an in-language run's own
+        line += f'  dev avg {average:.1f}' + (f'  dev {select} {dev[select]["score"]:.1f}' if by_lang else '')
+        line += f'  best {state["best"]:.1f} ({select if by_lang else "avg"})'
     return line + f'  {clock(seconds)}'
 
 

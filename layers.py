@@ -1,8 +1,10 @@
-"""The transformer, written out by hand: XLM-R (RoBERTa) and the pieces the methods reuse.
+"""The transformer, written out by hand: XLM-R (RoBERTa), BERT (mBERT, English BERT) and the pieces
+the methods reuse.
 
-XLM-R is a post-LayerNorm encoder with GELU, learned absolute positions numbered the
-fairseq way and LayerNorm eps 1e-5. `load_pretrained` reads the public XLM-R weights
-(Hugging Face or fairseq layout) and this project's own converted checkpoint;
+Both are post-LayerNorm encoders with GELU and learned absolute positions. XLM-R numbers positions
+the fairseq way and has LayerNorm eps 1e-5; BERT counts positions from 0, adds a token-type
+(segment) embedding, has eps 1e-12 and a pre-trained pooler. `load_pretrained` reads the public
+weights (Hugging Face or fairseq layout) and this project's own converted checkpoint;
 `python layers.py convert SRC OUT` writes the latter.
 """
 import argparse
@@ -37,14 +39,22 @@ class Config:
     attn_dropout: float = 0.1
     ln_eps: float = 1e-5
     embed_scale: float = 1.0  # token embeddings times this (fairseq's translation models: sqrt(dim))
+    family: str = 'xlmr'  # 'bert': positions from 0, token types, a pooler
+    type_vocab_size: int = 0  # BERT's token types (2: segment B is the second text of a pair)
+    sep_id: int = 2  # the separator: BERT's segment B starts after the first
 
 
+BERT = Config(family='bert', vocab_size=119547, max_positions=512, pad_id=0, ln_eps=1e-12, type_vocab_size=2,
+              sep_id=102)  # bert-base-multilingual-cased (mBERT)
 CONFIGS = {
     'tiny': Config(vocab_size=1000, n_layer=2, n_head=2, dim=64, ffn_dim=128),
     'small': Config(n_layer=4, n_head=4, dim=256, ffn_dim=1024),
     'base': Config(),  # XLM-R base
     'large': Config(n_layer=24, n_head=16, dim=1024, ffn_dim=4096),  # XLM-R large
     'veco_small': Config(n_layer=6),  # VECO small and XLM small (VECO's Table 5): 6 x 768, 12 heads
+    'mbert': BERT,
+    'bert-large': replace(BERT, vocab_size=28996, n_layer=24, n_head=16, dim=1024, ffn_dim=4096),  # bert-large-cased
+    'tiny-bert': replace(BERT, vocab_size=1000, n_layer=2, n_head=2, dim=64, ffn_dim=128),
 }
 
 
@@ -149,6 +159,12 @@ def position_ids(ids, pad_id):
     return (torch.cumsum(real, dim=1) * real).long() + pad_id
 
 
+def token_types(ids, sep_id):
+    """BERT's segments: 0 up to the first [SEP] and on it, 1 after it (the second text of a pair and its [SEP])."""
+    sep = ids.eq(sep_id).int()
+    return (sep.cumsum(1) - sep).clamp(max=1)
+
+
 class Encoder(nn.Module):
     """Embeddings and blocks. cross=True gives every block a cross-attention (VECO), used only
     when run() is given a memory; load_pretrained(path) leaves a checkpoint's out (VECO's NLU
@@ -157,23 +173,39 @@ class Encoder(nn.Module):
     def __init__(self, cfg, cross=False):
         super().__init__()
         self.cfg = cfg
+        bert = cfg.family == 'bert'
         self.tok = nn.Embedding(cfg.vocab_size, cfg.dim, padding_idx=cfg.pad_id)
-        self.pos = nn.Embedding(cfg.max_positions, cfg.dim, padding_idx=cfg.pad_id)
+        self.pos = nn.Embedding(cfg.max_positions, cfg.dim, padding_idx=None if bert else cfg.pad_id)
+        if cfg.type_vocab_size:
+            self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.dim)
+        # BERT's pre-trained pooler, tanh(dense(h of [CLS])): kept, not trained, for the classification head
+        # to start from (xlt.Head); a parameter no loss reaches would stop DDP
+        self.pooler = nn.Linear(cfg.dim, cfg.dim).requires_grad_(False) if bert else None
         self.ln = nn.LayerNorm(cfg.dim, eps=cfg.ln_eps)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([Block(cfg, cross) for _ in range(cfg.n_layer)])
         self.grad_checkpoint = False  # True: keep only each block's input in training, recompute the rest in backward
         self.apply(init_weights)
 
+    @property
+    def longest(self):
+        """The most tokens a sequence can have: the positions (XLM-R's start at pad_id + 1)."""
+        return self.cfg.max_positions - (0 if self.cfg.family == 'bert' else self.cfg.pad_id + 1)
+
     def embed(self, ids, offset=0):
-        """Token + position embeddings of one sequence batch, positions from each row's start;
-        offset: how many positions came before (decoding step by step)."""
-        longest = self.cfg.max_positions - self.cfg.pad_id - 1
-        if ids.size(1) + offset > longest:
-            raise ValueError(f'sequence of {ids.size(1) + offset} tokens is longer than the model\'s {longest}: '
+        """Token + position (+ token type) embeddings of one sequence batch, positions from each row's
+        start; offset: how many positions came before (decoding step by step)."""
+        if ids.size(1) + offset > self.longest:
+            raise ValueError(f'sequence of {ids.size(1) + offset} tokens is longer than the model\'s {self.longest}: '
                              'lower --max_len')
-        positions = position_ids(ids, self.cfg.pad_id) + offset * ids.ne(self.cfg.pad_id)
-        return self.drop(self.ln(self.tok(ids) * self.cfg.embed_scale + self.pos(positions)))
+        if self.cfg.family == 'bert':  # 0, 1, ... whatever the padding
+            positions = torch.arange(offset, offset + ids.size(1), device=ids.device)
+        else:
+            positions = position_ids(ids, self.cfg.pad_id) + offset * ids.ne(self.cfg.pad_id)
+        x = self.tok(ids) * self.cfg.embed_scale + self.pos(positions)
+        if self.cfg.type_vocab_size:
+            x = x + self.token_type(token_types(ids, self.cfg.sep_id))
+        return self.drop(self.ln(x))
 
     def run(self, x, mask=None, start=0, end=None, memory=None, memory_mask=None, causal=False, cache=None):
         """Run blocks [start, end) on hidden states x (B, T, H), each cross-attending to memory
@@ -250,7 +282,7 @@ def beam_search(decoder, memory, memory_mask, bos, beam=5, lenpen=1.0, max_new=2
     ids after bos without </s>."""
     K, V, B, device = beam, decoder.cfg.vocab_size, memory.size(0), memory.device
     memory, memory_mask = memory.repeat_interleave(K, 0), memory_mask.repeat_interleave(K, 0)
-    max_len = min(max_new, decoder.cfg.max_positions - decoder.cfg.pad_id - 2)
+    max_len = min(max_new, decoder.longest - 1)
     tokens = torch.full((B * K, 1), bos, dtype=torch.long, device=device)
     scores = torch.zeros(B * K, device=device)  # log p of each hypothesis so far
     alive, finished, state = list(range(B)), [[] for _ in range(B)], {} if cache else None
@@ -318,6 +350,12 @@ HF_NAMES = {  # Hugging Face module -> ours ({} is the layer index)
     'lm_head.decoder': 'tied',  # copies of the word embeddings and lm_head.bias, when present
     'embeddings.token_type_embeddings': 'type',  # one row added to every token: folded into positions
 }
+BERT_NAMES = {  # Hugging Face's BERT -> ours: the encoder's names, its token types and pooler, the MLM head
+    **{k: v for k, v in HF_NAMES.items() if not k.startswith(('lm_head', 'embeddings.token_type'))},
+    'embeddings.token_type_embeddings': 'enc.token_type', 'pooler.dense': 'enc.pooler',
+    'cls.predictions.transform.dense': 'mlm.dense', 'cls.predictions.transform.LayerNorm': 'mlm.ln',
+    'cls.predictions': 'mlm', 'cls.predictions.decoder': 'tied',
+}
 FAIRSEQ_LAYER = {'self_attn.q_proj': 'attn.q', 'self_attn.k_proj': 'attn.k', 'self_attn.v_proj': 'attn.v',
                  'self_attn.out_proj': 'attn.out', 'self_attn_layer_norm': 'ln1', 'fc1': 'ffn.fc1', 'fc2': 'ffn.fc2',
                  'final_layer_norm': 'ln2'}
@@ -336,10 +374,10 @@ TRANSLATION_NAMES = {  # fairseq's translation model (VECO's released NLG model)
     'decoder.embed_positions': 'dec.pos', 'decoder.layernorm_embedding': 'dec.ln',
     **per_layer('decoder.layers', {**FAIRSEQ_LAYER, **FAIRSEQ_CROSS}, 'dec'),
 }
-# Tensors real files carry that no part of this model uses: HF's position_ids buffer and
-# pooler (no task here uses it), fairseq's format 'version' marker.
+# Tensors real files carry that no part of this model uses: HF's position_ids buffer, XLM-R's pooler
+# (no task here uses it) and BERT's next-sentence head, fairseq's format 'version' marker.
 UNUSED = {'embeddings.position_ids', 'pooler.dense.weight', 'pooler.dense.bias', 'sentence_encoder.version',
-          'encoder.version', 'decoder.version'}
+          'encoder.version', 'decoder.version', 'cls.seq_relationship.weight', 'cls.seq_relationship.bias'}
 
 
 def rename(sd, names, prefixes):
@@ -349,6 +387,7 @@ def rename(sd, names, prefixes):
     for key, t in sd.items():
         stem = next((key[len(p):] for p in prefixes if key.startswith(p)), key)
         module, _, param = stem.rpartition('.')
+        param = {'gamma': 'weight', 'beta': 'bias'}.get(param, param)  # BERT's first files' LayerNorm names
         layer = re.search(r'\.(\d+)\.', module)
         ours = names.get(re.sub(r'\.\d+\.', '.{}.', module, count=1))
         if ours is not None:
@@ -419,8 +458,8 @@ def read_safetensors(path):
     return sd
 
 
-CHECKPOINTS = ('a checkpoint is a file python layers.py convert wrote, a run\'s best.pt, a Hugging Face XLM-R folder '
-               '(config.json with model.safetensors or pytorch_model.bin) or fairseq\'s model.pt')
+CHECKPOINTS = ('a checkpoint is a file python layers.py convert wrote, a run\'s best.pt, a Hugging Face XLM-R or BERT '
+               'folder (config.json with model.safetensors or pytorch_model.bin) or fairseq\'s model.pt')
 
 
 def check_format(path):
@@ -451,9 +490,10 @@ def torch_load(path, mmap=False):
         raise CheckpointError(f'{path} is not a PyTorch file (torch.load cannot read it): {CHECKPOINTS}') from None
 
 
-def config_from(sd, meta, scaled=False):
+def config_from(sd, meta, scaled=False, sep_id=2):
     """Shapes give every size but the head count, which comes from the checkpoint's metadata;
-    scaled: a translation model's token embeddings times sqrt(dim), unless its args say not."""
+    scaled: a translation model's token embeddings times sqrt(dim), unless its args say not;
+    a token-type embedding makes it BERT."""
     heads = meta.get('num_attention_heads') or meta.get('encoder_attention_heads')
     if not heads:
         raise CheckpointError('the checkpoint does not say its number of attention heads (config.json or args)')
@@ -465,10 +505,13 @@ def config_from(sd, meta, scaled=False):
         raise CheckpointError('this model uses exact GELU; the checkpoint asks for another activation')
     n_layer = 1 + max(int(k.split('.')[2]) for k in sd if k.startswith('enc.blocks.'))
     vocab, dim = sd['enc.tok.weight'].shape
+    bert = 'enc.token_type.weight' in sd
     return Config(vocab_size=vocab, n_layer=n_layer, n_head=heads, dim=dim,
                   ffn_dim=sd['enc.blocks.0.ffn.fc1.weight'].size(0), max_positions=sd['enc.pos.weight'].size(0),
-                  pad_id=meta.get('pad_token_id', 1), ln_eps=meta.get('layer_norm_eps', 1e-5),
-                  embed_scale=math.sqrt(dim) if scaled and not meta.get('no_scale_embedding') else 1.0)
+                  pad_id=meta.get('pad_token_id', 0 if bert else 1), ln_eps=meta.get('layer_norm_eps', 1e-5),
+                  embed_scale=math.sqrt(dim) if scaled and not meta.get('no_scale_embedding') else 1.0,
+                  family='bert' if bert else 'xlmr', type_vocab_size=len(sd['enc.token_type.weight']) if bert else 0,
+                  sep_id=sep_id)
 
 
 def read_checkpoint(path):
@@ -508,10 +551,22 @@ def read_checkpoint(path):
             raise CheckpointError(f'{cfg_file} not found: a Hugging Face checkpoint needs its config.json beside it')
         with open(cfg_file) as f:
             meta = json.load(f)
+        if meta.get('model_type') == 'bert':
+            sd, unknown = rename(obj, BERT_NAMES, ('bert.',))
+            return config_from(sd, meta, sep_id=vocab_index(os.path.dirname(path), '[SEP]', 102)), sd, unknown
         sd, unknown = rename(obj, HF_NAMES, ('roberta.',))
     if 'enc.tok.weight' not in sd:
         raise CheckpointError(f'{path} has no word embeddings: not an XLM-R checkpoint')
     return config_from(sd, meta, translation), sd, unknown
+
+
+def vocab_index(folder, token, default):
+    """The id of token in the vocab.txt of a BERT folder (its line number), or default without one."""
+    path = os.path.join(folder, 'vocab.txt')
+    if not os.path.exists(path):
+        return default
+    with open(path, encoding='utf-8') as f:
+        return next((n for n, line in enumerate(f) if line.rstrip('\n') == token), default)
 
 
 def is_cross(key):
@@ -534,6 +589,11 @@ def load_pretrained(path, cross=False, decoder=False):
     enc = Encoder(cfg, cross)
     mlm = MLMHead(cfg, enc.tok.weight) if any(k.startswith('mlm.') for k in sd) else None
     model = nn.ModuleDict({'enc': enc} if mlm is None else {'enc': enc, 'mlm': mlm})  # keys in our names
+    if enc.pooler is not None and 'enc.pooler.weight' not in sd:  # BertForMaskedLM's files have none: a new one, as
+        with torch.random.fork_rng():  # transformers starts, the same at every load
+            torch.manual_seed(0)
+            init_weights(enc.pooler)
+        sd.update({f'enc.pooler.{k}': v for k, v in enc.pooler.state_dict().items()})
     check_keys(path, {k: v for k, v in model.state_dict().items() if found or not is_cross(k)}, sd, unknown)
     model.load_state_dict(sd, strict=found or not cross)  # not strict: a new cross-attention keeps its initialisation
     enc.new_cross = cross and not found
@@ -657,16 +717,24 @@ def autocast(device):
 # ---------------------------------------------------------------------------
 # Export: a model of this project as a Hugging Face folder, which transformers' Auto classes load.
 
-HF_CLASSES = {  # what a checkpoint exports as -> (Hugging Face's class, {our head's module: theirs})
-    'classification': ('XLMRobertaForSequenceClassification',
-                       {'head.dense': 'classifier.dense', 'head.out': 'classifier.out_proj'}),
-    'tagging': ('XLMRobertaForTokenClassification', {'head.out': 'classifier'}),
-    'qa': ('XLMRobertaForQuestionAnswering', {'head.out': 'qa_outputs'}),
-    'mlm': ('XLMRobertaForMaskedLM', {'mlm.dense': 'lm_head.dense', 'mlm.ln': 'lm_head.layer_norm', 'mlm': 'lm_head'}),
-    'encoder': ('XLMRobertaModel', {}),
+HF_CLASSES = {  # a family's export, by what a checkpoint exports as -> (Hugging Face's class, {our module: theirs})
+    'xlmr': {'classification': ('XLMRobertaForSequenceClassification',
+                                {'head.dense': 'classifier.dense', 'head.out': 'classifier.out_proj'}),
+             'tagging': ('XLMRobertaForTokenClassification', {'head.out': 'classifier'}),
+             'qa': ('XLMRobertaForQuestionAnswering', {'head.out': 'qa_outputs'}),
+             'mlm': ('XLMRobertaForMaskedLM', {'mlm.dense': 'lm_head.dense', 'mlm.ln': 'lm_head.layer_norm',
+                                               'mlm': 'lm_head'}),
+             'encoder': ('XLMRobertaModel', {})},
+    'bert': {'classification': ('BertForSequenceClassification',
+                                {'head.dense': 'bert.pooler.dense', 'head.out': 'classifier'}),  # the pooler, tuned
+             'tagging': ('BertForTokenClassification', {'head.out': 'classifier'}),
+             'qa': ('BertForQuestionAnswering', {'head.out': 'qa_outputs'}),
+             'encoder': ('BertModel', {})},
 }
-SPECIAL_TOKENS = {'bos_token': '<s>', 'eos_token': '</s>', 'unk_token': '<unk>', 'sep_token': '</s>',
-                  'cls_token': '<s>', 'pad_token': '<pad>', 'mask_token': '<mask>'}
+SPECIAL_TOKENS = {'xlmr': {'bos_token': '<s>', 'eos_token': '</s>', 'unk_token': '<unk>', 'sep_token': '</s>',
+                           'cls_token': '<s>', 'pad_token': '<pad>', 'mask_token': '<mask>'},
+                  'bert': {'unk_token': '[UNK]', 'sep_token': '[SEP]', 'pad_token': '[PAD]', 'cls_token': '[CLS]',
+                           'mask_token': '[MASK]'}}
 
 
 def write_safetensors(tensors, path):
@@ -683,30 +751,35 @@ def write_safetensors(tensors, path):
             f.write(t.detach().float().contiguous().numpy().data)
 
 
-def hf_encoder(encoder, prefix):
-    """An encoder's tensors in Hugging Face's names (HF_NAMES reversed, qkv cut in three) under prefix;
-    a cross-attention (VECO's) left out, as its NLU assembly; one token type, all zeros, as ours has none."""
-    theirs, out = {ours: hf for hf, ours in HF_NAMES.items() if ours.startswith('enc.')}, {}
+def hf_encoder(encoder, prefix, family, pooler):
+    """An encoder's tensors in Hugging Face's names (HF_NAMES or BERT_NAMES reversed, qkv cut in three) under prefix;
+    a cross-attention (VECO's) left out, as its NLU assembly; XLM-R's one token type, all zeros, as ours has none;
+    BERT's pooler where its class has one (pooler)."""
+    names = BERT_NAMES if family == 'bert' else HF_NAMES
+    theirs, out = {ours: hf for hf, ours in names.items() if ours.startswith('enc.')}, {}
     for key, t in encoder.items():
         module, _, param = f'enc.{key}'.rpartition('.')
-        if is_cross(f'enc.{key}'):
+        if is_cross(f'enc.{key}') or module == 'enc.pooler' and not pooler:
             continue
         layer = re.search(r'\.(\d+)\.', module)
         stem = re.sub(r'\.\d+\.', '.{}.', module, count=1)
         for ours, part in zip([stem[:-3] + x for x in 'qkv'], t.chunk(3)) if stem.endswith('.qkv') else [(stem, t)]:
             out[prefix + theirs[ours].format(layer.group(1) if layer else '') + '.' + param] = part
-    out[prefix + 'embeddings.token_type_embeddings.weight'] = torch.zeros(1, encoder['tok.weight'].size(1))
+    if family != 'bert':
+        out[prefix + 'embeddings.token_type_embeddings.weight'] = torch.zeros(1, encoder['tok.weight'].size(1))
     return out
 
 
 def hf_config(cfg, arch, labels):
-    """config.json of XLMRobertaConfig for our Config; labels: the classes or tags, for id2label."""
-    return {'architectures': [arch], 'model_type': 'xlm-roberta', 'vocab_size': cfg.vocab_size, 'hidden_size': cfg.dim,
-            'num_hidden_layers': cfg.n_layer, 'num_attention_heads': cfg.n_head, 'intermediate_size': cfg.ffn_dim,
-            'hidden_act': 'gelu', 'hidden_dropout_prob': cfg.dropout, 'attention_probs_dropout_prob': cfg.attn_dropout,
-            'max_position_embeddings': cfg.max_positions, 'type_vocab_size': 1, 'initializer_range': 0.02,
-            'layer_norm_eps': cfg.ln_eps, 'pad_token_id': cfg.pad_id, 'bos_token_id': 0, 'eos_token_id': 2,
-            'position_embedding_type': 'absolute', 'tie_word_embeddings': True,
+    """config.json of XLMRobertaConfig or BertConfig for our Config; labels: the classes or tags, for id2label."""
+    bert = cfg.family == 'bert'
+    ids = {'pad_token_id': cfg.pad_id} if bert else {'pad_token_id': cfg.pad_id, 'bos_token_id': 0, 'eos_token_id': 2}
+    return {'architectures': [arch], 'model_type': 'bert' if bert else 'xlm-roberta', 'vocab_size': cfg.vocab_size,
+            'hidden_size': cfg.dim, 'num_hidden_layers': cfg.n_layer, 'num_attention_heads': cfg.n_head,
+            'intermediate_size': cfg.ffn_dim, 'hidden_act': 'gelu', 'hidden_dropout_prob': cfg.dropout,
+            'attention_probs_dropout_prob': cfg.attn_dropout, 'max_position_embeddings': cfg.max_positions,
+            'type_vocab_size': cfg.type_vocab_size or 1, 'initializer_range': 0.02, 'layer_norm_eps': cfg.ln_eps,
+            **ids, 'position_embedding_type': 'absolute', 'tie_word_embeddings': True,
             **({'id2label': dict(enumerate(labels)), 'label2id': {x: i for i, x in enumerate(labels)}}
                if labels else {})}
 
@@ -723,7 +796,7 @@ def export_checkpoint(src, encoder_only=False):
         raise CheckpointError(f'{src} keeps no best.pt: {hint}')
     ckpt = load_checkpoint(path)
     kind = 'encoder' if encoder_only else ckpt['meta'].get('export')
-    if kind not in HF_CLASSES:
+    if kind not in HF_CLASSES['xlmr']:
         why = kind or 'the checkpoint does not say how its method predicts'
         raise CheckpointError(f'{path}: {why}, which no Hugging Face XLM-R class computes: export its encoder alone '
                               'with --encoder')
@@ -739,12 +812,13 @@ def model_card(ckpt, path, arch, out):
     meta, s, cfg = ckpt['meta'], ckpt['meta'].get('settings', {}), ckpt['config']
     table = os.path.join(os.path.dirname(path), 'results.txt')
     scores = f'```\n{open(table).read().rstrip()}\n```' if os.path.exists(table) else 'The run has no results.txt.'
-    auto = arch.replace('XLMRobertaFor', 'AutoModelFor').replace('XLMRobertaModel', 'AutoModel')
+    auto = 'AutoModel' + arch[arch.index('For'):] if 'For' in arch else 'AutoModel'
+    tag = 'bert' if arch.startswith('Bert') else 'xlm-roberta'
     length = f'{s["steps"]} steps' if s.get('steps') else f'{s.get("epochs")} epochs'
     lower = ''
     if s.get('qa_case') == 'lower':
         lower = ' It read QA text lowercased (`--qa_case lower`): lowercase yours too.'
-    return (f'---\nlibrary_name: transformers\ntags: [xlm-roberta, cross-lingual-transfer]\n---\n\n'
+    return (f'---\nlibrary_name: transformers\ntags: [{tag}, cross-lingual-transfer]\n---\n\n'
             f'# {meta.get("method")} on {meta.get("task")}\n\n{arch}, exported from `{path}` by '
             f'`python layers.py export`: method `{meta.get("method")}`, task `{meta.get("task")}`, preset '
             f'`{meta.get("model")}` ({cfg["n_layer"]} layers x {cfg["dim"]}) from '
@@ -753,6 +827,7 @@ def model_card(ckpt, path, arch, out):
             f'seed {s.get("seed")}.{lower}\n\n## Scores\n\n{scores}\n\n## Use\n\n'
             f'```python\nfrom transformers import AutoTokenizer, {auto}\n'
             f'tokenizer = AutoTokenizer.from_pretrained({out!r})\nmodel = {auto}.from_pretrained({out!r})\n```\n')
+
 
 
 def unigram(path):
@@ -764,23 +839,24 @@ def unigram(path):
         return False
 
 
-def export(src, out, encoder_only=False, spm=None):
+def export(src, out, encoder_only=False, spm=None, vocab=None):
     """A run's model (its folder or a checkpoint) written into the new folder `out` as Hugging Face's
-    XLM-R: config.json, model.safetensors, the sentencepiece model and the tokenizer's settings, and a
-    model card; made beside it and moved into place whole. -> the class written."""
+    XLM-R or BERT: config.json, model.safetensors, the tokenizer's file (sentencepiece model, vocab.txt)
+    and settings, and a model card; made beside it and moved into place whole. -> the class written."""
     ckpt, path, kind = export_checkpoint(src, encoder_only)
-    if len(ckpt['meta'].get('tokenizer', [])) > 1:  # whatever --spm says: the model's rows follow the dictionary
-        raise CheckpointError(f'{path}: its ids follow a fairseq dict.txt, which XLMRobertaTokenizer does not read')
-    sp_model = spm or (ckpt['meta'].get('tokenizer') or [''])[0]
-    if not os.path.isfile(sp_model):
-        raise CheckpointError(f'{path}: sentencepiece model {sp_model} not found: pass --spm')
-    if not unigram(sp_model):
-        raise CheckpointError(f'{sp_model} is a BPE sentencepiece model, which transformers\' XLMRobertaTokenizer '
-                              'would read as a unigram one (XLM-R\'s is): its ids would not be the run\'s; train with '
-                              'a unigram model (--spm) to export')
+    family = ckpt['config'].get('family', 'xlmr')
+    tokenizer = (vocab if family == 'bert' else spm) or (ckpt['meta'].get('tokenizer') or [''])[0]
+    if not os.path.isfile(tokenizer):
+        raise CheckpointError(f'{path}: the tokenizer\'s file {tokenizer} not found: pass '
+                              f'{"--vocab" if family == "bert" else "--spm"}')
+    if family == 'xlmr':
+        check_xlmr_tokenizer(path, ckpt, tokenizer)
+    if kind not in HF_CLASSES[family]:
+        raise CheckpointError(f'{path}: {kind}, which no Hugging Face {family} class computes: export its encoder '
+                              'alone with --encoder')
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise CheckpointError(f'{out} exists and is not an empty folder: give a new folder')
-    head = HF_CLASSES[kind][1]
+    head = HF_CLASSES[family][kind][1]
     parts = {**{k: v for k, v in (ckpt.get('method') or {}).items() if k.startswith('head.')},
              **{f'mlm.{k}': v for k, v in (ckpt.get('mlm') or {}).items()}}  # the MLM's weight: the embeddings (tied)
     found = {f'{head[m]}.{p}': t for key, t in parts.items() for m, _, p in [key.rpartition('.')] if m in head}
@@ -788,25 +864,39 @@ def export(src, out, encoder_only=False, spm=None):
         raise CheckpointError(f'{path} holds no {kind} head: export its encoder alone with --encoder')
     tmp = f'{os.path.abspath(out)}.tmp{os.getpid()}'
     try:
-        write_folder(tmp, out, ckpt, path, kind, found, sp_model)
+        write_folder(tmp, out, ckpt, path, kind, found, tokenizer)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a write that failed or was interrupted leaves nothing
         raise
-    return HF_CLASSES[kind][0]
+    return HF_CLASSES[family][kind][0]
 
 
-def write_folder(tmp, out, ckpt, path, kind, found, sp_model):
+def check_xlmr_tokenizer(path, ckpt, sp_model):
+    """XLMRobertaTokenizer gives the run's ids: no fairseq dictionary between, a unigram model."""
+    if len(ckpt['meta'].get('tokenizer', [])) > 1:  # whatever --spm says: the model's rows follow the dictionary
+        raise CheckpointError(f'{path}: its ids follow a fairseq dict.txt, which XLMRobertaTokenizer does not read')
+    if not unigram(sp_model):
+        raise CheckpointError(f'{sp_model} is a BPE sentencepiece model, which transformers\' XLMRobertaTokenizer '
+                              'would read as a unigram one (XLM-R\'s is): its ids would not be the run\'s; train with '
+                              'a unigram model (--spm) to export')
+
+
+def write_folder(tmp, out, ckpt, path, kind, found, tokenizer):
     """export's folder, written in tmp and then moved to out."""
-    arch = HF_CLASSES[kind][0]
+    cfg = Config(**ckpt['config'])
+    bert, (arch, _) = cfg.family == 'bert', HF_CLASSES[cfg.family][kind]
     os.makedirs(tmp)
-    write_safetensors({**hf_encoder(ckpt['encoder'], '' if kind == 'encoder' else 'roberta.'), **found},
-                      os.path.join(tmp, 'model.safetensors'))
-    shutil.copyfile(sp_model, os.path.join(tmp, 'sentencepiece.bpe.model'))
+    prefix = '' if kind == 'encoder' else 'bert.' if bert else 'roberta.'
+    encoder = hf_encoder(ckpt['encoder'], prefix, cfg.family, pooler=kind == 'encoder')
+    write_safetensors({**encoder, **found}, os.path.join(tmp, 'model.safetensors'))
+    shutil.copyfile(tokenizer, os.path.join(tmp, 'vocab.txt' if bert else 'sentencepiece.bpe.model'))
     labels = ckpt['meta'].get('labels') if kind in ('classification', 'tagging') else None
-    files = {'config.json': hf_config(Config(**ckpt['config']), arch, labels),
-             'special_tokens_map.json': SPECIAL_TOKENS,
-             'tokenizer_config.json': {'tokenizer_class': 'XLMRobertaTokenizer', 'model_max_length': 512,
-                                       **SPECIAL_TOKENS},
+    lower = ckpt['meta'].get('lower', False)  # BERT's lowercasing strips accents too, as the run's WordPiece
+    settings = ({'tokenizer_class': 'BertTokenizer', 'do_lower_case': lower} if bert else
+                {'tokenizer_class': 'XLMRobertaTokenizer'})
+    files = {'config.json': hf_config(cfg, arch, labels),
+             'special_tokens_map.json': SPECIAL_TOKENS[cfg.family],
+             'tokenizer_config.json': {**settings, 'model_max_length': 512, **SPECIAL_TOKENS[cfg.family]},
              'README.md': model_card(ckpt, path, arch, out)}
     for name, text in files.items():
         with open(os.path.join(tmp, name), 'w') as f:
@@ -823,10 +913,11 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(f'error: {message} ({self.prog} --help lists the options)')
 
 
-CONVERT_HELP = """Convert XLM-R weights into this project's checkpoint (a config and plain tensors), which
+CONVERT_HELP = """Convert XLM-R or BERT weights into this project's checkpoint (a config and plain tensors), which
 train.py --init reads. SRC is one of:
   a Hugging Face folder: config.json with model.safetensors or pytorch_model.bin
-      (e.g. git clone https://huggingface.co/FacebookAI/xlm-roberta-large);
+      (e.g. git clone https://huggingface.co/FacebookAI/xlm-roberta-large, or
+      https://huggingface.co/google-bert/bert-base-multilingual-cased: keep its vocab.txt for --vocab);
   fairseq's model.pt (e.g. from xlmr.large.tar.gz), old or new style;
   a file this command wrote, or a run's best.pt (checked and written again).
 Every tensor is checked against the model; files are read without running pickled code.
@@ -838,15 +929,16 @@ EXPORT_HELP = """Write a run's model as a Hugging Face folder that transformers 
 this project: config.json, model.safetensors, the tokenizer's files and a model card (README.md). A method whose
 prediction is XLM-R and a head on one text exports as XLMRobertaFor{SequenceClassification, TokenClassification,
 QuestionAnswering}; VECO's pre-training as XLMRobertaForMaskedLM; --encoder: any run's encoder as XLMRobertaModel.
+On BERT (mBERT, BERT-large) the same as BertFor{...} and BertModel, with BertTokenizer's vocab.txt.
 
 example:
   python layers.py export runs/xnli-zeroshot xnli-zeroshot-hf/"""
 
 
 def main(argv=None):
-    parser = Parser(description='XLM-R checkpoints for this project: in (convert) and out (export).')
+    parser = Parser(description='XLM-R and BERT checkpoints for this project: in (convert) and out (export).')
     sub = parser.add_subparsers(dest='cmd', required=True, metavar='{convert,export}')
-    conv = sub.add_parser('convert', help='XLM-R weights (Hugging Face or fairseq) -> this project\'s checkpoint',
+    conv = sub.add_parser('convert', help='XLM-R or BERT weights (Hugging Face; fairseq) -> this project\'s checkpoint',
                           description=CONVERT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     conv.add_argument('src', help='a Hugging Face folder or weights file, or fairseq\'s model.pt')
     conv.add_argument('out', help='the checkpoint to write, e.g. xlmr-large.pt')
@@ -854,12 +946,13 @@ def main(argv=None):
                          description=EXPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     exp.add_argument('src', help='a finished run\'s folder, or a checkpoint (its best.pt)')
     exp.add_argument('out', help='the folder to write (new, or empty)')
-    exp.add_argument('--encoder', action='store_true', help='the encoder alone, as XLMRobertaModel')
-    exp.add_argument('--spm', help='the sentencepiece model (default: the one the run read)')
+    exp.add_argument('--encoder', action='store_true', help='the encoder alone, as XLMRobertaModel (BertModel)')
+    exp.add_argument('--spm', help='XLM-R\'s sentencepiece model (default: the one the run read)')
+    exp.add_argument('--vocab', help='BERT\'s vocab.txt (default: the one the run read)')
     args = parser.parse_args(argv)
     try:
         if args.cmd == 'export':
-            return print(f'wrote {args.out}: {export(args.src, args.out, args.encoder, args.spm)}')
+            return print(f'wrote {args.out}: {export(args.src, args.out, args.encoder, args.spm, args.vocab)}')
         enc, mlm = load_pretrained(args.src)
         meta = {'method': None, 'task': None, 'model': None, 'source': args.src}
         save_checkpoint(args.out, meta, **encoder_parts(enc, mlm))

@@ -38,7 +38,8 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('model', str, f'preset: {", ".join(layers.CONFIGS)} (default base; tiny with --demo)'),
     Option('init', str, 'converted XLM-R checkpoint (python layers.py convert) or a run\'s best.pt', path='checkpoint'),
     Option('from_scratch', bool, 'random weights: real data without --init, a demo that would start pre-trained'),
-    Option('spm', str, 'sentencepiece model (default: the one in --data_dir)'),
+    Option('spm', str, 'XLM-R\'s sentencepiece model (default: the one in --data_dir)'),
+    Option('vocab', str, 'BERT\'s vocab.txt (default: the one beside --init, else in --data_dir)'),
     Option('dict', str, 'fairseq dict.txt --init was trained with (default: one beside it, as VECO\'s NLG model)'),
     Option('data_dir', str, 'XTREME data in the layout of docs/data.md', default='data'),
     Option('out', str, 'run folder (default runs/<task>-<method>-<each choice that changes the result>)'),
@@ -70,8 +71,8 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('dry_run', bool, 'check the options and every file the run reads, print the plan, stop (writes nothing)'),
     Option('halt_after', int, argparse.SUPPRESS))  # tests: die abruptly after this many steps
 # the trainer's options that leave results alike (FREE), and those --eval_only's scores depend on (SCORED)
-FREE = ('spm', 'data_dir', 'out', 'grad_accum', 'grad_checkpoint', 'eval_batch_size', 'save_every', 'log_every',
-        'compile', 'no_cache', 'resume', 'eval_only', 'overwrite', 'dry_run', 'halt_after')
+FREE = ('spm', 'vocab', 'data_dir', 'out', 'grad_accum', 'grad_checkpoint', 'eval_batch_size', 'save_every',
+        'log_every', 'compile', 'no_cache', 'resume', 'eval_only', 'overwrite', 'dry_run', 'halt_after')
 SCORED = ('method', 'task', 'model', 'max_len', 'translate_test', 'layer', 'doc_stride', 'dict')
 OPTIONS = tuple(o._replace(changes='nothing' if o.name in FREE else 'scores' if o.name in SCORED else 'results')
                 for o in OPTIONS)
@@ -175,8 +176,9 @@ def configure(args, owners):
     except ValueError as e:
         fail(str(e))
     args.out = args.out or os.path.join('runs', '-'.join(cls.folder(args) + default_folder(args)))
-    args.dict = args.dict or data.dictionary_beside(args.init)
-    if args.demo and not args.init and not args.from_scratch and cls.pretrained_start:
+    args.dict = args.dict or data.beside(args.init, 'dict.txt')
+
+    if args.demo and not args.init and not args.from_scratch and cls.pretrained_start and model_family(args) == 'xlmr':
         args.init = demo_start(args.out)  # made by the run when missing; recorded alike by every run of the folder
     return args
 
@@ -223,7 +225,7 @@ def check(args, world):
                  f'--{option} or lower --grad_accum')
     check_options(args, cls)
     files = [] if args.demo else planned_files(args, cls)
-    data.check_files(args.data_dir, args.task, args.method, files)
+    data.check_files(args.data_dir, args.task, args.method, files, model_family(args))
     check_init(args)
     for o in OPTIONS + cls.OPTIONS:  # the checkpoints and runs it names (the demo's start is made by the run)
         value = getattr(args, o.name)
@@ -256,10 +258,11 @@ def check_stages(args, cls):
 def check_options(args, cls):
     """What needs the data's languages or a model: translate-train's language, and the method's
     own layer counts, tried on a narrow model of the preset's depth."""
-    if cls.trains_on == 'train_lang' and family(args) != 'retrieval':
+    if cls.trains_on in ('train_lang', 'own_lang') and family(args) != 'retrieval':
         langs = target_langs(args)
         if args.train_lang not in langs:
-            fail(f'translate-train needs --train_lang, one of {", ".join(langs)}')
+            fail(f'{args.method} needs --train_lang, one of {", ".join(langs)}')
+
     if args.task in data.TASKS and family(args) != 'retrieval':
         narrow = {'dim': 8, 'n_head': 1, 'ffn_dim': 8, 'vocab_size': 8}
         cfg = layers.Config(**{**layers.CONFIGS[args.model].__dict__, **narrow})
@@ -272,25 +275,26 @@ def check_options(args, cls):
 def check_init(args):
     """Real data needs pre-trained weights, unless --from_scratch says otherwise."""
     if not (args.init or args.demo or args.from_scratch):
-        fail(f'no --init: this would train XLM-R {args.model} from random weights for hours. Get xlm-roberta-'
-             f'{args.model} (Hugging Face) or fairseq\'s XLM-R, convert it with python layers.py convert SRC '
-             f'xlmr-{args.model}.pt and pass --init xlmr-{args.model}.pt (or --from_scratch to mean it)')
+        fail(f'no --init: this would train {args.model} from random weights for hours. Get its weights (docs/'
+             f'weights.md: xlm-roberta-{args.model} converted by python layers.py convert, or a BERT folder) and pass '
+             '--init (or --from_scratch to mean it)')
 
 
 def target_langs(args):
     return [lang for lang in data.languages(args.task, args.demo or data.is_demo(args.data_dir)) if lang != 'en']
 
 
+
 def planned_files(args, cls):
     """-> [(path, what it is, needed)] of the data a run of the method class cls reads (data.task_files
-    and the method's own), the sentencepiece model last; not needed: read where it is there."""
+    and the method's own), the tokenizer's file last; not needed: read where it is there."""
     files = []
     if args.task in data.TASKS:
-        translated = {'train_lang': [args.train_lang], 'every_lang': target_langs(args)}.get(cls.trains_on, [])
-        files = data.task_files(args.data_dir, args.task, translated, cls.round_trip, cls.paired or args.translate_test,
-                                not args.eval_only, args.method)
-    spm = args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model')
-    return files + cls.reads(args) + [(spm, 'XLM-R\'s sentencepiece model: put it there or pass --spm', True)]
+        langs, own = cls.train_langs(args, target_langs(args)), cls.trains_on in ('own_lang', 'every_own')
+        files = data.task_files(args.data_dir, args.task, langs, cls.round_trip, cls.paired or args.translate_test,
+                                not args.eval_only, args.method, own)
+    return files + cls.reads(args) + [data.tokenizer_file(model_family(args), args.data_dir, args.spm, args.vocab,
+                                                          args.init)]
 
 
 def check_run(args, name, folder):
@@ -375,8 +379,12 @@ def prepare_data(args, rank):
             data.make_demo(args.data_dir, seed=0)
         if dist.is_initialized():
             dist.barrier()
-    spm = args.spm or os.path.join(args.data_dir, 'sentencepiece.bpe.model')
-    return data.Tokenizer(spm, args.qa_case == 'lower', args.dict)
+    tok = data.tokenizer_file(model_family(args), args.data_dir, args.spm, args.vocab, args.init)[0]
+    return data.tokenizer(model_family(args), tok, args.qa_case == 'lower', args.dict)
+
+
+def model_family(args):  # the preset's, 'xlmr' or 'bert': it picks the tokenizer
+    return layers.CONFIGS[args.model].family
 
 
 def demo_pretrained(args, rank, world, device):
@@ -530,17 +538,17 @@ class Run:
         cfg, mlm, dec = layers.CONFIGS[args.model], None, [None] * decoder
         if init:
             encoder, mlm, *dec = layers.load_pretrained(init, cross, decoder)  # a CheckpointError: main()'s one line
-            got = encoder.cfg
-            if (got.n_layer, got.dim, got.n_head, got.ffn_dim) != (cfg.n_layer, cfg.dim, cfg.n_head, cfg.ffn_dim):
-                fail(f'--init {init} is a {got.n_layer} x {got.dim} model, not the {args.model} preset '
-                     f'({cfg.n_layer} x {cfg.dim}): pass the --model it was made for')
         else:
             check_init(args)
             torch.manual_seed(args.seed)
             encoder = layers.Encoder(layers.Config(**{**cfg.__dict__, 'vocab_size': self.tok.vocab_size}), cross)
-        if encoder.cfg.vocab_size != self.tok.vocab_size:
-            fail(f'the tokenizer has {self.tok.vocab_size} ids but the model {encoder.cfg.vocab_size}: use the '
-                 'sentencepiece model (--spm) and any fairseq dict.txt (--dict) that came with the checkpoint')
+        got, tok, shape = encoder.cfg, self.tok, lambda c: (c.family, c.n_layer, c.dim, c.n_head, c.ffn_dim)
+        if shape(got) != shape(cfg):
+            fail(f'--init {init} is {got.family} {got.n_layer} x {got.dim}, not the {args.model} preset '
+                 f'({cfg.family} {cfg.n_layer} x {cfg.dim}): pass the --model it was made for')
+        if (got.vocab_size, got.pad_id, got.sep_id) != (tok.vocab_size, tok.pad, tok.eos):
+            fail(f'the tokenizer has {tok.vocab_size} ids (padding {tok.pad}, separator {tok.eos}), the model '
+                 f'{got.vocab_size} ({got.pad_id}, {got.sep_id}): pass its own (--spm, --dict; --vocab)')
         layers.set_dropout(encoder, args.dropout, args.dropout if args.attn_dropout is None else args.attn_dropout)
         return (self.ready(encoder), mlm, *dec)
 
@@ -556,9 +564,9 @@ class Run:
         args = self.args
         if args.eval_only:
             return None
-        langs = {'train_lang': [args.train_lang], 'every_lang': target_langs(args)}.get(method.trains_on, [])
-        items = data.training_set(self.tok, args.data_dir, args.task, langs, method.trains_on, method.paired,
-                                  method.round_trip, args.max_len, args.train_share, args.doc_stride, not args.no_cache)
+        items = data.training_set(self.tok, args.data_dir, args.task, method.train_langs(args, target_langs(args)),
+                                  method.trains_on, method.paired, method.round_trip, args.max_len, args.train_share,
+                                  args.doc_stride, not args.no_cache, args.few_shot)
         if not items:
             fail(f'no training examples for {args.task} in {args.data_dir}')
         return items
@@ -625,7 +633,7 @@ class Run:
         """The method's outputs for every item on its target side (a single-text method reads a pair's
         second alone), each cut to its tokens and passed through then -> a data.Ragged of them."""
         method.eval()
-        collate, tuples = data.collate_items(method.paired), isinstance(items[0], tuple) if len(items) else False
+        collate, tuples = data.collate_items(method.paired, self.tok.pad), len(items) and isinstance(items[0], tuple)
 
         def of(index):
             batch = collate([items[i] if method.paired or not tuples else items[i][1] for i in index], index)
@@ -794,7 +802,7 @@ def train(run, method, items, validate, batches_of, keep_last=0):
     model = DDP(method, device_ids=[run.device.index] if run.device.type == 'cuda' else None) if world > 1 else method
     state = resumed(run, method, opt, sched)
     log = open_log(run.path('log.jsonl'), state['step']) if rank == 0 else None
-    started, collate = time.time(), data.collate_items(method.paired)
+    started, collate = time.time(), data.collate_items(method.paired, run.tok.pad)
     method.step = state['step']  # the optimiser step: methods with schedules (X-Mixup's p*, frozen phases) read it
     while state['epoch'] < args.epochs:
         # since: the logs of the steps since the last line; epoch_loss: (mean loss, steps) of each line of the epoch

@@ -61,19 +61,23 @@ class Method(nn.Module):
 
     What it trains on and how it is fed:
       trains_on   'en': English; 'train_lang': English translated into --train_lang;
-                  'every_lang': English and its translations into every target language
+                  'every_lang': English and its translations into every target language;
+                  'own_lang': --train_lang's own training data; 'every_own': every language's own
       paired      batches are data.Pair (English, its translation): loss and predict read pairs
       round_trip  a paired method also reads English's round trip through the target (Pair.alt)
     How it is trained and kept:
       select      the checkpoint kept: 'en' best English dev, 'average' best dev average, 'loss'
+                  lowest held-out loss; an instance may name another language (in-language's own)
       LR, LR_LARGE  peak learning rate per task (LR_LARGE: XLM-R large's, where it differs)
       ADAM        {preset: ((beta1, beta2), eps)} where AdamW's (0.9, 0.999), 1e-8 do not hold
       RUN         the released scripts' other defaults per task: {task: {option: value}}
+      RUN_BERT    where they differ on BERT (--model mbert, bert-large): the scripts' settings there
       DEMO        the method's changes to the demo's settings
       OPTIONS     its command-line options (Option); an option may belong to several methods
       TASKS       the tasks it runs
       pretrained_start  the demo starts from the demo's pre-trained model, not random weights
       KEEPS       what --eval_only evaluates in a finished run's folder
+      NOT_ON_BERT  why it does not run on BERT (--model mbert, bert-large), in words; None: it does
       EXPORT      what python layers.py export makes of its checkpoints: 'head', its prediction being
                   XLM-R and its Head on one text; 'mlm', its MLM head; or why it cannot, in words
       retrieval_layer(task, n_layer)  the layer whose states retrieval pools
@@ -81,7 +85,8 @@ class Method(nn.Module):
       resolve(args)    the class that runs (VECO: pre-training, translation, translate-train-all),
                        one of the class and its variants()
       configure(args, demo)  fill options left unset, raise ValueError on what cannot run
-      released(args)   the released scripts' defaults for this run (RUN)
+      released(args)   the released scripts' defaults for this run (RUN, RUN_BERT)
+      train_langs(args, targets)  the languages of trains_on, besides English
       reads(args)      [(path, what, needed)]: files read beyond the task's own
       stages(args)     {name: option changes}: runs made first (a teacher, warm-ups)
       folder(args)     the default run folder's name, in parts
@@ -94,9 +99,10 @@ class Method(nn.Module):
     `forward` is `loss`, so that DDP wraps a method as it is."""
     NAME = None
     trains_on, paired, round_trip, select, pretrained_start = 'en', False, False, 'en', False
-    LR, LR_LARGE, ADAM, RUN, DEMO, OPTIONS = {}, {}, {}, {}, {}, ()
+    LR, LR_LARGE, ADAM, RUN, RUN_BERT, DEMO, OPTIONS = {}, {}, {}, {}, {}, {}, ()
     TASKS = tuple(TASKS)
     KEEPS, EXPORT = 'best.pt', 'its prediction is its own, not XLM-R\'s forward pass and a head'
+    NOT_ON_BERT = None
     # XTREME's run_bucc2018.sh, run_tatoeba.sh (d224426 to 838c13b): --specific_layer of the last --num_layers
     # hidden states, the embeddings' being the first: BUCC 7 of the last 12, Tatoeba 13 of 24 (XLM-R large),
     # 7 of 12 (12 layers)
@@ -109,6 +115,12 @@ class Method(nn.Module):
     @classmethod
     def resolve(cls, args):
         return cls
+
+    @classmethod
+    def train_langs(cls, args, targets):
+        """The languages besides English whose translations (or own data: in-language) it trains on, of targets."""
+        one = [args.train_lang]
+        return {'train_lang': one, 'every_lang': targets, 'own_lang': one, 'every_own': targets}.get(cls.trains_on, [])
 
     @classmethod
     def retrieval_layer(cls, task, n_layer):
@@ -124,6 +136,8 @@ class Method(nn.Module):
         """Fill the options left unset: the class's options' defaults, the demo's settings (demo) or the released
         scripts' (released), the learning rate from LR, then the papers' (4 epochs, 2 for XQuAD and MLQA; batch
         64; 10% warm-up; up to 128 tokens, 384 for QA); raise ValueError on what cannot run."""
+        if cls.NOT_ON_BERT and CONFIGS[args.model].family == 'bert':
+            raise ValueError(f'{cls.NAME} does not run on BERT (--model {args.model}): {cls.NOT_ON_BERT}')
         qa = args.task in TASKS and TASKS[args.task].family == 'qa'
         epochs = (15 if qa else 8) if demo else 2 if args.task in ('xquad', 'mlqa') else 4  # the demo's QA needs longer
         lr = {**cls.LR, **(cls.LR_LARGE if args.model == 'large' else {})}.get(args.task, 2e-5)
@@ -140,14 +154,15 @@ class Method(nn.Module):
 
     @classmethod
     def released(cls, args):
-        return cls.RUN.get(args.task, {})
+        bert = cls.RUN_BERT.get(args.task, {}) if CONFIGS[args.model].family == 'bert' else {}
+        return {**cls.RUN.get(args.task, {}), **bert}
 
     @classmethod
     def exported(cls, args, tok):
         """What its checkpoints tell python layers.py export: how it predicts (EXPORT, a head as its
-        task's family), the task's labels, the tokenizer's files."""
+        task's family), the task's labels, the tokenizer's files and whether it lowercases."""
         family = TASKS[args.task].family if args.task in TASKS else cls.family
-        return {'export': family if cls.EXPORT == 'head' else cls.EXPORT, 'tokenizer': tok.files,
+        return {'export': family if cls.EXPORT == 'head' else cls.EXPORT, 'tokenizer': tok.files, 'lower': tok.lower,
                 'labels': list(TASKS[args.task].labels) if args.task in TASKS else []}
 
     @classmethod
@@ -191,17 +206,18 @@ class Method(nn.Module):
 
 
 SELECTED_BY = {'en': 'best English dev score', 'average': 'best average dev score over languages',
-               'loss': 'lowest held-out loss'}  # the checkpoint each method.select keeps
+               'loss': 'lowest held-out loss', 'train_lang': 'best dev score of --train_lang'}  # each method.select's
 
 
 def selection(select, dev):
-    """-> (the dev score a checkpoint is chosen by, the rule in words): the baselines' English dev
-    score (XTREME's zero-shot protocol has no target-language labels), FILTER's and X-Mixup's
-    average over the dev languages (as their papers select), VECO's lowest held-out loss."""
+    """-> (the dev score a checkpoint is chosen by, the rule in words): a language's dev score, the
+    baselines' English (XTREME's zero-shot protocol has no target-language labels) or in-language's
+    own (XTREME's run_tag.py --train_langs); FILTER's and X-Mixup's average over the dev languages (as
+    their papers select); VECO's lowest held-out loss."""
     if not dev:
         return None, 'last epoch (no dev set)'
-    if select == 'en' and 'en' in dev:
-        return dev['en']['score'], SELECTED_BY['en']
+    if select in dev:
+        return dev[select]['score'], SELECTED_BY['en'] if select == 'en' else f'best {select} dev score'
     return float(np.mean([s['score'] for s in dev.values()])), SELECTED_BY['loss' if select == 'loss' else 'average']
 
 
@@ -221,18 +237,24 @@ def method_class(args):
 # Task heads and losses, shared by the methods.
 
 class Head(nn.Module):
-    """classification: <s> -> dense -> tanh -> classes (RoBERTa's head); tagging: a class per
-    token; QA: a start and an end score per token."""
+    """classification: <s> -> dense -> tanh -> classes (RoBERTa's head; BERT's: its pre-trained pooler's
+    dense, `pooler`, as the start, and no dropout before it); tagging: a class per token; QA: a start and
+    an end score per token."""
 
-    def __init__(self, family, dim, n_labels, dropout=0.1):
+    def __init__(self, family, dim, n_labels, dropout=0.1, pooler=None):
         super().__init__()
         self.family = family
         self.drop = nn.Dropout(dropout)
         self.dense = nn.Linear(dim, dim) if family == 'classification' else None
         self.out = nn.Linear(dim, 2 if family == 'qa' else n_labels)
         self.apply(init_weights)  # N(0, 0.02) weights, zero biases, as the encoder's
+        self.pooled = pooler is not None and self.dense is not None
+        if self.pooled:  # BertForSequenceClassification: the pooler is part of the model that is fine-tuned
+            self.dense.load_state_dict(pooler.state_dict())
 
     def forward(self, h, mask):
+        if self.pooled:
+            return self.out(self.drop(torch.tanh(self.dense(h[:, 0]))))
         if self.dense is not None:
             return self.out(self.drop(torch.tanh(self.dense(self.drop(h[:, 0])))))
         if self.family == 'tagging':
@@ -318,6 +340,12 @@ class Baseline(Method):
     LR_LARGE = {'xnli': 3e-5}
     RUN = {task: {'warmup_steps': 500, 'weight_decay': 1e-4, 'qa_case': 'lower'}  # train_qa.sh
            for task in ('xquad', 'mlqa', 'tydiqa')}
+    # the same scripts on mBERT (9522b49): batch 8 x 4 (QA 4 x 4), no warm-up and no weight decay outside QA,
+    # 5 epochs for classification, 10 for tagging, 2 for QA (docs/baselines.md: XTREME's Appendix B says 2 for all)
+    RUN_BERT = {task: {'batch_size': 16 if qa else 32, 'epochs': 2 if qa else 10 if tagging else 5,
+                       **({} if qa else {'warmup': 0.0, 'weight_decay': 0.0})}
+                for task in TASKS if TASKS[task].family != 'retrieval'
+                for qa, tagging in [(TASKS[task].family == 'qa', TASKS[task].family == 'tagging')]}
     OPTIONS = (
         MINING, QA_CASE,
         Option('conf_penalty', help='XLA\'s confidence penalty (Eq. 1): minus this weight times the entropy of the '
@@ -328,7 +356,7 @@ class Baseline(Method):
     def __init__(self, encoder, task, args=None):
         super().__init__()
         self.encoder, self.family = encoder, TASKS[task].family
-        self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout)
+        self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout, encoder.pooler)
         self.conf_penalty = getattr(args, 'conf_penalty', None) or 0.0  # XLA's Eq. 1 weight (XLA's warm-up: 1)
 
     def predict(self, batch):
@@ -362,6 +390,34 @@ class TranslateTrain(Baseline):
 class TranslateTrainAll(Baseline):
     """Fine-tuning on English and its translations into every target language."""
     NAME, trains_on, TASKS = 'translate-train-all', 'every_lang', LABELLED_TRANSLATIONS
+
+
+# XTREME's in-language baselines (Section 4, Table 2): the tasks with training data in the target languages
+IN_LANGUAGE = ('udpos', 'panx', 'tydiqa')
+FEW_SHOT = Option('few_shot', int, 'train on the first N examples of each language\'s training data (XTREME\'s '
+                  'in-language few-shot: 1000)', AT_LEAST_1)
+
+
+class InLanguage(Baseline):
+    """Fine-tuning on a target language's own training data, --train_lang; the checkpoint kept by that
+    language's dev score (XTREME's run_tag.py --train_langs); with --few_shot its first examples alone."""
+    NAME, trains_on, TASKS, select = 'in-language', 'own_lang', IN_LANGUAGE, 'train_lang'
+    OPTIONS = (QA_CASE, Option('train_lang', str, 'the language whose own training data is trained on'), FEW_SHOT)
+
+    def __init__(self, encoder, task, args=None):
+        super().__init__(encoder, task, args)
+        self.select = getattr(args, 'train_lang', None) or 'en'
+
+    @classmethod
+    def folder(cls, args):
+        return super().folder(args) + [args.train_lang] * bool(args.train_lang) + [f'first{args.few_shot}'] * bool(
+            args.few_shot)
+
+
+class InLanguageAll(Baseline):
+    """In-language multi-task: one model fine-tuned on every language's own training data, English's too."""
+    NAME, trains_on, TASKS, select = 'in-language-all', 'every_own', IN_LANGUAGE, 'average'
+    OPTIONS = (QA_CASE, FEW_SHOT)
 
 
 # ----------------------------------------------------------------------------------------
@@ -446,7 +502,7 @@ class Filter(Taught):
         self.T = getattr(args, 'temperature', None) or 1.0  # softens both sides of the KL (the paper: none)
         if self.k + self.m > L or min(self.k, self.m) < 0:
             raise ValueError(f'--k {self.k} + --m {self.m} does not fit the model\'s {L} layers: choose k + m <= {L}')
-        self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout)
+        self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout, encoder.pooler)
 
     def encode(self, src, tgt, source_side=True):
         enc, m, k = self.encoder, self.m, self.k
@@ -536,7 +592,7 @@ class XMixup(Taught):
         self.mixup_inference = not getattr(args, 'no_mixup_inference', False)
         if not self.fixed_lambda:  # Eq. 5's W and b (none to train with a fixed ratio)
             self.w, self.b = nn.Parameter(torch.ones(1)), nn.Parameter(torch.zeros(1))
-        self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout)
+        self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout, encoder.pooler)
         # self.step (Eq. 6 decays with it); tagging: p_teacher, a source-language model's labels of T
 
     def p_star(self):
@@ -674,6 +730,7 @@ class VecoPretrain(Method):
     parallel pairs TLM adds the masked concatenation x^ y^ (Section 3). One MLM head serves all.
     Without CS-MLM (cs_mlm=False, no cross-attention) it is Table 2's XLM: MLM and TLM."""
     NAME, TASKS, paired, family, select, EXPORT = 'veco', ('pretrain',), True, 'pretrain', 'loss', 'mlm'
+    NOT_ON_BERT = 'VECO is a model of its own, pre-trained (and released) in XLM-R\'s layout and vocabulary'
     MASKED_SHARE = {'mono': 0.15, 'para': 0.25}  # masked share of a monolingual / bilingual pair (Table 5)
     LR = {'pretrain': 3e-4}  # Table 5: 3e-4 small, 2e-4 large (LR_LARGE); Adam beta2 and eps below
     LR_LARGE = {'pretrain': 2e-4}
@@ -849,7 +906,7 @@ class Veco(Baseline):
     the encoder, the cross-attention is thrown away (Run.encoder loads --init without it), and the
     encoder is fine-tuned as XLM-R: on English (cross-lingual transfer) or, with
     --translate_train_all, on English and its translations (VecoAll)."""
-    NAME = 'veco'
+    NAME, NOT_ON_BERT = 'veco', VecoPretrain.NOT_ON_BERT
     select = 'en'  # the released run_classify.py keeps the best English dev checkpoint
     # 2e-5: the released XNLI and SQuAD scripts, the middle of Table 6's search for the other tasks
     LR = {task: 2e-5 for task in TASKS}
@@ -987,7 +1044,7 @@ class VecoTranslate(Method):
     we stop at </s>); the output layer is the token embedding, no bias. generate() is fairseq's
     beam search with its length penalty."""
     NAME, TASKS, paired, family, select, pretrained_start = 'veco', ('translate',), True, 'translation', 'loss', True
-    EXPORT = 'VECO\'s translation model is an encoder-decoder'
+    EXPORT, NOT_ON_BERT = 'VECO\'s translation model is an encoder-decoder', VecoPretrain.NOT_ON_BERT
     LR = {'translate': 1e-4}  # finetune-wmt14en2{de,fr}.sh (the paper: 1e-4 / 2e-4)
     # finetune-wmt14en2{de,fr}.sh: 100k updates, 16k of them warm-up, then linear decay; a checkpoint
     # every 5k updates, the last 10 averaged (inference-wmt14en2de.sh); train pairs of at most 250
@@ -1173,6 +1230,8 @@ class XLA(Baseline):
     NAME, TASKS = 'xla', ('xnli', 'pawsx', 'panx', 'udpos')  # the paper's: a pair's or a sentence's words kept
     pretrained_start = True  # the demo starts from its pre-trained model, whose MLM makes the vicinal samples
     select = 'en'  # the warm-up keeps the best English dev checkpoint; an XLA epoch is kept if the target dev rises
+    NOT_ON_BERT = ('its vicinity model is XLM-R\'s masked LM, not mBERT\'s (the paper\'s Appendix E.2); its mBERT '
+                   'rows are the warm-up alone: --method zeroshot --conf_penalty 1')
     KEEPS = 'final-models.json'
     # Table 8 (XNER for panx and udpos). The warm-up (--lr, --batch_size, --epochs) and the XLA
     # epochs (--xla_lr, --xla_batch_size); eta: the share kept per epoch in percent; share: P;
@@ -1715,7 +1774,8 @@ class Ensemble(nn.Module):
 # ----------------------------------------------------------------------------------------
 # The methods, by their --method names.
 
-METHODS = {cls.NAME: cls for cls in (Baseline, TranslateTrain, TranslateTrainAll, Filter, XMixup, Veco, XLA)}
+METHODS = {cls.NAME: cls for cls in (Baseline, TranslateTrain, TranslateTrainAll, InLanguage, InLanguageAll, Filter,
+                                     XMixup, Veco, XLA)}
 
 
 def classes():

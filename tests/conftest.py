@@ -1,5 +1,5 @@
-"""Shared fixtures: XLM-R checkpoints in the real key layouts and a sentencepiece model,
-all made on the spot (nothing is downloaded)."""
+"""Shared fixtures: XLM-R and BERT checkpoints in the real key layouts, a sentencepiece model and a
+WordPiece vocabulary, all made on the spot (nothing is downloaded)."""
 import argparse
 import io
 import json
@@ -148,6 +148,50 @@ def write_fairseq(sd, cfg, path, new_style=False):
         state = {'model': out, 'args': argparse.Namespace(**args), 'optimizer_history': [{'num_updates': 0}]}
     torch.save(state, path)
     return str(path)
+
+
+# BERT: a WordPiece vocabulary and random weights in the Hugging Face layout.
+
+def write_bert_vocab(folder, texts):
+    """vocab.txt in BERT's layout ([PAD] 0, [UNK] [CLS] [SEP] [MASK] at 100-103): the texts' characters alone and
+    after '##', their words whole, and each word's first three characters and the rest after '##' (so that the
+    longest match has choices)."""
+    words = sorted({w.strip('.,;?!()') for t in texts for w in t.split()} - {''})
+    chars = sorted({c for t in texts for c in t if not c.isspace()})
+    lines = ['[PAD]'] + [f'[unused{i}]' for i in range(99)] + ['[UNK]', '[CLS]', '[SEP]', '[MASK]']
+    lines += chars + ['##' + c for c in chars] + words + [w[:3] for w in words] + ['##' + w[3:] for w in words]
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, 'vocab.txt'), 'w', encoding='utf-8') as f:
+        f.write(''.join(line + '\n' for line in dict.fromkeys(lines)))
+    return os.path.join(folder, 'vocab.txt')
+
+
+def bert_config(layers, dim, heads, ffn, vocab):
+    return {'architectures': ['BertForPreTraining'], 'model_type': 'bert', 'vocab_size': vocab, 'hidden_size': dim,
+            'num_hidden_layers': layers, 'num_attention_heads': heads, 'intermediate_size': ffn, 'hidden_act': 'gelu',
+            'max_position_embeddings': 512, 'type_vocab_size': 2, 'layer_norm_eps': 1e-12, 'pad_token_id': 0,
+            'hidden_dropout_prob': 0.1, 'attention_probs_dropout_prob': 0.1}
+
+
+def random_bert_weights(cfg, seed=0):
+    """Every tensor of BertForPreTraining, random: XLM-R's under BERT's names, 512 positions, two token types,
+    the pooler and the next-sentence head."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *shape: torch.randn(*shape, generator=g) * 0.1
+    renames = [('roberta.', 'bert.'), ('lm_head.dense', 'cls.predictions.transform.dense'),
+               ('lm_head.layer_norm', 'cls.predictions.transform.LayerNorm'), ('lm_head.', 'cls.predictions.')]
+    sd = {}
+    for key, t in random_hf_weights(cfg, seed).items():
+        for theirs, ours in renames:
+            key = key.replace(theirs, ours)
+        sd[key] = t
+    D = cfg['hidden_size']
+    sd['bert.embeddings.position_embeddings.weight'] = r(512, D)
+    sd['bert.embeddings.token_type_embeddings.weight'] = r(2, D)
+    del sd['bert.embeddings.position_ids']
+    sd['bert.pooler.dense.weight'], sd['bert.pooler.dense.bias'] = r(D, D), r(D)
+    sd['cls.seq_relationship.weight'], sd['cls.seq_relationship.bias'] = r(2, D), r(2)
+    return sd
 
 
 # ----------------------------------------------------------------------------------------

@@ -685,3 +685,20 @@ def test_a_torn_cache_is_built_again(tmp_path, capsys):
     os.remove(folder / 'meta.json')
     with pytest.raises(data.DataError, match='is torn \\(its meta.json is missing or unreadable\\): remove it and run again'):
         data.Items(str(folder))
+
+
+def test_in_language_reads_each_languages_own_first_examples(tmp_path, capsys):
+    """in-language: --train_lang's own training data (its first N: XTREME's few-shot); in-language-all: English's
+    and every target language's that has some (a language without, as UD's Thai, is said and left out)."""
+    demo = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=5)
+    tok = data.WordPiece(f'{demo}/vocab.txt')
+    own = lambda lang: data.read_split(demo, 'tydiqa', 'train', lang)
+    items = data.training_set(tok, demo, 'tydiqa', ['de'], 'own_lang', cache=False, first=7)
+    questions = {tuple(tok.encode(ex['question'])) for ex in own('de')[:7]}
+    assert {tuple(items[i].ids[1:items[i].ids.index(tok.eos)]) for i in range(len(items))} == questions
+    assert len(questions) == 7 and questions.isdisjoint(tuple(tok.encode(ex['question'])) for ex in own('de')[7:])
+    os.remove(data.split_path(demo, 'panx', 'train', 'zh'))
+    items = data.training_set(tok, demo, 'panx', ['de', 'zh'], 'every_own', cache=False)
+    expected = [tok.encode_words(ex['words']) for lang in ('en', 'de') for ex in data.read_split(demo, 'panx', 'train', lang)]
+    assert [items[i].ids for i in range(len(items))] == [[tok.bos] + sum(words, []) + [tok.eos] for words in expected]
+    assert 'panx has no training data in zh' in capsys.readouterr().out

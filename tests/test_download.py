@@ -110,6 +110,7 @@ def test_qa_conversions(tmp_path):
     assert json.load(open(tmp_path / 'labels' / 'xquad' / 'test-th.json'))['data'][0]['paragraphs'][0]['qas'][0]['id'] == 'x-th'
     assert data.read_split(out, 'mlqa', 'dev', 'hi')[0]['id'] == 'm-dev-hi'
     assert [ex['id'] for ex in data.read_split(out, 'tydiqa', 'train')] == ['english-1-1']
+    assert [ex['id'] for ex in data.read_split(out, 'tydiqa', 'train', 'fi')] == ['finnish-2-1']  # in-language's
     assert data.read_split(out, 'tydiqa', 'test', 'sw')[0]['id'] == 'swahili-9'
 
 

@@ -1,13 +1,16 @@
 """Every method on every task family it declares, end to end on the demo's files, which have the
 published files' shapes (test labels stripped, translate-test rows labelled, translate-train
 leaving examples out in another order, tagging translations without tags): each run reaches
-results.json and a prediction file per test language, in the leaderboard's layout."""
+results.json and a prediction file per test language, in the leaderboard's layout. On the tiny
+BERT every method that runs there, on a task of each family in turn, and the seeds' BERT rows'
+options (XLA's confidence penalty, translate-test, in-language few-shot)."""
 import json
 import os
 
 import pytest
 
 import data
+import layers
 import xlt
 from conftest import demo_run, quick_pretrained
 
@@ -22,12 +25,25 @@ def runs():
     turn, out = {}, []
     for name, method in xlt.METHODS.items():
         for options in VARIANTS.get(name, [[]]):
-            cls = method.resolve(train_args(name, 'xnli', options))
+            cls = method.resolve(train_args(name, method.TASKS[0], options))
             for family in dict.fromkeys(data.TASKS[t].family for t in cls.TASKS if t in data.TASKS):
                 tasks = [t for t in cls.TASKS if t in data.TASKS and data.TASKS[t].family == family]
                 turn[family] = turn.get(family, -1) + 1
                 out.append((name, options, tasks[turn[family] % len(tasks)]))
     return out
+
+
+def bert_runs():
+    """(method, options, task) of the tiny BERT: each method that runs on BERT on a family in turn, then
+    the options of the seeds' BERT rows."""
+    out = []
+    for name, method in [(name, method) for name, method in xlt.METHODS.items() if not method.NOT_ON_BERT]:
+        tasks = [t for t in method.TASKS if t in data.TASKS and data.TASKS[t].family != 'retrieval']
+        families = list(dict.fromkeys(data.TASKS[t].family for t in tasks))
+        family = families[len(out) % len(families)]
+        out.append((name, [], next(t for t in tasks if data.TASKS[t].family == family)))
+    return out + [('zeroshot', ['--conf_penalty', '1'], 'panx'), ('zeroshot', ['--translate_test'], 'xnli'),
+                  ('in-language', ['--few_shot', '10'], 'panx')]
 
 
 def train_args(method, task, options):
@@ -75,3 +91,17 @@ def test_every_method_reaches_results_and_predictions_on_every_family(demo, fini
     assert set(results['test']) >= set(langs)
     written = sorted(os.listdir(out / 'predictions' / task))
     assert written == sorted(f'test-{lang}.{data.suffix(task)}' for lang in langs)
+
+
+@pytest.mark.parametrize('method, options, task', bert_runs(), ids=lambda v: ' '.join(v) if isinstance(v, list) else v)
+def test_every_method_that_runs_on_bert_reaches_results_and_predictions(demo, finished, tmp_path, method, options,
+                                                                         task):
+    out = tmp_path / 'run'
+    more = ['--teacher', finished(task)] if method == 'xmixup' and data.TASKS[task].family == 'tagging' else []
+    more += ['--train_lang', 'de'] * ('train_lang' in {o.name for o in xlt.METHODS[method].OPTIONS})
+    demo_run(out, demo, ['--method', method, '--task', task, '--model', 'tiny-bert', *options, *QUICK, *more])
+    results = json.load(open(out / 'results.json'))
+    assert set(results['test']) >= set(data.DEMO_LANGS)
+    assert sorted(os.listdir(out / 'predictions' / task)) == [f'test-{lang}.{data.suffix(task)}'
+                                                              for lang in sorted(data.DEMO_LANGS)]
+    assert layers.load_checkpoint(str(out / 'best.pt'))['meta']['tokenizer'] == [str(out / 'demo-data' / 'vocab.txt')]

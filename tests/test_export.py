@@ -124,3 +124,51 @@ def test_what_is_not_one_text_through_xlmr_is_refused_in_one_line(runs, tmp_path
     with pytest.raises(KeyboardInterrupt):  # interrupted halfway: nothing is left behind
         layers.export(str(root / 'xnli'), str(tmp_path / 'cut'))
     assert not [name for name in os.listdir(tmp_path) if name.startswith('cut')]
+
+
+@pytest.fixture(scope='module')
+def bert_runs(tmp_path_factory):
+    """A short zero-shot demo run of each family on the tiny BERT -> (their folder, the demo)."""
+    root = tmp_path_factory.mktemp('export-bert')
+    demo = data.make_demo(str(root / 'demo-data'), n_train=40, n_eval=12)
+    for task in AUTO:
+        demo_run(root / task, demo, ['--task', task, '--epochs', '1', '--model', 'tiny-bert'])
+    return root, demo
+
+
+@pytest.mark.parametrize('task', AUTO)
+def test_an_exported_bert_run_computes_the_projects_logits_and_ids(bert_runs, task, tmp_path):
+    """BertFor* and BertTokenizer from the exported folder alone: the run's ids, token types as BertTokenizer
+    gives them (segment B after the first [SEP], written out here for QA's windows), the run's logits."""
+    root, demo = bert_runs
+    layers.main(['export', str(root / task), str(tmp_path / 'hf')])
+    model, loading = getattr(transformers, AUTO[task]).from_pretrained(tmp_path / 'hf', output_loading_info=True)
+    assert not any(loading.values()), loading
+    hf_tok, tok = transformers.AutoTokenizer.from_pretrained(tmp_path / 'hf'), data.WordPiece(demo + '/vocab.txt')
+    examples = data.read_split(demo, task, 'dev', 'de') + data.read_split(demo, task, 'dev', 'zh')
+    for a, b in (texts(task, ex) for ex in examples):
+        assert hf_tok(a, b)['input_ids'] == tok.encode_pair(a, b)
+    items = data.evaluation_items(tok, demo, task, examples, None, 384 if task == 'mlqa' else 128, cache=False)
+    batch = data.collate([items[i] for i in range(len(items))], pad_id=tok.pad)
+    sep = batch.ids.eq(tok.eos).long()
+    types = (sep.cumsum(1) - sep).clamp(max=1) * batch.mask
+    with torch.no_grad():
+        ours = the_projects(root / task).predict(batch)
+        out = model.eval()(input_ids=batch.ids, attention_mask=batch.mask.long(), token_type_ids=types)
+    theirs = torch.stack([out.start_logits, out.end_logits], -1) if task == 'mlqa' else out.logits
+    real = batch.mask.bool() if task != 'xnli' else torch.ones(len(ours), dtype=torch.bool)
+    assert ours.shape == theirs.shape and torch.allclose(ours[real], theirs[real], atol=1e-5)
+    if task == 'xnli':
+        a, b = texts(task, examples[0])  # BertTokenizer's segment B: the second text and its [SEP]
+        assert hf_tok(a, b)['token_type_ids'] == types[0, :len(tok.encode_pair(a, b))].tolist()
+        pipe = transformers.pipeline('text-classification', model=str(tmp_path / 'hf'), tokenizer=str(tmp_path / 'hf'))
+        said = [pipe({'text': ex['a'], 'text_pair': ex['b']})['label'] for ex in examples]
+        assert said == [data.TASKS[task].labels[i] for i in ours.argmax(-1).tolist()]
+        layers.main(['export', str(root / task), str(tmp_path / 'encoder'), '--encoder'])
+        model = transformers.AutoModel.from_pretrained(tmp_path / 'encoder').eval()
+        with torch.no_grad():
+            theirs = model(input_ids=batch.ids, attention_mask=batch.mask.long(), token_type_ids=types)
+            method = the_projects(root / task)
+            h = method.encoder(batch.ids)
+        assert torch.allclose(h[batch.mask], theirs.last_hidden_state[batch.mask], atol=1e-5)
+        assert torch.allclose(torch.tanh(method.encoder.pooler(h[:, 0])), theirs.pooler_output, atol=1e-5)

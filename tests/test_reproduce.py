@@ -18,7 +18,7 @@ import eval as ev
 import layers
 import train
 import xlt
-from conftest import demo_run
+from conftest import demo_run, write_bert_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, 'docs')
@@ -247,6 +247,7 @@ def write_layout(root, langs_of):
                   f'mlqa/translate-test/mlqa.translate.test.{lang}-en.json', f'mlqa/translate-dev/mlqa.translate.dev.{lang}-en.json']
     for lang in langs_of('tydiqa'):
         files += [f'tydiqa/tydiqa-goldp-v1.1-dev/tydiqa.goldp.{lang}.dev.json',
+                  f'tydiqa/tydiqa-goldp-v1.1-train/tydiqa.goldp.{lang}.train.json',  # in-language's
                   f'tydiqa/translate-train/tydiqa.translate.train.en-{lang}.json',
                   f'tydiqa/translate-test/tydiqa.translate.test.{lang}-en.json']
     files += [f'bucc2018/{lang}-en.test.{side}' for lang in langs_of('bucc2018') for side in (lang, 'en')]
@@ -270,6 +271,9 @@ def test_every_reproduction_command_passes_dry_run(tmp_path, monkeypatch, capsys
         os.makedirs(os.path.dirname(name) or '.', exist_ok=True)
         torch.save({}, name)  # a torch checkpoint's format: the dry run reads no tensor
         made.add(name)
+    inits = {argv[argv.index('--init') + 1] for _, argv in commands if '--init' in argv}
+    for folder in [init for init in inits if init.endswith('/')]:  # a Hugging Face BERT folder, its vocab.txt
+        write_bert_vocab(folder, ['x'])
     for _, argv in commands:
         for teacher in argv[argv.index('--teacher') + 1:][:1] if '--teacher' in argv else []:
             os.makedirs(teacher, exist_ok=True)  # a finished run of the task

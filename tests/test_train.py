@@ -299,7 +299,8 @@ def test_bad_evaluation_input_stops_before_anything_is_written(tmp_path, demo_da
 
 def test_real_data_without_init_needs_from_scratch(tmp_path, demo_data, capsys):
     one_line_failure(capsys, ['--task', 'xnli', '--model', 'tiny', '--data_dir', demo_data, '--out', str(tmp_path / 'o')],
-                     'no --init: this would train XLM-R tiny from random weights for hours')
+                     'no --init: this would train tiny from random weights for hours. Get its weights (docs/weights.md: '
+                     'xlm-roberta-tiny converted by python layers.py convert, or a BERT folder) and pass --init')
     assert not os.path.exists(tmp_path / 'o' / 'config.json')
 
 
@@ -327,7 +328,7 @@ def test_demo_classification_is_learnt_in_english_and_leaves_a_gap(tmp_path, dem
 def test_a_score_within_an_epoch_is_kept_when_it_is_the_best(tmp_path):
     """--eval_steps: end_epoch's keep rule (strictly better) holds within an epoch as at its end."""
     args = train.parse_args(['--method', 'zeroshot', '--task', 'pawsx', '--demo', '--out', str(tmp_path)])
-    run = train.Run(args, 0, 1, torch.device('cpu'), argparse.Namespace(files=[]), sets={})  # a tokenizer's files
+    run = train.Run(args, 0, 1, torch.device('cpu'), argparse.Namespace(files=[], lower=False), sets={})  # a tokenizer's files
     method = run.build(encoder=layers.Encoder(layers.CONFIGS['tiny']))
     scores = iter([70.0, 60.0, 70.0])
     validate = lambda: {'en': {'score': next(scores)}, 'de': {'score': 50.0}}

@@ -587,8 +587,8 @@ def test_released_nlg_model_is_read_through_its_dict_txt(tmp_path, demo_data):
     assert layers.load_checkpoint(str(tmp_path / 'run' / 'best.pt'))['config']['vocab_size'] == tok.vocab_size  # no new rows
     os.remove(folder / 'dict.txt')
     one_line(['--demo', '--out', str(tmp_path / 'run'), *argv, '--init', str(folder / 'model.pt'), '--overwrite'],
-             f'the tokenizer has {data.Tokenizer(sp_path).vocab_size} ids but the model {tok.vocab_size}: use the sentencepiece '
-             'model (--spm) and any fairseq dict.txt (--dict) that came with the checkpoint')
+             f'the tokenizer has {data.Tokenizer(sp_path).vocab_size} ids (padding 1, separator 2), the model '
+             f'{tok.vocab_size} (1, 2): pass its own (--spm, --dict; --vocab)')
 
 
 def test_released_nlu_checkpoint_is_the_encoder(tmp_path):
