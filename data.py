@@ -213,8 +213,16 @@ class WordPiece:
         self.pad, self.unk, self.bos, self.eos, self.mask = self.specials = specials
         self.path, self.files, self.vocab_size = path, [os.path.abspath(path)], len(self.pieces)
         self.between = [self.eos]  # the ids between a pair's two texts
-        uncased = all(p == p.lower() for p in self.pieces if not p.startswith('['))  # as bert-base-uncased's
-        self.lower, self.cache = lower or uncased, {}  # cache: word -> its pieces
+        self.lower, self.cache = lower or self.uncased(path), {}  # cache: word -> its pieces
+
+    def uncased(self, path):
+        """Is the vocabulary uncased? As its tokenizer_config.json says (do_lower_case), else when no piece has
+        a capital (bert-base-uncased's has none, the cased ones have many)."""
+        config = os.path.join(os.path.dirname(path), 'tokenizer_config.json')
+        if os.path.isfile(config):
+            with open(config, encoding='utf-8') as f:
+                return bool(json.load(f).get('do_lower_case', False))
+        return all(p == p.lower() for p in self.pieces if not p.startswith('['))
 
     def words(self, text):
         """-> [(word, at)]: the words of text as the vocabulary reads them; at[k]: the index in text of the
@@ -270,14 +278,17 @@ class WordPiece:
         answer boundaries) inside a word cuts it there: the rest is read as a word's inside."""
         ids, spans = [], []
         for word, at in self.words(text):
+            if len(word) > self.LONGEST:
+                ids.append(self.unk)
+                spans.append((at[0], at[-1] + 1))
+                continue
             bounds = [0] + [k for k in range(1, len(at)) if any(at[k - 1] < cut <= at[k] for cut in cuts)]
-            bounds = [0] if len(word) > self.LONGEST else bounds
             for s, e in zip(bounds, bounds[1:] + [len(at)]):
-                pieces = self.word_pieces(word[s:e], s > 0) if len(word) <= self.LONGEST else [(self.unk, len(word))]
-                for i, n in pieces:
+                start = s  # the first character of the piece
+                for i, n in self.word_pieces(word[s:e], s > 0):
                     ids.append(i)
-                    spans.append((at[s], at[s + n - 1] + 1))
-                    s += n
+                    spans.append((at[start], at[start + n - 1] + 1))
+                    start += n
         return ids, spans
 
     def encode(self, text):
@@ -379,7 +390,7 @@ def languages(task, demo=False):
 
 
 def split_path(data_dir, task, split, lang='en'):
-    """File of a split: 'train' (English), 'dev', 'test', 'translate-train' (English -> lang),
+    """File of a split: 'train' (English's by default), 'dev', 'test', 'translate-train' (English -> lang),
     'translate-dev' / 'translate-test' (lang -> English) or 'round-trip' (the English training
     data translated into lang and back); None where the benchmark has none."""
     family = TASKS[task].family
@@ -861,17 +872,17 @@ def check_files(data_dir, task, reader, files, family='xlmr'):
         more = f' (and {len(lost) - 1} more, listed above)' if len(lost) > 1 else ''
         raise DataError(f'{lost[0][0]} not found{more}: {lost[0][1]}')
     if files:  # a file that is no tokenizer's stops here, not after a folder is made
-        (WordPiece if family == 'bert' else Tokenizer)(files[-1][0])
+        tokenizer(family, files[-1][0])
 
 
 def task_files(data_dir, task, trained=(), round_trip=False, translations=False, train=True, reader='the run',
-               own=False):
-    """-> [(path, what, needed)] of a task in the layout of docs/data.md: the English training file
-    (train), the translate-train files of the languages `trained` (with their round trips, read
-    where they are) or with `own` their own training files (in-language: one needed; in-language
-    multi-task reads those there are, UD has none in some), every dev and test file, with
-    translations the translate-dev and translate-test files of the target languages (reader: who
-    reads them, for the message), and the test labels. Not needed: read where it is there."""
+               trains_on='en'):
+    """-> [(path, what, needed)] of a task in the layout of docs/data.md: the training files (train):
+    English's (but in-language's), the translate-train files of the languages `trained` (with their
+    round trips, read where they are), or their own training files (trains_on 'own_lang': needed;
+    'every_own': those there are, UD has none in some), every dev and test file, with translations
+    the translate-dev and translate-test files of the target languages (reader: who reads them, for
+    the message), and the test labels. Not needed: read where it is there."""
     family, langs = TASKS[task].family, languages(task, is_demo(data_dir))
     get = f'python data.py download --task {task} --out {data_dir}'
     labels = [(os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}'), 'test labels (scored when there)',
@@ -882,12 +893,14 @@ def task_files(data_dir, task, trained=(), round_trip=False, translations=False,
                 for split, names in sides(lang) for side in names] + labels
     files = []
     add = lambda path, what, needed=True: files.append((path, what, needed))
-    if train:
+    own = trains_on in ('own_lang', 'every_own')
+    if train and trains_on != 'own_lang':
         add(split_path(data_dir, task, 'train'), get)
-        for lang in trained if own else ():
-            add(split_path(data_dir, task, 'train', lang), f'the training data of {lang} itself ({get}; UD v2.5 has '
-                'none in some languages)', len(trained) == 1)
-        for lang in () if own else trained:
+    for lang in trained if train and own else ():
+        add(split_path(data_dir, task, 'train', lang), f'the training data of {lang} itself ({get}; UD v2.5 has '
+            'none in some languages)', trains_on == 'own_lang')
+    if train and not own:
+        for lang in trained:
             add(split_path(data_dir, task, 'translate-train', lang),
                 f'{task} needs translate-train files for {lang}; {TRANSLATIONS}')
             if round_trip:

@@ -508,7 +508,8 @@ def config_from(sd, meta, scaled=False, sep_id=2):
     bert = 'enc.token_type.weight' in sd
     return Config(vocab_size=vocab, n_layer=n_layer, n_head=heads, dim=dim,
                   ffn_dim=sd['enc.blocks.0.ffn.fc1.weight'].size(0), max_positions=sd['enc.pos.weight'].size(0),
-                  pad_id=meta.get('pad_token_id', 0 if bert else 1), ln_eps=meta.get('layer_norm_eps', 1e-5),
+                  pad_id=meta.get('pad_token_id', 0 if bert else 1),
+                  ln_eps=meta.get('layer_norm_eps', 1e-12 if bert else 1e-5),
                   embed_scale=math.sqrt(dim) if scaled and not meta.get('no_scale_embedding') else 1.0,
                   family='bert' if bert else 'xlmr', type_vocab_size=len(sd['enc.token_type.weight']) if bert else 0,
                   sep_id=sep_id)
@@ -551,7 +552,7 @@ def read_checkpoint(path):
             raise CheckpointError(f'{cfg_file} not found: a Hugging Face checkpoint needs its config.json beside it')
         with open(cfg_file) as f:
             meta = json.load(f)
-        if meta.get('model_type') == 'bert':
+        if meta.get('model_type') == 'bert' or any(k.startswith(('bert.', 'cls.predictions.')) for k in obj):
             sd, unknown = rename(obj, BERT_NAMES, ('bert.',))
             return config_from(sd, meta, sep_id=vocab_index(os.path.dirname(path), '[SEP]', 102)), sd, unknown
         sd, unknown = rename(obj, HF_NAMES, ('roberta.',))
@@ -797,9 +798,9 @@ def export_checkpoint(src, encoder_only=False):
     ckpt = load_checkpoint(path)
     kind = 'encoder' if encoder_only else ckpt['meta'].get('export')
     if kind not in HF_CLASSES['xlmr']:
-        why = kind or 'the checkpoint does not say how its method predicts'
-        raise CheckpointError(f'{path}: {why}, which no Hugging Face XLM-R class computes: export its encoder alone '
-                              'with --encoder')
+        why, model = kind or 'the checkpoint does not say how its method predicts', ckpt['config'].get('family', 'xlmr')
+        raise CheckpointError(f'{path}: {why}, which no Hugging Face {"BERT" if model == "bert" else "XLM-R"} class '
+                              'computes: export its encoder alone with --encoder')
     scaled = ckpt['config']['embed_scale'] != 1
     if scaled or kind == 'mlm' and not ckpt.get('mlm'):
         why = 'its token embeddings are scaled, which XLM-R\'s are not' if scaled else 'no MLM head'
@@ -829,7 +830,6 @@ def model_card(ckpt, path, arch, out):
             f'tokenizer = AutoTokenizer.from_pretrained({out!r})\nmodel = {auto}.from_pretrained({out!r})\n```\n')
 
 
-
 def unigram(path):
     """Is the sentencepiece model a unigram model, as XLM-R's is? transformers reads every one as such; a
     BPE model (the demo's) has no n-best segmentations."""
@@ -851,8 +851,8 @@ def export(src, out, encoder_only=False, spm=None, vocab=None):
                               f'{"--vocab" if family == "bert" else "--spm"}')
     if family == 'xlmr':
         check_xlmr_tokenizer(path, ckpt, tokenizer)
-    if kind not in HF_CLASSES[family]:
-        raise CheckpointError(f'{path}: {kind}, which no Hugging Face {family} class computes: export its encoder '
+    if kind not in HF_CLASSES[family]:  # BERT's MLM: VECO's pre-training alone makes one, on XLM-R
+        raise CheckpointError(f'{path}: {kind}, which no Hugging Face BERT class computes here: export its encoder '
                               'alone with --encoder')
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise CheckpointError(f'{out} exists and is not an empty folder: give a new folder')

@@ -177,8 +177,7 @@ def configure(args, owners):
         fail(str(e))
     args.out = args.out or os.path.join('runs', '-'.join(cls.folder(args) + default_folder(args)))
     args.dict = args.dict or data.beside(args.init, 'dict.txt')
-
-    if args.demo and not args.init and not args.from_scratch and cls.pretrained_start and model_family(args) == 'xlmr':
+    if args.demo and not args.init and not args.from_scratch and cls.pretrained_start and args.model == demo['model']:
         args.init = demo_start(args.out)  # made by the run when missing; recorded alike by every run of the folder
     return args
 
@@ -262,7 +261,6 @@ def check_options(args, cls):
         langs = target_langs(args)
         if args.train_lang not in langs:
             fail(f'{args.method} needs --train_lang, one of {", ".join(langs)}')
-
     if args.task in data.TASKS and family(args) != 'retrieval':
         narrow = {'dim': 8, 'n_head': 1, 'ffn_dim': 8, 'vocab_size': 8}
         cfg = layers.Config(**{**layers.CONFIGS[args.model].__dict__, **narrow})
@@ -275,14 +273,13 @@ def check_options(args, cls):
 def check_init(args):
     """Real data needs pre-trained weights, unless --from_scratch says otherwise."""
     if not (args.init or args.demo or args.from_scratch):
-        fail(f'no --init: this would train {args.model} from random weights for hours. Get its weights (docs/'
-             f'weights.md: xlm-roberta-{args.model} converted by python layers.py convert, or a BERT folder) and pass '
-             '--init (or --from_scratch to mean it)')
+        fail(f'no --init: this would train {args.model} from random weights for hours. Get its weights as docs/'
+             'weights.md says (XLM-R\'s converted by python layers.py convert, BERT\'s Hugging Face folder as it is) '
+             'and pass --init (or --from_scratch to mean it)')
 
 
 def target_langs(args):
     return [lang for lang in data.languages(args.task, args.demo or data.is_demo(args.data_dir)) if lang != 'en']
-
 
 
 def planned_files(args, cls):
@@ -290,9 +287,9 @@ def planned_files(args, cls):
     and the method's own), the tokenizer's file last; not needed: read where it is there."""
     files = []
     if args.task in data.TASKS:
-        langs, own = cls.train_langs(args, target_langs(args)), cls.trains_on in ('own_lang', 'every_own')
+        langs = cls.train_langs(args, target_langs(args))
         files = data.task_files(args.data_dir, args.task, langs, cls.round_trip, cls.paired or args.translate_test,
-                                not args.eval_only, args.method, own)
+                                not args.eval_only, args.method, cls.trains_on)
     return files + cls.reads(args) + [data.tokenizer_file(model_family(args), args.data_dir, args.spm, args.vocab,
                                                           args.init)]
 
@@ -302,11 +299,14 @@ def check_run(args, name, folder):
     if not is_finished(folder):
         fail(f'--{name} {folder} is not a finished run (no results.json): give the folder of a finished run')
     try:
-        task = layers.load_checkpoint(os.path.join(folder, 'best.pt'), mmap=True)['meta']['task']
+        ckpt = layers.load_checkpoint(os.path.join(folder, 'best.pt'), mmap=True)
     except layers.CheckpointError as e:
         fail(f'--{name} {folder}: {e}')
+    task, family = ckpt['meta']['task'], (ckpt.get('config') or {}).get('family', 'xlmr')
     if task != args.task:
         fail(f'--{name} {folder} is a run of {task}, not {args.task}: give a {args.task} run')
+    if family != model_family(args):  # its ids would be another tokenizer's
+        fail(f'--{name} {folder} is a run of {family}, this one of {model_family(args)}: give a run of the same model')
 
 
 def plan(args, world, files):

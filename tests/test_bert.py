@@ -11,7 +11,7 @@ import torch
 import data
 import layers
 import xlt
-from conftest import SCRIPTS, bert_config, demo_run, random_bert_weights, write_bert_vocab, write_hf_dir
+from conftest import SCRIPTS, bert_config, demo_run, one_line, random_bert_weights, write_bert_vocab, write_hf_dir
 
 # accents, CJK, Thai, Arabic, Devanagari, control characters, emoji, a word of over 100 characters, punctuation runs
 HARD = {
@@ -164,7 +164,7 @@ def test_each_task_head_equals_its_bert_class(reference, family):
     assert (ours - expected).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize('layout', ['safetensors', 'bin, old names', 'BertModel, no pooler'])
+@pytest.mark.parametrize('layout', ['safetensors', 'bin, old names', 'BertModel, no pooler', 'BertForMaskedLM'])
 def test_every_bert_layout_reads_and_converts(layout, tmp_path):
     """BertForPreTraining's files (safetensors; pytorch_model.bin with the first releases' LayerNorm gamma and
     beta), a BertModel's (no 'bert.' prefix) and BertForMaskedLM's without the pooler (a new one, as
@@ -176,6 +176,8 @@ def test_every_bert_layout_reads_and_converts(layout, tmp_path):
               for k, v in sd.items()}
     if layout.startswith('BertModel'):
         sd = {k.removeprefix('bert.'): v for k, v in sd.items() if k.startswith('bert.') and 'pooler' not in k}
+    if layout == 'BertForMaskedLM':  # no pooler, no next-sentence head
+        sd = {k: v for k, v in sd.items() if 'pooler' not in k and 'seq_relationship' not in k}
     folder = write_hf_dir(sd, cfg, tmp_path / 'bert', fmt='bin' if layout.startswith('bin') else 'safetensors')
     write_bert_vocab(folder, ['x'])
     enc, mlm = layers.load_pretrained(folder)
@@ -184,12 +186,14 @@ def test_every_bert_layout_reads_and_converts(layout, tmp_path):
     prefix = '' if layout.startswith('BertModel') else 'bert.'
     assert torch.equal(enc.ln.weight, sd[f'{prefix}embeddings.{gamma}'])
     assert torch.equal(enc.token_type.weight, sd[f'{prefix}embeddings.token_type_embeddings.weight'])
-    if not layout.startswith('BertModel'):
+    if 'bert.pooler.dense.weight' in sd:
         assert torch.equal(enc.pooler.weight, sd['bert.pooler.dense.weight'])
     layers.main(['convert', folder, str(tmp_path / 'bert.pt')])
     again, _ = layers.load_pretrained(str(tmp_path / 'bert.pt'))
     assert again.cfg == enc.cfg and all(torch.equal(a, b) for a, b in zip(enc.state_dict().values(),
                                                                           again.state_dict().values()))
+    if 'bert.pooler.dense.weight' not in sd:  # a new pooler, the same at every load
+        assert torch.equal(layers.load_pretrained(folder)[0].pooler.weight, enc.pooler.weight)
 
 
 @pytest.mark.slow
@@ -209,11 +213,46 @@ def test_xmixup_runs_on_an_mbert_sized_folder_in_the_real_layout(tmp_path):
 
 
 def test_where_wordpiece_differs_from_transformers_as_its_docs_say(vocab):
-    """docs/weights.md: no NFC first (XTREME's transformers 2.x had none), and a literal [SEP] in the text is text."""
+    """docs/weights.md: no NFC first, as XTREME's transformers 2.x and transformers' Rust tokenizer (transformers 5's
+    Python one has it); a literal [SEP] in the text is text."""
     legacy = pytest.importorskip('transformers.models.bert.tokenization_bert_legacy')
+    transformers = pytest.importorskip('transformers')
     tok, ref = data.WordPiece(vocab), legacy.BertTokenizerLegacy(vocab, do_lower_case=False)
+    rust = transformers.BertTokenizer(vocab, do_lower_case=False)
     decomposed = 'Cafe\u0301 crème'
     composed = data.unicodedata.normalize('NFC', decomposed)
     assert tok.encode(composed) == ref.encode(decomposed, add_special_tokens=False) != tok.encode(decomposed)
+    assert tok.encode(decomposed) == rust.encode(decomposed, add_special_tokens=False)
     literal = 'Hello [SEP] World'
     assert tok.eos in ref.encode(literal, add_special_tokens=False) and tok.eos not in tok.encode(literal)
+
+
+def test_an_uncased_vocabulary_lowercases_and_its_tokenizer_config_decides(tmp_path, vocab):
+    """No capital in the vocabulary (bert-base-uncased's): lowercased, accents stripped; a tokenizer_config.json
+    beside it says do_lower_case, as Hugging Face's folders do."""
+    lines = open(vocab, encoding='utf-8').read().splitlines()
+    (tmp_path / 'vocab.txt').write_text(''.join(line + '\n' for line in dict.fromkeys(
+        line if line.startswith('[') else line.lower() for line in lines)), encoding='utf-8')
+    tok = data.WordPiece(str(tmp_path / 'vocab.txt'))
+    assert tok.lower and tok.encode('CAFÉ Crème') == tok.encode('cafe creme')
+    (tmp_path / 'tokenizer_config.json').write_text(json.dumps({'do_lower_case': False}))
+    assert not data.WordPiece(str(tmp_path / 'vocab.txt')).lower
+    assert not data.WordPiece(vocab).lower  # a cased one, as mBERT's
+
+
+def test_in_language_keeps_its_own_languages_best_dev_and_without_one_the_last_epoch():
+    dev = {'en': {'score': 90.0}, 'de': {'score': 70.0}, 'zh': {'score': 40.0}}
+    assert xlt.selection('de', dev) == (70.0, 'best dev score of de')
+    assert xlt.selection('kk', dev) == (None, 'last epoch (no kk dev set)')  # not the others' average
+    assert xlt.selection('en', dev) == (90.0, 'best English dev score') and xlt.selection('average', dev)[0] == 200 / 3
+
+
+def test_a_teacher_of_the_other_backbone_is_refused_in_one_line(tmp_path):
+    """Its probabilities would be of another tokenizer's ids: an XLM-R run cannot teach a BERT student."""
+    teacher = tmp_path / 'teacher'
+    teacher.mkdir()
+    (teacher / 'results.json').write_text('{}')
+    layers.save_checkpoint(str(teacher / 'best.pt'), {'task': 'panx'}, config={'family': 'xlmr'})
+    one_line(['--method', 'xmixup', '--task', 'panx', '--demo', '--model', 'tiny-bert', '--teacher', str(teacher),
+              '--out', str(tmp_path / 'run')], f'--teacher {teacher} is a run of xlmr, this one of bert: give a run of '
+             'the same model')

@@ -299,8 +299,8 @@ def test_bad_evaluation_input_stops_before_anything_is_written(tmp_path, demo_da
 
 def test_real_data_without_init_needs_from_scratch(tmp_path, demo_data, capsys):
     one_line_failure(capsys, ['--task', 'xnli', '--model', 'tiny', '--data_dir', demo_data, '--out', str(tmp_path / 'o')],
-                     'no --init: this would train tiny from random weights for hours. Get its weights (docs/weights.md: '
-                     'xlm-roberta-tiny converted by python layers.py convert, or a BERT folder) and pass --init')
+                     'no --init: this would train tiny from random weights for hours. Get its weights as docs/weights.md '
+                     'says (XLM-R\'s converted by python layers.py convert, BERT\'s Hugging Face folder as it is)')
     assert not os.path.exists(tmp_path / 'o' / 'config.json')
 
 
