@@ -16,7 +16,7 @@ import re
 import shutil
 import struct
 import sys
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 
 import sentencepiece
@@ -710,9 +710,59 @@ def set_dropout(encoder, dropout=None, attn_dropout=None):
             m.p = encoder.cfg.attn_dropout = attn_dropout
 
 
-def autocast(device):
-    """bf16 autocast on a GPU; full precision on the CPU."""
-    return torch.autocast('cuda', dtype=torch.bfloat16) if device.type == 'cuda' else nullcontext()
+def default_precision(device_type):
+    """bf16 on a GPU that computes it natively (Ampere on), fp16 with a loss scaler on one that does not (V100, T4),
+    fp32 on the CPU."""
+    if device_type != 'cuda':
+        return 'fp32'
+    return 'bf16' if torch.cuda.is_bf16_supported(including_emulation=False) else 'fp16'
+
+
+def autocast(device, precision):
+    """Autocast to bf16 or fp16 (torch's list of operations that run in it; the CPU has both), or none for fp32."""
+    dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(precision)
+    return torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
+
+
+@contextmanager
+def exact_fp32(device):
+    """fp32 arithmetic on any device: autocast off, and TF32 off (train.py allows it for fp32 matmuls otherwise)."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        with torch.autocast(device.type, enabled=False):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+
+
+class Precision:
+    """A run's arithmetic in training: autocast (`autocast`), and for fp16 a dynamic loss scaler
+    (torch.amp.GradScaler): the loss is scaled up before backward so that small fp16 gradients do not
+    vanish, unscaled before clipping; a step whose gradients overflow is skipped and the scale halved."""
+
+    def __init__(self, precision, device):
+        self.precision, self.device = precision, device
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == 'fp16')
+
+    def autocast(self):
+        return autocast(self.device, self.precision)
+
+    def backward(self, loss):
+        self.scaler.scale(loss).backward()
+
+    def step(self, opt, params, clip):
+        """Clip the unscaled gradients to norm `clip`, then the optimiser's step unless they overflowed. -> {} or,
+        scaling, {'skipped': 1.0 or 0.0} for the log (fp16's scaler reads its overflow check on the host)."""
+        self.scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(params, clip)
+        if not self.scaler.is_enabled():
+            opt.step()
+            return {}
+        scale = self.scaler.get_scale()
+        self.scaler.step(opt)
+        self.scaler.update()
+        return {'skipped': float(self.scaler.get_scale() < scale)}
 
 
 # ---------------------------------------------------------------------------

@@ -56,6 +56,8 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('dropout', help='override the model\'s dropout', valid=SHARE),
     Option('attn_dropout', help='override the attention dropout (default: --dropout\'s value)', valid=SHARE),
     Option('seed', int, 'seed of the head, the batches and dropout (default 1)', NON_NEGATIVE, default=1),
+    Option('precision', str, 'bf16, fp16 (with a loss scaler) or fp32 (default: bf16 on a GPU that has it, fp16 on one '
+           'that has not, fp32 on the CPU)', choices=('bf16', 'fp16', 'fp32')),
     Option('translate_test', bool, 'evaluate on the test sets translated into English'),
     Option('layer', int, 'retrieval: layer pooled (default XTREME\'s: BUCC 20, Tatoeba 14 of 24; 8 of 12)', AT_LEAST_1),
     Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute'),
@@ -92,7 +94,7 @@ def main(argv=None):
     global START
     START = time.time()
     args = parse_args(argv)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 matmuls outside autocast
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.precision != 'fp32'  # off autocast
     rank, world, device = setup_distributed() if not args.dry_run else (  # a dry run starts no process group
         int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1)), None)
     data.VERBOSE = rank == 0  # warnings about skipped data, once
@@ -648,7 +650,7 @@ class Run:
         `lengths`, data.in_windows); under DDP the blocks pass through files. -> a data.Ragged per field of every
         position's results, alike for any number of processes, on every process (everywhere=False: on process 0)."""
         block = range(len(lengths) * self.rank // self.world, len(lengths) * (self.rank + 1) // self.world)
-        with layers.autocast(self.device):
+        with layers.autocast(self.device, self.args.precision):
             blocks = data.in_windows(fn, lengths, block, self.args.eval_batch_size, desc)
         if self.world > 1:
             os.makedirs(self.out, exist_ok=True)  # a stage's, before it begins
@@ -693,14 +695,14 @@ class Run:
                                            f'{self.out}/predictions/{kept}')
 
     def write_results(self, results, table, where, files=None):
-        """results.json, results.txt (the table) and other files {name: text} of the finished run;
-        the table printed, then where they are and the time the run took."""
-        if self.rank != 0:
-            return
-        files = {**(files or {}), 'results.json': json.dumps(results, indent=2), 'results.txt': table + '\n'}
-        for name, text in files.items():
-            layers.atomic_write(self.path(name), text)
-        print(f'{table}\n{where}; {ev.clock(time.time() - START)} in all')
+        """results.json, results.txt and files {name: text} by process 0, the table printed; every process waits."""
+        if self.rank == 0:
+            files = {**(files or {}), 'results.json': json.dumps(results, indent=2), 'results.txt': table + '\n'}
+            for name, text in files.items():
+                layers.atomic_write(self.path(name), text)
+            print(f'{table}\n{where}; {ev.clock(time.time() - START)} in all')
+        if dist.is_initialized():
+            dist.barrier()
 
     def path(self, name):
         return os.path.join(self.out, name)
@@ -800,7 +802,8 @@ def train(run, method, items, validate, batches_of, keep_last=0):
     per_epoch = len(batches_of(0))
     opt, sched = optimizer_and_schedule(method, args, args.steps or per_epoch * args.epochs)
     model = DDP(method, device_ids=[run.device.index] if run.device.type == 'cuda' else None) if world > 1 else method
-    state = resumed(run, method, opt, sched)
+    precision = layers.Precision(args.precision, run.device)
+    state = resumed(run, method, opt, sched, precision.scaler)
     log = open_log(run.path('log.jsonl'), state['step']) if rank == 0 else None
     started, collate = time.time(), data.collate_items(method.paired, run.tok.pad)
     method.step = state['step']  # the optimiser step: methods with schedules (X-Mixup's p*, frozen phases) read it
@@ -812,12 +815,11 @@ def train(run, method, items, validate, batches_of, keep_last=0):
         bar = data.bar(total=len(batches), initial=start, desc=f'epoch {state["epoch"] + 1}/{args.epochs}')
         for batch in batches[start:]:
             method.train()
-            since.append(train_step(model, items, batch, args, state['step'], rank, world, run.device, collate))
+            since.append(train_step(model, items, batch, args, state['step'], rank, world, precision, collate))
             frozen = method.frozen()
             for p in frozen:
                 p.grad = None  # AdamW leaves a parameter without a gradient as it is
-            torch.nn.utils.clip_grad_norm_(method.parameters(), args.clip)
-            opt.step()
+            since[-1].update(precision.step(opt, method.parameters(), args.clip))  # fp16: whether it was skipped
             sched.step()
             opt.zero_grad(set_to_none=True)
             state['step'] += 1
@@ -833,13 +835,13 @@ def train(run, method, items, validate, batches_of, keep_last=0):
                 end_epoch(run, method, validate, state, 0, epoch_loss, time.time() - started, log, padding,
                           round(state['step'] / per_epoch, 2))
             if state['step'] % args.save_every == 0 and state['step'] % per_epoch:
-                save(run, 'last.pt', resume_point(method, opt, sched, state), args)
+                save(run, 'last.pt', resume_point(method, opt, sched, state, precision.scaler), args)
             if args.halt_after and state['step'] == args.halt_after:
                 os._exit(3)  # as if killed
         bar.close()
         state['epoch'] += 1
         end_epoch(run, method, validate, state, keep_last, epoch_loss, time.time() - started, log, padding)
-        save(run, 'last.pt', resume_point(method, opt, sched, state), args)
+        save(run, 'last.pt', resume_point(method, opt, sched, state, precision.scaler), args)
     if rank == 0:  # the training is over and best.pt holds what it kept: the resume point (optimiser state too) goes
         layers.atomic_write(run.path('trained.json'), json.dumps(state))
         run.drop('last.pt')
@@ -878,9 +880,9 @@ def optimizer_and_schedule(method, args, total_steps):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, method.schedule(args, total_steps))
 
 
-def resumed(run, method, opt, sched):
-    """The loop's state: from last.pt with --resume (the method, optimiser, schedule and random
-    state as they were), else from the start."""
+def resumed(run, method, opt, sched, scaler):
+    """The loop's state: from last.pt with --resume (the method, optimiser, schedule, fp16's loss
+    scale and random state as they were), else from the start."""
     last, trained = run.path('last.pt'), run.path('trained.json')
     if run.args.resume and os.path.exists(trained):  # a finished training: best.pt holds what it kept
         return json.loads(data.read_text(trained))
@@ -889,14 +891,13 @@ def resumed(run, method, opt, sched):
     if not (run.args.resume and os.path.exists(last)):
         return {'step': 0, 'epoch': 0, 'best': float('-inf')}
     ckpt = layers.load_checkpoint(last, identity(run.args))
-    method.load_state_dict(ckpt['method'])
-    opt.load_state_dict(ckpt['optimizer'])
-    sched.load_state_dict(ckpt['schedule'])
+    for part, name in ((method, 'method'), (opt, 'optimizer'), (sched, 'schedule'), (scaler, 'scaler')):
+        part.load_state_dict(ckpt.get(name, {}))  # the scaler reads {} unless fp16's
     torch.set_rng_state(ckpt['rng'])
     return ckpt['state']
 
 
-def train_step(model, items, batch, args, step, rank, world, device, collate):
+def train_step(model, items, batch, args, step, rank, world, precision, collate):
     """One optimiser step's gradients: the global batch cut into world x grad_accum chunks, chunk c on process c %
     world with its own dropout seed, so that any split over processes and micro-steps computes the same gradient."""
     chunks = np.array_split(np.array(batch), world * args.grad_accum)
@@ -906,9 +907,9 @@ def train_step(model, items, batch, args, step, rank, world, device, collate):
         c = a * world + rank
         torch.manual_seed(args.seed * 1_000_003 + step * 1009 + c)
         sync = a == args.grad_accum - 1 or not isinstance(model, DDP)
-        with (nullcontext() if sync else model.no_sync()), layers.autocast(device):
-            loss, chunk_logs = model(collate([items[i] for i in chunks[c]], chunks[c].tolist()).to(device))
-        (loss * len(chunks[c]) * world / len(batch)).backward()
+        with (nullcontext() if sync else model.no_sync()), precision.autocast():
+            loss, chunk_logs = model(collate([items[i] for i in chunks[c]], chunks[c].tolist()).to(precision.device))
+        precision.backward(loss * len(chunks[c]) * world / len(batch))
         for k, v in chunk_logs.items():  # this process's micro-batches, weighted by their size
             logs[k] = logs.get(k, 0.0) + v * len(chunks[c]) / mine
     return logs
@@ -936,9 +937,9 @@ def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log,
         log.flush()
 
 
-def resume_point(method, opt, sched, state):
+def resume_point(method, opt, sched, state, scaler):
     return {'method': method.state_dict(), 'optimizer': opt.state_dict(), 'schedule': sched.state_dict(),
-            'state': dict(state), 'rng': torch.get_rng_state()}
+            'state': dict(state), 'rng': torch.get_rng_state(), 'scaler': scaler.state_dict()}
 
 
 def save(run, name, parts, args, keep=0):

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 import data
 import eval as ev
 from data import IGNORE, TASKS, Batch
-from layers import (CONFIGS, Encoder, MLMHead, autocast, average_checkpoints, beam_search, init_weights, is_cross,
-                    kept_checkpoints, mean_pool)
+from layers import (CONFIGS, Encoder, MLMHead, autocast, average_checkpoints, beam_search, default_precision,
+                    exact_fp32, init_weights, is_cross, kept_checkpoints, mean_pool)
 
 
 # ----------------------------------------------------------------------------------------
@@ -142,7 +142,8 @@ class Method(nn.Module):
         epochs = (15 if qa else 8) if demo else 2 if args.task in ('xquad', 'mlqa') else 4  # the demo's QA needs longer
         lr = {**cls.LR, **(cls.LR_LARGE if args.model == 'large' else {})}.get(args.task, 2e-5)
         papers = {'lr': lr, 'epochs': epochs, 'warmup': 0.1, 'group_by_length': True, 'clip': 1.0, 'weight_decay': 0.01,
-                  'batch_size': 64, 'doc_stride': 128, 'max_len': 384 if qa else 128}
+                  'batch_size': 64, 'doc_stride': 128, 'max_len': 384 if qa else 128,
+                  'precision': default_precision('cuda' if torch.cuda.is_available() else 'cpu')}
         own = {o.name: o.default for o in cls.OPTIONS}
         for option, value in {**own, **papers, **(cls.released(args) if demo is None else demo)}.items():
             if getattr(args, option, None) is None:
@@ -789,7 +790,7 @@ class VecoPretrain(Method):
         if not groups:
             run.fail(f'no pre-training pairs in {args.data_dir}/pretrain: the files hold no text')
         held = [items[i] for i in held]
-        validate = lambda: method.held_out_losses(held, args.eval_batch_size, args.seed, run.device)
+        validate = lambda: method.held_out_losses(held, args.eval_batch_size, args.seed, run.device, args.precision)
         steps = lambda epoch: min(args.eval_every, args.steps - epoch * args.eval_every)  # an 'epoch': eval_every steps
         sizes = (args.batch_size, args.para_batch_size)
         batches = lambda epoch: data.pretrain_batches(groups, sizes, steps(epoch), args.seed * 1000 + epoch,
@@ -869,7 +870,7 @@ class VecoPretrain(Method):
         return lambda step: first(step) if step < P else second(step)
 
     @torch.no_grad()
-    def held_out_losses(self, items, batch_size, seed, device):
+    def held_out_losses(self, items, batch_size, seed, device, precision):
         """The MLM losses of the held-out pairs with masks fixed by seed, per kind (mono, para), and
         CS-MLM once more with each row reading another row's X^N (cs_shuffled): far above cs_xy,
         the cross-attention uses its memory. score: minus the summed loss, higher is better."""
@@ -881,7 +882,7 @@ class VecoPretrain(Method):
                 part = [item for item in items if item[0].label == (kind == 'para')]
                 for index in data.length_batches(data.item_lengths(part)[:, 0], batch_size):
                     pair = data.collate_pairs([part[i][0] for i in index], [part[i][1] for i in index]).to(device)
-                    for name, t in self.held_out_terms(pair).items():  # a mean over the kind's pairs
+                    for name, t in self.held_out_terms(pair, precision).items():  # a mean over the kind's pairs
                         total, count = sums.setdefault(kind, {}), counts.setdefault(kind, {})
                         total[name] = total.get(name, 0.0) + t.item() * len(index)
                         count[name] = count.get(name, 0) + len(index)
@@ -890,11 +891,11 @@ class VecoPretrain(Method):
             row['score'] = -sum(v for n, v in row.items() if n != 'cs_shuffled')
         return out
 
-    def held_out_terms(self, pair):
+    def held_out_terms(self, pair, precision):
         """A held-out batch's loss terms, and CS-MLM once more with each row reading another row's X^N."""
         parallel = pair.src.labels.bool()
         (x, x_bar), (y, y_bar) = self.masked(pair.src, parallel), self.masked(pair.tgt, parallel)
-        with autocast(x.device):
+        with autocast(x.device, precision):
             terms = self.terms(x, pair.src.mask, x_bar, y, pair.tgt.mask, y_bar, parallel)
             if len(x) > 1 and self.cs_mlm:
                 X, x_mask = self.inner(x, pair.src.mask), pair.src.mask
@@ -1068,7 +1069,7 @@ class VecoTranslate(Method):
                '(Table 4)', choices=('last', 'first', 'random'), default='last'),
         Option('label_smoothing', help='label smoothing (default 0.2)', valid=SHARE),
         Option('beam', int, 'beam size (default 5)', AT_LEAST_1, default=5, changes='scores'),
-        Option('decode_bf16', bool, 'decode in bf16 autocast on a GPU (default fp32, as the released inference script)',
+        Option('decode_bf16', bool, 'decode in bf16 autocast (default fp32, as the released inference script)',
                changes='scores'),
         Option('lenpen', help='length penalty, score / length ** lenpen (default 1)', valid=NON_NEGATIVE, default=1.0,
                changes='scores'),
@@ -1124,13 +1125,13 @@ class VecoTranslate(Method):
             if not part:
                 run.fail(f'no {name} pairs for {args.src}-{args.tgt} in {args.data_dir}/translation: '
                          'the files hold no text')
-        validate = lambda: {'valid': method.valid_losses(valid, args.eval_batch_size, run.device)}
+        validate = lambda: {'valid': method.valid_losses(valid, args.eval_batch_size, run.device, args.precision)}
         run.fit(method, items, validate, keep_last=args.average_last)
         decoded_with = cls.average_last(run, method, args.average_last)
         hyps = [tok.decode(ids.tolist()) for ids in cls.decoded(run, method, test)]
         refs = data.lines_of(data.parallel_files(args.data_dir, args.src, args.tgt, 'test')[1])
         scores = ev.translation_scores(hyps, refs)
-        decoded_in = 'bf16' if args.decode_bf16 and run.device.type == 'cuda' else 'fp32'
+        decoded_in = 'bf16' if args.decode_bf16 else 'fp32'
         results = {'task': 'translate', 'method': 'veco', 'pair': f'{args.src}-{args.tgt}',
                    'decoded_with': decoded_with, 'decoded_in': decoded_in, 'embed_scale': scale,
                    'valid': validate()['valid'], 'test': scores}
@@ -1168,8 +1169,8 @@ class VecoTranslate(Method):
         args = run.args
         method.eval()
 
-        def decode(index):  # in fp32 as the released inference script, unless --decode_bf16 (on a GPU)
-            with nullcontext() if args.decode_bf16 else torch.autocast(run.device.type, enabled=False):
+        def decode(index):  # in fp32 as the released inference script (TF32 off), unless --decode_bf16
+            with autocast(run.device, 'bf16') if args.decode_bf16 else exact_fp32(run.device):
                 batch = data.collate([test[i][0] for i in index]).to(run.device)
                 return [(torch.tensor(h, dtype=torch.long),) for h in method.generate(batch, args.beam, args.lenpen)]
         return run.map(decode, data.item_lengths(test)[:, 0], 'decode')[0]
@@ -1200,13 +1201,13 @@ class VecoTranslate(Method):
         return per_example.mean(), {'loss': per_example.mean().detach(), 'nll': (nll.sum() / n).detach()}
 
     @torch.no_grad()
-    def valid_losses(self, items, batch_size, device):
+    def valid_losses(self, items, batch_size, device, precision):
         """The label-smoothed loss and the nll per target token of items (the valid set); score: -loss."""
         self.eval()
         loss = nll = tokens = 0.0
         for index in data.length_batches(data.item_lengths(items)[:, 0], batch_size):
             pair = data.collate_pairs([items[i][0] for i in index], [items[i][1] for i in index]).to(device)
-            with autocast(device):
+            with autocast(device, precision):
                 smoothed, plain = self.token_losses(pair)
             loss, nll = loss + smoothed.sum().item(), nll + plain.sum().item()
             tokens += pair.tgt.labels.ne(IGNORE).sum().item()

@@ -605,9 +605,12 @@ def test_released_nlu_checkpoint_is_the_encoder(tmp_path):
     assert torch.allclose(h[real].double(), expected[real], atol=1e-5) and not enc.has_cross
 
 
+@pytest.mark.slow
 def test_search_runs_the_grid_and_keeps_the_best_average_dev_score(tmp_path, demo_data):
+    """Under two processes: each reads a grid point's results once process 0 has written them."""
     argv = ['--method', 'veco', '--task', 'pawsx', '--from_scratch', '--search', 'lr=1e-3,1e-5', 'epochs=2', 'batch_size=32']
-    demo_run(tmp_path / 'grid', demo_data, argv)
+    demo_run(tmp_path / 'grid', demo_data, argv,
+             runner=[sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2'])
     points = {name: json.load(open(tmp_path / 'grid' / name / 'results.json'))
               for name in ('lr0.001-epochs2-batch_size32', 'lr1e-05-epochs2-batch_size32')}
     assert [json.load(open(tmp_path / 'grid' / n / 'config.json'))['lr'] for n in points] == [1e-3, 1e-5]
