@@ -10,6 +10,7 @@ config.json, log.jsonl, last.pt (resume point), best.pt (the kept model), result
 and the test predictions in the leaderboard layout (predictions/<task>/test-<lang>.<ext>).
 """
 import argparse
+import datetime
 import fcntl
 import functools
 import json
@@ -342,12 +343,12 @@ def setup_distributed():
     """-> (rank, world size, device); under torchrun one process per device."""
     if 'RANK' not in os.environ:
         return 0, 1, torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-    cuda = torch.cuda.is_available()
-    dist.init_process_group('nccl' if cuda else 'gloo')
-    rank, local = dist.get_rank(), int(os.environ.get('LOCAL_RANK', 0))
+    cuda, local = torch.cuda.is_available(), int(os.environ.get('LOCAL_RANK', 0))
     if cuda:
         torch.cuda.set_device(local)
-    return rank, dist.get_world_size(), torch.device(f'cuda:{local}' if cuda else 'cpu')
+    dist.init_process_group('nccl' if cuda else 'gloo', timeout=datetime.timedelta(hours=2),  # not NCCL's 10 minutes:
+                            device_id=torch.device('cuda', local) if cuda else None)  # one process may tokenize long
+    return dist.get_rank(), dist.get_world_size(), torch.device(f'cuda:{local}' if cuda else 'cpu')
 
 
 # ----------------------------------------------------------------------------------------
