@@ -1,6 +1,7 @@
 """Text to tensors: XLM-R's and BERT's tokenizers, the XTREME tasks, their files and batches."""
 import argparse
 import csv
+import errno
 import fcntl
 import functools
 import hashlib
@@ -11,6 +12,7 @@ import multiprocessing
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import unicodedata
@@ -1108,17 +1110,14 @@ def stored(build, files, key, data_dir, cache=True, quiet=False):
 
 
 def build_once(build, files, key, folder, quiet=False):
-    """folder/<digest>, made by build(path) unless there; the digest hashes CACHE_FORMAT, the values of key (the
-    settings the set depends on) and each file's path, size, mtime and content. One process builds, under a lock,
-    while the others wait and then read what it wrote; what builds killed halfway left behind is removed first."""
-    digest = hashlib.sha1(json.dumps([CACHE_FORMAT] + key).encode())
-    for path in files:
-        stat = os.stat(path)
-        digest.update(f'{os.path.abspath(path)} {stat.st_size} {stat.st_mtime_ns}'.encode())
-        with open(path, 'rb') as f:
-            for block in iter(lambda: f.read(1 << 24), b''):
-                digest.update(block)
-    path = os.path.join(folder, digest.hexdigest()[:16])
+    """folder/<digest_of(files, key)> (key: the settings the set depends on; under DDP hashed by the first process),
+    made by build(path) unless there. One process builds, under a lock,
+    while the others wait and then read what it wrote (on a filesystem without locks, under DDP, process 0 builds
+    and the others wait at a barrier); what builds killed halfway left behind is removed first."""
+    shared = [None if torch.distributed.is_initialized() and torch.distributed.get_rank() else digest_of(files, key)]
+    if torch.distributed.is_initialized():  # hashed by the first process alone (terabytes of pre-training text)
+        torch.distributed.broadcast_object_list(shared)
+    path = os.path.join(folder, shared[0])
     if os.path.isdir(path) and not torn(path):  # moved into place whole: read without waiting for other builds
         return path
     try:
@@ -1128,17 +1127,52 @@ def build_once(build, files, key, folder, quiet=False):
         raise DataError(f'cannot write the feature cache in {folder} ({e.strerror}): '
                         'make it writable or pass --no_cache')
     with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or its process dies
-        if os.path.isdir(path) and (why := torn(path)):
-            print(f'the token cache {path} is torn ({why}): building it again')
-            shutil.rmtree(path)
-        if not os.path.isdir(path):
-            for name in (n for n in os.listdir(folder) if '.tmp' in n):
-                shutil.rmtree(os.path.join(folder, name))
-            if not quiet:
-                print(f'tokenizing the training data into {path}')
-            build(path)
+        if not locked(lock) and torch.distributed.is_initialized():  # the first process builds, the others wait
+            if torch.distributed.get_rank() == 0:
+                built(build, path, folder, quiet)
+            torch.distributed.barrier()
+        else:
+            built(build, path, folder, quiet)
     return path
+
+
+def digest_of(files, key):
+    """build_once's folder name: a hash of CACHE_FORMAT, key and each file's path, size, mtime and content."""
+    digest = hashlib.sha1(json.dumps([CACHE_FORMAT] + key).encode())
+    for path in files:
+        stat = os.stat(path)
+        digest.update(f'{os.path.abspath(path)} {stat.st_size} {stat.st_mtime_ns}'.encode())
+        with open(path, 'rb') as f:
+            for block in iter(lambda: f.read(1 << 24), b''):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def built(build, path, folder, quiet):
+    """build(path) unless a whole set is there, the torn set or halfway builds there removed first."""
+    if os.path.isdir(path) and (why := torn(path)):
+        print(f'the token cache {path} is torn ({why}): building it again')
+        shutil.rmtree(path)
+    if not os.path.isdir(path):
+        for name in (n for n in os.listdir(folder) if '.tmp' in n):
+            shutil.rmtree(os.path.join(folder, name))
+        if not quiet:
+            print(f'tokenizing the training data into {path}')
+        build(path)
+
+
+def locked(file, wait=True):
+    """flock(file), held until it closes or its process dies -> False, with a note, on a filesystem without file
+    locks (Lustre or BeeGFS mounted without them: ENOSYS). BlockingIOError: another holds it (and not wait)."""
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        return True
+    except OSError as e:
+        if e.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK):
+            raise
+        print(f'note: {os.path.dirname(os.path.abspath(file.name))} is on a filesystem without file locks: nothing '
+              'keeps two runs, or two builds of the token cache, apart')
+        return False
 
 
 def torn(path):
@@ -1169,8 +1203,10 @@ def write_items(path, tok, jobs, work, index_of, meta):
     first = list(islice(jobs, 2))  # a set of one job (most evaluation sets) is not worth forking a pool for
     cores = len(os.sched_getaffinity(0)) if work and len(first) > 1 else 1
     try:
-        # forked with TOKENIZER before any thread starts (the bar's); the workers run sentencepiece and numpy
-        with multiprocessing.get_context('fork').Pool(cores) if cores > 1 else nullcontext() as pool:
+        # forked with TOKENIZER before any thread starts (the bar's); the workers run sentencepiece and numpy and end
+        # at the pool's SIGTERM whatever handler the trainer set (ResumePoints)
+        fork = multiprocessing.get_context('fork')
+        with fork.Pool(cores, signal.signal, (signal.SIGTERM, signal.SIG_DFL)) if cores > 1 else nullcontext() as pool:
             jobs, progress = chain(first, jobs), bar(desc='tokenizing', unit=' jobs', leave=False)
             apply = pool.imap if pool else map
             work = work or (lambda job: job)  # XLA's samples are their arrays already
@@ -1411,9 +1447,12 @@ def item_lengths(items, index=None):
     return np.array(rows, np.int64).reshape(len(rows), -1) if rows else np.zeros((0, 1), np.int64)
 
 
-def global_batches(n, batch_size, seed, chunks, lengths=None):
+def global_batches(n, batch_size, seed, chunks, lengths=None, max_tokens=None):
     """An epoch's global batches of n items from a permutation fixed by seed, grouped by the
-    items' lengths when lengths are given (else random batches, as the papers' scripts)."""
+    items' lengths when lengths are given (else random batches, as the papers' scripts), or in tokens with
+    max_tokens (token_batches)."""
+    if max_tokens:
+        return token_batches(lengths, max_tokens, chunks, seed)
     g = torch.Generator().manual_seed(seed)
     return cut_batches(torch.randperm(n, generator=g).tolist(), batch_size, chunks, g, lengths)
 
@@ -1452,6 +1491,32 @@ def pad_share(lengths_of, batches, parts):
         for chunk in (lengths_of(c) for c in np.array_split(np.array(batch), parts) if len(c)):
             real, padded = real + chunk.sum(), padded + len(chunk) * chunk.max(0).sum()
     return 1 - real / max(padded, 1)
+
+
+def largest_batch(lengths_of, batches, parts):
+    """The batch whose largest micro-batch (each cut into `parts`) holds the most tokens, padding included."""
+    chunks = lambda batch: (c for c in np.array_split(np.array(batch), parts) if len(c))
+    return max(batches, key=lambda batch: max(len(c) * lengths_of(c).max(0).sum() for c in chunks(batch)))
+
+
+def token_batches(lengths, max_tokens, chunks, seed):
+    """Global batches of `chunks` micro-batches of at most max_tokens tokens each, padding included (fairseq's
+    --max-tokens; a pair counts its longer side): the items sorted by length (ties in an order fixed by seed), cut
+    greedily, and the batches shuffled. An item longer than max_tokens makes a micro-batch of its own."""
+    g = torch.Generator().manual_seed(seed)
+    longest = np.asarray(lengths).reshape(len(lengths), -1).max(1)
+    order = torch.randperm(len(longest), generator=g).numpy()
+    order = order[np.argsort(longest[order], kind='stable')]
+    batches, start = [], 0
+    while start + chunks <= len(order):  # a last batch too small to give every micro-batch an item is dropped
+        fits = lambda n: n == 1 or n * longest[order[start + n * chunks - 1]] <= max_tokens  # n items a micro-batch
+        low, high = 1, (len(order) - start) // chunks
+        while low < high:  # the most that fit: the order is by length, so fits holds up to a point
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle - 1)
+        batches.append(order[start:start + low * chunks].tolist())
+        start += low * chunks
+    return [batches[i] for i in torch.randperm(len(batches), generator=g).tolist()]
 
 
 def collate_items(paired, pad_id=1):
@@ -1502,6 +1567,24 @@ def in_windows(fn, lengths, positions, batch_size, desc):
         results = zip(*(done[i] for i in window.tolist()))  # field by field
         blocks.append([(torch.cat(r), torch.tensor([len(x) for x in r])) for r in results])
     return blocks
+
+
+def shared_out(fn, lengths, processes, batch_size, desc, fields=1, everywhere=True):
+    """fn(positions) -> a tuple of `fields` tensors per position, over this process's block of positions (in_windows);
+    processes: (rank, world, folder), under DDP the blocks pass through files in folder. -> a Ragged per field of every
+    position's results, alike for any number of processes, on every process (everywhere=False: on process 0)."""
+    (rank, world, folder), path = processes, lambda r: os.path.join(processes[2], f'.map-{r}.pt')
+    block = range(len(lengths) * rank // world, len(lengths) * (rank + 1) // world)
+    blocks = in_windows(fn, lengths, block, batch_size, desc)
+    if world > 1:
+        os.makedirs(folder, exist_ok=True)  # a stage's, before it begins
+        torch.save(blocks, path(rank))
+        torch.distributed.barrier()
+        read = everywhere or rank == 0
+        blocks = [b for r in range(world) for b in torch.load(path(r), weights_only=True)] if read else None
+        torch.distributed.barrier()
+        os.remove(path(rank))
+    return None if blocks is None else [Ragged.joined([b[f] for b in blocks]) for f in range(fields)]
 
 
 def length_batches(lengths, batch_size):
@@ -1675,17 +1758,17 @@ def sampling_weights(sizes, alpha=0.5):
 
 def pretrain_batches(groups, sizes, n_steps, seed, alpha=0.5):
     """The batches of n_steps steps: monolingual and bilingual steps alternate (when both kinds
-    are there), of sizes[0] and sizes[1] pairs; each batch is drawn from one language (pair),
-    chosen with sampling_weights among its kind, its pairs drawn without replacement (with it
-    when the group is smaller)."""
+    are there), of sizes[group] pairs; each batch is drawn from one language (pair), chosen with
+    sampling_weights among its kind, its pairs drawn without replacement (with it when the group
+    is smaller)."""
     rng = np.random.default_rng(seed)
-    kinds = [([g for g in groups if g.startswith(kind)], size) for kind, size in zip(('mono:', 'para:'), sizes)]
-    kinds = [(names, size) for names, size in kinds if names]
-    weights = [sampling_weights([len(groups[g]) for g in names], alpha) for names, _ in kinds]
+    kinds = [names for names in ([g for g in groups if g.startswith(kind)] for kind in ('mono:', 'para:')) if names]
+    weights = [sampling_weights([len(groups[g]) for g in names], alpha) for names in kinds]
     batches = []
     for step in range(n_steps):
-        (names, batch_size), p = kinds[step % len(kinds)], weights[step % len(kinds)]
-        group = groups[names[rng.choice(len(names), p=p)]]
+        names, p = kinds[step % len(kinds)], weights[step % len(kinds)]
+        name = names[rng.choice(len(names), p=p)]
+        group, batch_size = groups[name], sizes[name]
         picked = rng.choice(len(group), size=batch_size, replace=len(group) < batch_size)
         batches.append([group[i] for i in picked])
     return batches

@@ -368,13 +368,14 @@ def decode_qa(windows, start_logits, end_logits, examples, max_answer_len=30):
 
 @torch.no_grad()
 def embed_texts(encoder, tok, texts, layer, batch_size, device):
-    """Mean-pooled hidden states after `layer` blocks (0: the embeddings) of each text (<s> text </s>)."""
+    """Mean-pooled hidden states after `layer` blocks (0: the embeddings) of each text (<s> text </s>), on the
+    device: the nearest neighbours are searched there (knn)."""
     feats = [Feature(tok.encode_pair(ids[:encoder.longest - 2])) for ids in (tok.encode(t) for t in texts)]
-    out = torch.zeros(len(texts), encoder.cfg.dim)
+    out = torch.zeros(len(texts), encoder.cfg.dim, device=device)
     encoder.eval()
     for index in length_batches(item_lengths(feats)[:, 0], batch_size):
         b = collate([feats[i] for i in index], pad_id=tok.pad).to(device)
-        out[index] = mean_pool(encoder.run(encoder.embed(b.ids), b.mask, 0, layer), b.mask).float().cpu()
+        out[index] = mean_pool(encoder.run(encoder.embed(b.ids), b.mask, 0, layer), b.mask).float()
     return out
 
 
@@ -420,7 +421,7 @@ def margin_mine(x, y, k=4):
     forward = x2y / ((x2y_mean[:, None] + y2x_mean[x2y_at]) / 2)  # each x with its k nearest y
     backward = y2x / ((y2x_mean[:, None] + x2y_mean[y2x_at]) / 2)
     (f_score, f_best), (b_score, b_best) = forward.max(1), backward.max(1)
-    rows_x, rows_y = torch.arange(len(x)), torch.arange(len(y))
+    rows_x, rows_y = torch.arange(len(x), device=x.device), torch.arange(len(y), device=x.device)
     src, tgt = torch.cat([rows_x, y2x_at[rows_y, b_best]]), torch.cat([x2y_at[rows_x, f_best], rows_y])
     scores = torch.cat([f_score, b_score])
     order = scores.argsort(descending=True, stable=True)

@@ -16,6 +16,7 @@ import re
 import shutil
 import struct
 import sys
+import threading
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 
@@ -100,14 +101,15 @@ class Attention(nn.Module):
         if cache is not None:
             cache['k'], cache['v'] = k, v
         q, k, v = (t.view(B, -1, self.n_head, D // self.n_head).transpose(1, 2) for t in (q, k, v))
-        allowed = attention_mask(mask, causal, T, k.size(2), x.device)
+        causal_only = causal and mask is None and T == k.size(2) and not return_scores  # SDPA's causal kernel, no mask
+        allowed = None if causal_only else attention_mask(mask, causal, T, k.size(2), x.device)
         p = self.p if self.training else 0.0
         if return_scores:  # slow path: a method wants the attention itself (X-Mixup's entropy)
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, heads, T, S), before masking
             masked = scores if allowed is None else scores.masked_fill(~allowed, float('-inf'))
             y = F.dropout(masked.softmax(dim=-1), p, self.training) @ v
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal_only)
         y = self.out(y.transpose(1, 2).reshape(B, T, D))
         return (y, scores) if return_scores else y
 
@@ -670,6 +672,33 @@ def load_checkpoint(path, expect=None, mmap=False):
                               f'preset, not {expect.get("method", "a run")} on {expect.get("task")}'
                               f'{" with " + expect["model"] if "model" in expect else ""}: use another --out')
     return ckpt
+
+
+class Writer:
+    """Checkpoints written one at a time by a thread, from a copy in host memory: the training goes on (and changes
+    the weights) while the disk writes."""
+
+    def __init__(self):
+        self.thread = None
+
+    def save(self, path, meta, **parts):
+        self.wait()
+        parts = host_copy(parts)
+        self.thread = threading.Thread(target=save_checkpoint, args=(path, meta), kwargs=parts)
+        self.thread.start()
+
+    def wait(self):
+        if self.thread:
+            self.thread.join()
+
+
+def host_copy(value):
+    """A copy in host memory of a checkpoint's tensors, nested in dicts and lists."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to('cpu', copy=True)
+    if isinstance(value, dict):
+        return {k: host_copy(v) for k, v in value.items()}
+    return type(value)(map(host_copy, value)) if isinstance(value, (list, tuple)) else value
 
 
 def kept_checkpoints(folder):

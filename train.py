@@ -11,14 +11,16 @@ and the test predictions in the leaderboard layout (predictions/<task>/test-<lan
 """
 import argparse
 import datetime
-import fcntl
 import functools
+import gc
 import json
 import math
 import os
 import shutil
+import signal
+import socket
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -63,7 +65,8 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('layer', int, 'retrieval: layer pooled (default XTREME\'s: BUCC 20, Tatoeba 14 of 24; 8 of 12)', AT_LEAST_1),
     Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute'),
     Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64),
-    Option('save_every', int, 'steps between resume checkpoints', AT_LEAST_1, default=200),
+    Option('save_minutes', help='minutes between resume checkpoints (last.pt; also at each epoch\'s end and when '
+           'SIGTERM asks); 0: at every log line', valid=NON_NEGATIVE, default=30.0),
     Option('no_cache', bool, 'tokenize the data into a temporary folder, not once into <data_dir>/.cache'),
     Option('eval_steps', int, 'also select within an epoch, every N steps (VECO: XNLI 500, SQuAD 200)', AT_LEAST_1),
     Option('log_every', int, 'steps between log.jsonl lines, each their mean (one host sync)', AT_LEAST_1, default=10),
@@ -72,17 +75,26 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('eval_only', bool, 'evaluate --out/best.pt (or --init) without training'),
     Option('overwrite', bool, 'replace a finished run of other settings in --out (else such a folder is refused)'),
     Option('dry_run', bool, 'check the options and every file the run reads, print the plan, stop (writes nothing)'),
-    Option('halt_after', int, argparse.SUPPRESS))  # tests: die abruptly after this many steps
+    Option('halt_after', int, argparse.SUPPRESS),  # tests: die abruptly after this many steps
+    Option('term_after', int, argparse.SUPPRESS))  # tests: a SIGTERM to itself after this many steps
 # the trainer's options that leave results alike (FREE), and those --eval_only's scores depend on (SCORED)
-FREE = ('spm', 'vocab', 'data_dir', 'out', 'grad_accum', 'grad_checkpoint', 'eval_batch_size', 'save_every',
-        'log_every', 'compile', 'no_cache', 'resume', 'eval_only', 'overwrite', 'dry_run', 'halt_after')
+FREE = ('spm', 'vocab', 'data_dir', 'out', 'grad_accum', 'grad_checkpoint', 'eval_batch_size', 'save_minutes',
+        'log_every', 'compile', 'no_cache', 'resume', 'eval_only', 'overwrite', 'dry_run', 'halt_after', 'term_after')
 SCORED = ('method', 'task', 'model', 'max_len', 'translate_test', 'layer', 'doc_stride', 'dict')
 OPTIONS = tuple(o._replace(changes='nothing' if o.name in FREE else 'scores' if o.name in SCORED else 'results')
                 for o in OPTIONS)
 
 
-def fail(message):
-    raise SystemExit(f'error: {message}' if os.environ.get('RANK', '0') == '0' else 1)  # one line, from one process
+UNDER_WAY = False  # a run's checks passed: from here on an error may be one process's own
+
+
+def fail(message, own=False):
+    """One line on stderr: from the first process, for what every process finds alike; under DDP an error of one
+    process's own (own) from each process that meets it, naming it."""
+    rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
+    if own and world > 1:
+        raise SystemExit(f'error (process {rank} of {world}): {message}')
+    raise SystemExit(f'error: {message}' if rank == 0 else 1)
 
 
 # ----------------------------------------------------------------------------------------
@@ -101,8 +113,8 @@ def main(argv=None):
     data.VERBOSE = rank == 0  # warnings about skipped data, once
     try:
         execute(args, rank, world, device)
-    except (data.DataError, ev.EvalError, layers.CheckpointError, OSError) as e:
-        fail(f'{e.filename}: {e.strerror}' if isinstance(e, OSError) and e.strerror else str(e))
+    except (data.DataError, ev.EvalError, layers.CheckpointError, OSError) as e:  # once under way, maybe one's own
+        fail(f'{e.filename}: {e.strerror}' if isinstance(e, OSError) and e.strerror else str(e), own=UNDER_WAY)
     except KeyboardInterrupt:
         fail(interrupted(args))
     if dist.is_initialized():
@@ -123,7 +135,7 @@ def parse_args(argv=None):
     owners = {}  # a method option -> the classes that declare it; --help groups them by the first
     for c in xlt.classes():
         new = [o for o in c.OPTIONS if o.name not in owners]
-        group = p.add_argument_group(f'options of {called([c])}') if new else None
+        group = p.add_argument_group(f'options of {xlt.called([c])}') if new else None
         for o in c.OPTIONS:
             owners.setdefault(o.name, []).append(c)
         for o in new:
@@ -144,12 +156,6 @@ def add_option(parser, o):
                             help=o.help)
 
 
-def called(classes):
-    """How a user names method classes: --method NAME, or NAME --task TASK for a class of its own task."""
-    names = list(dict.fromkeys(c.NAME + ('' if set(c.TASKS) & set(data.TASKS) else f' --task {"/".join(c.TASKS)}')
-                               for c in classes))
-    return '--method ' + (f'{", ".join(names[:-1])} or {names[-1]}' if len(names) > 1 else names[0])
-
 
 def configure(args, owners):
     """The method's class checks and fills its options (xlt), then the trainer's defaults and the run folder."""
@@ -161,11 +167,11 @@ def configure(args, owners):
     cls = xlt.method_class(args)
     if args.task not in cls.TASKS:
         others = [c for c in xlt.classes() if args.task in c.TASKS and args.task not in data.TASKS]
-        hint = f': pass {called(others)}' if others else ''
+        hint = f': pass {xlt.called(others)}' if others else ''
         fail(f'{args.method} runs {", ".join(cls.TASKS)}, not {args.task}{hint}')
     for name, classes in owners.items():
         if getattr(args, name) is not None and getattr(args, name) is not False and cls not in classes:  # 0 is given
-            fail(f'--{name} belongs to {called(classes)}, not to {args.method} on {args.task}')
+            fail(f'--{name} belongs to {xlt.called(classes)}, not to {args.method} on {args.task}')
     if args.translate_test and (family(args) not in ('classification', 'qa') or cls.paired):
         fail('--translate_test needs a method that reads one text and a task whose labels survive translation '
              '(tags would need a word alignment): drop --translate_test')
@@ -243,7 +249,8 @@ def check(args, world):
         fail(f'nothing to resume in {args.out} (no run began there): drop --resume to start a new run, or give the '
              'folder of the stopped run')
     check_stages(args, cls)
-    check_finished(args)
+    if args.resume or is_finished(args.out):  # a first run meets neither
+        check_finished(args)
     return files
 
 
@@ -333,9 +340,10 @@ def training_plan(args, world):
     if args.eval_only or family(args) == 'retrieval':
         return 'none (--eval_only)' if args.eval_only else 'none (retrieval: mean-pooled states, nearest neighbours)'
     length = f'{args.steps} steps' if args.steps else f'{args.epochs} epoch(s)'
+    tokens = args.max_tokens and f'micro-batches of at most {args.max_tokens} tokens'
     split = f' ({world} processes x {args.grad_accum} micro-batches)' if world * args.grad_accum > 1 else ''
     warmup = f'{args.warmup_steps} steps' if args.warmup_steps else f'{args.warmup:g}'
-    return (f'{length}, global batch {args.batch_size}{split}, lr {args.lr:g}, warm-up {warmup}, '
+    return (f'{length}, {tokens or f"global batch {args.batch_size}"}{split}, lr {args.lr:g}, warm-up {warmup}, '
             f'weight decay {args.weight_decay:g}, up to {args.max_len} tokens, seed {args.seed}')
 
 
@@ -357,7 +365,9 @@ def setup_distributed():
 def execute(args, rank, world, device):
     """The run of args in args.out (the command's, or a stage's): check, banner (a dry run stops there), hold the
     folder, the data, the demo's pre-trained start, then the method's procedure."""
-    files = check(args, world)
+    global UNDER_WAY
+    UNDER_WAY, files = False, check(args, world)
+    UNDER_WAY = True
     if rank == 0:
         status = ('dry run, nothing is trained or written' if args.dry_run else 'evaluating' if args.eval_only
                   else 'resuming' if args.resume else 'a new run')
@@ -417,28 +427,40 @@ def hold(folder, rank):
         os.makedirs(folder, exist_ok=True)
         lock = open(os.path.join(folder, '.lock'), 'a+')
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            data.locked(lock, wait=False)
             lock.truncate(0)
-            print(os.getpid(), file=lock, flush=True)
+            print(f'{os.getpid()} on {socket.gethostname()}', file=lock, flush=True)
+            os.fsync(lock.fileno())  # seen by the other nodes (shared_hold)
         except BlockingIOError:
             lock.seek(0)
             holder, lock = lock.read().strip() or 'unknown', lock.close()
-    if dist.is_initialized():
-        dist.broadcast_object_list(shared := [holder])
-        holder = shared[0]
-    if holder:
-        fail(f'{folder} is in use by another run (pid {holder}): wait for it to end, or give another --out')
-    try:
+    try:  # a holder found is another run: no lock is held, nothing is discarded
+        if dist.is_initialized():
+            holder = shared_hold(folder, holder)
+        if holder:
+            fail(f'{folder} is in use by another run (pid {holder}): wait for it to end, or give another --out')
         yield
     except BaseException:
         if lock and not began(folder):  # a run that stopped before it began leaves nothing, its .lock neither
-            discard_if_unbegun(folder, made)
-            if fresh and os.path.exists(os.path.join(folder, '.lock')):
-                os.remove(os.path.join(folder, '.lock'))
+            discard_if_unbegun(folder, made, fresh)
         raise
     finally:
         if lock:
             lock.close()  # the lock goes with it
+
+
+def shared_hold(folder, holder):
+    """Under DDP, what process 0 found: the folder's holder, and whether every process sees the folder as it holds it
+    (its .lock as process 0 wrote it): --out on a filesystem every node mounts, else the others would read and resume
+    nothing of the run's."""
+    dist.broadcast_object_list(shared := [holder])
+    lock, seen = os.path.join(folder, '.lock'), [None] * dist.get_world_size()
+    dist.all_gather_object(seen, (socket.gethostname(), data.read_text(lock) if os.path.exists(lock) else None))
+    blind = sorted({host for host, stamp in seen if stamp != seen[0][1]})
+    if blind and not shared[0]:
+        fail(f'--out {folder} is not the folder process 0 holds, as {", ".join(blind)} see it (a disk of its own?): '
+             'give --out on a filesystem every node mounts')
+    return shared[0]
 
 
 def first_missing(path):
@@ -458,10 +480,13 @@ def is_finished(folder):
     return os.path.exists(os.path.join(folder, 'results.json'))
 
 
-def discard_if_unbegun(out, made):
+def discard_if_unbegun(out, made, fresh_lock=False):
     """A run that stops before it began (no config.json in its folder or below) leaves nothing
-    behind: what this process made goes (the run folder and the parents it made, or the demo
-    data in a folder that was there), and nothing else."""
+    behind: what this process made goes (the run folder and the parents it made, the demo data
+    in a folder that was there, the .lock it made), and nothing else."""
+    lock = os.path.join(os.path.abspath(out), '.lock')
+    if fresh_lock and os.path.exists(lock) and not began(out):
+        os.remove(lock)
     if not made or not os.path.isdir(made) or began(out):
         return
     path = made if made == os.path.join(os.path.abspath(out), 'demo-data') else os.path.abspath(out)
@@ -563,7 +588,7 @@ class Run:
         return encoder
 
     def items(self, method):
-        """The method's training data (data.training_set); None with --eval_only."""
+        """The training data of a method (or its class: data.training_set); None with --eval_only."""
         args = self.args
         if args.eval_only:
             return None
@@ -606,14 +631,15 @@ class Run:
                     f.write(name + '\n')
 
     def shuffled(self, items):
-        """-> batches_of(epoch): a permutation fixed by (--seed, epoch), grouped by length unless --no_group_by_length;
-        a run counted in --steps reads pass after pass, an epoch being --eval_every steps."""
+        """-> batches_of(epoch): a permutation fixed by (--seed, epoch), grouped by length unless --no_group_by_length,
+        or in tokens (--max_tokens); a run counted in --steps reads pass after pass, an --eval_every steps 'epoch'."""
         args = self.args
-        lengths = data.item_lengths(items) if args.group_by_length else None
+        lengths = data.item_lengths(items) if args.group_by_length or args.max_tokens else None
 
         @functools.lru_cache(maxsize=1)  # one pass in memory at a time
         def cut(p):
-            return data.global_batches(len(items), args.batch_size, args.seed * 1000 + p, self.chunks, lengths)
+            return data.global_batches(len(items), args.batch_size, args.seed * 1000 + p, self.chunks, lengths,
+                                       args.max_tokens)
         return data.stepped(cut, args.steps, args.eval_every, f'--batch_size {args.batch_size}') if args.steps else cut
 
     def evaluate(self, method, split, langs=None):
@@ -647,21 +673,10 @@ class Run:
 
     @torch.no_grad()
     def map(self, fn, lengths, desc='eval', fields=1, everywhere=True):
-        """fn(positions) -> a tuple of `fields` tensors per position, over this process's block of positions (by
-        `lengths`, data.in_windows); under DDP the blocks pass through files. -> a data.Ragged per field of every
-        position's results, alike for any number of processes, on every process (everywhere=False: on process 0)."""
-        block = range(len(lengths) * self.rank // self.world, len(lengths) * (self.rank + 1) // self.world)
+        """data.shared_out over the run's processes, in its precision, the blocks passing through its folder."""
         with layers.autocast(self.device, self.args.precision):
-            blocks = data.in_windows(fn, lengths, block, self.args.eval_batch_size, desc)
-        if self.world > 1:
-            os.makedirs(self.out, exist_ok=True)  # a stage's, before it begins
-            torch.save(blocks, self.path(f'.map-{self.rank}.pt'))
-            dist.barrier()
-            read = lambda rank: torch.load(self.path(f'.map-{rank}.pt'), weights_only=True)
-            blocks = [b for rank in range(self.world) for b in read(rank)] if everywhere or self.rank == 0 else None
-            dist.barrier()
-            os.remove(self.path(f'.map-{self.rank}.pt'))
-        return None if blocks is None else [data.Ragged.joined([b[f] for b in blocks]) for f in range(fields)]
+            return data.shared_out(fn, lengths, (self.rank, self.world, self.out), self.args.eval_batch_size, desc,
+                                   fields, everywhere)
 
     def report(self, method):
         """The kept model's dev and test scores in every language and its test predictions:
@@ -796,53 +811,60 @@ def identity(args):
 # ----------------------------------------------------------------------------------------
 # The training loop of every method and stage.
 
+COLLECT_ON = ('cuda',)  # where a finished training's cycles are collected at once: the next stage needs the device's
+# memory (a collection takes seconds in a process of many objects; on a CPU nothing waits for it)
+
+
 def train(run, method, items, validate, batches_of, keep_last=0):
     """Train for --epochs epochs of batches_of(epoch), resuming from last.pt with --resume; after
     each epoch validate(), best.pt kept by the method's selection rule, and last.pt."""
+    with ResumePoints(run) as points:  # its SIGTERM handler given back however the loop ends
+        loop(run, method, items, validate, batches_of, keep_last, points)
+    if run.device.type in COLLECT_ON:  # the loop's DDP wrapper and optimiser hold reference cycles: freed now
+        gc.collect()
+
+
+def loop(run, method, items, validate, batches_of, keep_last, points):
+    """train()'s epochs and steps; points: its ResumePoints."""
     args, rank, world = run.args, run.rank, run.world
     per_epoch = len(batches_of(0))
     opt, sched = optimizer_and_schedule(method, args, args.steps or per_epoch * args.epochs)
-    model = DDP(method, device_ids=[run.device.index] if run.device.type == 'cuda' else None) if world > 1 else method
+    model = wrapped(method, run.device) if world > 1 else method
     precision = layers.Precision(args.precision, run.device)
-    state = resumed(run, method, opt, sched, precision.scaler)
+    state = args.resume and resumed(run, method, opt, sched, precision.scaler)
+    state = state or {'step': 0, 'epoch': 0, 'best': -math.inf}  # a new run (or nothing to resume)
     log = open_log(run.path('log.jsonl'), state['step']) if rank == 0 else None
     started, collate = time.time(), data.collate_items(method.paired, run.tok.pad)
-    method.step = state['step']  # the optimiser step: methods with schedules (X-Mixup's p*, frozen phases) read it
+    method.step = first = state['step']  # read by schedules (X-Mixup's p*, frozen phases); first: this process's
     while state['epoch'] < args.epochs:
         # since: the logs of the steps since the last line; epoch_loss: (mean loss, steps) of each line of the epoch
         batches, since, epoch_loss = batches_of(state['epoch']), [], []
-        padding = data.pad_share(lambda index: data.item_lengths(items, index), batches, run.chunks)
+        padding = data.pad_share(functools.partial(data.item_lengths, items), batches, run.chunks)
         start = state['step'] % per_epoch  # a resumed epoch goes on where it stopped
         bar = data.bar(total=len(batches), initial=start, desc=f'epoch {state["epoch"] + 1}/{args.epochs}')
         for batch in batches[start:]:
-            method.train()
+            if state['step'] == first + 1:  # AdamW's state is there now: the largest micro-batch tried once
+                probe(run, model, items, batches, state['step'], precision, collate)
             since.append(train_step(model, items, batch, args, state['step'], rank, world, precision, collate))
-            frozen = method.frozen()
-            for p in frozen:
-                p.grad = None  # AdamW leaves a parameter without a gradient as it is
-            since[-1].update(precision.step(opt, method.parameters(), args.clip))  # fp16: whether it was skipped
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            state['step'] += 1
-            method.step = state['step']  # does the method's frozen phase end here?
-            if frozen and not method.frozen() and log:  # log: the first process's
-                bar.write(f'step {state["step"]}: every parameter trains from here on')
-                log.write(json.dumps({'step': state['step'], 'event': 'every parameter trains from here on'}) + '\n')
+            since[-1].update(optimizer_step(method, opt, sched, precision, state, args.clip, bar, log))
             bar.update()
+            asked = (False, False)  # (a resume point, then a stop): the processes agree on them at a log line
             if state['step'] % args.log_every == 0 or batch is batches[-1]:  # the one host sync (and each epoch's end)
-                epoch_loss.append(log_line(run, log, bar, since, state, sched.get_last_lr()[0], started))
+                *line, asked = log_line(run, log, bar, since, state, sched.get_last_lr()[0], started, points.wishes())
+                epoch_loss.append(tuple(line))
                 since = []
             if args.eval_steps and state['step'] % args.eval_steps == 0 and state['step'] % per_epoch:  # in the epoch
                 end_epoch(run, method, validate, state, 0, epoch_loss, time.time() - started, log, padding,
                           round(state['step'] / per_epoch, 2))
-            if state['step'] % args.save_every == 0 and state['step'] % per_epoch:
-                save(run, 'last.pt', resume_point(method, opt, sched, state, precision.scaler), args)
-            if args.halt_after and state['step'] == args.halt_after:
-                os._exit(3)  # as if killed
+            if any(asked) and state['step'] % per_epoch:  # an epoch's last step saves after its validation
+                points.save(resume_point(method, opt, sched, state, precision.scaler), stop=asked[1])
+            if args.halt_after or args.term_after:
+                planted_stops(args, state['step'], points)
         bar.close()
         state['epoch'] += 1
         end_epoch(run, method, validate, state, keep_last, epoch_loss, time.time() - started, log, padding)
-        save(run, 'last.pt', resume_point(method, opt, sched, state, precision.scaler), args)
+        points.save(resume_point(method, opt, sched, state, precision.scaler), stop=asked[1])
+    points.writer.wait()  # before last.pt goes
     if rank == 0:  # the training is over and best.pt holds what it kept: the resume point (optimiser state too) goes
         layers.atomic_write(run.path('trained.json'), json.dumps(state))
         run.drop('last.pt')
@@ -850,25 +872,73 @@ def train(run, method, items, validate, batches_of, keep_last=0):
         dist.barrier()  # every process reads best.pt (and the kept checkpoints) only once they are written
 
 
-def log_line(run, log, bar, since, state, lr, started):
+def optimizer_step(method, opt, sched, precision, state, clip, bar, log):
+    """The optimiser's step, the schedule's, the step counted. -> fp16's log of it (whether the scaler skipped it)."""
+    frozen = method.frozen()
+    for p in frozen:
+        p.grad = None  # AdamW leaves a parameter without a gradient as it is
+    logs = precision.step(opt, method.parameters(), clip)
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    state['step'] += 1
+    method.step = state['step']  # does the method's frozen phase end here?
+    if frozen and not method.frozen() and log:  # log: the first process's
+        bar.write(f'step {state["step"]}: every parameter trains from here on')
+        log.write(json.dumps({'step': state['step'], 'event': 'every parameter trains from here on'}) + '\n')
+    return logs
+
+
+def wrapped(method, device):
+    """The method in DDP, its gradients in DDP's communication buckets (no copies)."""
+    return DDP(method, device_ids=[device.index] if device.type == 'cuda' else None, gradient_as_bucket_view=True)
+
+
+def probe(run, model, items, batches, step, precision, collate):
+    """The epoch's largest batch (data.largest_batch) run once, its gradients thrown away: out of memory at step 2."""
+    largest = data.largest_batch(functools.partial(data.item_lengths, items), batches, run.chunks)
+    train_step(model, items, largest, run.args, step, run.rank, run.world, precision, collate, probe=True)
+    model.zero_grad(set_to_none=True)
+
+
+def out_of_memory(args, items, batch, step, world, probe=False):
+    """The out-of-memory error's line: the step, its largest micro-batch's shape, and the options that make less."""
+    chunks = [c for c in np.array_split(np.array(batch), world * args.grad_accum) if len(c)]
+    lengths_of = functools.partial(data.item_lengths, items)
+    largest = max(chunks, key=lambda c: len(c) * lengths_of(c).max(0).sum())
+    shape = (len(largest), *lengths_of(largest).max(0))
+    ways = [f'--grad_accum {2 * args.grad_accum}'] + ['--grad_checkpoint'] * (not args.grad_checkpoint)
+    ways += [f'--max_len {args.max_len // 2}'] + ['--precision bf16 or fp16'] * (args.precision == 'fp32')
+    what = 'the epoch\'s largest micro-batch, tried before it' if probe else 'a micro-batch'
+    return (f'out of memory in step {step}, {what}: {" + ".join(f"{shape[0]} x {n}" for n in shape[1:])} tokens; try '
+            f'{", ".join(ways)}')
+
+
+def log_line(run, log, bar, since, state, lr, started, wishes):
     """A line of log.jsonl every --log_every steps (the loop's one host sync): each logged value's mean since the last
-    line; a mean loss not finite on any process stops the run first, in one line. -> (the mean loss, its steps)."""
+    line; a mean loss not finite on any process stops the run first, in one line. wishes: this process's (resume point,
+    stop), agreed with the others'. -> (the mean loss, its steps, the wishes any process had)."""
     logs = {k: float(sum(s[k] for s in since if k in s)) / sum(k in s for s in since)
             for k in dict.fromkeys(k for s in since for k in s)}
-    loss = torch.tensor(logs['loss'], dtype=torch.float64, device=run.device)  # a sum of large losses stays finite
+    sums = torch.tensor([logs['loss'], *wishes], dtype=torch.float64, device=run.device)  # large losses stay finite
     if run.world > 1:
-        dist.all_reduce(loss)  # every process stops together
+        dist.all_reduce(sums)  # every process stops together, and saves together
+    loss, wishes = sums[0], tuple(sums[1:].gt(0).tolist())
     if not torch.isfinite(loss):
-        checkpoint = run.path('last.pt')
-        kept = f'the last checkpoint is {checkpoint}' if os.path.exists(checkpoint) else 'no checkpoint was kept'
-        fail(f'the training loss is {loss.item()} in steps {state["step"] - len(since) + 1}-{state["step"]}: {kept}; '
-             f'start again with a lower --lr (now {run.args.lr:g}) or a lower --clip (now {run.args.clip:g})')
+        fail(diverged(run, loss.item(), state['step'] - len(since) + 1, state['step']))
     bar.set_postfix(loss=f'{logs["loss"]:.3f}')
     if log:
         log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'lr': lr,
                               'time': round(time.time() - started, 2), **logs}) + '\n')
         log.flush()
-    return logs['loss'], len(since)
+    return logs['loss'], len(since), wishes
+
+
+def diverged(run, loss, first, last):
+    """The line of a training loss that is not finite in steps first to last."""
+    checkpoint = run.path('last.pt')
+    kept = f'the last checkpoint is {checkpoint}' if os.path.exists(checkpoint) else 'no checkpoint was kept'
+    return (f'the training loss is {loss} in steps {first}-{last}: {kept}; start again with a lower --lr (now '
+            f'{run.args.lr:g}) or a lower --clip (now {run.args.clip:g})')
 
 
 def optimizer_and_schedule(method, args, total_steps):
@@ -882,15 +952,14 @@ def optimizer_and_schedule(method, args, total_steps):
 
 
 def resumed(run, method, opt, sched, scaler):
-    """The loop's state: from last.pt with --resume (the method, optimiser, schedule, fp16's loss
-    scale and random state as they were), else from the start."""
+    """--resume: the loop's state from last.pt (the method, optimiser, schedule, fp16's loss scale and random state as
+    they were), or from the start when it is not there."""
     last, trained = run.path('last.pt'), run.path('trained.json')
-    if run.args.resume and os.path.exists(trained):  # a finished training: best.pt holds what it kept
+    if os.path.exists(trained):  # a finished training: best.pt holds what it kept
         return json.loads(data.read_text(trained))
-    if run.args.resume and not os.path.exists(last):
+    if not os.path.exists(last):
         run.say(f'note: {last} not found: starting from the beginning')
-    if not (run.args.resume and os.path.exists(last)):
-        return {'step': 0, 'epoch': 0, 'best': float('-inf')}
+        return None  # the loop starts afresh
     ckpt = layers.load_checkpoint(last, identity(run.args))
     for part, name in ((method, 'method'), (opt, 'optimizer'), (sched, 'schedule'), (scaler, 'scaler')):
         part.load_state_dict(ckpt.get(name, {}))  # the scaler reads {} unless fp16's
@@ -898,21 +967,27 @@ def resumed(run, method, opt, sched, scaler):
     return ckpt['state']
 
 
-def train_step(model, items, batch, args, step, rank, world, precision, collate):
+def train_step(model, items, batch, args, step, rank, world, precision, collate, probe=False):
     """One optimiser step's gradients: the global batch cut into world x grad_accum chunks, chunk c on process c %
-    world with its own dropout seed, so that any split over processes and micro-steps computes the same gradient."""
+    world with its own dropout seed, so that any split over processes and micro-steps computes the same gradient;
+    out of memory, one line (probe: the step's trial of the largest batch)."""
     chunks = np.array_split(np.array(batch), world * args.grad_accum)
     mine = sum(len(chunks[a * world + rank]) for a in range(args.grad_accum))
     logs = {}
-    for a in range(args.grad_accum):
-        c = a * world + rank
-        torch.manual_seed(args.seed * 1_000_003 + step * 1009 + c)
-        sync = a == args.grad_accum - 1 or not isinstance(model, DDP)
-        with (nullcontext() if sync else model.no_sync()), precision.autocast():
-            loss, chunk_logs = model(collate([items[i] for i in chunks[c]], chunks[c].tolist()).to(precision.device))
-        precision.backward(loss * len(chunks[c]) * world / len(batch))
-        for k, v in chunk_logs.items():  # this process's micro-batches, weighted by their size
-            logs[k] = logs.get(k, 0.0) + v * len(chunks[c]) / mine
+    model.train()  # validation leaves it in eval mode
+    try:
+        for a in range(args.grad_accum):
+            c = a * world + rank
+            torch.manual_seed(args.seed * 1_000_003 + step * 1009 + c)
+            sync = a == args.grad_accum - 1 or not isinstance(model, DDP)
+            micro = collate([items[i] for i in chunks[c]], chunks[c].tolist()).to(precision.device)
+            with (nullcontext() if sync else model.no_sync()), precision.autocast():
+                loss, chunk_logs = model(micro)
+            precision.backward(loss * len(chunks[c]) * world / len(batch))
+            for k, v in chunk_logs.items():  # this process's micro-batches, weighted by their size
+                logs[k] = logs.get(k, 0.0) + v * len(chunks[c]) / mine
+    except torch.OutOfMemoryError:
+        fail(out_of_memory(args, items, batch, step + 1, world, probe), own=True)
     return logs
 
 
@@ -920,7 +995,7 @@ def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log,
     """An epoch's end (or, with --eval_steps, a point `within` it, in epochs): the weights kept for
     averaging, validate(), best.pt when the selection score is the best so far, the printed line and the log's."""
     if keep_last:  # fairseq's --save-interval-updates and --keep-interval-updates
-        save(run, f'checkpoints/step{state["step"]:07d}.pt', {'method': method.state_dict()}, run.args, keep_last)
+        save(run, f'checkpoints/step{state["step"]:07d}.pt', {'method': method.state_dict()}, run.args, keep=keep_last)
     dev = validate()
     score = xlt.selection(method.select, dev)[0]
     score = state['epoch'] if score is None else score  # no dev set: keep the last
@@ -938,17 +1013,56 @@ def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log,
         log.flush()
 
 
+class ResumePoints(AbstractContextManager):
+    """last.pt every --save_minutes, at each epoch's end and at SIGTERM (a scheduler's), by a thread (layers.Writer)."""
+
+    def __init__(self, run):
+        self.run, self.saved, self.signalled, self.writer = run, time.time(), False, layers.Writer()
+        self.default = signal.signal(signal.SIGTERM, lambda number, frame: setattr(self, 'signalled', True))
+
+    def wishes(self):  # this process's: a resume point due by its clock, a stop asked by a signal (agreed in log_line)
+        return time.time() - self.saved >= 60 * self.run.args.save_minutes, self.signalled
+
+    def save(self, point, stop=False):
+        self.saved = time.time()
+        save(self.run, 'last.pt', point, self.run.args, self.writer)
+        if stop:
+            self.stop(point['state']['step'])
+
+    def __exit__(self, *exception):
+        self.writer.wait()
+        signal.signal(signal.SIGTERM, self.default)
+
+    def stop(self, step):
+        """SIGTERM's end, once its resume point is saved: one line, and the signal's exit status."""
+        self.writer.wait()
+        self.run.say(f'stopped by SIGTERM at step {step}: {self.run.path("last.pt")} holds it; run the same command '
+                     'with --resume to go on')
+        raise SystemExit(128 + signal.SIGTERM)
+
+
+def planted_stops(args, step, points):
+    """The tests' stops at a known step: a SIGTERM to itself, or death as if killed once the last resume point is
+    written."""
+    if args.term_after and step == args.term_after:
+        os.kill(os.getpid(), signal.SIGTERM)
+    if args.halt_after and step == args.halt_after:
+        points.writer.wait()
+        os._exit(3)
+
+
 def resume_point(method, opt, sched, state, scaler):
     return {'method': method.state_dict(), 'optimizer': opt.state_dict(), 'schedule': sched.state_dict(),
             'state': dict(state), 'rng': torch.get_rng_state(), 'scaler': scaler.state_dict()}
 
 
-def save(run, name, parts, args, keep=0):
-    """A checkpoint (layers.save_checkpoint: atomic), from the first process; keep: the last `keep` of its folder."""
+def save(run, name, parts, args, writer=None, keep=0):
+    """A checkpoint (layers.save_checkpoint: atomic), from the first process, by a writer's thread when given one;
+    keep: the last `keep` of its folder."""
     if run.rank == 0:
         exported = xlt.method_class(args).exported(args, run.tok)  # what python layers.py export reads
         meta = {**identity(args), 'settings': json.loads(json.dumps(vars(args))), **exported}
-        layers.save_checkpoint(run.path(name), meta, **parts)
+        (writer.save if writer else layers.save_checkpoint)(run.path(name), meta, **parts)
         layers.keep_last(os.path.dirname(run.path(name)), keep)
 
 

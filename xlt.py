@@ -454,10 +454,11 @@ class Taught(Method):
         """FILTER's Algorithm 1: the teacher trained on L_s + L_t (lines 1-8, a stage of its own,
         or --teacher), its target-side probabilities p_teacher computed once (line 12), then the
         student trained with Eq. 6's KL to them (lines 9-16). Without a teacher: as any method."""
+        items, p_teacher = run.items(run.cls), None  # None with --eval_only
+        if items and (run.args.self_teach or run.args.teacher):  # the teacher first: no idle student on the GPU
+            p_teacher = data.Ragged(*run.cached('p_teacher.pt', lambda: teacher_probabilities(run, items)))
         method = run.build()
-        items = run.items(method)  # None with --eval_only
-        if items and (run.args.self_teach or run.args.teacher):
-            method.p_teacher = data.Ragged(*run.cached('p_teacher.pt', lambda: teacher_probabilities(run, items)))
+        method.p_teacher = p_teacher
         run.fit(method, items)
         run.report(method)
 
@@ -721,7 +722,11 @@ def concat_pairs(a, a_mask, b, b_mask, eos=2):
 STEPPED = (Option('steps', int, 'pre-training and translation: optimiser steps (default 240000, Table 5; translation '
                   '100000)', AT_LEAST_1),
            Option('eval_every', int, 'pre-training and translation: steps between held-out evaluations (default 2000; '
-                  'translation 5000, each saving a checkpoint to average)', AT_LEAST_1))
+                  'translation 5000, each saving a checkpoint to average)', AT_LEAST_1),
+           Option('max_tokens', int, 'pre-training and translation: batches in tokens (fairseq\'s --max-tokens): each '
+                  'process\'s micro-batch holds at most this many, padding included (a translation pair counts its '
+                  'longer side, a pre-training pair both), processes x --grad_accum of them a step, in place of the '
+                  'batch sizes', AT_LEAST_1))
 
 
 class VecoPretrain(Method):
@@ -792,7 +797,10 @@ class VecoPretrain(Method):
         held = [items[i] for i in held]
         validate = lambda: method.held_out_losses(held, args.eval_batch_size, args.seed, run.device, args.precision)
         steps = lambda epoch: min(args.eval_every, args.steps - epoch * args.eval_every)  # an 'epoch': eval_every steps
-        sizes = (args.batch_size, args.para_batch_size)
+        sizes = {g: args.batch_size if g.startswith('mono:') else args.para_batch_size for g in groups}
+        if args.max_tokens:  # each group's micro-batches: as many pairs as its longest pair fits in --max_tokens
+            longest = {g: int(data.item_lengths(items, members).sum(1).max()) for g, members in groups.items()}
+            sizes = {g: run.chunks * max(1, args.max_tokens // n) for g, n in longest.items()}
         batches = lambda epoch: data.pretrain_batches(groups, sizes, steps(epoch), args.seed * 1000 + epoch,
                                                       args.lang_alpha)
         run.fit(method, items, validate, batches)
@@ -1040,6 +1048,11 @@ def label_smoothed_loss(logits, targets, eps):
     return ((1 - eps) * nll - eps * logp.mean(-1)) * real, nll * real
 
 
+# the valid loss makes the vocabulary's logits for this many target tokens at a time (1 GiB in fp32): a batch of 64
+# pairs of 251 tokens would make 64 x 251 x 250k of them, 16 GiB, and as much again for their log-softmax
+VALID_LOGITS = 2 ** 28
+
+
 class VecoTranslate(Method):
     """A VECO encoder-decoder (assemble) fine-tuned on translation with label-smoothed
     cross-entropy. As the released code, the source is `x </s> [src]` and the decoder reads
@@ -1187,11 +1200,14 @@ class VecoTranslate(Method):
         causal mask keeps every real position off the padding after it."""
         return self.decoder.run(self.decoder.embed(ids), None, memory=memory, memory_mask=memory_mask, causal=True)
 
-    def token_losses(self, pair):
-        """-> (label-smoothed loss, nll) per target token (B, T), 0 on padding."""
+    def token_losses(self, pair, rows=None):
+        """-> (label-smoothed loss, nll) per target token (B, T), 0 on padding; the logits over the vocabulary made
+        for `rows` rows of the batch at a time (default all)."""
         memory = self.encoder(pair.src.ids, pair.src.mask)
-        h = self.decode(pair.tgt.ids, memory, pair.src.mask)
-        return label_smoothed_loss(self.logits(h), pair.tgt.labels, self.eps)
+        h, labels = self.decode(pair.tgt.ids, memory, pair.src.mask), pair.tgt.labels
+        parts = [label_smoothed_loss(self.logits(h_), y, self.eps) for h_, y in zip(h.split(rows or len(h)),
+                                                                                      labels.split(rows or len(h)))]
+        return torch.cat([loss for loss, _ in parts]), torch.cat([nll for _, nll in parts])
 
     def loss(self, pair):
         """The mean over the batch's target tokens (fairseq normalises by the token count)."""
@@ -1207,8 +1223,9 @@ class VecoTranslate(Method):
         loss = nll = tokens = 0.0
         for index in data.length_batches(data.item_lengths(items)[:, 0], batch_size):
             pair = data.collate_pairs([items[i][0] for i in index], [items[i][1] for i in index]).to(device)
+            rows = max(1, VALID_LOGITS // (pair.tgt.ids.size(1) * self.encoder.tok.weight.size(0)))
             with autocast(device, precision):
-                smoothed, plain = self.token_losses(pair)
+                smoothed, plain = self.token_losses(pair, rows)
             loss, nll = loss + smoothed.sum().item(), nll + plain.sum().item()
             tokens += pair.tgt.labels.ne(IGNORE).sum().item()
         return {'loss': loss / tokens, 'nll': nll / tokens, 'ppl': math.exp(nll / tokens), 'score': -loss / tokens}
@@ -1453,6 +1470,8 @@ def vicinal_samples(run, feats, vicinity, epoch, name):
             return samples_per_feature(batch_feats, plans, filled, ok, family, tok.pad)
         fields = ('ids', 'length', 'example', 'removed') + ('words', 'word_count') * (family == 'tagging')
         made = run.map(samples_of, data.item_lengths(feats)[:, 0], name, len(fields), everywhere=False)
+        for part in vicinity:
+            part.cpu()  # .to() moved the module itself: off the GPU until the next GEN-LM (2.1 GiB at large)
         if made is not None:  # process 0 writes them (write_items: arrays in feature_arrays' layout)
             made = {field: ragged.values.numpy().astype(np.int32) for field, ragged in zip(fields, made)}
             removed = dict(zip(REMOVED, made.pop('removed').reshape(-1, len(REMOVED)).sum(0).tolist()))
@@ -1784,3 +1803,10 @@ METHODS = {cls.NAME: cls for cls in (Baseline, TranslateTrain, TranslateTrainAll
 def classes():
     """Every class a run may be: each method's, and the variants its resolve() picks."""
     return [c for method in METHODS.values() for c in (method, *method.variants())]
+
+
+def called(classes):
+    """How a user names method classes: --method NAME, or NAME --task TASK for a class of its own task."""
+    names = list(dict.fromkeys(c.NAME + ('' if set(c.TASKS) & set(TASKS) else f' --task {"/".join(c.TASKS)}')
+                               for c in classes))
+    return '--method ' + (f'{", ".join(names[:-1])} or {names[-1]}' if len(names) > 1 else names[0])

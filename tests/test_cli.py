@@ -98,11 +98,11 @@ def test_ctrl_c_names_the_last_checkpoint_and_how_to_resume(tmp_path):
     script) hands its children SIGINT ignored, and Python then never raises KeyboardInterrupt."""
     os.makedirs(tmp_path / 'run')
     os.symlink(data.make_demo(str(tmp_path / 'demo-data'), n_train=200, n_eval=30), tmp_path / 'run' / 'demo-data')
-    proc = subprocess.Popen([sys.executable, 'train.py', '--demo', '--task', 'pawsx', '--epochs', '50', '--save_every', '5',
+    proc = subprocess.Popen([sys.executable, 'train.py', '--demo', '--task', 'pawsx', '--epochs', '50', '--save_minutes', '0', '--log_every', '5',
                              '--out', str(tmp_path / 'run')], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    for line in proc.stdout:  # last.pt is written every 5 steps, so it exists before epoch 1 ends
+    for line in proc.stdout:  # last.pt is written at every log line (5 steps), so it exists before epoch 1 ends
         if line.startswith('epoch 1/50 '):
             break
     proc.send_signal(signal.SIGINT)

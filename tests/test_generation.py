@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -130,6 +131,34 @@ def test_the_training_loss_is_the_mean_over_target_tokens_and_sees_no_future_tar
     assert torch.allclose(a[0, :2], b[0, :2], atol=1e-6) and not torch.allclose(a[0, 2], b[0, 2])
 
 
+def test_the_valid_loss_makes_the_logits_a_slice_of_the_batch_at_a_time(monkeypatch):
+    """valid_losses makes the vocabulary's logits for at most VALID_LOGITS of them at a time: the same losses."""
+    m = translator()
+    items = [(data.Feature([5 + i, 6, 2, 50]), data.Feature([51, 7 + i, 8], [7 + i, 8, 2])) for i in range(5)]
+    whole, rows, logits = m.valid_losses(items, 64, torch.device('cpu'), 'fp32'), [], m.logits
+    monkeypatch.setattr(m, 'logits', lambda h: (rows.append(len(h)), logits(h))[1])
+    monkeypatch.setattr(xlt, 'VALID_LOGITS', 2 * 3 * m.encoder.tok.weight.size(0))  # two rows of 3 target tokens
+    assert m.valid_losses(items, 64, torch.device('cpu'), 'fp32') == pytest.approx(whole, rel=1e-6)
+    assert rows == [2, 2, 1]
+
+
+def test_batches_in_tokens_are_cut_as_fairseqs_max_tokens():
+    """Sorted by length (2..9 tokens, a pair by its longer side), cut greedily into 2 micro-batches of at most 12
+    tokens each, padding included: {2, 3 | 4, 5}, {6 | 7}, {8 | 9}, shuffled by the seed."""
+    lengths = np.array([[5, 1], [3, 3], [1, 9], [2, 2], [7, 7], [4, 1], [8, 2], [1, 6]])
+    batches = data.token_batches(lengths, 12, 2, seed=0)
+    assert sorted(sorted(lengths[b].max(1).tolist()) for b in batches) == [[2, 3, 4, 5], [6, 7], [8, 9]]
+    for batch in batches:
+        for micro in np.array_split(np.array(batch), 2):
+            assert len(micro) * lengths[micro].max() <= 12
+    assert data.token_batches(lengths, 12, 2, seed=0) == batches
+    assert {tuple(map(tuple, (data.token_batches(lengths, 12, 2, seed=s)))) for s in range(6)} != {tuple(map(tuple, batches))}
+    args = train.parse_args(['--method', 'veco', '--task', 'translate', '--demo', '--max_tokens', '12'])
+    items = [(data.Feature([4] * s), data.Feature([4] * t)) for s, t in lengths]
+    first_pass = data.token_batches(lengths, 12, 1, seed=1000)  # --seed 1's, on one process
+    assert train.Run(args, 0, 1, torch.device('cpu'), None, sets={}).shuffled(items)(0)[:len(first_pass)] == first_pass
+
+
 def greedy(m, src, max_new):
     """Greedy decoding written plainly: the whole prefix through the decoder at every step."""
     out = []
@@ -229,10 +258,10 @@ def test_translation_runs_resume_split_over_processes_and_average(tmp_path, demo
     assert open(tmp_path / 'two' / 'predictions' / 'test.en-de.de').read().split('\n')[:-1] == hyps
     killed = subprocess.run([sys.executable, 'train.py', '--method', 'veco', '--task', 'translate', '--demo', '--from_scratch',
                              '--out', str(tmp_path / 'one'), '--steps', '12', '--eval_every', '4', '--batch_size', '8',
-                             '--average_last', '2', '--beam', '2', '--grad_accum', '2', '--save_every', '3', '--halt_after', '10'],
+                             '--average_last', '2', '--beam', '2', '--grad_accum', '2', '--save_minutes', '0', '--log_every', '3', '--halt_after', '10'],
                             cwd=ROOT, capture_output=True)
     assert killed.returncode == 3
-    resumed = translate(tmp_path / 'one', demo_data, '--grad_accum', '2', '--save_every', '3', '--resume')
+    resumed = translate(tmp_path / 'one', demo_data, '--grad_accum', '2', '--resume')
     assert max((one[k] - resumed[k]).abs().max().item() for k in one) <= 1e-6
     assert open(tmp_path / 'one' / 'predictions' / 'test.en-de.de').read().split('\n')[:-1] == hyps
     os.remove(tmp_path / 'one' / 'predictions' / 'test.en-de.de')

@@ -150,6 +150,20 @@ def test_causal_block_does_not_look_ahead_and_cross_attention_reads_memory():
     assert not torch.allclose(block(x, mask, memory + 1, memory_mask, causal=True), y)
 
 
+def test_purely_causal_attention_runs_sdpas_causal_kernel_with_the_same_outputs(monkeypatch):
+    """No padding mask and as many queries as keys: SDPA's is_causal, no mask built; the outputs are the masked ones."""
+    torch.manual_seed(0)
+    attn = layers.Attention(layers.Config(n_head=2, dim=16, ffn_dim=32)).eval()
+    x, calls, sdpa = torch.randn(2, 6, 16), [], layers.F.scaled_dot_product_attention
+    monkeypatch.setattr(layers.F, 'scaled_dot_product_attention',
+                        lambda *a, **k: (calls.append((k['attn_mask'] is None, k['is_causal'])), sdpa(*a, **k))[1])
+    fast = attn(x, None, causal=True)
+    masked = attn(x, torch.ones(2, 6, dtype=torch.bool), causal=True)
+    slow, _ = attn(x, None, causal=True, return_scores=True)  # the attention written out, with the tril mask
+    assert calls == [(True, True), (False, False)]
+    assert torch.allclose(fast, masked, atol=1e-6) and torch.allclose(fast, slow, atol=1e-6)
+
+
 def test_too_long_input_is_refused():
     enc = layers.Encoder(layers.CONFIGS['tiny'])
     with pytest.raises(ValueError, match='longer than the model'):

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 
@@ -185,7 +186,7 @@ def test_one_run_per_folder_the_other_stops_in_one_line_and_touches_nothing(tmp_
         for extra in ([], ['--resume'], ['--eval_only']):  # in this process: the lock is another process's
             with pytest.raises(SystemExit) as other:
                 train.main(command[1:] + extra)
-            assert str(other.value) == f'error: {out} is in use by another run (pid {first.pid}): wait for it to end, or give another --out'
+            assert str(other.value) == f'error: {out} is in use by another run (pid {first.pid} on {socket.gethostname()}): wait for it to end, or give another --out'
             assert tree(out) == before
     finally:
         first.kill()  # SIGKILL: the lock dies with its holder

@@ -216,7 +216,7 @@ def reproduction_commands():
             loop = m.group(1), m.group(2).split()
         elif line.strip() == 'done':
             loop = None
-        elif m := re.match(r'\s*(?:torchrun (?:--nnodes (\d+) )?--nproc_per_node (\d+) )?(?:python )?train\.py (.*?)\s*(?:#.*)?$', line):
+        elif m := re.match(r'\s*(?:torchrun (?:--nnodes (\d+) )?--nproc_per_node (\d+) (?:--rdzv_\w+ \S+ )*)?(?:python )?train\.py (.*?)\s*(?:#.*)?$', line):
             world = int(m.group(1) or 1) * int(m.group(2) or 1)
             for value in loop[1] if loop else [None]:
                 text_ = m.group(3).replace(f'${loop[0]}', value) if loop else m.group(3)

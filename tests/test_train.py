@@ -5,8 +5,11 @@ import argparse
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -78,15 +81,33 @@ def final_weights(out):
     return torch.load(os.path.join(out, 'best.pt'), weights_only=True)['method']
 
 
+PLANT = """import os, sys
+sys.path.insert(0, {root!r})
+import data, train
+if os.environ['RANK'] == '1' and {where!r} == 'data':  # a file only this process cannot read
+    data.training_set = lambda *args, **kwargs: (_ for _ in ()).throw(data.DataError('planted: unreadable here'))
+if os.environ['RANK'] == '1' and {where!r} == 'folder':  # a disk of its own: --out (relative) is another folder
+    os.chdir({other!r})
+if {where!r} == 'no locks':  # Lustre without flock: process 0 tokenizes, process 1 waits and reads
+    import errno, fcntl
+    fcntl.flock = lambda *args: (_ for _ in ()).throw(OSError(errno.ENOSYS, 'Function not implemented'))
+    if os.environ['RANK'] == '1':
+        data.write_items = lambda *args: (_ for _ in ()).throw(data.DataError('process 1 tokenized'))
+train.main(sys.argv[1:])
+"""
+
+
 @pytest.mark.slow
 def test_ddp_on_two_processes_equals_one_process(tmp_path, small_demo):
     """Same global batch (16) and seed: 2 processes x 1 micro-batch against 1 process x 2 micro-batches."""
     common = ['--task', 'pawsx', '--epochs', '1', '--batch_size', '16', '--eval_batch_size', '128', '--group_by_length']
-    os.makedirs(tmp_path / 'ddp')
-    os.symlink(small_demo, tmp_path / 'ddp' / 'demo-data')
-    subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2',
-                    'train.py', '--demo', '--out', str(tmp_path / 'ddp'), *common], cwd=ROOT, check=True,
-                   capture_output=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    shutil.copytree(small_demo, tmp_path / 'ddp' / 'demo-data', ignore=shutil.ignore_patterns('.cache'))  # built anew
+    script = tmp_path / 'plant.py'  # a filesystem without file locks, too: process 0 tokenizes, process 1 waits
+    script.write_text(PLANT.format(root=ROOT, where='no locks', other=''))
+    ddp = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2',
+                          str(script), '--demo', '--out', str(tmp_path / 'ddp'), *common], cwd=ROOT, check=True,
+                         capture_output=True, text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert 'without file locks: nothing keeps two runs' in ddp.stdout
     one = run(tmp_path / 'one', small_demo, *common, '--grad_accum', '2')
     a, b = final_weights(tmp_path / 'ddp'), final_weights(tmp_path / 'one')
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-5
@@ -94,15 +115,45 @@ def test_ddp_on_two_processes_equals_one_process(tmp_path, small_demo):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('where', ['data', 'folder'])
+def test_one_process_failing_says_so_and_every_process_must_see_the_folder(tmp_path, where):
+    """Under torchrun, an error of process 1 alone is its one line, naming it; a process that does not see the folder
+    process 0 holds stops the run in one line, before anything is trained (nothing left behind)."""
+    script, other = tmp_path / 'plant.py', tmp_path / 'elsewhere'
+    script.write_text(PLANT.format(root=ROOT, where=where, other=str(other)))
+    os.makedirs(other / 'run')
+    argv = ['--demo', '--task', 'pawsx', '--epochs', '1', '--out', 'run']
+    res = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2',
+                          str(script), *argv], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    lines = [line for line in res.stderr.splitlines() if line.startswith('error')]
+    assert res.returncode != 0
+    if where == 'data':
+        assert lines == ['error (process 1 of 2): planted: unreadable here'], res.stderr
+    else:
+        assert lines == [f'error: --out {tmp_path / "run"} is not the folder process 0 holds, as '
+                         f'{socket.gethostname()} see it (a disk of its own?): give --out on a filesystem every node '
+                         'mounts'], res.stderr
+        assert not os.path.exists(tmp_path / 'run')
+
+
+@pytest.mark.slow
 def test_killed_run_resumes_exactly(tmp_path, demo_data):
-    common = ['--task', 'udpos', '--epochs', '2', '--save_every', '5', '--log_every', '3', '--group_by_length',  # grouped: the real runs' batches
+    """Killed at step 43 (resume points by time, at every log line: step 42), then stopped by a real SIGTERM at step
+    50 (saved and stopped at the next log line, 51): each --resume goes on to the numbers of the run never stopped."""
+    common = ['--task', 'udpos', '--epochs', '2', '--save_minutes', '0', '--log_every', '3', '--group_by_length',  # grouped: the real runs' batches
               '--eval_steps', '10']  # and the dev set scored within the epochs too
     whole = run(tmp_path / 'whole', demo_data, *common)
     os.makedirs(tmp_path / 'cut')
     os.symlink(demo_data, tmp_path / 'cut' / 'demo-data')
     killed = subprocess.run([sys.executable, 'train.py', '--demo', '--out', str(tmp_path / 'cut'), *common,
                              '--halt_after', '43'], cwd=ROOT, capture_output=True)
-    assert killed.returncode == 3 and torch.load(tmp_path / 'cut' / 'last.pt', weights_only=True)['state']['step'] == 40
+    last_step = lambda: torch.load(tmp_path / 'cut' / 'last.pt', weights_only=True)['state']['step']
+    assert killed.returncode == 3 and last_step() == 42
+    stopped = subprocess.run([sys.executable, 'train.py', '--demo', '--out', str(tmp_path / 'cut'), *common, '--resume',
+                              '--term_after', '50'], cwd=ROOT, capture_output=True, text=True)
+    assert stopped.returncode == 128 + signal.SIGTERM and last_step() == 51, stopped.stderr
+    assert f'stopped by SIGTERM at step 51: {tmp_path / "cut" / "last.pt"} holds it' in stopped.stdout
     resumed = run(tmp_path / 'cut', demo_data, *common, '--resume')
     a, b = final_weights(tmp_path / 'whole'), final_weights(tmp_path / 'cut')
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
@@ -231,7 +282,7 @@ def test_released_settings_per_method(method, task, expected):
     ('grad_accum', '0'), ('max_len', '0'), ('max_len', '1024'), ('warmup', '1.5'), ('warmup', '-0.1'),
     ('weight_decay', '-0.01'), ('clip', '0'), ('dropout', '1'), ('seed', '-1'), ('m', '-1'), ('k', '-2'),
     ('kl_weight', '1.5'), ('temperature', '0'), ('mixup_layer', '0'), ('p_k', '-5'), ('layer', '0'),
-    ('eval_batch_size', '0'), ('save_every', '0')])
+    ('eval_batch_size', '0'), ('save_minutes', '-1')])
 def test_numeric_options_out_of_range_stop_with_one_line(option, value):
     with pytest.raises(SystemExit) as err:
         train.main(['--demo', f'--{option}', value])
@@ -357,3 +408,66 @@ def test_a_loss_that_is_not_finite_stops_the_run_in_one_line(tmp_path, demo_data
                            'lower --lr (now 10000) or a lower --clip (now 1)') and '\n' not in said
     assert sorted(os.listdir(tmp_path / 'nan')) == ['.lock', 'config.json', 'demo-data', 'log.jsonl']
     assert open(tmp_path / 'nan' / 'log.jsonl').read() == ''  # the NaN line is not logged either
+
+
+def test_a_resume_point_is_written_from_a_copy_while_the_training_goes_on(tmp_path, monkeypatch):
+    """ResumePoints.save copies the state to host memory, then a thread writes it: the weights the next step changes
+    right after the call are not the ones written (the writer held back until they changed)."""
+    changed, write = threading.Event(), layers.save_checkpoint
+    monkeypatch.setattr(layers, 'save_checkpoint', lambda *a, **k: (changed.wait(), write(*a, **k)))
+    args = train.parse_args(['--demo', '--out', str(tmp_path)])
+    run = train.Run(args, 0, 1, torch.device('cpu'), argparse.Namespace(files=[], lower=False), sets={})
+    weight = torch.zeros(1000, 1000)
+    with train.ResumePoints(run) as points:
+        points.save({'method': {'w': weight}, 'state': {'step': 7}})
+        weight += 1  # the next step, while the thread writes
+        changed.set()
+    saved = torch.load(tmp_path / 'last.pt', weights_only=True)
+    assert saved['method']['w'].eq(0).all() and saved['state']['step'] == 7
+
+
+def test_the_largest_micro_batch_is_tried_at_step_2_and_out_of_memory_is_one_line(tmp_path, small_demo, monkeypatch):
+    """Before step 2 (AdamW's state allocated) the epoch's batch of the most tokens, padding included, runs forward and
+    backward once, and the results are those of a run without it; an out-of-memory error there ends the run in one
+    line naming the step, the shape and the options."""
+    argv, calls, step = ['--task', 'udpos', '--epochs', '1', '--batch_size', '8', '--group_by_length'], [], train.train_step
+    def recorded(model, items, batch, *rest, **kwargs):
+        calls.append((len(batch), int(data.item_lengths(items, batch).max())))
+        return step(model, items, batch, *rest, **kwargs)
+    monkeypatch.setattr(train, 'train_step', recorded)
+    run(tmp_path / 'probed', small_demo, *argv)
+    tokens = [n * length for n, length in calls]
+    assert tokens[1] == max(tokens) > min(tokens) and calls.count(calls[1]) >= 2  # tried, then run in its place
+    with monkeypatch.context() as m:
+        m.setattr(train, 'probe', lambda *args: None)
+        run(tmp_path / 'plain', small_demo, *argv)
+    a, b = final_weights(tmp_path / 'probed'), final_weights(tmp_path / 'plain')
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    forward = xlt.Method.forward
+    def out_of_memory(method, batch):  # raised where the model runs the largest micro-batch, as CUDA raises it
+        if int(batch.mask.sum(1).max()) == calls[1][1]:
+            raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB')
+        return forward(method, batch)
+    monkeypatch.setattr(train, 'train_step', step)
+    monkeypatch.setattr(xlt.Method, 'forward', out_of_memory)
+    with pytest.raises(SystemExit) as failed:
+        run(tmp_path / 'oom', small_demo, *argv)
+    assert str(failed.value) == (f'error: out of memory in step 2, the epoch\'s largest micro-batch, tried before it: '
+                                 f'8 x {calls[1][1]} tokens; try --grad_accum 2, --grad_checkpoint, --max_len 64, '
+                                 '--precision bf16 or fp16')
+
+
+def test_a_finished_training_frees_its_optimiser_at_once(tmp_path, small_demo, monkeypatch):
+    """The loop's optimiser and schedule (and DDP's wrapper) hold reference cycles: on a GPU train() collects them as
+    it ends, so a next stage does not share the device with them (here the CPU as a GPU; automatic collection off)."""
+    import gc
+    monkeypatch.setattr(train, 'COLLECT_ON', ('cpu',))
+    gc.collect()
+    gc.disable()
+    try:
+        run(tmp_path / 'run', small_demo, '--task', 'pawsx', '--epochs', '1', '--batch_size', '32')
+        kinds = (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
+        alive = [o for o in gc.get_objects() if issubclass(type(o), kinds)]
+    finally:
+        gc.enable()
+    assert not alive

@@ -205,13 +205,33 @@ def test_bert_masking_shares_and_targets():
 def test_steps_alternate_monolingual_and_bilingual_batches_of_their_own_sizes():
     groups = {'mono:en': list(range(50)), 'mono:de': list(range(50, 60)), 'para:de-en': list(range(60, 100))}
     of = lambda i: next(g for g, positions in groups.items() if i in positions)
-    batches = data.pretrain_batches(groups, (3, 12), 10, seed=0)
+    sizes = {'mono:en': 3, 'mono:de': 3, 'para:de-en': 12}
+    batches = data.pretrain_batches(groups, sizes, 10, seed=0)
     assert [(len({of(i) for i in b}), of(b[0])[:4], len(b)) for b in batches] == [(1, 'mono', 3), (1, 'para', 12)] * 5
     assert {of(b[0]) for b in batches[::2]} == {'mono:en', 'mono:de'}  # both languages drawn
-    assert [len(b) for b in data.pretrain_batches({'para:de-en': groups['para:de-en']}, (3, 12), 3, seed=0)] == [12] * 3
+    assert [len(b) for b in data.pretrain_batches({'para:de-en': groups['para:de-en']}, sizes, 3, seed=0)] == [12] * 3
     pre = train.parse_args(['--method', 'veco', '--task', 'pretrain', '--from_scratch'])
     demo = train.parse_args(['--method', 'veco', '--task', 'pretrain', '--demo', '--batch_size', '16'])
     assert (pre.batch_size, pre.para_batch_size, demo.para_batch_size) == (1024, 4096, 16)  # Table 5; the demo 1:1
+
+
+@pytest.mark.slow
+def test_pretraining_batches_in_tokens_fill_each_micro_batch_from_the_groups_longest_pair(tmp_path, demo_data,
+                                                                                          monkeypatch):
+    """--max_tokens 200 over 2 micro-batches: each group's batches hold 2 x (200 // its longest pair's tokens) pairs."""
+    seen, step = [], train.train_step
+    monkeypatch.setattr(train, 'train_step', lambda model, items, batch, *rest, **kw: (
+        seen.append((items, batch)), step(model, items, batch, *rest, **kw))[1])
+    demo_run(tmp_path, demo_data, ['--method', 'veco', '--task', 'pretrain', '--steps', '4', '--eval_every', '4',
+                                   '--max_tokens', '200', '--grad_accum', '2'])
+    items = seen[0][0]
+    tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
+    groups = data.split_held_out(data.pretraining_set(tok, demo_data, 32, False, True)[1])[0]  # the training pairs
+    longest = {name: max(len(items[i][0].ids) + len(items[i][1].ids) for i in members) for name, members in groups.items()}
+    for _, batch in seen:
+        name = next(n for n, members in groups.items() if batch[0] in members)
+        assert len(batch) == 2 * (200 // longest[name]) and set(batch) <= set(groups[name])
+    assert len({len(batch) for _, batch in seen}) > 1  # mono and para pairs: sizes of their own
 
 
 def test_languages_are_drawn_with_the_smoothing_exponent():
@@ -220,7 +240,7 @@ def test_languages_are_drawn_with_the_smoothing_exponent():
     groups = {'mono:en': range(0, 900), 'mono:sw': range(900, 1000)}
     for alpha, expected in ((0.3, 0.1 ** 0.3 / (0.1 ** 0.3 + 0.9 ** 0.3)), (0.5, 0.1 ** 0.5 / (0.1 ** 0.5 + 0.9 ** 0.5)),
                             (1.0, 0.1)):
-        batches = data.pretrain_batches(groups, (1, 1), 4000, seed=0, alpha=alpha)
+        batches = data.pretrain_batches(groups, {'mono:en': 1, 'mono:sw': 1}, 4000, seed=0, alpha=alpha)
         assert abs(sum(b[0] >= 900 for b in batches) / 4000 - expected) < 0.03  # 4 standard deviations
     assert train.parse_args(['--method', 'veco', '--task', 'pretrain', '--from_scratch']).lang_alpha == 0.5
 
@@ -286,9 +306,9 @@ def test_pretraining_ddp_equals_one_process_and_resumes_exactly(tmp_path, demo_d
     assert max((one[k] - two[k]).abs().max().item() for k in one) <= 1e-5
     killed = subprocess.run([sys.executable, 'train.py', '--method', 'veco', '--task', 'pretrain', '--demo', '--out',
                              str(tmp_path / 'one'), '--steps', '24', '--eval_every', '12', '--batch_size', '8',
-                             '--grad_accum', '2', '--save_every', '5', '--halt_after', '17'], cwd=ROOT, capture_output=True)
+                             '--grad_accum', '2', '--save_minutes', '0', '--log_every', '5', '--halt_after', '17'], cwd=ROOT, capture_output=True)
     assert killed.returncode == 3
-    resumed = pretrain(tmp_path / 'one', demo_data, '--batch_size', '8', '--grad_accum', '2', '--save_every', '5', '--resume')
+    resumed = pretrain(tmp_path / 'one', demo_data, '--batch_size', '8', '--grad_accum', '2', '--resume')
     assert max((one[k] - resumed[k]).abs().max().item() for k in one) <= 1e-6
     logged = [json.loads(line) for line in open(tmp_path / 'one' / 'log.jsonl')]
     assert {'is_x', 'is_y', 'cs_xy', 'cs_yx', 'tlm'} <= {k for r in logged for k in r}
@@ -312,7 +332,7 @@ def test_each_phase_warms_up_and_phase_2_trains_everything(tmp_path, demo_data):
     layers.save_checkpoint(str(tmp_path / 'xlmr.pt'), {'method': None, 'task': None, 'model': None}, **layers.encoder_parts(enc, mlm))
     start = {**{f'encoder.{k}': v for k, v in enc.state_dict().items()}, **{f'mlm.{k}': v for k, v in mlm.state_dict().items()}}
     argv = ['--init', str(tmp_path / 'xlmr.pt'), '--steps', '8', '--eval_every', '8', '--cross_only_steps', '6',
-            '--warmup', '0.5', '--log_every', '1', '--save_every', '6', '--lr', '1e-2']
+            '--warmup', '0.5', '--log_every', '1', '--save_minutes', '0', '--lr', '1e-2']
     os.makedirs(tmp_path / 'one')
     os.symlink(demo_data, tmp_path / 'one' / 'demo-data')
     killed = subprocess.run([sys.executable, 'train.py', '--method', 'veco', '--task', 'pretrain', '--demo', '--out',
@@ -329,7 +349,7 @@ def test_each_phase_warms_up_and_phase_2_trains_everything(tmp_path, demo_data):
     os.makedirs(tmp_path / 'two')
     os.symlink(demo_data, tmp_path / 'two' / 'demo-data')
     killed = subprocess.run([sys.executable, 'train.py', '--method', 'veco', '--task', 'pretrain', '--demo', '--out',
-                             str(tmp_path / 'two'), *argv, '--save_every', '1', '--halt_after', '7'], cwd=ROOT, capture_output=True)
+                             str(tmp_path / 'two'), *argv, '--halt_after', '7'], cwd=ROOT, capture_output=True)
     assert adam_steps('two') == [7 if cross(n) else 1 for n in names]  # the cross-attention's moments carried over
     final = demo_run(tmp_path / 'two', demo_data, ['--method', 'veco', '--task', 'pretrain', *argv, '--resume'])
     assert not any(torch.equal(final[k], v) for k, v in phase_1.items())  # phase 2 changes everything
