@@ -318,7 +318,8 @@ def kl_per_example(family, p_teacher, logits, first=None, T=1.0):
 def teacher_kl(family, p_teacher, tgt, logits, T=1.0):
     """KL(p_teacher || p) per example, p_teacher: the stored probabilities of the batch's items."""
     stored = torch.nn.utils.rnn.pad_sequence([p_teacher[i] for i in tgt.index], batch_first=True)
-    return kl_per_example(family, stored.to(logits.device), logits, tgt.first, T)
+    stored = stored.pin_memory() if logits.is_cuda else stored  # copied while the device computes: no host sync
+    return kl_per_example(family, stored.to(logits.device, non_blocking=True), logits, tgt.first, T)
 
 
 def probabilities(family, logits):
@@ -633,14 +634,15 @@ class XMixup(Taught):
         """Eq. 6: each example's source is the real English with probability p*, else its round
         trip -> (source batch, (B,) True where the source is real)."""
         if pair.alt is None:
-            return pair.src, torch.ones(pair.src.ids.size(0), dtype=torch.bool)
-        real = torch.rand(pair.src.ids.size(0)) < self.p_star()
+            return pair.src, torch.ones(pair.src.ids.size(0), dtype=torch.bool, device=pair.src.ids.device)
+        real = torch.rand(pair.src.ids.size(0)) < self.p_star()  # drawn on the CPU: the same draws on any device
+        real = real.pin_memory().to(pair.src.ids.device, non_blocking=True) if pair.src.ids.is_cuda else real
         T = max(pair.src.ids.size(1), pair.alt.ids.size(1))
 
         def pick(a, b, pad=None):  # row by row: a where the source is real, else b (padded alike)
             if pad is not None:
                 a, b = F.pad(a, (0, T - a.size(1)), value=pad), F.pad(b, (0, T - b.size(1)), value=pad)
-            return torch.where(real.to(a.device).view(-1, *[1] * (a.dim() - 1)), a, b)
+            return torch.where(real.view(-1, *[1] * (a.dim() - 1)), a, b)
         s, r = pair.src, pair.alt
         labels = None if s.labels is None else pick(s.labels, r.labels, IGNORE if self.family == 'tagging' else None)
         return Batch(pick(s.ids, r.ids, self.encoder.cfg.pad_id), pick(s.mask, r.mask, False), labels, s.index), real
@@ -674,7 +676,7 @@ class XMixup(Taught):
                   per_example_loss(self.family, p_t, pair.tgt.labels))
         task = self.alpha * loss_s + (1 - self.alpha) * loss_t  # Eq. 8
         if self.family != 'classification':  # a round-trip source's labels may not fit it: T's loss alone
-            task = torch.where(real.to(task.device), task, loss_t)
+            task = torch.where(real, task, loss_t)
         mse = F.mse_loss(self.representation(h_s, src.mask), self.representation(h_t, pair.tgt.mask),
                          reduction='none').float().mean(-1)
         loss = task + mse  # Eq. 7's representation consistency
