@@ -1493,6 +1493,13 @@ def pad_share(lengths_of, batches, parts):
     return 1 - real / max(padded, 1)
 
 
+def token_sizes(lengths_of, groups, max_tokens, chunks):
+    """Pre-training batches in tokens: {group: its pairs a step}, `chunks` micro-batches of as many of the group's
+    pairs as its longest pair (both sides) fits in max_tokens. lengths_of(index) -> item_lengths' of those items."""
+    longest = {name: int(lengths_of(members).sum(1).max()) for name, members in groups.items()}
+    return {name: chunks * max(1, max_tokens // tokens) for name, tokens in longest.items()}
+
+
 def largest_batch(lengths_of, batches, parts):
     """The batch whose largest micro-batch (each cut into `parts`) holds the most tokens, padding included."""
     chunks = lambda batch: (c for c in np.array_split(np.array(batch), parts) if len(c))

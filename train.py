@@ -811,8 +811,9 @@ def identity(args):
 # ----------------------------------------------------------------------------------------
 # The training loop of every method and stage.
 
-COLLECT_ON = ('cuda',)  # where a finished training's cycles are collected at once: the next stage needs the device's
-# memory (a collection takes seconds in a process of many objects; on a CPU nothing waits for it)
+SCARCE = ('cuda',)  # devices whose memory a run watches: the largest batch tried at step 2 (probe), a finished
+# training's cycles collected at once for the next stage; on a CPU neither is worth its time (a collection takes
+# seconds in a process of many objects, the probe a step)
 
 
 def train(run, method, items, validate, batches_of, keep_last=0):
@@ -820,7 +821,7 @@ def train(run, method, items, validate, batches_of, keep_last=0):
     each epoch validate(), best.pt kept by the method's selection rule, and last.pt."""
     with ResumePoints(run) as points:  # its SIGTERM handler given back however the loop ends
         loop(run, method, items, validate, batches_of, keep_last, points)
-    if run.device.type in COLLECT_ON:  # the loop's DDP wrapper and optimiser hold reference cycles: freed now
+    if run.device.type in SCARCE:  # the loop's DDP wrapper and optimiser hold reference cycles: freed now
         gc.collect()
 
 
@@ -843,7 +844,7 @@ def loop(run, method, items, validate, batches_of, keep_last, points):
         start = state['step'] % per_epoch  # a resumed epoch goes on where it stopped
         bar = data.bar(total=len(batches), initial=start, desc=f'epoch {state["epoch"] + 1}/{args.epochs}')
         for batch in batches[start:]:
-            if state['step'] == first + 1:  # AdamW's state is there now: the largest micro-batch tried once
+            if state['step'] == first + 1 and run.device.type in SCARCE:  # AdamW's state is there: the largest, once
                 probe(run, model, items, batches, state['step'], precision, collate)
             since.append(train_step(model, items, batch, args, state['step'], rank, world, precision, collate))
             since[-1].update(optimizer_step(method, opt, sched, precision, state, args.clip, bar, log))

@@ -800,9 +800,8 @@ class VecoPretrain(Method):
         validate = lambda: method.held_out_losses(held, args.eval_batch_size, args.seed, run.device, args.precision)
         steps = lambda epoch: min(args.eval_every, args.steps - epoch * args.eval_every)  # an 'epoch': eval_every steps
         sizes = {g: args.batch_size if g.startswith('mono:') else args.para_batch_size for g in groups}
-        if args.max_tokens:  # each group's micro-batches: as many pairs as its longest pair fits in --max_tokens
-            longest = {g: int(data.item_lengths(items, members).sum(1).max()) for g, members in groups.items()}
-            sizes = {g: run.chunks * max(1, args.max_tokens // n) for g, n in longest.items()}
+        if args.max_tokens:
+            sizes = data.token_sizes(lambda index: data.item_lengths(items, index), groups, args.max_tokens, run.chunks)
         batches = lambda epoch: data.pretrain_batches(groups, sizes, steps(epoch), args.seed * 1000 + epoch,
                                                       args.lang_alpha)
         run.fit(method, items, validate, batches)

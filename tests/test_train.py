@@ -429,7 +429,8 @@ def test_a_resume_point_is_written_from_a_copy_while_the_training_goes_on(tmp_pa
 def test_the_largest_micro_batch_is_tried_at_step_2_and_out_of_memory_is_one_line(tmp_path, small_demo, monkeypatch):
     """Before step 2 (AdamW's state allocated) the epoch's batch of the most tokens, padding included, runs forward and
     backward once, and the results are those of a run without it; an out-of-memory error there ends the run in one
-    line naming the step, the shape and the options."""
+    line naming the step, the shape and the options (the CPU played as a GPU: on a CPU no batch is tried)."""
+    monkeypatch.setattr(train, 'SCARCE', ('cpu',))
     argv, calls, step = ['--task', 'udpos', '--epochs', '1', '--batch_size', '8', '--group_by_length'], [], train.train_step
     def recorded(model, items, batch, *rest, **kwargs):
         calls.append((len(batch), int(data.item_lengths(items, batch).max())))
@@ -461,7 +462,7 @@ def test_a_finished_training_frees_its_optimiser_at_once(tmp_path, small_demo, m
     """The loop's optimiser and schedule (and DDP's wrapper) hold reference cycles: on a GPU train() collects them as
     it ends, so a next stage does not share the device with them (here the CPU as a GPU; automatic collection off)."""
     import gc
-    monkeypatch.setattr(train, 'COLLECT_ON', ('cpu',))
+    monkeypatch.setattr(train, 'SCARCE', ('cpu',))
     gc.collect()
     gc.disable()
     try:

@@ -215,23 +215,14 @@ def test_steps_alternate_monolingual_and_bilingual_batches_of_their_own_sizes():
     assert (pre.batch_size, pre.para_batch_size, demo.para_batch_size) == (1024, 4096, 16)  # Table 5; the demo 1:1
 
 
-@pytest.mark.slow
-def test_pretraining_batches_in_tokens_fill_each_micro_batch_from_the_groups_longest_pair(tmp_path, demo_data,
-                                                                                          monkeypatch):
-    """--max_tokens 200 over 2 micro-batches: each group's batches hold 2 x (200 // its longest pair's tokens) pairs."""
-    seen, step = [], train.train_step
-    monkeypatch.setattr(train, 'train_step', lambda model, items, batch, *rest, **kw: (
-        seen.append((items, batch)), step(model, items, batch, *rest, **kw))[1])
-    demo_run(tmp_path, demo_data, ['--method', 'veco', '--task', 'pretrain', '--steps', '4', '--eval_every', '4',
-                                   '--max_tokens', '200', '--grad_accum', '2'])
-    items = seen[0][0]
-    tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
-    groups = data.split_held_out(data.pretraining_set(tok, demo_data, 32, False, True)[1])[0]  # the training pairs
-    longest = {name: max(len(items[i][0].ids) + len(items[i][1].ids) for i in members) for name, members in groups.items()}
-    for _, batch in seen:
-        name = next(n for n, members in groups.items() if batch[0] in members)
-        assert len(batch) == 2 * (200 // longest[name]) and set(batch) <= set(groups[name])
-    assert len({len(batch) for _, batch in seen}) > 1  # mono and para pairs: sizes of their own
+def test_pretraining_batches_in_tokens_fill_each_micro_batch_from_the_groups_longest_pair():
+    """--max_tokens 200 over 2 micro-batches: each group's steps hold 2 x (200 // its longest pair's tokens, both sides)
+    pairs."""
+    items = [(data.Feature([4] * a), data.Feature([4] * b)) for a, b in ((30, 20), (10, 10), (60, 61), (7, 8), (9, 1))]
+    groups = {'mono:en': [0, 1], 'para:de-en': [2, 3], 'mono:de': [4]}
+    sizes = data.token_sizes(lambda index: data.item_lengths(items, index), groups, 200, 2)
+    assert sizes == {'mono:en': 2 * (200 // 50), 'para:de-en': 2 * (200 // 121), 'mono:de': 2 * (200 // 10)}
+    assert [len(b) for b in data.pretrain_batches(groups, sizes, 2, seed=0)] in ([8, 2], [40, 2])
 
 
 def test_languages_are_drawn_with_the_smoothing_exponent():
