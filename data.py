@@ -1393,11 +1393,17 @@ class Batch:
     labels: torch.Tensor = None  # (B,) classes | (B, T) tags | (B, 2) answer start, end
     index: list = None  # the features' positions in their list
     first: torch.Tensor = None  # tagging: (B, T), True on each word's first sub-word
+    padded: bool = True  # a row shorter than another (collate knows it without asking the device)
+
+    @property
+    def keys(self):
+        """The mask attention takes: None when no row is padded, so that SDPA may pick its fastest kernel."""
+        return self.mask if self.padded else None
 
     def to(self, device):
         pin = torch.device(device).type == 'cuda'  # page-locked: the copy runs while the device computes
         move = lambda t: None if t is None else (t.pin_memory() if pin else t).to(device, non_blocking=True)
-        return Batch(move(self.ids), move(self.mask), move(self.labels), self.index, move(self.first))
+        return Batch(move(self.ids), move(self.mask), move(self.labels), self.index, move(self.first), self.padded)
 
 
 @dataclass
@@ -1424,7 +1430,7 @@ def collate(features, index=None, pad_id=1):
         first = torch.zeros_like(ids, dtype=torch.bool)
         for row, f in enumerate(features):
             first[row, f.words] = True
-    return Batch(ids, ids.ne(pad_id), labels, index, first)
+    return Batch(ids, ids.ne(pad_id), labels, index, first, len({len(f.ids) for f in features}) > 1)
 
 
 def collate_pairs(src, tgt, index=None, alt=None, pad_id=1):

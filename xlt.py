@@ -363,7 +363,7 @@ class Baseline(Method):
         self.conf_penalty = getattr(args, 'conf_penalty', None) or 0.0  # XLA's Eq. 1 weight (XLA's warm-up: 1)
 
     def predict(self, batch):
-        return self.head(self.encoder(batch.ids, batch.mask), batch.mask)
+        return self.head(self.encoder.run(self.encoder.embed(batch.ids), batch.keys), batch.mask)
 
     def loss(self, batch):
         logits = self.predict(batch)
@@ -835,7 +835,7 @@ class VecoPretrain(Method):
 
     def terms(self, x, x_mask, x_bar, y, y_mask, y_bar, parallel):
         """The loss terms of masked pairs {name: mean over the chosen tokens}: Eq. 8's four and,
-        on the parallel rows, TLM. x, y: masked ids; x_bar, y_bar: their targets."""
+        on the parallel rows, TLM. x, y: masked ids; x_bar, y_bar: their targets; masks None: unpadded."""
         with torch.no_grad() if self.cross_only() else nullcontext():  # phase 1 trains CS-MLM alone
             X, Y = self.inner(x, x_mask), self.inner(y, y_mask)
         terms = {'is_x': mlm_loss(self.mlm, X, x_bar), 'is_y': mlm_loss(self.mlm, Y, y_bar)}  # Eq. 5
@@ -844,7 +844,8 @@ class VecoPretrain(Method):
             terms['cs_yx'] = mlm_loss(self.mlm, self.crossed(x, x_mask, Y, y_mask), x_bar)  # and x from y
         rows = parallel.nonzero().squeeze(1)
         if len(rows) and not (self.training and self.cross_only()):  # TLM (XLM): the pair as one sequence
-            ids, mask, order = concat_pairs(x[rows], x_mask[rows], y[rows], y_mask[rows])
+            real = lambda ids, mask: ids.ne(self.encoder.cfg.pad_id) if mask is None else mask
+            ids, mask, order = concat_pairs(x[rows], real(x, x_mask)[rows], y[rows], real(y, y_mask)[rows])
             targets = torch.cat([x_bar[rows], y_bar[rows]], 1).gather(1, order)
             terms['tlm'] = mlm_loss(self.mlm, self.inner(ids, mask), targets)
         return terms
@@ -857,7 +858,7 @@ class VecoPretrain(Method):
     def loss(self, pair):
         parallel = pair.src.labels.bool()
         (x, x_bar), (y, y_bar) = self.masked(pair.src, parallel), self.masked(pair.tgt, parallel)
-        terms = self.terms(x, pair.src.mask, x_bar, y, pair.tgt.mask, y_bar, parallel)
+        terms = self.terms(x, pair.src.keys, x_bar, y, pair.tgt.keys, y_bar, parallel)
         counted = ('cs_xy', 'cs_yx') if self.cross_only() else tuple(terms)
         loss = sum(terms[name] for name in counted)
         return loss, {'loss': loss.detach(), **{name: t.detach() for name, t in terms.items()}}
@@ -905,10 +906,10 @@ class VecoPretrain(Method):
         parallel = pair.src.labels.bool()
         (x, x_bar), (y, y_bar) = self.masked(pair.src, parallel), self.masked(pair.tgt, parallel)
         with autocast(x.device, precision):
-            terms = self.terms(x, pair.src.mask, x_bar, y, pair.tgt.mask, y_bar, parallel)
+            terms = self.terms(x, pair.src.keys, x_bar, y, pair.tgt.keys, y_bar, parallel)
             if len(x) > 1 and self.cs_mlm:
-                X, x_mask = self.inner(x, pair.src.mask), pair.src.mask
-                shuffled = self.crossed(y, pair.tgt.mask, X.roll(1, 0), x_mask.roll(1, 0))
+                X, x_mask = self.inner(x, pair.src.keys), pair.src.keys
+                shuffled = self.crossed(y, pair.tgt.keys, X.roll(1, 0), None if x_mask is None else x_mask.roll(1, 0))
                 terms['cs_shuffled'] = mlm_loss(self.mlm, shuffled, y_bar)
         return terms
 
@@ -1204,8 +1205,8 @@ class VecoTranslate(Method):
     def token_losses(self, pair, rows=None):
         """-> (label-smoothed loss, nll) per target token (B, T), 0 on padding; the logits over the vocabulary made
         for `rows` rows of the batch at a time (default all)."""
-        memory = self.encoder(pair.src.ids, pair.src.mask)
-        h, labels = self.decode(pair.tgt.ids, memory, pair.src.mask), pair.tgt.labels
+        memory = self.encoder.run(self.encoder.embed(pair.src.ids), pair.src.keys)
+        h, labels = self.decode(pair.tgt.ids, memory, pair.src.keys), pair.tgt.labels
         parts = [label_smoothed_loss(self.logits(h_), y, self.eps) for h_, y in zip(h.split(rows or len(h)),
                                                                                       labels.split(rows or len(h)))]
         return torch.cat([loss for loss, _ in parts]), torch.cat([nll for _, nll in parts])

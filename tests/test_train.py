@@ -472,3 +472,19 @@ def test_a_finished_training_frees_its_optimiser_at_once(tmp_path, small_demo, m
     finally:
         gc.enable()
     assert not alive
+
+
+def test_a_batch_without_padding_attends_without_a_mask(monkeypatch):
+    """collate marks a batch whose rows are all as long (known on the host, no sync): its attention takes no mask,
+    so SDPA may pick its fastest kernel, and the outputs are those of the masked path."""
+    feats = [data.Feature([0, 5, 6, 2]), data.Feature([0, 7, 8, 2])]
+    full, ragged = data.collate(feats), data.collate(feats + [data.Feature([0, 9, 2])])
+    assert (full.padded, full.keys, full.to('cpu').padded) == (False, None, False) and ragged.keys is ragged.mask
+    torch.manual_seed(0)
+    m = xlt.Baseline(layers.Encoder(layers.CONFIGS['tiny']), 'xnli', argparse.Namespace()).eval()
+    masks, sdpa = [], layers.F.scaled_dot_product_attention
+    monkeypatch.setattr(layers.F, 'scaled_dot_product_attention',
+                        lambda *a, **k: (masks.append(k['attn_mask'] is None), sdpa(*a, **k))[1])
+    fast = m.predict(full)
+    assert masks == [True] * layers.CONFIGS['tiny'].n_layer
+    assert torch.allclose(fast, m.head(m.encoder(full.ids, full.mask), full.mask), atol=1e-6)
