@@ -79,10 +79,11 @@ SQUAD_PUNCT = set(string.punctuation)
 # MLQA: every Unicode punctuation character plus ASCII's, articles per language.
 MLQA_PUNCT = ({chr(i) for i in range(sys.maxunicode) if unicodedata.category(chr(i)).startswith('P')}
               | set(string.punctuation))
+# MLQA's Arabic regex: only its second branch can match, so every 'ال' goes, mid-word too
 MLQA_ARTICLES = {'en': r'\b(a|an|the)\b', 'es': r'\b(un|una|unos|unas|el|la|los|las)\b',
                  'de': r'\b(ein|eine|einen|einem|eines|einer|der|die|das|den|dem|des)\b',
                  'vi': r'\b(của|là|cái|chiếc|những)\b', 'hi': None, 'zh': None,
-                 'ar': r'\sال^|ال'}  # MLQA's regex: only its second branch can match, so every 'ال' goes, mid-word too
+                 'ar': r'\sال^|ال'}
 
 
 def normalize_answer(s, lang=None):
