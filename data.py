@@ -1401,8 +1401,7 @@ class Batch:
         return self.mask if self.padded else None
 
     def to(self, device):
-        pin = torch.device(device).type == 'cuda'  # page-locked: the copy runs while the device computes
-        move = lambda t: None if t is None else (t.pin_memory() if pin else t).to(device, non_blocking=True)
+        move = lambda t: None if t is None else moved(t, device)
         return Batch(move(self.ids), move(self.mask), move(self.labels), self.index, move(self.first), self.padded)
 
 
@@ -1416,6 +1415,12 @@ class Pair:
 
     def to(self, device):
         return Pair(self.src.to(device), self.tgt.to(device), self.alt and self.alt.to(device))
+
+
+def moved(t, device):
+    """t on device; to a GPU from page-locked memory, so that the copy runs while the device computes (no host sync)."""
+    pin = torch.device(device).type == 'cuda' and t.device.type == 'cpu'
+    return (t.pin_memory() if pin else t).to(device, non_blocking=True)
 
 
 def collate(features, index=None, pad_id=1):
@@ -1506,10 +1511,15 @@ def token_sizes(lengths_of, groups, max_tokens, chunks):
     return {name: chunks * max(1, max_tokens // tokens) for name, tokens in longest.items()}
 
 
+def largest_micro_batch(lengths_of, batch, parts):
+    """-> (its positions, its tokens padding included) of the largest of batch's micro-batches (cut into `parts`)."""
+    padded = lambda chunk: len(chunk) * lengths_of(chunk).max(0).sum()
+    return max(((c, padded(c)) for c in np.array_split(np.array(batch), parts) if len(c)), key=lambda c: c[1])
+
+
 def largest_batch(lengths_of, batches, parts):
     """The batch whose largest micro-batch (each cut into `parts`) holds the most tokens, padding included."""
-    chunks = lambda batch: (c for c in np.array_split(np.array(batch), parts) if len(c))
-    return max(batches, key=lambda batch: max(len(c) * lengths_of(c).max(0).sum() for c in chunks(batch)))
+    return max(batches, key=lambda batch: largest_micro_batch(lengths_of, batch, parts)[1])
 
 
 def token_batches(lengths, max_tokens, chunks, seed):
@@ -1586,7 +1596,8 @@ def shared_out(fn, lengths, processes, batch_size, desc, fields=1, everywhere=Tr
     """fn(positions) -> a tuple of `fields` tensors per position, over this process's block of positions (in_windows);
     processes: (rank, world, folder), under DDP the blocks pass through files in folder. -> a Ragged per field of every
     position's results, alike for any number of processes, on every process (everywhere=False: on process 0)."""
-    (rank, world, folder), path = processes, lambda r: os.path.join(processes[2], f'.map-{r}.pt')
+    rank, world, folder = processes
+    path = lambda r: os.path.join(folder, f'.map-{r}.pt')
     block = range(len(lengths) * rank // world, len(lengths) * (rank + 1) // world)
     blocks = in_windows(fn, lengths, block, batch_size, desc)
     if world > 1:

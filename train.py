@@ -485,9 +485,11 @@ def discard_if_unbegun(out, made, fresh_lock=False):
     behind: what this process made goes (the run folder and the parents it made, the demo data
     in a folder that was there, the .lock it made), and nothing else."""
     lock = os.path.join(os.path.abspath(out), '.lock')
-    if fresh_lock and os.path.exists(lock) and not began(out):
+    if began(out):
+        return
+    if fresh_lock and os.path.exists(lock):
         os.remove(lock)
-    if not made or not os.path.isdir(made) or began(out):
+    if not made or not os.path.isdir(made):
         return
     path = made if made == os.path.join(os.path.abspath(out), 'demo-data') else os.path.abspath(out)
     shutil.rmtree(path)
@@ -851,8 +853,8 @@ def loop(run, method, items, validate, batches_of, keep_last, points):
             bar.update()
             asked = (False, False)  # (a resume point, then a stop): the processes agree on them at a log line
             if state['step'] % args.log_every == 0 or batch is batches[-1]:  # the one host sync (and each epoch's end)
-                *line, asked = log_line(run, log, bar, since, state, sched.get_last_lr()[0], started, points.wishes())
-                epoch_loss.append(tuple(line))
+                line, asked = log_line(run, log, bar, since, state, sched.get_last_lr()[0], started, points.wishes())
+                epoch_loss.append(line)
                 since = []
             if args.eval_steps and state['step'] % args.eval_steps == 0 and state['step'] % per_epoch:  # in the epoch
                 end_epoch(run, method, validate, state, 0, epoch_loss, time.time() - started, log, padding,
@@ -903,9 +905,8 @@ def probe(run, model, items, batches, step, precision, collate):
 
 def out_of_memory(args, items, batch, step, world, probe=False):
     """The out-of-memory error's line: the step, its largest micro-batch's shape, and the options that make less."""
-    chunks = [c for c in np.array_split(np.array(batch), world * args.grad_accum) if len(c)]
     lengths_of = functools.partial(data.item_lengths, items)
-    largest = max(chunks, key=lambda c: len(c) * lengths_of(c).max(0).sum())
+    largest = data.largest_micro_batch(lengths_of, batch, world * args.grad_accum)[0]
     shape = (len(largest), *lengths_of(largest).max(0))
     ways = [f'--grad_accum {2 * args.grad_accum}'] + ['--grad_checkpoint'] * (not args.grad_checkpoint)
     ways += [f'--max_len {args.max_len // 2}'] + ['--precision bf16 or fp16'] * (args.precision == 'fp32')
@@ -917,7 +918,7 @@ def out_of_memory(args, items, batch, step, world, probe=False):
 def log_line(run, log, bar, since, state, lr, started, wishes):
     """A line of log.jsonl every --log_every steps (the loop's one host sync): each logged value's mean since the last
     line; a mean loss not finite on any process stops the run first, in one line. wishes: this process's (resume point,
-    stop), agreed with the others'. -> (the mean loss, its steps, the wishes any process had)."""
+    stop), agreed with the others'. -> ((the mean loss, its steps), the wishes any process had)."""
     logs = {k: float(sum(s[k] for s in since if k in s)) / sum(k in s for s in since)
             for k in dict.fromkeys(k for s in since for k in s)}
     sums = torch.tensor([logs['loss'], *wishes], dtype=torch.float64, device=run.device)  # large losses stay finite
@@ -931,7 +932,7 @@ def log_line(run, log, bar, since, state, lr, started, wishes):
         log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'lr': lr,
                               'time': round(time.time() - started, 2), **logs}) + '\n')
         log.flush()
-    return logs['loss'], len(since), wishes
+    return (logs['loss'], len(since)), wishes
 
 
 def diverged(run, loss, first, last):

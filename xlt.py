@@ -318,8 +318,7 @@ def kl_per_example(family, p_teacher, logits, first=None, T=1.0):
 def teacher_kl(family, p_teacher, tgt, logits, T=1.0):
     """KL(p_teacher || p) per example, p_teacher: the stored probabilities of the batch's items."""
     stored = torch.nn.utils.rnn.pad_sequence([p_teacher[i] for i in tgt.index], batch_first=True)
-    stored = stored.pin_memory() if logits.is_cuda else stored  # copied while the device computes: no host sync
-    return kl_per_example(family, stored.to(logits.device, non_blocking=True), logits, tgt.first, T)
+    return kl_per_example(family, data.moved(stored, logits.device), logits, tgt.first, T)
 
 
 def probabilities(family, logits):
@@ -636,7 +635,7 @@ class XMixup(Taught):
         if pair.alt is None:
             return pair.src, torch.ones(pair.src.ids.size(0), dtype=torch.bool, device=pair.src.ids.device)
         real = torch.rand(pair.src.ids.size(0)) < self.p_star()  # drawn on the CPU: the same draws on any device
-        real = real.pin_memory().to(pair.src.ids.device, non_blocking=True) if pair.src.ids.is_cuda else real
+        real = data.moved(real, pair.src.ids.device)
         T = max(pair.src.ids.size(1), pair.alt.ids.size(1))
 
         def pick(a, b, pad=None):  # row by row: a where the source is real, else b (padded alike)
