@@ -322,8 +322,9 @@ def beam_search(decoder, memory, memory_mask, bos, beam=5, lenpen=1.0, max_new=2
 
 
 def init_weights(module):
-    """BERT/XLM-R initialisation: N(0, 0.02) weights, zero biases, padding rows zero."""
-    if isinstance(module, (nn.Linear, nn.Embedding)):
+    """BERT/XLM-R initialisation: N(0, 0.02) weights, zero biases, padding rows zero (on the meta device nothing: a
+    model built there only to be counted, by train.memory_plan)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)) and not module.weight.is_meta:
         nn.init.normal_(module.weight, std=0.02)
     if isinstance(module, nn.Linear) and module.bias is not None:
         nn.init.zeros_(module.bias)
@@ -792,6 +793,63 @@ class Precision:
         self.scaler.step(opt)
         self.scaler.update()
         return {'skipped': float(self.scaler.get_scale() < scale)}
+
+
+# ---------------------------------------------------------------------------
+# Memory: a training step's peak on one process, counted from the shapes before a run spends a GPU (train.py's plan).
+# It is the weights, AdamW's two moments and what the forward keeps for backward (saved tensors), at the moment
+# backward begins: tests/test_speed.py holds it to the CPU profiler's peak, tests/gpu_check.py to a GPU's.
+
+@dataclass
+class Pass:
+    """`blocks` blocks run in training on rows x length tokens, attending to `keys` positions (default: length) and,
+    with a memory, cross-attending to its `memory` positions; embedded: the tokens come from Encoder.embed."""
+    rows: int
+    length: int
+    blocks: int
+    keys: int = 0
+    memory: int = 0
+    embedded: bool = True
+
+
+def attention_bytes(cfg, queries, keys, s, math):
+    """What one attention keeps per row: q, k and v; SDPA's fused kernels, the output (also `out`'s input: heads
+    side by side, no copy) and a log-sum-exp per head; its math path (the CPU's with dropout), `out`'s input and the
+    softmax, the dropout mask and the dropped weights, (heads, queries, keys) each."""
+    D, H = cfg.dim, cfg.n_head
+    if math:
+        return s * D * (queries + 2 * keys) + 3 * s * H * queries * keys + s * D * queries
+    return s * D * (queries + 2 * keys) + (s * D + 4 * H) * queries
+
+
+def pass_bytes(cfg, p, s, device_type, checkpointed=False):
+    """What a Pass keeps for backward, in bytes (s: an activation's, 2 under autocast, 4 in fp32). Each block: the
+    inputs of qkv, fc1 and fc2 and fc1's output (s each), two (three) dropout masks (bool on CUDA, the activation's
+    dtype on the CPU) and residual sums (fp32) with their LayerNorm's mean and 1/std, and each attention's bytes."""
+    D, F, T = cfg.dim, cfg.ffn_dim, p.length
+    mask = 1 if device_type == 'cuda' else s
+    math = device_type == 'cpu' and cfg.attn_dropout > 0
+    sub_layers = 3 if p.memory else 2
+    block = (s * D + s * (D + 2 * F) + sub_layers * ((mask + 4) * D + 8)) * T
+    block += attention_bytes(cfg, T, p.keys or T, s, math)
+    if p.memory:  # the query's input and, under autocast, the memory's cast for k and v
+        block += s * D * T + (s < 4) * s * D * p.memory + attention_bytes(cfg, T, p.memory, s, math)
+    embedded = p.embedded * (16 + 4 * D + 8 + mask * D) * T  # ids and positions, LayerNorm's input, dropout's mask
+    if checkpointed:  # each block's input alone; the largest block runs again in backward (peak_bytes)
+        return p.rows * (p.blocks * 4 * D * T + embedded), p.rows * block
+    return p.rows * (p.blocks * block + embedded), 0
+
+
+def peak_bytes(cfg, passes, head, params, device_type, precision, ddp=False, checkpointed=False):
+    """A training step's peak on one process: fp32 weights and AdamW's moments (12 bytes a parameter); DDP's
+    gradient buckets (4 more, made with it); autocast's 16-bit copies of the blocks' weights; every Pass's saved
+    tensors and `head` bytes (the head's and the loss's); then backward's first gradients, the last block's."""
+    s = 2 if precision in ('bf16', 'fp16') else 4
+    D, F = cfg.dim, cfg.ffn_dim
+    block = 4 * D * D + 2 * D * F + F + 9 * D  # a block's parameters: qkv, out, fc1, fc2, two LayerNorms
+    kept = [pass_bytes(cfg, p, s, device_type, checkpointed) for p in passes]
+    static = (16 if ddp else 12) * params + (s < 4) * 2 * cfg.n_layer * block
+    return static + sum(k for k, _ in kept) + max(r for _, r in kept) + head + (not ddp) * 4 * block
 
 
 # ---------------------------------------------------------------------------

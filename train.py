@@ -21,6 +21,7 @@ import signal
 import socket
 import time
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import replace
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -64,6 +65,8 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('translate_test', bool, 'evaluate on the test sets translated into English'),
     Option('layer', int, 'retrieval: layer pooled (default XTREME\'s: BUCC 20, Tatoeba 14 of 24; 8 of 12)', AT_LEAST_1),
     Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute'),
+    Option('gpu_memory', help='GiB of the GPU to plan for (default: the GPU found): the plan estimates a process\'s '
+           'peak and says whether it fits, or what would make it fit', valid=POSITIVE),
     Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64),
     Option('save_minutes', help='minutes between resume checkpoints (last.pt; also at each epoch\'s end and when '
            'SIGTERM asks); 0: at every log line', valid=NON_NEGATIVE, default=30.0),
@@ -78,8 +81,9 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('halt_after', int, argparse.SUPPRESS),  # tests: die abruptly after this many steps
     Option('term_after', int, argparse.SUPPRESS))  # tests: a SIGTERM to itself after this many steps
 # the trainer's options that leave results alike (FREE), and those --eval_only's scores depend on (SCORED)
-FREE = ('spm', 'vocab', 'data_dir', 'out', 'grad_accum', 'grad_checkpoint', 'eval_batch_size', 'save_minutes',
-        'log_every', 'compile', 'no_cache', 'resume', 'eval_only', 'overwrite', 'dry_run', 'halt_after', 'term_after')
+FREE = ('spm', 'vocab', 'data_dir', 'out', 'grad_accum', 'grad_checkpoint', 'gpu_memory', 'eval_batch_size',
+        'save_minutes', 'log_every', 'compile', 'no_cache', 'resume', 'eval_only', 'overwrite', 'dry_run', 'halt_after',
+        'term_after')
 SCORED = ('method', 'task', 'model', 'max_len', 'translate_test', 'layer', 'doc_stride', 'dict')
 OPTIONS = tuple(o._replace(changes='nothing' if o.name in FREE else 'scores' if o.name in SCORED else 'results')
                 for o in OPTIONS)
@@ -328,7 +332,7 @@ def plan(args, world, files):
     return {'model': f'{args.model}, from {args.init or "random weights"}{made}',
             'data': 'generated into the run folder (--demo)' if args.demo else
                     f'{args.data_dir}: {len(found)} files found, {len(files) - len(found)} optional ones missing',
-            'training': training_plan(args, world),
+            'training': training_plan(args, world), 'memory': memory_plan(args, world),
             'method': ', '.join(f'{o} {" ".join(map(str, v)) if isinstance(v, list) else v}' for o, v in options
                                 if v not in (None, False)) or 'its defaults',
             'stages': ', '.join(stages + ['then this run']) if stages else 'one',
@@ -345,6 +349,52 @@ def training_plan(args, world):
     warmup = f'{args.warmup_steps} steps' if args.warmup_steps else f'{args.warmup:g}'
     return (f'{length}, {tokens or f"global batch {args.batch_size}"}{split}, lr {args.lr:g}, warm-up {warmup}, '
             f'weight decay {args.weight_decay:g}, up to {args.max_len} tokens, seed {args.seed}')
+
+
+def memory_plan(args, world):
+    """The plan's line of memory: a process's peak in training at its largest micro-batch, estimated from the shapes
+    (layers.peak_bytes of the method's passes), and whether it fits the GPU (--gpu_memory, or the one found) with a
+    tenth to spare, or which --grad_accum (--max_tokens) or --grad_checkpoint would make it fit."""
+    if args.eval_only or family(args) == 'retrieval':
+        return 'none trained'
+    cls, cuda = xlt.method_class(args), torch.cuda.is_available()
+    gpu = (args.gpu_memory or 0) * 2 ** 30 or cuda and torch.cuda.get_device_properties(0).total_memory
+    precision = args.precision if cuda or not gpu else 'bf16'  # planned on a CPU for a GPU: a GPU's default
+    try:
+        with torch.device('meta'):
+            model = cls.sketch(args, planned_config(args))
+    except ValueError as e:  # a model that cannot be built (--dec_layers deeper than the model): the run's one line
+        fail(str(e))
+    params, room = sum(p.numel() for p in model.parameters()), 0.9 * gpu
+    size = lambda n: f'{n / 2 ** 30:.2f} GiB' if n >= 2 ** 30 else f'{n / 2 ** 20:.0f} MiB'
+
+    def peak(times=1, checkpointed=args.grad_checkpoint):  # -> (bytes, rows, lengths), `times` x the micro-batches
+        shapes = cls.micro_batches(args, world * args.grad_accum * times, args.max_tokens and args.max_tokens // times)
+        if min(rows for rows, _ in shapes) < 1:
+            return math.inf, 0, ()
+        return max((layers.peak_bytes(model.encoder.cfg, *model.passes(rows, lengths), params, 'cuda' if gpu else 'cpu',
+                                      precision, world > 1, checkpointed), rows, lengths) for rows, lengths in shapes)
+    need, rows, lengths = peak()
+    line = f'{size(need)} a process at its largest micro-batch ({rows} x {" + ".join(map(str, lengths))} tokens, '
+    line += precision + ')'
+    if not gpu or need <= room:
+        return line + (f', fits the {size(gpu)} GPU' if gpu else ' (on this CPU; --gpu_memory GiB plans for a GPU)')
+    times = next((t for t in (2 ** k for k in range(1, 12)) if peak(t)[0] <= room), None)
+    tokens = f'--max_tokens {args.max_tokens // times} ' if args.max_tokens and times else ''
+    ways = [f'{tokens}--grad_accum {args.grad_accum * times}'] if times else []
+    ways += ['--grad_checkpoint'] * (not args.grad_checkpoint and peak(1, True)[0] <= room)
+    fix = ' or '.join(ways) or ('neither more --grad_accum nor --grad_checkpoint fits it: a lower --max_len, a '
+                                'smaller model')
+    return f'{line}, does not fit the {size(gpu)} GPU: {fix}'
+
+
+def planned_config(args):
+    """The model's shape as the run will have it: the preset's, --dropout and --attn_dropout (with dropout, attention
+    on a CPU keeps its weights), and for the demo at most the tiny preset's vocabulary (its own is smaller)."""
+    cfg, given = layers.CONFIGS[args.model], lambda *values: next(v for v in values if v is not None)
+    return replace(cfg, dropout=given(args.dropout, cfg.dropout),
+                   attn_dropout=given(args.attn_dropout, args.dropout, cfg.attn_dropout),  # as Run.encoder sets them
+                   vocab_size=layers.CONFIGS['tiny'].vocab_size if args.demo else cfg.vocab_size)
 
 
 def setup_distributed():

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import data
 import eval as ev
 from data import IGNORE, TASKS, Batch
-from layers import (CONFIGS, Encoder, MLMHead, autocast, average_checkpoints, beam_search, default_precision,
+from layers import (CONFIGS, Encoder, MLMHead, Pass, autocast, average_checkpoints, beam_search, default_precision,
                     exact_fp32, init_weights, is_cross, kept_checkpoints, mean_pool)
 
 
@@ -92,10 +92,13 @@ class Method(nn.Module):
       folder(args)     the default run folder's name, in parts
       procedure(run)   the run itself, given the trainer's train.Run
       retrieval(run)   the run of a retrieval task (BUCC, Tatoeba): nothing trained
+      sketch(args, cfg)  its model as a run builds it (train.py builds it on the meta device to count memory)
+      micro_batches(args, parts, max_tokens)  [(rows, lengths)]: its largest micro-batches, for the same count
     and on an instance: loss(batch) -> (mean loss, logs), predict(batch) -> outputs (class logits
     (B, C), tag logits (B, T, C) or span logits (B, T, 2)), frozen() -> the parameters the
     optimiser leaves alone this step, schedule(args, total) -> the learning rate's factor at each
-    step; `step` is the optimiser step, set by the training loop.
+    step, passes(rows, lengths) -> what its training keeps for backward (layers.peak_bytes); `step` is
+    the optimiser step, set by the training loop.
     `forward` is `loss`, so that DDP wraps a method as it is."""
     NAME = None
     trains_on, paired, round_trip, select, pretrained_start = 'en', False, False, 'en', False
@@ -195,6 +198,25 @@ class Method(nn.Module):
         embed = lambda texts: ev.embed_texts(encoder, run.tok, texts, layer, args.eval_batch_size, run.device)
         preds = ev.retrieve(args.data_dir, args.task, embed, args.mining) if run.rank == 0 else {}
         run.finish({}, run.test_scores(preds))
+
+    @classmethod
+    def sketch(cls, args, cfg):
+        return cls(Encoder(cfg), args.task, args)
+
+    @classmethod
+    def micro_batches(cls, args, parts, max_tokens=None):
+        """A step cut into `parts` micro-batches (processes x --grad_accum), or into micro-batches of at most
+        max_tokens tokens (a pair counts its longer side) -> [(rows, lengths)] of its largest, every side at --max_len
+        (lengths: one per side, as data.item_lengths)."""
+        batch = max(getattr(args, name) or 0 for name in ('batch_size', 'xla_batch_size'))
+        rows = max_tokens // args.max_len if max_tokens else math.ceil(batch / parts)
+        return [(rows, (args.max_len,) * (1 + cls.paired + cls.round_trip))]
+
+    def passes(self, rows, lengths):
+        """A training micro-batch of rows x lengths tokens (a length per side, as data.item_lengths) -> (the runs of
+        blocks its loss makes, layers.Pass; the bytes its head and loss keep beyond them: logits over the vocabulary
+        where a method makes them; a head's few floats a token are left out)."""
+        return [Pass(rows, lengths[0], self.encoder.cfg.n_layer)], 0
 
     def frozen(self):
         return []
@@ -516,6 +538,11 @@ class Filter(Taught):
         h_t = enc.run(h_t, tgt.mask, m + k)  # Eq. 3
         return (enc.run(h_s, src.mask, m + k) if source_side else None), h_t  # Eq. 2
 
+    def passes(self, rows, lengths):
+        (s, t), L, m, k = lengths[:2], self.encoder.cfg.n_layer, self.m, self.k
+        apart = lambda start, blocks: [Pass(rows, n, blocks, embedded=start) for n in (s, t)]
+        return apart(True, m) + [Pass(rows, s + t, k, embedded=False)] + apart(False, L - m - k), 0
+
     def predict(self, pair):  # the source side's domain layers are not needed
         return self.head(self.encode(pair.src, pair.tgt, source_side=False)[1], pair.tgt.mask)
 
@@ -545,6 +572,9 @@ def attention_entropy(scores, query_mask, key_mask):
     h = -(probs * probs.clamp_min(1e-30).log()).sum(-1).mean(1)  # (B, I)
     m = query_mask.float()
     return (h * m).sum(1) / m.sum(1)
+
+
+SCORES_KEPT = 11  # (heads, T, S) tensors X-Mixup's mixup layer keeps: scores, softmax and dropout; Eq. 5's, twice
 
 
 class XMixup(Taught):
@@ -646,6 +676,14 @@ class XMixup(Taught):
         labels = None if s.labels is None else pick(s.labels, r.labels, IGNORE if self.family == 'tagging' else None)
         return Batch(pick(s.ids, r.ids, self.encoder.cfg.pad_id), pick(s.mask, r.mask, False), labels, s.index), real
 
+    def passes(self, rows, lengths):
+        """The mixup layer counted as a block on each side, plus its cross-attention's inputs and outputs and the
+        scores of T's queries on S, kept with their softmax and dropout for Eq. 3 and twice over for Eq. 5."""
+        s, t = max(lengths[0], lengths[-1]), lengths[1]  # scheduled sampling pads the source and its round trip alike
+        L, l, cfg = self.encoder.cfg.n_layer, self.layer, self.encoder.cfg
+        sides = [Pass(rows, n, l - 1) for n in (s, t)] + [Pass(rows, n, L - l + 1, embedded=False) for n in (s, t)]
+        return sides, rows * 4 * (cfg.dim * (4 * t + 2 * s) + SCORES_KEPT * cfg.n_head * t * s)
+
     def predict(self, pair):
         if not self.mixup_inference:  # the ablation: the target alone through the plain encoder
             return self.head(self.encoder(pair.tgt.ids, pair.tgt.mask), pair.tgt.mask)
@@ -700,6 +738,9 @@ def bert_mask(ids, share, mask_id, first_piece=4):
     masked = torch.where(chosen & (action < 0.8), mask_id, ids)
     masked = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_piece, masked)
     return masked, torch.where(chosen, ids, IGNORE)
+
+
+MLM_KEPT = 4  # (dim,) tensors the MLM head keeps per masked token: its input, dense's output, GELU's, LayerNorm's
 
 
 def mlm_loss(mlm, h, targets):
@@ -818,6 +859,29 @@ class VecoPretrain(Method):
                              '(layers.Encoder(cfg, cross=True))')
         self.encoder, self.mask_id, self.cross_only_steps, self.cs_mlm = encoder, mask_id, cross_only_steps, cs_mlm
         self.mlm = mlm if mlm is not None else MLMHead(encoder.cfg, encoder.tok.weight)
+
+    @classmethod
+    def sketch(cls, args, cfg):
+        return cls(Encoder(cfg, cross=not args.no_cs_mlm), cfg.vocab_size - 1, cs_mlm=not args.no_cs_mlm)
+
+    @classmethod
+    def micro_batches(cls, args, parts, max_tokens=None):
+        """A monolingual micro-batch of pairs of --max_len, a bilingual one of data.PARA_LEN; with max_tokens, as many
+        pairs as fit in it, both sides counted (data.token_sizes)."""
+        mono, para = args.max_len, min(args.max_len, data.PARA_LEN)
+        rows = lambda size, n: max_tokens // (2 * n) if max_tokens else math.ceil(size / parts)
+        shapes = [(rows(args.batch_size, mono), (mono, mono)), (rows(args.para_batch_size, para), (para, para))]
+        return shapes[:1] if args.mono_only else shapes
+
+    def passes(self, rows, lengths):
+        """Pairs short enough to be bilingual counted as bilingual, TLM's pass too (the most they keep). The MLM head
+        runs on the masked share of each term's tokens: its hidden layer, and the log-softmax over the vocabulary."""
+        (x, y), cfg = lengths[:2], self.encoder.cfg
+        passes = [Pass(rows, n, cfg.n_layer) for n in (x, y, x + y)[:2 + (max(x, y) <= data.PARA_LEN)]]
+        if self.cs_mlm:
+            passes += [Pass(rows, y, cfg.n_layer, memory=x), Pass(rows, x, cfg.n_layer, memory=y)]
+        masked = self.MASKED_SHARE['para'] * rows * (x + y) * (3 if self.cs_mlm else 2)
+        return passes, int(masked * 4 * (MLM_KEPT * cfg.dim + cfg.vocab_size))
 
     def inner(self, ids, mask):
         """Eq. 4: X^(i) = FFN(SelfAttention(X^(i-1))), bidirectional, no cross-attention -> X^N."""
@@ -1192,6 +1256,18 @@ class VecoTranslate(Method):
     def __init__(self, encoder, decoder, bos, eps=0.2):
         super().__init__()
         self.encoder, self.decoder, self.bos, self.eps = encoder, decoder, bos, eps  # bos: the [tgt] token
+
+    @classmethod
+    def sketch(cls, args, cfg):
+        return cls(*assemble(Encoder(cfg, cross=True), args.dec_layers, 'random', dropout=cfg.dropout,
+                             attn_dropout=cfg.attn_dropout), bos=0)
+
+    def passes(self, rows, lengths):
+        """The encoder on the source, the decoder on the target, and over the vocabulary per target token: the
+        log-softmax the label-smoothed loss keeps, and in backward its gradient and the logits'."""
+        (s, t), cfg = lengths[:2], self.encoder.cfg
+        logits = rows * t * 12 * cfg.vocab_size
+        return [Pass(rows, s, cfg.n_layer), Pass(rows, t, self.decoder.cfg.n_layer, memory=s)], logits
 
     def logits(self, h):
         return F.linear(h, self.encoder.tok.weight)  # the output layer is the token embedding

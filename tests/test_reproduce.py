@@ -216,7 +216,7 @@ def reproduction_commands():
             loop = m.group(1), m.group(2).split()
         elif line.strip() == 'done':
             loop = None
-        elif m := re.match(r'\s*(?:torchrun (?:--nnodes (\d+) )?--nproc_per_node (\d+) (?:--rdzv_\w+ \S+ )*)?(?:python )?train\.py (.*?)\s*(?:#.*)?$', line):
+        elif m := re.match(r'\s*(?:torchrun (?:--nnodes (\d+) )?--nproc_per_node (\d+) (?:--rdzv_\w+ \S+\s+)*)?(?:python )?train\.py (.*?)\s*(?:#.*)?$', line):
             world = int(m.group(1) or 1) * int(m.group(2) or 1)
             for value in loop[1] if loop else [None]:
                 text_ = m.group(3).replace(f'${loop[0]}', value) if loop else m.group(3)
@@ -285,11 +285,12 @@ def test_every_reproduction_command_passes_dry_run(tmp_path, monkeypatch, capsys
             made |= {os.path.join(teacher, name) for name in ('results.json', 'config.json', 'best.pt')}
     outs = [train.parse_args(argv).out for _, argv in commands]
     assert len(set(outs)) == len(outs)  # no two commands write the same folder
-    for world, argv in commands:
+    for world, argv in commands:  # and each training fits a 40 GB GPU, by the plan's estimate
         monkeypatch.setenv('WORLD_SIZE', str(world))
-        train.main([*argv, '--dry_run'])
+        train.main([*argv, '--dry_run', '--gpu_memory', '40'])
         out = capsys.readouterr().out
         assert out.splitlines()[0].endswith(': dry run, nothing is trained or written'), argv
+        assert 'fits the 40.00 GiB GPU' in out or 'memory    none trained' in out, (argv, out)
     assert {os.path.join(d, f) for d, _, names in os.walk('runs') for f in names} == {p for p in made if p.startswith('runs')}
 
 
@@ -305,6 +306,26 @@ def test_dry_run_names_a_missing_file_in_one_line(tmp_path, monkeypatch, capsys,
     open('not-a-checkpoint.pt', 'w').write('101')
     with pytest.raises(SystemExit, match='not-a-checkpoint.pt is not a PyTorch file'):
         train.main(['--task', 'xnli', '--model', 'large', '--init', 'not-a-checkpoint.pt', '--dry_run'])
+
+
+def test_the_plan_says_whether_a_run_fits_the_gpu_and_what_would(tmp_path, capsys):
+    """The plan's memory line: the estimates at --grad_accum 1 and 2, with and without --grad_checkpoint, read from their
+    plans; a GPU that holds a run at --grad_accum 2 with a tenth to spare, not at 1, is told so (and --grad_checkpoint,
+    which needs less); one that holds nothing, so."""
+    def memory(*argv, gpu=1000.0):  # planned for a GPU (of 1000 GiB: the estimate alone)
+        train.main(['--demo', '--model', 'small', '--batch_size', '64', '--out', str(tmp_path), '--dry_run', *argv,
+                    '--gpu_memory', str(gpu)])
+        line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith('  memory'))
+        number, unit = re.search(r'memory +([\d.]+) (GiB|MiB) a process', line).groups()
+        return float(number) * 2 ** (30 if unit == 'GiB' else 20), line
+    (one, _), (two, _) = memory(), memory('--grad_accum', '2')
+    (kept, _), (kept_two, _) = memory('--grad_checkpoint'), memory('--grad_checkpoint', '--grad_accum', '2')
+    assert kept_two < kept < two < one
+    holding = lambda need: need * 1.01 / 0.9 / 2 ** 30  # a GPU that holds `need` with a tenth to spare
+    assert memory(gpu=holding(two))[1].endswith(': --grad_accum 2 or --grad_checkpoint')
+    assert memory('--grad_checkpoint', gpu=holding(kept_two))[1].endswith(': --grad_accum 2')
+    assert memory(gpu=0.001)[1].endswith(': neither more --grad_accum nor --grad_checkpoint fits it: a lower --max_len, '
+                                         'a smaller model')
 
 
 # ----------------------------------------------------------------------------------------

@@ -93,3 +93,79 @@ def test_compiled_blocks_compute_what_the_blocks_compute():
             outs.append((h.detach(), {n: p.grad.clone() for n, p in enc.named_parameters() if p.grad is not None}))
         (h0, g0), (h1, g1) = outs
         assert (h0 - h1)[mask].abs().max() <= 1e-5 and all((g0[n] - g1[n]).abs().max() <= 1e-5 * max(1.0, g0[n].abs().max()) for n in g0)
+
+
+# The memory estimate (layers.peak_bytes of each method's passes) against the peak the CPU profiler measures.
+
+def profiled_peak(step):
+    """The most bytes held at once while step() runs, by the profiler's memory timeline: tensors made (or found, as the
+    weights) add their size, tensors freed take it away."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import Action
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        step()
+    held = peak = 0
+    for _, action, _, size in prof._memory_profile().timeline:
+        held += size if action in (Action.PREEXISTING, Action.CREATE) else -size if action == Action.DESTROY else 0
+        peak = max(peak, held)
+    return peak
+
+
+def features(rows, length, family=None, seed=0):
+    """rows unpadded features of `length` tokens, labelled as the family's."""
+    label = {'tagging': [1] * length, 'qa': (3, 5), 'translation': None}.get(family, 1)
+    made = [data.Feature([0] + [5 + (7 * i + j + seed) % 500 for j in range(length - 2)] + [2], label,
+                         words=list(range(length)) if family == 'tagging' else None) for i in range(rows)]
+    for f in made if family == 'translation' else []:
+        f.label = f.ids[1:] + [data.IGNORE]  # the next token
+    return made
+
+
+def micro_batch(cls, task, rows, lengths):
+    """A micro-batch of a method's task: rows x lengths (one per side), pairs for a paired method; translation's
+    source unlabelled, its target labelled with the next tokens."""
+    family = 'translation' if task == 'translate' else data.TASKS[task].family if task in data.TASKS else None
+    sides = [features(rows, n, family if side or family != 'translation' else None, side)
+             for side, n in enumerate(lengths)]
+    if not cls.paired:
+        return data.collate(sides[0])
+    return data.collate_pairs(*sides[:2], alt=sides[2] if len(sides) > 2 else None)
+
+
+ESTIMATED = [('zeroshot', 'xquad', ()), ('translate-train-all', 'pawsx', ()), ('in-language', 'udpos', ()),
+             ('xla', 'panx', ()), ('filter', 'xnli', ()), ('xmixup', 'xnli', ()), ('veco', 'xnli', ()),
+             ('veco', 'pretrain', ()), ('veco', 'pretrain', ('--no_cs_mlm',)), ('veco', 'translate', ())]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('preset,rows,length', [('tiny', 16, 40), ('small', 4, 48)])
+def test_the_memory_estimate_is_within_10_percent_of_the_profiled_peak_for_every_method(preset, rows, length):
+    """A training step of each method (its second: AdamW's moments there), on its model as a run builds it at the demo's
+    settings and a micro-batch of rows x lengths: the peak layers.peak_bytes estimates from the method's passes against
+    the one the profiler measures (the issue asks for 20%). On tiny every method; on small (the profiler's time) one
+    method of each `passes`."""
+    import train
+    import xlt
+    seen = set()
+    for method, task, more in ESTIMATED:
+        args = train.parse_args(['--method', method, '--task', task, '--demo', '--model', preset, *more])
+        cls = xlt.method_class(args)
+        if preset == 'small' and cls.passes in seen:
+            continue
+        seen.add(cls.passes)
+        lengths = (length, length - 6, length - 3)[:1 + cls.paired + cls.round_trip]
+        batch = micro_batch(cls, task, rows, lengths)
+        torch.manual_seed(0)
+        model = cls.sketch(args, train.planned_config(args)).train()
+        model.step = 10 ** 6  # VECO past its cross-attention-only phase, X-Mixup's p* decayed
+        opt = torch.optim.AdamW(model.parameters(), fused=True)
+
+        def step():
+            model.loss(batch)[0].backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        step()
+        measured = profiled_peak(step)
+        params = sum(p.numel() for p in model.parameters())
+        estimate = layers.peak_bytes(model.encoder.cfg, *model.passes(rows, lengths), params, 'cpu', 'fp32')
+        assert abs(estimate / measured - 1) < 0.10, (method, task, more, estimate, measured)
