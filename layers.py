@@ -802,12 +802,11 @@ class Precision:
 
 @dataclass
 class Pass:
-    """`blocks` blocks run in training on rows x length tokens, attending to `keys` positions (default: length) and,
-    with a memory, cross-attending to its `memory` positions; embedded: the tokens come from Encoder.embed."""
+    """`blocks` blocks run in training on rows x length tokens, with a memory cross-attending to its `memory`
+    positions; embedded: the tokens come from Encoder.embed."""
     rows: int
     length: int
     blocks: int
-    keys: int = 0
     memory: int = 0
     embedded: bool = True
 
@@ -829,9 +828,8 @@ def pass_bytes(cfg, p, s, device_type, checkpointed=False):
     D, F, T = cfg.dim, cfg.ffn_dim, p.length
     mask = 1 if device_type == 'cuda' else s
     math = device_type == 'cpu' and cfg.attn_dropout > 0
-    sub_layers = 3 if p.memory else 2
-    block = (s * D + s * (D + 2 * F) + sub_layers * ((mask + 4) * D + 8)) * T
-    block += attention_bytes(cfg, T, p.keys or T, s, math)
+    block = (s * D + s * (D + 2 * F) + (3 if p.memory else 2) * ((mask + 4) * D + 8)) * T  # 2 sub-layers, or 3
+    block += attention_bytes(cfg, T, T, s, math)
     if p.memory:  # the query's input and, under autocast, the memory's cast for k and v
         block += s * D * T + (s < 4) * s * D * p.memory + attention_bytes(cfg, T, p.memory, s, math)
     embedded = p.embedded * (16 + 4 * D + 8 + mask * D) * T  # ids and positions, LayerNorm's input, dropout's mask
@@ -845,8 +843,7 @@ def peak_bytes(cfg, passes, head, params, device_type, precision, ddp=False, che
     gradient buckets (4 more, made with it); autocast's 16-bit copies of the blocks' weights; every Pass's saved
     tensors and `head` bytes (the head's and the loss's); then backward's first gradients, the last block's."""
     s = 2 if precision in ('bf16', 'fp16') else 4
-    D, F = cfg.dim, cfg.ffn_dim
-    block = 4 * D * D + 2 * D * F + F + 9 * D  # a block's parameters: qkv, out, fc1, fc2, two LayerNorms
+    block = 4 * cfg.dim ** 2 + 2 * cfg.dim * cfg.ffn_dim + cfg.ffn_dim + 9 * cfg.dim  # its parameters, biases, LNs
     kept = [pass_bytes(cfg, p, s, device_type, checkpointed) for p in passes]
     static = (16 if ddp else 12) * params + (s < 4) * 2 * cfg.n_layer * block
     return static + sum(k for k, _ in kept) + max(r for _, r in kept) + head + (not ddp) * 4 * block

@@ -270,16 +270,15 @@ def check_stages(args, cls):
 
 def check_options(args, cls):
     """What needs the data's languages or a model: translate-train's language, and the method's
-    own layer counts, tried on a narrow model of the preset's depth."""
+    own layer counts, tried on its model built on the meta device (no memory, no time)."""
     if cls.trains_on in ('train_lang', 'own_lang') and family(args) != 'retrieval':
         langs = target_langs(args)
         if args.train_lang not in langs:
             fail(f'{args.method} needs --train_lang, one of {", ".join(langs)}')
-    if args.task in data.TASKS and family(args) != 'retrieval':
-        narrow = {'dim': 8, 'n_head': 1, 'ffn_dim': 8, 'vocab_size': 8}
-        cfg = layers.Config(**{**layers.CONFIGS[args.model].__dict__, **narrow})
+    if family(args) != 'retrieval':
         try:
-            cls(layers.Encoder(cfg), args.task, args)
+            with torch.device('meta'):
+                cls.sketch(args, planned_config(args))
         except ValueError as e:
             fail(str(e))
 
@@ -360,11 +359,8 @@ def memory_plan(args, world):
     cls, cuda = xlt.method_class(args), torch.cuda.is_available()
     gpu = (args.gpu_memory or 0) * 2 ** 30 or cuda and torch.cuda.get_device_properties(0).total_memory
     precision = args.precision if cuda or not gpu else 'bf16'  # planned on a CPU for a GPU: a GPU's default
-    try:
-        with torch.device('meta'):
-            model = cls.sketch(args, planned_config(args))
-    except ValueError as e:  # a model that cannot be built (--dec_layers deeper than the model): the run's one line
-        fail(str(e))
+    with torch.device('meta'):  # check_options built it once already
+        model = cls.sketch(args, planned_config(args))
     params, room = sum(p.numel() for p in model.parameters()), 0.9 * gpu
     size = lambda n: f'{n / 2 ** 30:.2f} GiB' if n >= 2 ** 30 else f'{n / 2 ** 20:.0f} MiB'
 
@@ -588,9 +584,8 @@ def check_finished(args):
 
 
 class Run:
-    """What a method's procedure is handed: settings (args), tokenizer (tok), processes (rank, world, device), folder
-    (out), and the trainer's parts: model (build, restore, encoder), data and loop (items, fit), evaluation over the
-    processes (evaluate, outputs, map), results (report, finish), and for stages: stage, sub, cached (kept on disk)."""
+    """What a procedure is handed: args, tok, rank, world, device, out; the trainer's parts: model (build, restore,
+    encoder), data and loop (items, fit), evaluation (evaluate, outputs, map), results (report, finish), stages."""
 
     def __init__(self, args, rank, world, device, tok, sets=None, cache=None):
         self.args, self.rank, self.world, self.device, self.tok = args, rank, world, device, tok
@@ -863,7 +858,7 @@ def identity(args):
 # ----------------------------------------------------------------------------------------
 # The training loop of every method and stage.
 
-SCARCE = ('cuda',)  # devices whose memory a run watches: the largest batch tried at step 2 (probe), a finished
+SCARCE = ('cuda',)  # devices whose memory a run watches: the largest batch tried before step 1 (probe), a finished
 # training's cycles collected at once for the next stage; on a CPU neither is worth its time (a collection takes
 # seconds in a process of many objects, the probe a step)
 
@@ -896,7 +891,7 @@ def loop(run, method, items, validate, batches_of, keep_last, points):
         start = state['step'] % per_epoch  # a resumed epoch goes on where it stopped
         bar = data.bar(total=len(batches), initial=start, desc=f'epoch {state["epoch"] + 1}/{args.epochs}')
         for batch in batches[start:]:
-            if state['step'] == first + 1 and run.device.type in SCARCE:  # AdamW's state is there: the largest, once
+            if state['step'] == first and run.device.type in SCARCE:  # the largest batch first, once
                 probe(run, model, items, batches, state['step'], precision, collate)
             since.append(train_step(model, items, batch, args, state['step'], rank, world, precision, collate))
             since[-1].update(optimizer_step(method, opt, sched, precision, state, args.clip, bar, log))
@@ -947,7 +942,8 @@ def wrapped(method, device):
 
 
 def probe(run, model, items, batches, step, precision, collate):
-    """The epoch's largest batch (data.largest_batch) run once, its gradients thrown away: out of memory at step 2."""
+    """The epoch's largest batch (data.largest_batch) run beside AdamW's moments to come: out of memory at step 1."""
+    moments_to_come = torch.empty(0 if step else 2 * sum(p.numel() for p in model.parameters()), device=run.device)
     largest = data.largest_batch(functools.partial(data.item_lengths, items), batches, run.chunks)
     train_step(model, items, largest, run.args, step, run.rank, run.world, precision, collate, probe=True)
     model.zero_grad(set_to_none=True)

@@ -205,9 +205,8 @@ class Method(nn.Module):
 
     @classmethod
     def micro_batches(cls, args, parts, max_tokens=None):
-        """A step cut into `parts` micro-batches (processes x --grad_accum), or into micro-batches of at most
-        max_tokens tokens (a pair counts its longer side) -> [(rows, lengths)] of its largest, every side at --max_len
-        (lengths: one per side, as data.item_lengths)."""
+        """A step cut into `parts` micro-batches (processes x --grad_accum), or ones of at most max_tokens tokens (a
+        pair counts its longer side) -> [(rows, lengths)] of its largest, every side (as item_lengths) at --max_len."""
         batch = max(getattr(args, name) or 0 for name in ('batch_size', 'xla_batch_size'))
         rows = max_tokens // args.max_len if max_tokens else math.ceil(batch / parts)
         return [(rows, (args.max_len,) * (1 + cls.paired + cls.round_trip))]

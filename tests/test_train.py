@@ -426,35 +426,40 @@ def test_a_resume_point_is_written_from_a_copy_while_the_training_goes_on(tmp_pa
     assert saved['method']['w'].eq(0).all() and saved['state']['step'] == 7
 
 
-def test_the_largest_micro_batch_is_tried_at_step_2_and_out_of_memory_is_one_line(tmp_path, small_demo, monkeypatch):
-    """Before step 2 (AdamW's state allocated) the epoch's batch of the most tokens, padding included, runs forward and
-    backward once, and the results are those of a run without it; an out-of-memory error there ends the run in one
-    line naming the step, the shape and the options (the CPU played as a GPU: on a CPU no batch is tried)."""
+def test_the_largest_micro_batch_runs_first_and_out_of_memory_is_one_line(tmp_path, small_demo, monkeypatch):
+    """Before step 1 the epoch's batch of the most tokens, padding included, runs forward and backward once beside as
+    many bytes as AdamW's moments will take, and the results are those of a run without it; an out-of-memory error
+    there ends the run in one line naming the step, the shape and the options (the CPU played as a GPU: on a CPU no
+    batch is tried)."""
     monkeypatch.setattr(train, 'SCARCE', ('cpu',))
     argv, calls, step = ['--task', 'udpos', '--epochs', '1', '--batch_size', '8', '--group_by_length'], [], train.train_step
     def recorded(model, items, batch, *rest, **kwargs):
         calls.append((len(batch), int(data.item_lengths(items, batch).max())))
         return step(model, items, batch, *rest, **kwargs)
     monkeypatch.setattr(train, 'train_step', recorded)
+    made, empty = [], torch.empty
+    monkeypatch.setattr(torch, 'empty', lambda *size, **kwargs: (made.append(size), empty(*size, **kwargs))[1])
     run(tmp_path / 'probed', small_demo, *argv)
+    monkeypatch.setattr(torch, 'empty', empty)
     tokens = [n * length for n, length in calls]
-    assert tokens[1] == max(tokens) > min(tokens) and calls.count(calls[1]) >= 2  # tried, then run in its place
+    assert tokens[0] == max(tokens) > min(tokens) and calls.count(calls[0]) >= 2  # tried first, then run in its place
     with monkeypatch.context() as m:
         m.setattr(train, 'probe', lambda *args: None)
         run(tmp_path / 'plain', small_demo, *argv)
     a, b = final_weights(tmp_path / 'probed'), final_weights(tmp_path / 'plain')
     assert all(torch.equal(a[k], b[k]) for k in a)
+    assert made.count((2 * sum(v.numel() for v in a.values()),)) == 1  # AdamW's two moments a parameter, held once
     forward = xlt.Method.forward
     def out_of_memory(method, batch):  # raised where the model runs the largest micro-batch, as CUDA raises it
-        if int(batch.mask.sum(1).max()) == calls[1][1]:
+        if int(batch.mask.sum(1).max()) == calls[0][1]:
             raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB')
         return forward(method, batch)
     monkeypatch.setattr(train, 'train_step', step)
     monkeypatch.setattr(xlt.Method, 'forward', out_of_memory)
     with pytest.raises(SystemExit) as failed:
         run(tmp_path / 'oom', small_demo, *argv)
-    assert str(failed.value) == (f'error: out of memory in step 2, the epoch\'s largest micro-batch, tried before it: '
-                                 f'8 x {calls[1][1]} tokens; try --grad_accum 2, --grad_checkpoint, --max_len 64, '
+    assert str(failed.value) == (f'error: out of memory in step 1, the epoch\'s largest micro-batch, tried before it: '
+                                 f'8 x {calls[0][1]} tokens; try --grad_accum 2, --grad_checkpoint, --max_len 64, '
                                  '--precision bf16 or fp16')
 
 
