@@ -230,9 +230,8 @@ def check(args, world):
         fail(f'--out {args.out} cannot be written here: give a folder you can write to')
     if not args.demo and os.path.isfile(args.data_dir):
         fail(f'--data_dir {args.data_dir} is a file: give the data folder (the layout of docs/data.md)')
-    for option, size in vars(args).items():  # every global batch size: the run's, and a method's own stages'
-        global_batch = option.endswith('batch_size') and option != 'eval_batch_size' and size is not None
-        if global_batch and size < world * args.grad_accum:
+    for option, size in xlt.batch_sizes(args).items():
+        if size < world * args.grad_accum:
             fail(f'--{option} {size} cannot be cut into {world} processes x --grad_accum {args.grad_accum}: raise '
                  f'--{option} or lower --grad_accum')
     check_options(args, cls)

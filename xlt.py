@@ -207,8 +207,7 @@ class Method(nn.Module):
     def micro_batches(cls, args, parts, max_tokens=None):
         """A step cut into `parts` micro-batches (processes x --grad_accum), or ones of at most max_tokens tokens (a
         pair counts its longer side) -> [(rows, lengths)] of its largest, every side (as item_lengths) at --max_len."""
-        batch = max(getattr(args, name) or 0 for name in ('batch_size', 'xla_batch_size'))
-        rows = max_tokens // args.max_len if max_tokens else math.ceil(batch / parts)
+        rows = max_tokens // args.max_len if max_tokens else math.ceil(max(batch_sizes(args).values()) / parts)
         return [(rows, (args.max_len,) * (1 + cls.paired + cls.round_trip))]
 
     def passes(self, rows, lengths):
@@ -250,6 +249,12 @@ def warmup_then_decay(warm, start, end):
     steps, then a linear decay to 0 at end."""
     warm = max(1, warm)
     return lambda step: min((step - start + 1) / warm, max(0.0, (end - step) / max(1, end - start - warm)))
+
+
+def batch_sizes(args):
+    """A run's global batch sizes {option: size}: --batch_size and a method's own stages' (XLA's --xla_batch_size)."""
+    return {name: size for name, size in vars(args).items()
+            if name.endswith('batch_size') and name != 'eval_batch_size' and size is not None}
 
 
 def method_class(args):
