@@ -220,7 +220,7 @@ def makes_demo_start(args):
 
 def check(args, world):
     """Everything that can be checked before anything is made: --out, the processes, the options against the model,
-    every file the run reads and the checkpoints and runs it names, and what --out holds. -> the data files."""
+    every file the run reads, the checkpoints and runs it names, what --out holds. -> (files, meta-device model)."""
     cls = xlt.method_class(args)
     parent = os.path.dirname(first_missing(args.out) or os.path.abspath(args.out))
     if os.path.exists(args.out) and not os.path.isdir(args.out) or not os.path.isdir(parent):
@@ -234,7 +234,7 @@ def check(args, world):
         if size < world * args.grad_accum:
             fail(f'--{option} {size} cannot be cut into {world} processes x --grad_accum {args.grad_accum}: raise '
                  f'--{option} or lower --grad_accum')
-    check_options(args, cls)
+    model = check_options(args, cls)
     files = [] if args.demo else planned_files(args, cls)
     data.check_files(args.data_dir, args.task, args.method, files, model_family(args))
     check_init(args)
@@ -254,7 +254,7 @@ def check(args, world):
     check_stages(args, cls)
     if args.resume or is_finished(args.out):  # a first run meets neither
         check_finished(args)
-    return files
+    return files, model
 
 
 def check_stages(args, cls):
@@ -269,7 +269,7 @@ def check_stages(args, cls):
 
 def check_options(args, cls):
     """What needs the data's languages or a model: translate-train's language, and the method's
-    own layer counts, tried on its model built on the meta device (no memory, no time)."""
+    own layer counts, tried on its model on the meta device (no memory, no time) -> that model (retrieval: None)."""
     if cls.trains_on in ('train_lang', 'own_lang') and family(args) != 'retrieval':
         langs = target_langs(args)
         if args.train_lang not in langs:
@@ -277,7 +277,7 @@ def check_options(args, cls):
     if family(args) != 'retrieval':
         try:
             with torch.device('meta'):
-                cls.sketch(args, planned_config(args))
+                return cls.sketch(args, planned_config(args))
         except ValueError as e:
             fail(str(e))
 
@@ -321,7 +321,7 @@ def check_run(args, name, folder):
         fail(f'--{name} {folder} is a run of {family}, this one of {model_family(args)}: give a run of the same model')
 
 
-def plan(args, world, files):
+def plan(args, world, files, model):
     """The run in a few named lines, for the banner and --dry_run."""
     cls, found = xlt.method_class(args), [path for path, _, _ in files if os.path.isfile(path)]
     options = [(o.name, getattr(args, o.name, None)) for o in cls.OPTIONS]
@@ -330,7 +330,7 @@ def plan(args, world, files):
     return {'model': f'{args.model}, from {args.init or "random weights"}{made}',
             'data': 'generated into the run folder (--demo)' if args.demo else
                     f'{args.data_dir}: {len(found)} files found, {len(files) - len(found)} optional ones missing',
-            'training': training_plan(args, world), 'memory': memory_plan(args, world),
+            'training': training_plan(args, world), 'memory': memory_plan(args, world, model),
             'method': ', '.join(f'{o} {" ".join(map(str, v)) if isinstance(v, list) else v}' for o, v in options
                                 if v not in (None, False)) or 'its defaults',
             'stages': ', '.join(stages + ['then this run']) if stages else 'one',
@@ -349,17 +349,16 @@ def training_plan(args, world):
             f'weight decay {args.weight_decay:g}, up to {args.max_len} tokens, seed {args.seed}')
 
 
-def memory_plan(args, world):
+def memory_plan(args, world, model):
     """The plan's line of memory: a process's peak in training at its largest micro-batch, estimated from the shapes
-    (layers.peak_bytes of the method's passes), and whether it fits the GPU (--gpu_memory, or the one found) with a
-    tenth to spare, or which --grad_accum (--max_tokens) or --grad_checkpoint would make it fit."""
-    if args.eval_only or family(args) == 'retrieval':
+    (layers.peak_bytes of the passes of the method's model, on the meta device), and whether it fits the GPU
+    (--gpu_memory, or the one found) with a tenth to spare, or which --grad_accum (--max_tokens) or --grad_checkpoint
+    would make it fit."""
+    if args.eval_only or model is None:  # nothing trained, or retrieval
         return 'none trained'
     cls, cuda = xlt.method_class(args), torch.cuda.is_available()
     gpu = (args.gpu_memory or 0) * 2 ** 30 or cuda and torch.cuda.get_device_properties(0).total_memory
     precision = args.precision if cuda or not gpu else 'bf16'  # planned on a CPU for a GPU: a GPU's default
-    with torch.device('meta'):  # check_options built it once already
-        model = cls.sketch(args, planned_config(args))
     params, room = sum(p.numel() for p in model.parameters()), 0.9 * gpu
     size = lambda n: f'{n / 2 ** 30:.2f} GiB' if n >= 2 ** 30 else f'{n / 2 ** 20:.0f} MiB'
 
@@ -411,13 +410,14 @@ def execute(args, rank, world, device):
     """The run of args in args.out (the command's, or a stage's): check, banner (a dry run stops there), hold the
     folder, the data, the demo's pre-trained start, then the method's procedure."""
     global UNDER_WAY
-    UNDER_WAY, files = False, check(args, world)
+    UNDER_WAY, (files, model) = False, check(args, world)
     UNDER_WAY = True
     if rank == 0:
         status = ('dry run, nothing is trained or written' if args.dry_run else 'evaluating' if args.eval_only
                   else 'resuming' if args.resume else 'a new run')
         title = f'{args.method} on {args.task}{f" ({args.stage})" if args.stage else ""} in {args.out}: {status}'
-        print('\n'.join([title] + [f'  {name:<9} {value}' for name, value in plan(args, world, files).items()]))
+        lines = [f'  {name:<9} {value}' for name, value in plan(args, world, files, model).items()]
+        print('\n'.join([title] + lines))
     if args.dry_run:
         return
     with hold(args.out, rank):
@@ -910,7 +910,8 @@ def loop(run, method, items, validate, batches_of, keep_last, points):
         bar.close()
         state['epoch'] += 1
         end_epoch(run, method, validate, state, keep_last, epoch_loss, time.time() - started, log, padding)
-        points.save(resume_point(method, opt, sched, state, precision.scaler), stop=asked[1])
+        if state['epoch'] < args.epochs or asked[1]:  # after the last epoch trained.json holds the end, unless a stop
+            points.save(resume_point(method, opt, sched, state, precision.scaler), stop=asked[1])
     points.writer.wait()  # before last.pt goes
     if rank == 0:  # the training is over and best.pt holds what it kept: the resume point (optimiser state too) goes
         layers.atomic_write(run.path('trained.json'), json.dumps(state))
@@ -1061,7 +1062,7 @@ def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log,
 
 
 class ResumePoints(AbstractContextManager):
-    """last.pt every --save_minutes, at each epoch's end and at SIGTERM (a scheduler's), by a thread (layers.Writer)."""
+    """last.pt every --save_minutes, at each epoch's end but the last, at SIGTERM (a scheduler's), by layers.Writer."""
 
     def __init__(self, run):
         self.run, self.saved, self.signalled, self.writer = run, time.time(), False, layers.Writer()

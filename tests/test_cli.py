@@ -14,6 +14,7 @@ import torch
 import data
 import layers
 import train
+import xlt
 from conftest import demo_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -210,5 +211,6 @@ def test_overwrite_trains_a_teacher_of_the_new_settings(workdir, tmp_path):
 
 def test_the_banner_says_the_demo_s_pre_trained_model_is_made_only_when_it_is(tmp_path):
     argv = ['--method', 'xla', '--task', 'panx', '--demo', '--out', str(tmp_path / 'run')]
-    made = lambda *more: 'made first' in train.plan(train.parse_args([*argv, *more]), 1, [])['model']
+    planned = lambda args: train.plan(args, 1, [], train.check_options(args, xlt.method_class(args)))
+    made = lambda *more: 'made first' in planned(train.parse_args([*argv, *more]))['model']
     assert made() and not made('--init', str(tmp_path / 'converted.pt'))  # a checkpoint of the user's is not made
