@@ -1,9 +1,7 @@
 """Length-grouped batches, the padding they save, activation checkpointing and compiled blocks (speed itself is
 measured in tests/bench.py, never in a test); the memory estimate against the profiler, and the GPU check's script."""
-import os
 import random
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -170,12 +168,11 @@ def test_the_memory_estimate_is_within_10_percent_of_the_profiled_peak_for_every
         assert abs(estimate / measured - 1) < 0.10, (method, task, more, estimate, measured)
 
 
-@pytest.mark.slow
-def test_the_gpu_check_runs_and_says_it_checked_nothing_without_a_gpu():
+def test_the_gpu_check_runs_and_says_it_checked_nothing_without_a_gpu(capsys, monkeypatch):
     """tests/gpu_check.py imports what it uses and, where there is no GPU, says so in one line and exits 0."""
     if torch.cuda.is_available():
         pytest.skip('a GPU is here: run python tests/gpu_check.py')
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'gpu_check.py')
-    res = subprocess.run([sys.executable, script], capture_output=True, text=True)
-    assert (res.returncode, res.stdout) == (0, 'no CUDA device here: nothing checked (this script is for a machine '
-                                                'with a GPU)\n'), res.stderr
+    monkeypatch.setattr(sys, 'argv', ['gpu_check.py'])
+    import gpu_check
+    assert (gpu_check.main(), capsys.readouterr().out) == (0, 'no CUDA device here: nothing checked (this script is '
+                                                               'for a machine with a GPU)\n')
