@@ -2176,11 +2176,78 @@ def convert_pairs(task, out, split, lang, rows):
         atomic_write(os.path.join(out, 'labels', task, f'test-{lang}.tsv'), ''.join(r[2] + '\n' for r in rows))
 
 
-def download(task, out):
-    """Fetch a task from its official sources and write it in the layout this package reads."""
-    if task == 'panx':
-        raise DataError('PAN-X has no direct download: get AmazonPhotos.zip as XTREME\'s README says, then convert '
-                        'each {lang}-{split} file to panx/{split}-{lang}.tsv (word<TAB>tag, "lang:" prefix removed)')
+def panx_rows(raw):
+    """One PAN-X file ('lang:word<TAB>TAG' lines) -> [(word, tag), or None for a sentence's end] as XTREME's
+    panx_preprocess reads it: the word after its first ':' (a line without one is dropped), any line not of two
+    columns a sentence's end, a last blank line dropped."""
+    lines = io.TextIOWrapper(io.BytesIO(raw), encoding='utf-8').readlines()  # its lines as open().readlines() splits
+    rows = []
+    for line in lines[:-1] if lines and not lines[-1].strip() else lines:
+        items = line.strip().split('\t')
+        if len(items) != 2:
+            rows.append(None)
+        elif ':' in items[0]:
+            rows.append((items[0][items[0].find(':') + 1:].strip(), items[1].strip()))
+    return rows
+
+
+def panx_archives(source):
+    """-> {lang: the bytes of {lang}.tar.gz} for XTREME's PAN-X languages in AmazonPhotos.zip, its panx_dataset
+    folder or one {lang}.tar.gz (the zip holds all 282 of Pan et al.'s languages; XTREME takes 40)."""
+    import zipfile
+    lang_of = lambda name: os.path.basename(name)[:-len('.tar.gz')]
+    if os.path.isdir(source):
+        found = {lang_of(p): p for p in glob_files(source, '*.tar.gz')}
+        found = {lang: open(p, 'rb').read() for lang, p in found.items() if lang in TASKS['panx'].langs}
+    elif zipfile.is_zipfile(source):
+        with zipfile.ZipFile(source) as z:
+            found = {lang_of(n): z.read(n) for n in z.namelist() if lang_of(n) in TASKS['panx'].langs
+                     and n.endswith('.tar.gz')}
+    elif os.path.isfile(source) and source.endswith('.tar.gz'):
+        found = {lang_of(source): open(source, 'rb').read()}
+    else:
+        raise DataError(f'{source} is not AmazonPhotos.zip, its panx_dataset folder or a {{lang}}.tar.gz: pass one '
+                        'of these to --from')
+    if not found:
+        raise DataError(f'{source} holds no {{lang}}.tar.gz of XTREME\'s PAN-X languages: pass AmazonPhotos.zip, '
+                        'its panx_dataset folder or one of its archives to --from')
+    return found
+
+
+def convert_panx(source, out):
+    """PAN-X archives -> panx/{split}-{lang}.tsv as XTREME writes them (test files: the words alone, their tags in
+    labels/panx/); each {lang}.tar.gz holds the files train, dev and test."""
+    import tarfile
+    for lang, blob in sorted(panx_archives(source).items()):
+        try:
+            with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+                files = {os.path.basename(m.name): m for m in tar.getmembers() if m.isfile()}
+                raws = {split: tar.extractfile(files[split]).read() for split in ('train', 'dev', 'test')}
+        except (tarfile.TarError, KeyError, EOFError) as e:
+            raise DataError(f'{lang}.tar.gz in {source} is not PAN-X\'s (a gzipped tar of train, dev and test: '
+                            f'{e}); use the archive as AmazonPhotos.zip ships it') from None
+        for split, raw in raws.items():
+            write_tagged(out, 'panx', split, lang, panx_rows(raw))
+        print(f'panx: {lang} converted')
+
+
+def write_tagged(out, task, split, lang, rows):
+    """rows [(word, tag), or None for a sentence's end] -> the split's file; a test file's tags go to labels/."""
+    text = lambda cell: ''.join('\n' if r is None else cell(*r) + '\n' for r in rows)
+    atomic_write(split_path(out, task, split, lang), text(lambda w, t: w if split == 'test' else f'{w}\t{t}'))
+    if split == 'test':
+        atomic_write(os.path.join(out, 'labels', task, f'test-{lang}.tsv'), text(lambda w, t: t))
+
+
+def download(task, out, source=None):
+    """Fetch a task from its official sources (PAN-X: convert the archive the user holds, source) and write it in
+    the layout this package reads."""
+    if task == 'panx' or source:
+        if task != 'panx' or not source:
+            raise DataError('PAN-X alone is converted from a file you hold: get AmazonPhotos.zip as XTREME\'s README '
+                            'says, then python data.py download --task panx --from AmazonPhotos.zip --out DIR'
+                            if task == 'panx' else f'--from is for PAN-X; {task} downloads from its sources')
+        return convert_panx(source, out)
     raw = os.path.join(out, 'downloads', task)
     made = [p for p in (out, os.path.dirname(raw), raw) if not os.path.exists(p)]
     os.makedirs(raw, exist_ok=True)
@@ -2300,12 +2367,14 @@ def convert_qa(task, files, unpacked, out):
 DOWNLOAD_HELP = """Fetch one XTREME task from its official sources (the files XTREME's download_data.sh
 fetches) and write it in the layout train.py reads (docs/data.md), test labels
 under labels/ where they are public. Archives are kept in OUT/downloads/TASK, so a second run
-does not fetch them again. PAN-X has no direct download (the command says what to do), and
-XTREME's translations, which translate-train(-all), --translate_test, FILTER, X-Mixup and VECO's
-translate-train-all read, are fetched with gsutil (docs/data.md).
+does not fetch them again. PAN-X has no download left: convert the AmazonPhotos.zip you hold
+(XTREME's README), its panx_dataset folder or one {lang}.tar.gz with --from. XTREME's translations,
+which translate-train(-all), --translate_test, FILTER, X-Mixup and VECO's translate-train-all read,
+are fetched with --translations (docs/data.md).
 
-example:
-  python data.py download --task xnli --out data/"""
+examples:
+  python data.py download --task xnli --out data/
+  python data.py download --task panx --from AmazonPhotos.zip --out data/"""
 
 
 def main(argv=None):
@@ -2315,6 +2384,8 @@ def main(argv=None):
                          description=DOWNLOAD_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     get.add_argument('--task', required=True, choices=list(TASKS), help=f'one of {", ".join(TASKS)}')
     get.add_argument('--out', required=True, help='the data folder (train.py --data_dir), e.g. data/')
+    get.add_argument('--from', dest='source', metavar='PATH',
+                     help='PAN-X only: AmazonPhotos.zip, its panx_dataset folder or one {lang}.tar.gz')
     demo = sub.add_parser('demo', help='write the generated demo data of every task',
                           description='Write the demo\'s generated data of all nine tasks, with its sentencepiece '
                                       'model, in the same layout (train.py --demo makes it in the run folder by '
@@ -2323,7 +2394,7 @@ def main(argv=None):
     demo.add_argument('--seed', type=int, default=0, help='the generator\'s seed (default 0, the demo\'s)')
     args = parser.parse_args(argv)
     try:
-        download(args.task, args.out) if args.cmd == 'download' else print(make_demo(args.out, args.seed))
+        download(args.task, args.out, args.source) if args.cmd == 'download' else print(make_demo(args.out, args.seed))
     except (DataError, OSError) as e:
         raise SystemExit(f'error: {e}')
     except KeyboardInterrupt:
