@@ -16,6 +16,8 @@ import signal
 import sys
 import tempfile
 import unicodedata
+import urllib.parse
+import urllib.request
 from contextlib import nullcontext
 from dataclasses import dataclass
 from itertools import accumulate, chain, islice, zip_longest
@@ -416,11 +418,8 @@ def split_path(data_dir, task, split, lang='en'):
     return name and os.path.join(data_dir, task, split if split.startswith(('translate-', 'round-')) else '', name)
 
 
-# Where XTREME's published translations are (python data.py download fetches none): the bucket's
-# folders XNLI, PAWSX, SQuAD, XQuAD, MLQA, TyDiQA-GoldP hold translate-train / translate-test files
-# under the names read here, so each goes under the task's folder of the layout.
-TRANSLATIONS = ('get XTREME\'s translations with gsutil -m cp -r gs://xtreme_translations/<XNLI|PAWSX|SQuAD|XQuAD|MLQA|'
-                'TyDiQA-GoldP> and put them under xnli, pawsx, squad, xquad, mlqa, tydiqa (docs/data.md)')
+def get_translations(task):
+    return f'get XTREME\'s translations with python data.py download --task {task} --translations (docs/data.md)'
 
 
 def need(path, what):
@@ -654,7 +653,7 @@ def read_translations(data_dir, task, split, lang, originals=None):
     Originals without a translation and translations without an original are counted in a warning.
     originals: the original file's examples, when the caller has read them already."""
     kind = f'translate-{split}'
-    path = need(split_path(data_dir, task, kind, lang), f'{task} needs {kind} files for {lang}; {TRANSLATIONS}')
+    path = need(split_path(data_dir, task, kind, lang), f'{task} needs {kind} files for {lang}; {get_translations(task)}')
     family = TASKS[task].family
     if originals is None:
         originals = read_split(data_dir, task, split, 'en' if split == 'train' else lang)
@@ -865,8 +864,8 @@ def check_files(data_dir, task, reader, files, family='xlmr'):
     data_needed = [path for path, _, needed in files[:-1] if needed]  # the last is the tokenizer's
     lost = [(path, what) for path, what, needed in files if needed and not os.path.isfile(path)]
     if data_needed and all(not os.path.isfile(p) for p in data_needed):
-        translated = any(TRANSLATIONS in what for _, what, _ in files)
-        hint = f' ({reader} reads translations too: {TRANSLATIONS})' if translated else ''
+        translated = any('--translations' in what for _, what, _ in files)
+        hint = f' ({reader} reads translations too: {get_translations(task)})' if translated else ''
         raise DataError(f'{data_dir} holds no {task} data (no {lost[0][0]}): {lost[0][1]}, or pass --demo{hint}')
     for path, what in lost[1:]:
         print(f'not found: {path}')
@@ -904,7 +903,7 @@ def task_files(data_dir, task, trained=(), round_trip=False, translations=False,
     if train and not own:
         for lang in trained:
             add(split_path(data_dir, task, 'translate-train', lang),
-                f'{task} needs translate-train files for {lang}; {TRANSLATIONS}')
+                f'{task} needs translate-train files for {lang}; {get_translations(task)}')
             if round_trip:
                 add(split_path(data_dir, task, 'round-trip', lang),
                     'X-Mixup\'s round trip (the real English where missing)', False)
@@ -916,7 +915,7 @@ def task_files(data_dir, task, trained=(), round_trip=False, translations=False,
             add(path, get)
             if lang != 'en' and translations:
                 add(split_path(data_dir, task, f'translate-{split}', lang),
-                    f'{reader} needs translate-{split} files for {lang}; {TRANSLATIONS}')
+                    f'{reader} needs translate-{split} files for {lang}; {get_translations(task)}')
     return files + labels
 
 
@@ -2140,26 +2139,64 @@ TATOEBA_ISO3 = {'ar': 'ara', 'he': 'heb', 'vi': 'vie', 'id': 'ind', 'jv': 'jav',
                 'tr': 'tur', 'et': 'est', 'fi': 'fin', 'hu': 'hun'}
 
 
-def fetch(url, folder):
+def fetch(url, folder, fix='without network, download on a machine that has it and copy the folder here'):
     """Download url into folder (kept if already there) and unpack archives; -> the local path."""
-    import shutil
-    import urllib.request
-    path = os.path.join(folder, url.rsplit('/', 1)[1])
+    path = os.path.join(folder, urllib.parse.unquote(url.rsplit('/', 1)[1]))
     if not os.path.exists(path):
         print(f'downloading {url}')
+        os.makedirs(folder, exist_ok=True)
         try:
             with urllib.request.urlopen(url, timeout=30) as r, open(path + '.part', 'wb') as f:
                 shutil.copyfileobj(r, f)
             os.replace(path + '.part', path)
         except OSError as e:
-            raise DataError(f'cannot download {url} ({getattr(e, "reason", e)}): without network, download on a '
-                            f'machine that has it and copy the folder here')
+            raise DataError(f'cannot download {url} ({getattr(e, "reason", e)}): {fix}')
         finally:  # a failed or interrupted download leaves no part file
             if os.path.exists(path + '.part'):
                 os.remove(path + '.part')
     if path.endswith(('.zip', '.tar.gz', '.tgz', '.tar.bz2')):
         shutil.unpack_archive(path, os.path.join(folder, 'raw'))
     return path
+
+
+# XTREME's translations: a public bucket, read over HTTPS (its JSON listing, then each object) as gsutil would copy
+# it; a bucket folder's translate-* folders go under the task's own folder of the layout.
+STORAGE = 'https://storage.googleapis.com'  # Cloud Storage's public endpoint
+TRANSLATED = {'xnli': {'XNLI': 'xnli'}, 'pawsx': {'PAWSX': 'pawsx'}, 'xquad': {'SQuAD': 'squad', 'XQuAD': 'xquad'},
+              'mlqa': {'SQuAD': 'squad', 'MLQA': 'mlqa'}, 'tydiqa': {'TyDiQA-GoldP': 'tydiqa'}}
+
+
+def bucket_objects(prefix):
+    """Names of the objects under prefix in XTREME's bucket, every page of the listing."""
+    names, page = [], ''
+    while page is not None:
+        url = f'{STORAGE}/storage/v1/b/xtreme_translations/o?prefix={urllib.parse.quote(prefix)}{page}'
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                listing = json.load(r)
+        except (OSError, ValueError) as e:
+            raise DataError(f'cannot list gs://xtreme_translations/{prefix} ({getattr(e, "reason", e)}): without '
+                            f'network, gsutil -m cp -r gs://xtreme_translations/{prefix} . on a machine that has it')
+        names += [item['name'] for item in listing.get('items', [])]
+        token = listing.get('nextPageToken')
+        page = token and f'&pageToken={urllib.parse.quote(token)}'
+    return names
+
+
+def download_translations(task, out):
+    """XTREME's published translate-train, translate-dev and translate-test files of task into the layout."""
+    if task not in TRANSLATED:
+        raise DataError(f'XTREME publishes no translations of {task} (only of {", ".join(TRANSLATED)}): drop '
+                        '--translations')
+    for folder, ours in TRANSLATED[task].items():
+        for name in bucket_objects(folder + '/'):
+            parts = name.split('/')
+            if len(parts) == 3 and parts[1].startswith('translate-') and parts[2]:  # not the bucket's other files
+                fix = (f'get it with gsutil cp gs://xtreme_translations/{name} {os.path.join(out, ours, parts[1])}/ '
+                       '(or run this again: what was fetched is kept)')
+                fetch(f'{STORAGE}/xtreme_translations/{urllib.parse.quote(name)}', os.path.join(out, ours, parts[1]),
+                      fix)
+    print(f'XTREME\'s translations of {task} are in {out}')
 
 
 def tsv_text(rows):
@@ -2239,9 +2276,11 @@ def write_tagged(out, task, split, lang, rows):
         atomic_write(os.path.join(out, 'labels', task, f'test-{lang}.tsv'), text(lambda w, t: t))
 
 
-def download(task, out, source=None):
-    """Fetch a task from its official sources (PAN-X: convert the archive the user holds, source) and write it in
-    the layout this package reads."""
+def download(task, out, source=None, translations=False):
+    """Fetch a task from its official sources (PAN-X: convert the archive the user holds, source; translations:
+    XTREME's translations of it instead) and write it in the layout this package reads."""
+    if translations:
+        return download_translations(task, out)
     if task == 'panx' or source:
         if task != 'panx' or not source:
             raise DataError('PAN-X alone is converted from a file you hold: get AmazonPhotos.zip as XTREME\'s README '
@@ -2292,7 +2331,8 @@ def download(task, out, source=None):
             atomic_write(os.path.join(out, task, f'{lang}-en.{lang}'), ''.join(s + '\n' for s in src))
             atomic_write(os.path.join(out, task, f'{lang}-en.en'), ''.join(eng[i] + '\n' for i in order))
             atomic_write(os.path.join(out, 'labels', task, f'test-{lang}.tsv'), ''.join(f'{i}\n' for i in order))
-    print(f'{task} is ready in {out}; FILTER and X-Mixup also need translations: {TRANSLATIONS}')
+    print(f'{task} is ready in {out}; translate-train(-all), FILTER and X-Mixup also read XTREME\'s translations: '
+          f'python data.py download --task {task} --translations --out {out}')
 
 
 def glob_files(folder, pattern):
@@ -2300,36 +2340,74 @@ def glob_files(folder, pattern):
     return sorted(glob.glob(os.path.join(folder, '**', pattern), recursive=True))
 
 
+# UD-POS as XTREME makes it (scripts/download_data.sh at google-research/xtreme 838c13b): each treebank through
+# third_party/ud-conversion-tools' conllu_to_conll.py --replace_subtokens_with_fused_forms, then utils_preprocess.py's
+# udpos_preprocess. The tool keeps a multi-word token as one word, its fused form, with the part of speech of its
+# highest subtoken; a tie goes to the first in the language's precedence list (the tool's POSRANKPRECEDENCEDICT).
+UD_PRECEDENCE = {'es': 'VERB AUX PRON ADP DET', 'fr': 'VERB AUX PRON NOUN ADJ ADV ADP DET PART SCONJ CONJ',
+                 'it': 'VERB AUX ADV PRON ADP DET INTJ', None: 'VERB NOUN PROPN PRON ADJ NUM ADV INTJ AUX ADP DET '
+                 'PART CCONJ SCONJ X PUNCT'}
+
+
+def ancestors(heads, node):
+    """How many nodes reach node over the edges {dependent: [heads]} (networkx's ancestors, which the tool counts)."""
+    seen, todo = set(), [node]
+    while todo:
+        for head in heads.get(todo.pop(), ()):
+            if head not in seen:
+                seen.add(head)
+                todo.append(head)
+    return len(seen - {node})
+
+
+def ud_words(lines, lang):
+    """One CoNLL-U sentence -> [(form, UPOS)] as the tool writes it: comments and empty nodes (5.1) dropped; of a
+    multi-word token's subtokens the one with the fewest ancestors over the HEAD and enhanced DEPS edges (numeric
+    heads only) stays, its form the fused one; a tie goes to the earlier part of speech in the precedence list (one
+    outside it last, where the tool would stop), then to the earlier subtoken."""
+    words, heads, spans = {}, {}, []
+    for cols in (line.split('\t') for line in lines if not line.startswith('#')):
+        if '-' in cols[0]:
+            spans.append((*map(int, cols[0].split('-')), cols[1]))
+        elif '.' not in cols[0]:
+            deps = [] if cols[8] == '_' else [d.split(':')[0] for d in cols[8].split('|')]
+            heads[int(cols[0])] = [int(h) for h in [cols[6]] + deps if h.isdigit()]
+            words[int(cols[0])] = [cols[1], cols[3]]
+    order = UD_PRECEDENCE.get(lang, UD_PRECEDENCE[None]).split()
+    rank = lambda i: order.index(words[i][1]) if words[i][1] in order else len(order)
+    dropped = set()
+    for first, last, form in spans:
+        span = range(first, last + 1)
+        depth = {i: ancestors(heads, i) for i in span}
+        head = min((i for i in span if depth[i] == min(depth.values())), key=lambda i: (rank(i), i))
+        words[head][0] = form
+        dropped |= set(span) - {head}
+    return [tuple(words[i]) for i in sorted(words) if i not in dropped]
+
+
 def convert_ud(paths, out):
-    """UD treebanks (CoNLL-U) -> udpos/{split}-{lang}.tsv from the FORM and UPOS columns, all
-    treebanks of a language joined in name order; multi-word token lines and empty nodes are
-    skipped (XTREME keeps fused forms instead, so a few sentences differ)."""
-    iso = {'Afrikaans': 'af', 'Arabic': 'ar', 'Bulgarian': 'bg', 'German': 'de', 'Greek': 'el', 'English': 'en',
-           'Spanish': 'es', 'Estonian': 'et', 'Basque': 'eu', 'Persian': 'fa', 'Finnish': 'fi', 'French': 'fr',
-           'Hebrew': 'he', 'Hindi': 'hi', 'Hungarian': 'hu', 'Indonesian': 'id', 'Italian': 'it', 'Japanese': 'ja',
-           'Kazakh': 'kk', 'Korean': 'ko', 'Marathi': 'mr', 'Dutch': 'nl', 'Portuguese': 'pt', 'Russian': 'ru',
-           'Tamil': 'ta', 'Telugu': 'te', 'Thai': 'th', 'Tagalog': 'tl', 'Turkish': 'tr', 'Urdu': 'ur',
-           'Vietnamese': 'vi', 'Yoruba': 'yo', 'Chinese': 'zh'}
+    """UD treebanks (CoNLL-U) -> udpos/{split}-{lang}.tsv as XTREME makes them: a treebank's language is its file
+    name's prefix ({lang}_{name}-ud-{split}.conllu), a language's treebanks joined in file name order; a sentence
+    whose words are all or all but one '_' (treebanks shipped without their text) dropped; U+200C and spaces
+    removed from words."""
     sentences = {}  # (split, lang) -> [[(word, tag)]]
-    for path in paths:
-        lang = iso.get(os.path.basename(os.path.dirname(path))[3:].split('-')[0])
-        split = next((s for s in ('train', 'dev', 'test') if f'-{s}.' in os.path.basename(path)), None)
-        if lang is None or split is None:
+    for path in sorted(paths, key=os.path.basename):
+        name = os.path.basename(path)
+        lang, split = name.split('_')[0], next((s for s in ('train', 'dev', 'test') if s in name), None)
+        if lang not in TASKS['udpos'].langs or split is None:
             continue
-        words = []
-        for line in lines_of(path) + ['']:
-            cols = line.split('\t')
-            if len(cols) == 10 and cols[0].isdigit():
-                words.append((cols[1].replace(' ', ''), cols[3]))
-            elif not line and words:
-                sentences.setdefault((split, lang), []).append(words)
-                words = []
+        for lines in documents(path):
+            bad = next((line for line in lines if not line.startswith('#') and line.count('\t') != 9), None)
+            if bad is not None:
+                raise DataError(f'{path}: {bad[:60]!r} is not a CoNLL-U line of 10 columns: use the UD release as '
+                                'shipped')
+            words = ud_words(lines, lang)
+            blank = sum(w == '_' for w, _ in words)
+            if words and (blank == 0 or blank < len(words) - 1):
+                sentences.setdefault((split, lang), []).append([(w.replace('\u200c', '').replace(' ', ''), t)
+                                                                for w, t in words])
     for (split, lang), sents in sentences.items():
-        rows = lambda fmt: '\n'.join(''.join(fmt(w, t) + '\n' for w, t in s) for s in sents)
-        text = rows(lambda w, t: w if split == 'test' else f'{w}\t{t}')
-        atomic_write(os.path.join(out, 'udpos', f'{split}-{lang}.tsv'), text)
-        if split == 'test':
-            atomic_write(os.path.join(out, 'labels', 'udpos', f'test-{lang}.tsv'), rows(lambda w, t: t))
+        write_tagged(out, 'udpos', split, lang, [row for s in sents for row in s + [None]][:-1])
 
 
 def convert_qa(task, files, unpacked, out):
@@ -2372,7 +2450,7 @@ does not fetch them again. PAN-X has no download left: convert the AmazonPhotos.
 which translate-train(-all), --translate_test, FILTER, X-Mixup and VECO's translate-train-all read,
 are fetched with --translations (docs/data.md).
 
-examples:
+example:
   python data.py download --task xnli --out data/
   python data.py download --task panx --from AmazonPhotos.zip --out data/"""
 
@@ -2386,6 +2464,8 @@ def main(argv=None):
     get.add_argument('--out', required=True, help='the data folder (train.py --data_dir), e.g. data/')
     get.add_argument('--from', dest='source', metavar='PATH',
                      help='PAN-X only: AmazonPhotos.zip, its panx_dataset folder or one {lang}.tar.gz')
+    get.add_argument('--translations', action='store_true', help='XTREME\'s published translations of the task '
+                     '(translate-train, -dev, -test) instead of the task')
     demo = sub.add_parser('demo', help='write the generated demo data of every task',
                           description='Write the demo\'s generated data of all nine tasks, with its sentencepiece '
                                       'model, in the same layout (train.py --demo makes it in the run folder by '
@@ -2394,7 +2474,10 @@ def main(argv=None):
     demo.add_argument('--seed', type=int, default=0, help='the generator\'s seed (default 0, the demo\'s)')
     args = parser.parse_args(argv)
     try:
-        download(args.task, args.out, args.source) if args.cmd == 'download' else print(make_demo(args.out, args.seed))
+        if args.cmd == 'download':
+            download(args.task, args.out, args.source, args.translations)
+        else:
+            print(make_demo(args.out, args.seed))
     except (DataError, OSError) as e:
         raise SystemExit(f'error: {e}')
     except KeyboardInterrupt:

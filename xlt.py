@@ -1423,7 +1423,7 @@ class XLA(Baseline):
             return [(data.split_path(args.data_dir, task, 'train', lang), f'XLA reads the unlabelled {lang} training '
                      f'text (XTREME\'s train-{lang}.tsv)', True)]
         return [(data.split_path(args.data_dir, task, 'translate-train', lang), f'{task} needs translate-train files '
-                 f'for {lang}; {data.TRANSLATIONS}', True)]
+                 f'for {lang}; {data.get_translations(task)}', True)]
 
     @classmethod
     def stages(cls, args):

@@ -69,19 +69,41 @@ def test_classification_conversions(tmp_path):
     assert open(tmp_path / 'labels' / 'xnli' / 'test-th.tsv').read() == 'neutral\nentailment\n'
 
 
-def test_udpos_conversion(tmp_path):
-    out = str(tmp_path)
-    conllu = ('# text = Anna lives.\n1\tAnna\tAnna\tPROPN\t_\t_\t2\tnsubj\t_\t_\n2-3\tlives.\t_\t_\t_\t_\t_\t_\t_\t_\n'
-              '2\tlives\tlive\tVERB\t_\t_\t0\troot\t_\t_\n3\t.\t.\tPUNCT\t_\t_\t2\tpunct\t_\t_\n\n'
-              '1\tGo\tgo\tVERB\t_\t_\t0\troot\t_\t_\n\n')
+def conllu(*sentences):
+    """CoNLL-U text: each sentence a list of (id, form, upos, head, deps) tokens, '#' comments and 'a-b' ranges."""
+    line = lambda t: t if isinstance(t, str) else f'{t[0]}\t{t[1]}\t_\t{t[2]}\t_\t_\t{t[3]}\tdep\t{t[4]}\t_'
+    return ''.join(''.join(line(t) + '\n' for t in s) + '\n' for s in sentences)
+
+
+def test_udpos_conversion_as_xtreme_makes_it(tmp_path):
+    """ud-conversion-tools' fused forms, then utils_preprocess's udpos rules, each case written out by hand."""
+    out, mwt = str(tmp_path), lambda span, form: f'{span}\t{form}\t_\t_\t_\t_\t_\t_\t_\t_'
+    spanish = conllu(
+        ['# text = Vamos del parque.', (1, 'Vamos', 'VERB', 0, '_'), mwt('2-3', 'del'), (2, 'de', 'ADP', 4, '_'),
+         (3, 'el', 'DET', 4, '_'), (4, 'parque', 'NOUN', 1, '_'), (5, '.', 'PUNCT', 1, '_')],
+        [(1, 'Quiero', 'VERB', 0, '_'), mwt('2-3', 'haberlo'), (2, 'haber', 'AUX', 4, '_'), (3, 'lo', 'PRON', 4, '_'),
+         (4, 'visto', 'VERB', 1, '_')])  # a tie of AUX and PRON: Spanish's list puts AUX first, the default PRON
+    german = conllu(
+        [mwt('1-2', 'zum'), (1, 'zu', 'ADP', 2, '_'), (2, 'dem', 'DET', 3, '_'), (3, 'Haus', 'NOUN', 0, '_'),
+         '5.1\tist\t_\tAUX\t_\t_\t_\t_\t3:cop\t_', (4, 'a\u200cb c', 'X', 3, '3:dep|5.1:x')],
+        [(1, 'Er', 'PRON', 0, '_'), mwt('2-3', 'xy'), (2, 'x', 'DET', 4, '4:det'), (3, 'y', 'ADP', 4, '4:case|5:x'),
+         (4, 'Tag', 'NOUN', 1, '_'), (5, 'da', 'ADV', 1, '_')],  # 5, a DEPS head of y, makes x the highest
+        [(1, '_', 'NOUN', 0, '_'), (2, '_', 'VERB', 1, '_'), (3, 'x', 'X', 1, '_')],  # all but one '_': dropped
+        [(1, '_', 'NOUN', 0, '_'), (2, 'ja', 'INTJ', 1, '_'), (3, 'x', 'X', 1, '_')])  # one '_' of three: kept
+    english = lambda word: conllu([(1, word, 'INTJ', 0, '_')])
     place(out, 'udpos', 'ud-treebanks-v2.5.tgz', {
-        f'ud-treebanks-v2.5/UD_{name}/{code}-ud-{split}.conllu': conllu
-        for name, code in (('English-EWT', 'en_ewt'), ('German-GSD', 'de_gsd')) for split in ('train', 'test')})
+        'ud-treebanks-v2.5/UD_Spanish-AnCora/es_ancora-ud-test.conllu': spanish,
+        'ud-treebanks-v2.5/UD_German-GSD/de_gsd-ud-train.conllu': german,
+        'ud-treebanks-v2.5/UD_English-PUD/en_pud-ud-test.conllu': english('second'),  # joined in file name order,
+        'ud-treebanks-v2.5/UD_English-ParTUT/en_partut-ud-test.conllu': english('first'),  # not folder order
+        'ud-treebanks-v2.5/UD_Old_Church_Slavonic-PROIEL/cu_proiel-ud-train.conllu': english('not XTREME\'s')})
     data.download('udpos', out)
-    assert data.read_split(out, 'udpos', 'train') == [{'words': ['Anna', 'lives', '.'], 'tags': ['PROPN', 'VERB', 'PUNCT']},
-                                                      {'words': ['Go'], 'tags': ['VERB']}]
-    assert data.read_split(out, 'udpos', 'test', 'de')[0] == {'words': ['Anna', 'lives', '.'], 'tags': None}
-    assert open(tmp_path / 'labels' / 'udpos' / 'test-de.tsv').read() == 'PROPN\nVERB\nPUNCT\n\nVERB\n'
+    assert (tmp_path / 'udpos' / 'test-es.tsv').read_text() == 'Vamos\ndel\nparque\n.\n\nQuiero\nhaberlo\nvisto\n'
+    assert (tmp_path / 'labels' / 'udpos' / 'test-es.tsv').read_text() == 'VERB\nADP\nNOUN\nPUNCT\n\nVERB\nAUX\nVERB\n'
+    assert (tmp_path / 'udpos' / 'train-de.tsv').read_text() == ('zum\tDET\nHaus\tNOUN\nabc\tX\n\nEr\tPRON\nxy\tDET\n'
+                                                                 'Tag\tNOUN\nda\tADV\n\n_\tNOUN\nja\tINTJ\nx\tX\n')
+    assert (tmp_path / 'udpos' / 'test-en.tsv').read_text() == 'first\n\nsecond\n'
+    assert sorted(os.listdir(tmp_path / 'udpos')) == ['test-en.tsv', 'test-es.tsv', 'train-de.tsv']
 
 
 def test_panx_conversion_from_the_zip_its_folder_or_one_archive(tmp_path):
@@ -112,6 +134,65 @@ def test_panx_conversion_from_the_zip_its_folder_or_one_archive(tmp_path):
         with pytest.raises(SystemExit, match=message) as err:
             data.main(['download', '--task', 'panx', '--from', str(tmp_path / source), '--out', str(tmp_path / 'x')])
         assert '\n' not in str(err.value)
+
+
+@pytest.fixture
+def bucket(monkeypatch):
+    """XTREME's bucket on a server at 127.0.0.1: {object name: text}, its JSON listing two names a page (the next
+    page's token in nextPageToken), each object at /xtreme_translations/<name>; a listed name without text is 404."""
+    import http.server
+    import threading
+    import urllib.parse
+    objects = {}
+
+    class Bucket(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            url = urllib.parse.urlsplit(self.path)
+            query = urllib.parse.parse_qs(url.query)
+            name = urllib.parse.unquote(url.path.removeprefix('/xtreme_translations/'))
+            if url.path == '/storage/v1/b/xtreme_translations/o':
+                names = sorted(n for n in objects if n.startswith(query['prefix'][0]))
+                start = int(query.get('pageToken', ['page 0'])[0].split()[1])
+                page = {'kind': 'storage#objects', 'items': [{'name': n, 'size': str(len(objects[n] or ''))}
+                                                             for n in names[start:start + 2]]}
+                page.update({'nextPageToken': f'page {start + 2}'} if start + 2 < len(names) else {})
+                body = json.dumps(page).encode()
+            elif objects.get(name) is not None:
+                body = objects[name].encode()
+            else:
+                return self.send_error(404)
+            self.send_response(200)
+            self.send_header('Content-Length', str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Bucket)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()  # shutdown waits one poll
+    monkeypatch.setattr(data, 'STORAGE', f'http://127.0.0.1:{server.server_port}')
+    yield objects
+    server.shutdown()
+
+
+def test_translations_come_from_the_bucket_listing_then_each_object(tmp_path, bucket):
+    bucket.update({'SQuAD/': '', 'SQuAD/translate-train/squad.translate.train.en-de.json': '{"data": []}',
+                   'XQuAD/translate-test/xquad.translate.test.de-en.json': '{"data": [1]}',
+                   'XQuAD/translate-test/xquad.translate.test.el-en.json': '{"data": [2]}',
+                   'XQuAD/pseudo-test-set/not-read.json': 'the bucket\'s other files are left'})
+    data.main(['download', '--task', 'xquad', '--translations', '--out', str(tmp_path)])  # a listing of two pages
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob('*.json')) == [
+        'squad/translate-train/squad.translate.train.en-de.json', 'xquad/translate-test/xquad.translate.test.de-en.json',
+        'xquad/translate-test/xquad.translate.test.el-en.json']
+    assert (tmp_path / 'xquad' / 'translate-test' / 'xquad.translate.test.el-en.json').read_text() == '{"data": [2]}'
+    bucket['XQuAD/translate-test/xquad.translate.test.ar-en.json'] = None  # listed, but the download fails
+    with pytest.raises(SystemExit, match='cannot download .*/xquad.translate.test.ar-en.json .*: get it with gsutil '
+                                         'cp gs://xtreme_translations/XQuAD/translate-test/xquad.translate.test.ar-en.json '
+                                         f'{tmp_path}/xquad/translate-test/') as err:
+        data.main(['download', '--task', 'xquad', '--translations', '--out', str(tmp_path)])
+    assert '\n' not in str(err.value) and not list(tmp_path.rglob('*.part'))
+    with pytest.raises(SystemExit, match='XTREME publishes no translations of panx'):
+        data.main(['download', '--task', 'panx', '--translations', '--out', str(tmp_path)])
 
 
 def test_qa_conversions(tmp_path):

@@ -357,11 +357,11 @@ def test_real_data_without_init_needs_from_scratch(tmp_path, demo_data, capsys):
 
 def test_messages_say_where_translations_are(tmp_path, demo_data, capsys):
     one_line_failure(capsys, ['--method', 'filter', '--data_dir', str(tmp_path / 'nowhere'), '--out', str(tmp_path / 'o')],
-                     'filter reads translations too: get XTREME\'s translations with gsutil -m cp -r gs://xtreme_translations/')
+                     'filter reads translations too: get XTREME\'s translations with python data.py download --task xnli --translations')
     broken = tmp_path / 'broken'
     shutil.copytree(demo_data, broken)
     os.remove(broken / 'pawsx' / 'translate-train' / 'en-de-translated.tsv')
-    with pytest.raises(data.DataError, match='pawsx needs translate-train files for de; get XTREME.s translations with gsutil'):
+    with pytest.raises(data.DataError, match='pawsx needs translate-train files for de; get XTREME.s translations with python data.py download'):
         data.read_translations(str(broken), 'pawsx', 'train', 'de')
 
 
