@@ -387,10 +387,16 @@ def is_demo(data_dir, current=False):
         return json.load(f).get('version') == DEMO_VERSION
 
 
-def languages(task, demo=False):
-    """A task's test languages: XTREME's, or the demo's (retrieval pairs each with English)."""
-    langs = DEMO_LANGS if demo else TASKS[task].langs
-    return tuple(lang for lang in langs if lang != 'en') if TASKS[task].family == 'retrieval' else langs
+def languages(task, demo=False, chosen=None):
+    """A task's test languages: XTREME's, or the demo's (retrieval pairs each with English); chosen (--langs): those
+    of them, and English, the source, which trains and selects."""
+    langs = (DEMO_LANGS if demo else TASKS[task].langs) if task in TASKS else ()
+    unknown = sorted(set(chosen or ()) - set(langs))
+    if unknown:
+        fix = f'choose from {", ".join(langs)}' if langs else 'it is not an XTREME task: drop --langs'
+        raise DataError(f'--langs: {task} has no language {unknown[0]!r}; {fix}')
+    langs = [lang for lang in langs if not chosen or lang in chosen or lang == 'en']
+    return tuple(lang for lang in langs if lang != 'en' or TASKS[task].family != 'retrieval')
 
 
 def split_path(data_dir, task, split, lang='en'):
@@ -653,7 +659,8 @@ def read_translations(data_dir, task, split, lang, originals=None):
     Originals without a translation and translations without an original are counted in a warning.
     originals: the original file's examples, when the caller has read them already."""
     kind = f'translate-{split}'
-    path = need(split_path(data_dir, task, kind, lang), f'{task} needs {kind} files for {lang}; {get_translations(task)}')
+    path = need(split_path(data_dir, task, kind, lang), f'{task} needs {kind} files for {lang}; '
+                                                        f'{get_translations(task)}')
     family = TASKS[task].family
     if originals is None:
         originals = read_split(data_dir, task, split, 'en' if split == 'train' else lang)
@@ -877,15 +884,16 @@ def check_files(data_dir, task, reader, files, family='xlmr'):
 
 
 def task_files(data_dir, task, trained=(), round_trip=False, translations=False, train=True, reader='the run',
-               trains_on='en'):
+               trains_on='en', chosen=None):
     """-> [(path, what, needed)] of a task in the layout of docs/data.md: the training files (train):
     English's (but in-language's), the translate-train files of the languages `trained` (with their
     round trips, read where they are), or their own training files (trains_on 'own_lang': needed;
     'every_own': those there are, UD has none in some), every dev and test file, with translations
     the translate-dev and translate-test files of the target languages (reader: who reads them, for
-    the message), and the test labels. Not needed: read where it is there."""
-    family, langs = TASKS[task].family, languages(task, is_demo(data_dir))
-    get = f'python data.py download --task {task} --out {data_dir}'
+    the message), and the test labels; of the languages chosen (--langs) alone. Not needed: read where it is there."""
+    family, langs = TASKS[task].family, languages(task, is_demo(data_dir), chosen)
+    source = ' --from AmazonPhotos.zip' if task == 'panx' else ''
+    get = f'python data.py download --task {task}{source} --out {data_dir}, or run the languages there are (--langs)'
     labels = [(os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}'), 'test labels (scored when there)',
                False) for lang in langs]
     if family == 'retrieval':  # BUCC's threshold comes from its dev pairs and their gold alignment
@@ -979,13 +987,13 @@ def feature_set(tok, task, files, key, sources, width, max_len, stride, data_dir
     return stored(build, files, key + ['lower'] * tok.lower, data_dir, cache, quiet=not train)  # evaluation: quietly
 
 
-def evaluation_sets(data_dir, task, translate_test=False, paired=False):
-    """Every file evaluation will read, read and checked before any training (labels, columns,
-    JSON shape, translations, test labels): {split: {lang: (examples scored against, model
+def evaluation_sets(data_dir, task, translate_test=False, paired=False, chosen=None):
+    """Every file evaluation will read (of the languages chosen), read and checked before any training (labels,
+    columns, JSON shape, translations, test labels): {split: {lang: (examples scored against, model
     inputs, (English translation, input) pairs for paired methods)}} (data.evaluation_set)."""
     sets = {'dev': {}, 'test': {}}
     for split in sets:
-        for lang in languages(task, is_demo(data_dir)):
+        for lang in languages(task, is_demo(data_dir), chosen):
             path = split_path(data_dir, task, split, lang)
             if split == 'dev' and not (path and os.path.exists(path)):
                 continue  # no dev set in this language (XQuAD, TyDiQA); the run checked every other file

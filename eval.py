@@ -380,12 +380,12 @@ def embed_texts(encoder, tok, texts, layer, batch_size, device):
     return out
 
 
-def retrieve(data_dir, task, embed, mining='margin'):
-    """bucc2018 / tatoeba test predictions {lang: ...} from embed(texts) (mean-pooled states):
+def retrieve(data_dir, task, embed, mining='margin', chosen=None):
+    """bucc2018 / tatoeba test predictions {lang: ...} from embed(texts) (mean-pooled states) in the languages chosen:
     Tatoeba's cosine nearest neighbours; BUCC's mined candidates (bucc_candidates), kept above the
     threshold that is best on each language's dev gold pairs (XTREME's bucc_optimize)."""
     preds = {}
-    for lang in languages(task, is_demo(data_dir)):
+    for lang in languages(task, is_demo(data_dir), chosen):
         src, eng, _ = read_retrieval(data_dir, task, 'test', lang)
         if task == 'tatoeba':  # for every English sentence, the line of its source sentence
             preds[lang] = nearest(embed(eng), embed(src))[0].tolist()
@@ -531,12 +531,14 @@ def seed_table(runs):
     return '\n'.join(lines)
 
 
-def results(task, method, dev, test, selected_by=None, runs=None, stage=None, name=None):
+def results(task, method, dev, test, selected_by=None, runs=None, stage=None, name=None, langs=None):
     """A run's results.json (dev and test per language with average and transfer gap, the kept
     checkpoint's selection rule) and its table; runs: other rows {name: {'dev': summary, 'test':
-    summary}} (XLA's models), listed first, the run's row then named `name`; QA adds rows of EM and F1."""
+    summary}} (XLA's models), listed first, the run's row then named `name`; QA adds rows of EM and F1; langs: the
+    target languages --langs chose."""
     out = {'task': task, 'method': method, 'selected_by': selected_by, 'dev': summary(dev), 'test': summary(test),
-           'test_metrics': test, 'dev_metrics': dev, **({'runs': runs} if runs else {})}
+           'test_metrics': test, 'dev_metrics': dev, **({'runs': runs} if runs else {}),
+           **({'langs': list(langs)} if langs else {})}
     rows = {f'{split} {name}': r[split] for split in ('dev', 'test') for name, r in (runs or {}).items() if r[split]}
     label = ', '.join([task] + [part for part in (stage, name) if part])
     rows.update({f'{split} ({label})': out[split] for split in ('dev', 'test') if out[split]})
@@ -545,7 +547,8 @@ def results(task, method, dev, test, selected_by=None, runs=None, stage=None, na
         rows.update({f'{split} {name}': summarize({lang: s[metric] for lang, s in scores.items()})
                      for metric, name in (('exact_match', 'EM'), ('f1', 'F1')) if scores})
     table = format_table(rows) if rows else 'no labels to score against: predictions written only'
-    return out, table + ('\nQA: each score is the mean of exact match (EM) and F1' if qa and rows else '')
+    chosen = f'\n--langs {",".join(langs)}: these and English alone (a submission needs all)' if langs else ''
+    return out, table + ('\nQA: each score is the mean of exact match (EM) and F1' if qa and rows else '') + chosen
 
 
 def format_table(rows):
@@ -624,6 +627,12 @@ def collect(runs, out, demo=False):
     dev = lambda run: json.loads(read_text(os.path.join(run, 'results.json'))).get('dev', {}).get('avg', float('-inf'))
     for run in runs:
         task = finished_task(run)
+        ran = json.loads(read_text(os.path.join(run, 'results.json'))).get('langs') or languages(task, demo)
+        missed = [lang for lang in languages(task, demo) if lang not in ran and lang != 'en']
+        if missed:
+            more = f' and {len(missed) - 1} more' if len(missed) > 1 else ''
+            raise EvalError(f'{run} ran {task} in {", ".join(ran)} alone (--langs), not in {missed[0]}{more}: a '
+                            'submission needs every language; run it without --langs')
         if task not in found or dev(run) > dev(found[task]):
             found[task] = run
     if os.path.exists(out) and (not os.path.isdir(out) or set(os.listdir(out)) - set(TASKS)):

@@ -63,6 +63,8 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('precision', str, 'bf16, fp16 (with a loss scaler) or fp32 (default: bf16 on a GPU that has it, fp16 on one '
            'that has not, fp32 on the CPU)', choices=('bf16', 'fp16', 'fp32')),
     Option('translate_test', bool, 'evaluate on the test sets translated into English'),
+    Option('langs', lambda text: [lang for lang in text.split(',') if lang], 'the target languages to run, e.g. de,sw '
+           '(XTREME\'s --predict_languages): the others\' files are not read; English, the source, runs too'),
     Option('layer', int, 'retrieval: layer pooled (default XTREME\'s: BUCC 20, Tatoeba 14 of 24; 8 of 12)', AT_LEAST_1),
     Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute'),
     Option('gpu_memory', help='GiB of the GPU to plan for (default: the GPU found): the plan estimates a process\'s '
@@ -270,8 +272,8 @@ def check_stages(args, cls):
 def check_options(args, cls):
     """What needs the data's languages or a model: translate-train's language, and the method's
     own layer counts, tried on its model on the meta device (no memory, no time) -> that model (retrieval: None)."""
+    langs = target_langs(args) if args.task in data.TASKS or args.langs else ()  # --langs checked
     if cls.trains_on in ('train_lang', 'own_lang') and family(args) != 'retrieval':
-        langs = target_langs(args)
         if args.train_lang not in langs:
             fail(f'{args.method} needs --train_lang, one of {", ".join(langs)}')
     if family(args) != 'retrieval':
@@ -285,13 +287,13 @@ def check_options(args, cls):
 def check_init(args):
     """Real data needs pre-trained weights, unless --from_scratch says otherwise."""
     if not (args.init or args.demo or args.from_scratch):
-        fail(f'no --init: this would train {args.model} from random weights for hours. Get its weights as docs/'
-             'weights.md says (XLM-R\'s converted by python layers.py convert, BERT\'s Hugging Face folder as it is) '
-             'and pass --init (or --from_scratch to mean it)')
+        fail(f'no --init: this would train {args.model} from random weights for hours. Pass its weights as --init '
+             '(docs/weights.md: XLM-R\'s from python layers.py convert, BERT\'s folder as it is), or --from_scratch')
 
 
 def target_langs(args):
-    return [lang for lang in data.languages(args.task, args.demo or data.is_demo(args.data_dir)) if lang != 'en']
+    return [lang for lang in data.languages(args.task, args.demo or data.is_demo(args.data_dir), args.langs)
+            if lang != 'en']
 
 
 def planned_files(args, cls):
@@ -301,7 +303,7 @@ def planned_files(args, cls):
     if args.task in data.TASKS:
         langs = cls.train_langs(args, target_langs(args))
         files = data.task_files(args.data_dir, args.task, langs, cls.round_trip, cls.paired or args.translate_test,
-                                not args.eval_only, args.method, cls.trains_on)
+                                not args.eval_only, args.method, cls.trains_on, args.langs)
     return files + cls.reads(args) + [data.tokenizer_file(model_family(args), args.data_dir, args.spm, args.vocab,
                                                           args.init)]
 
@@ -591,7 +593,7 @@ class Run:
         self.out, self.cls, self.chunks, self.begun = args.out, xlt.method_class(args), world * args.grad_accum, False
         evaluated = args.task in data.TASKS and family(args) != 'retrieval'
         self.sets = sets if sets is not None else data.evaluation_sets(args.data_dir, args.task, args.translate_test,
-                                                                     self.cls.paired) if evaluated else {}
+                                                                     self.cls.paired, args.langs) if evaluated else {}
         self.cache = cache if cache is not None else {'dev': {}, 'test': {}}  # features, made once per language
 
     def build(self, cls=None, encoder=None, settings=None):
@@ -751,7 +753,7 @@ class Run:
         """results.json and the table of the run's scores (eval.results); runs: other rows, first
         (several models of one run), the run's then named `name`."""
         args = self.args
-        results, table = ev.results(args.task, args.method, dev, test, selected_by, runs, args.stage, name)
+        results, table = ev.results(args.task, args.method, dev, test, selected_by, runs, args.stage, name, args.langs)
         kept = ', the kept model in best.pt' if os.path.exists(self.path('best.pt')) else ''
         self.write_results(results, table, f'results in {self.out}/results.json and results.txt, predictions in '
                                            f'{self.out}/predictions/{kept}')

@@ -196,7 +196,7 @@ class Method(nn.Module):
         run.begin()
         layer = args.layer or cls.retrieval_layer(args.task, encoder.cfg.n_layer)
         embed = lambda texts: ev.embed_texts(encoder, run.tok, texts, layer, args.eval_batch_size, run.device)
-        preds = ev.retrieve(args.data_dir, args.task, embed, args.mining) if run.rank == 0 else {}
+        preds = ev.retrieve(args.data_dir, args.task, embed, args.mining, args.langs) if run.rank == 0 else {}
         run.finish({}, run.test_scores(preds))
 
     @classmethod

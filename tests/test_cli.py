@@ -62,7 +62,9 @@ MISTAKES = [  # (the command, what its one line must say)
     ('train.py --demo --task pawsx --out finished --lr 5e-4', 'finished holds a finished run with --lr 0.001'),
     ('train.py --demo --eval_only --out nothing-here', 'best.pt not found: --eval_only evaluates a finished run'),
     ('eval.py --collect empty --out submission', 'empty is not a finished run (no results.json)'),
-    ('data.py download --task panx --out data', 'PAN-X has no direct download'),
+    ('data.py download --task panx --out data', 'PAN-X alone is converted from a file you hold'),
+    ('train.py --demo --task panx --langs de,xx', "--langs: panx has no language 'xx'; choose from en, de, zh"),
+    ('train.py --demo --method veco --task pretrain --langs de', 'pretrain has no language \'de\'; it is not an XTREME'),
     ('layers.py convert bad.pt xlmr.pt', 'bad.pt is not a PyTorch file'),
 ]
 

@@ -2,6 +2,7 @@
 that eval.py scores to the numbers in results.json; DDP equals one process; a killed run
 resumes exactly; bad set-ups stop with one line."""
 import argparse
+import io
 import json
 import os
 import shutil
@@ -350,9 +351,47 @@ def test_bad_evaluation_input_stops_before_anything_is_written(tmp_path, demo_da
 
 def test_real_data_without_init_needs_from_scratch(tmp_path, demo_data, capsys):
     one_line_failure(capsys, ['--task', 'xnli', '--model', 'tiny', '--data_dir', demo_data, '--out', str(tmp_path / 'o')],
-                     'no --init: this would train tiny from random weights for hours. Get its weights as docs/weights.md '
-                     'says (XLM-R\'s converted by python layers.py convert, BERT\'s Hugging Face folder as it is)')
+                     'no --init: this would train tiny from random weights for hours. Pass its weights as --init '
+                     '(docs/weights.md: XLM-R\'s from python layers.py convert, BERT\'s folder as it is), or --from_scratch')
     assert not os.path.exists(tmp_path / 'o' / 'config.json')
+
+
+@pytest.mark.slow
+def test_a_panx_archive_converts_and_trains_on_the_languages_chosen(tmp_path, small_demo, capsys):
+    """PAN-X as AmazonPhotos.zip ships it, made from the demo's NER files, converts to the same sentences; with the
+    other languages' files absent, a run of --langs de reads English's and German's, says so, and is no submission."""
+    import tarfile
+    import zipfile
+    sentences = lambda lang, split, folder=small_demo: [dict(ex, tags=ex['tags'] or tags) for ex, tags in zip(
+        data.read_split(folder, 'panx', split, lang),
+        data.read_tag_file(os.path.join(folder, 'labels', 'panx', f'test-{lang}.tsv')) if split == 'test'
+        else [None] * 10 ** 4)]
+    with zipfile.ZipFile(tmp_path / 'AmazonPhotos.zip', 'w') as z:
+        for lang in ('en', 'de'):
+            with tarfile.open(tmp_path / f'{lang}.tar.gz', 'w:gz') as tar:
+                for split in ('train', 'dev', 'test'):
+                    raw = ''.join(''.join(f'{lang}:{w}\t{t}\n' for w, t in zip(ex['words'], ex['tags'])) + '\n'
+                                  for ex in sentences(lang, split)).encode()
+                    info = tarfile.TarInfo(split)
+                    info.size = len(raw)
+                    tar.addfile(info, io.BytesIO(raw))
+            z.write(tmp_path / f'{lang}.tar.gz', f'panx_dataset/{lang}.tar.gz')
+    converted = str(tmp_path / 'data')
+    data.main(['download', '--task', 'panx', '--from', str(tmp_path / 'AmazonPhotos.zip'), '--out', converted])
+    for lang, split in ((lang, split) for lang in ('en', 'de') for split in ('train', 'dev', 'test')):
+        assert sentences(lang, split, converted) == sentences(lang, split)
+    shutil.copy(os.path.join(small_demo, 'sentencepiece.bpe.model'), converted)
+    argv = ['--task', 'panx', '--data_dir', converted, '--model', 'tiny', '--from_scratch', '--epochs', '1',
+            '--out', str(tmp_path / 'run')]
+    one_line_failure(capsys, argv, 'panx/test-ar.tsv not found (and 37 more, listed above): python data.py download '
+                     f'--task panx --from AmazonPhotos.zip --out {converted}, or run the languages there are (--langs)')
+    train.main(argv + ['--langs', 'de'])
+    results = json.load(open(tmp_path / 'run' / 'results.json'))
+    assert results['langs'] == ['de'] and set(results['test_metrics']) == set(results['dev_metrics']) == {'en', 'de'}
+    assert '--langs de: these and English alone' in open(tmp_path / 'run' / 'results.txt').read()
+    with pytest.raises(SystemExit, match=r'error: .*/run ran panx in de alone \(--langs\), not in ar and 37 more:'):
+        ev.main(['--collect', str(tmp_path / 'run'), '--out', str(tmp_path / 'submission')])
+    assert not os.path.exists(tmp_path / 'submission')
 
 
 def test_messages_say_where_translations_are(tmp_path, demo_data, capsys):
