@@ -519,7 +519,8 @@ def config_from(sd, meta, scaled=False, sep_id=2):
 
 
 def read_checkpoint(path):
-    """-> (config, flat state dict with our names) from any supported layout."""
+    """-> (config, flat state dict with our names, keys nothing maps, a transformers task model's head or None: see
+    task_head) from any supported layout."""
     if os.path.isdir(path):
         names = ('model.safetensors', 'pytorch_model.bin', 'model.pt', 'checkpoint.pt')
         files = [f for f in names if os.path.exists(os.path.join(path, f))]
@@ -543,7 +544,8 @@ def read_checkpoint(path):
         sd = {f'enc.{k}': v for k, v in obj['encoder'].items()}
         sd.update({f'mlm.{k}': v for k, v in (obj.get('mlm') or {}).items()})
         fold_tied(sd)
-        return Config(**obj['config']), sd, []
+        return Config(**obj['config']), sd, [], None
+    head = None  # a transformers task model's head
     if not hf:  # fairseq: {'model': state dict, 'args': Namespace or 'cfg': {'model': ...}}
         args = obj.get('args') or (obj.get('cfg') or {}).get('model') or {}
         meta = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
@@ -555,13 +557,28 @@ def read_checkpoint(path):
             raise CheckpointError(f'{cfg_file} not found: a Hugging Face checkpoint needs its config.json beside it')
         with open(cfg_file) as f:
             meta = json.load(f)
-        if meta.get('model_type') == 'bert' or any(k.startswith(('bert.', 'cls.predictions.')) for k in obj):
-            sd, unknown = rename(obj, BERT_NAMES, ('bert.',))
-            return config_from(sd, meta, sep_id=vocab_index(os.path.dirname(path), '[SEP]', 102)), sd, unknown
-        sd, unknown = rename(obj, HF_NAMES, ('roberta.',))
+        bert = meta.get('model_type') == 'bert' or any(k.startswith(('bert.', 'cls.predictions.')) for k in obj)
+        sd, unknown = rename(obj, *((BERT_NAMES, ('bert.',)) if bert else (HF_NAMES, ('roberta.',))))
+        head, unknown = task_head(meta, 'bert' if bert else 'xlmr', obj, unknown)
+        if bert:
+            return config_from(sd, meta, sep_id=vocab_index(os.path.dirname(path), '[SEP]', 102)), sd, unknown, head
     if 'enc.tok.weight' not in sd:
         raise CheckpointError(f'{path} has no word embeddings: not an XLM-R checkpoint')
-    return config_from(sd, meta, translation), sd, unknown
+    return config_from(sd, meta, translation), sd, unknown, head
+
+
+def task_head(meta, family, obj, unknown):
+    """A transformers task model's head (its config's architectures, its tensors named as HF_CLASSES names them)
+    -> ((kind, its labels in id2label's order, {Head's name: tensor}) or None, the keys still unknown)."""
+    arch = (meta.get('architectures') or [None])[0]
+    kind = next((k for k, (name, _) in HF_CLASSES[family].items() if name == arch and k in TASK_HEADS), None)
+    if kind is None:
+        return None, unknown
+    ours = {theirs: mine.removeprefix('head.') for mine, theirs in HF_CLASSES[family][kind][1].items()}
+    module = lambda key: key.rpartition('.')[0]
+    tensors = {f'{ours[module(k)]}.{k.rpartition(".")[2]}': obj[k].float() for k in unknown if module(k) in ours}
+    labels = [name for _, name in sorted((int(i), name) for i, name in (meta.get('id2label') or {}).items())]
+    return (kind, labels, tensors), [k for k in unknown if module(k) not in ours]
 
 
 def vocab_index(folder, token, default):
@@ -585,7 +602,7 @@ def load_pretrained(path, cross=False, decoder=False):
     leaves a checkpoint's cross-attention out (VECO's NLU assembly). decoder=True: a third item,
     a translation checkpoint's decoder (VECO's released NLG model: an Encoder with cross-attention,
     the token embedding shared), or None when the checkpoint has none."""
-    cfg, sd, unknown = read_checkpoint(path)
+    cfg, sd, unknown, head = read_checkpoint(path)
     dec_sd = {k.removeprefix('dec.'): sd.pop(k) for k in [k for k in sd if k.startswith('dec.')]}
     found = any(is_cross(k) for k in sd)
     if not cross:
@@ -601,6 +618,7 @@ def load_pretrained(path, cross=False, decoder=False):
     check_keys(path, {k: v for k, v in model.state_dict().items() if found or not is_cross(k)}, sd, unknown)
     model.load_state_dict(sd, strict=found or not cross)  # not strict: a new cross-attention keeps its initialisation
     enc.new_cross = cross and not found
+    enc.task_head = head  # a transformers task model's head, which the method's Head starts from (xlt.Head)
     if not decoder:
         return enc, mlm
     if not dec_sd:
@@ -852,6 +870,7 @@ def peak_bytes(cfg, passes, head, params, device_type, precision, ddp=False, che
 # ---------------------------------------------------------------------------
 # Export: a model of this project as a Hugging Face folder, which transformers' Auto classes load.
 
+TASK_HEADS = ('classification', 'tagging', 'qa')  # the exports with a task head, which --init reads back
 HF_CLASSES = {  # a family's export, by what a checkpoint exports as -> (Hugging Face's class, {our module: theirs})
     'xlmr': {'classification': ('XLMRobertaForSequenceClassification',
                                 {'head.dense': 'classifier.dense', 'head.out': 'classifier.out_proj'}),

@@ -266,20 +266,40 @@ def method_class(args):
 # Task heads and losses, shared by the methods.
 
 class Head(nn.Module):
-    """classification: <s> -> dense -> tanh -> classes (RoBERTa's head; BERT's: its pre-trained pooler's
-    dense, `pooler`, as the start, and no dropout before it); tagging: a class per token; QA: a start and
-    an end score per token."""
+    """classification: <s> -> dense -> tanh -> classes (RoBERTa's head; BERT's: the encoder's pre-trained pooler
+    as the dense layer's start, and no dropout before it, unless pooled=False); tagging: a class per token (labels,
+    the task's); QA: a start and an end score per token. A transformers task model that --init read (the encoder's
+    task_head) is its start."""
 
-    def __init__(self, family, dim, n_labels, dropout=0.1, pooler=None):
+    def __init__(self, family, encoder, labels, pooled=True):
         super().__init__()
+        dim, pooler = encoder.cfg.dim, encoder.pooler if pooled else None
         self.family = family
-        self.drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(encoder.cfg.dropout)
         self.dense = nn.Linear(dim, dim) if family == 'classification' else None
-        self.out = nn.Linear(dim, 2 if family == 'qa' else n_labels)
+        self.out = nn.Linear(dim, 2 if family == 'qa' else len(labels))
         self.apply(init_weights)  # N(0, 0.02) weights, zero biases, as the encoder's
         self.pooled = pooler is not None and self.dense is not None
         if self.pooled:  # BertForSequenceClassification: the pooler is part of the model that is fine-tuned
             self.dense.load_state_dict(pooler.state_dict())
+        if getattr(encoder, 'task_head', None):
+            self.start_from(*encoder.task_head, labels)
+
+    def start_from(self, kind, theirs, tensors, labels):
+        """A transformers task model's head (layers.task_head): of this head's kind, its classes the task's (its
+        id2label), its rows put in the task's order; BERT's pooler came with the encoder."""
+        if kind != self.family:
+            raise ValueError(f'--init is a {kind} model and the task a {self.family} one: give a model of the task')
+        if self.family != 'qa' and sorted(theirs) != sorted(labels):
+            raise ValueError(f'--init predicts {", ".join(theirs)} (its id2label), not the task\'s '
+                             f'{", ".join(labels)}: give a model fine-tuned on the task')
+        needed = {k for k in self.state_dict() if not (self.pooled and k.startswith('dense.'))}
+        if set(tensors) != needed:
+            raise ValueError(f'--init\'s head holds {", ".join(sorted(tensors))}, this method\'s '
+                             f'{", ".join(sorted(needed))}: start it from the encoder alone (python layers.py convert)')
+        rows = [theirs.index(label) for label in labels] if self.family != 'qa' else slice(None)
+        self.load_state_dict({**self.state_dict(), **{k: t[rows] if k.startswith('out.') else t
+                                                       for k, t in tensors.items()}})
 
     def forward(self, h, mask):
         if self.pooled:
@@ -384,7 +404,7 @@ class Baseline(Method):
     def __init__(self, encoder, task, args=None):
         super().__init__()
         self.encoder, self.family = encoder, TASKS[task].family
-        self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout, encoder.pooler)
+        self.head = Head(self.family, encoder, TASKS[task].labels)
         self.conf_penalty = getattr(args, 'conf_penalty', None) or 0.0  # XLA's Eq. 1 weight (XLA's warm-up: 1)
 
     def predict(self, batch):
@@ -531,7 +551,7 @@ class Filter(Taught):
         self.T = getattr(args, 'temperature', None) or 1.0  # softens both sides of the KL (the paper: none)
         if self.k + self.m > L or min(self.k, self.m) < 0:
             raise ValueError(f'--k {self.k} + --m {self.m} does not fit the model\'s {L} layers: choose k + m <= {L}')
-        self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout, encoder.pooler)
+        self.head = Head(self.family, encoder, TASKS[task].labels)
 
     def encode(self, src, tgt, source_side=True):
         enc, m, k = self.encoder, self.m, self.k
@@ -631,7 +651,7 @@ class XMixup(Taught):
             self.w, self.b = nn.Parameter(torch.ones(1)), nn.Parameter(torch.zeros(1))
         # X-Mixup's released mBERT code (xmixup/tasks/mbert/sequence_classification.py) classifies with a new
         # RoBERTa-style head, not from BERT's pooler
-        self.head = Head(self.family, encoder.cfg.dim, len(TASKS[task].labels), encoder.cfg.dropout)
+        self.head = Head(self.family, encoder, TASKS[task].labels, pooled=False)
         # self.step (Eq. 6 decays with it); tagging: p_teacher, a source-language model's labels of T
 
     def p_star(self):

@@ -147,7 +147,7 @@ def test_each_task_head_equals_its_bert_class(reference, family):
            'qa': 'BertForQuestionAnswering'}[family]
     theirs = getattr(transformers, cls).from_pretrained(folder, num_labels=3 if family != 'qa' else 2).eval()
     enc, _ = layers.load_pretrained(folder)
-    head = xlt.Head(family, 32, 3, pooler=enc.pooler).eval()
+    head = xlt.Head(family, enc, ('a', 'b', 'c')).eval()
     last = theirs.classifier if family != 'qa' else theirs.qa_outputs
     head.out.load_state_dict(last.state_dict())
     if family == 'classification':

@@ -2,6 +2,7 @@
 Auto classes and compute what the project computes (logits, ids, labels); a model no Hugging Face
 XLM-R class computes is refused in one line."""
 import argparse
+import json
 import os
 
 import pytest
@@ -75,6 +76,29 @@ def test_an_exported_run_computes_the_projects_logits_and_ids(runs, task, tmp_pa
         pipe = transformers.pipeline('text-classification', model=str(tmp_path / 'hf'), tokenizer=str(tmp_path / 'hf'))
         said = [pipe({'text': ex['a'], 'text_pair': ex['b']})['label'] for ex in examples]
         assert said == [data.TASKS[task].labels[i] for i in ours.argmax(-1).tolist()]
+    labels = data.TASKS[task].labels
+    if task != 'mlqa':  # the same model saved with its classes in another order (id2label says which)
+        last = model.classifier.out_proj if task == 'xnli' else model.classifier
+        order = [2, 0, 1] if task == 'xnli' else list(reversed(range(len(labels))))
+        last.weight.data, last.bias.data = last.weight.data[order], last.bias.data[order]
+        model.config.id2label = {i: labels[j] for i, j in enumerate(order)}
+        model.config.label2id = {labels[j]: i for i, j in enumerate(order)}
+    model.save_pretrained(tmp_path / 'saved')
+    enc, _ = layers.load_pretrained(str(tmp_path / 'saved'))  # --init's read: the encoder and the task head
+    with torch.no_grad():
+        again = xlt.Baseline(enc, task).eval().predict(batch)
+    assert torch.allclose(again[real], ours[real], atol=1e-5)
+    if task == 'xnli':  # --eval_only from it: the run's own scores
+        demo_run(tmp_path / 'again', demo, ['--task', task, '--eval_only', '--init', str(tmp_path / 'saved'),
+                                            '--spm', unigram])
+        scores = lambda run: json.load(open(run / 'results.json'))['test_metrics']
+        assert scores(tmp_path / 'again') == scores(root / task)
+        model.config.id2label = {i: f'LABEL_{i}' for i in range(3)}
+        model.save_pretrained(tmp_path / 'unlabelled')
+        with pytest.raises(SystemExit, match='error: --init predicts LABEL_0, LABEL_1, LABEL_2 \\(its id2label\\), '
+                                             'not the task.s contradiction, entailment, neutral: give a model'):
+            demo_run(tmp_path / 'unlabelled-run', demo, ['--task', task, '--init', str(tmp_path / 'unlabelled'),
+                                                         '--spm', unigram])
 
 
 def test_the_encoder_alone_and_veco_pretrainings_masked_lm(runs, tmp_path):

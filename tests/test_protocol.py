@@ -107,8 +107,7 @@ class Consistency(xlt.Method):
     def __init__(self, encoder, task, args):
         super().__init__()
         self.encoder, self.family = encoder, data.TASKS[task].family
-        self.head = xlt.Head(self.family, encoder.cfg.dim, len(data.TASKS[task].labels), encoder.cfg.dropout,
-                             encoder.pooler)
+        self.head = xlt.Head(self.family, encoder, data.TASKS[task].labels)
 
     def predict(self, pair):
         return self.head(self.encoder(pair.tgt.ids, pair.tgt.mask), pair.tgt.mask)

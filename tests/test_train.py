@@ -309,8 +309,9 @@ def test_selection_rule(tmp_path, small_demo):
 
 def test_qa_head_has_no_dropout_and_tagging_head_has():
     import xlt
+    enc = layers.Encoder(layers.Config(vocab_size=10, n_layer=1, n_head=2, dim=16, ffn_dim=32, dropout=0.5))
     h, mask = torch.randn(2, 6, 16), torch.ones(2, 6, dtype=torch.bool)
-    qa, tag = xlt.Head('qa', 16, 0, dropout=0.5).train(), xlt.Head('tagging', 16, 5, dropout=0.5).train()
+    qa, tag = xlt.Head('qa', enc, ()).train(), xlt.Head('tagging', enc, 'abcde').train()
     assert torch.equal(qa(h, mask), qa.out(h))  # training mode: still no dropout before the span layer
     assert not torch.equal(tag(h, mask), tag.out(h))
 
