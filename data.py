@@ -601,6 +601,38 @@ def unusable_answer(ex):
 # The leaderboard's files, predictions and test labels alike: a label a line (read_lines), a tag a line with a
 # blank line between sentences (read_tag_file), or SQuAD's JSON (read_qa_file).
 
+def read_input(path, task, paired=False, translation=None):
+    """A file to predict on (train.py --predict) -> (examples, [(English translation, example)] for a paired method,
+    else None). A TSV holds an example a line in the task's columns: classification 'a<TAB>b', tagging a sentence
+    (its words split at spaces); a paired method's rows go on with the English translation in the same columns
+    ('a<TAB>b<TAB>a_en<TAB>b_en'); a last column may hold the label (tagging: a tag a word), which is then scored.
+    QA: XTREME's JSON, a paired method's questions paired by id with translation's (XTREME's translate-test JSON)
+    or with themselves. Every bad line is named in one DataError."""
+    family = TASKS[task].family
+    if family == 'qa':
+        examples = read_squad(path, task)
+        english = {ex['id']: ex for ex in (read_squad(translation, task) if translation else [])}
+        return examples, [(english.get(ex['id'], ex), ex) for ex in examples] if paired else None
+    width, labels = (2 if family == 'classification' else 1), set(TASKS[task].labels)
+    make = lambda cols, label: ({'a': cols[0], 'b': cols[1], 'label': label} if width == 2 else
+                                {'words': cols[0].split(), 'tags': label and label.split()})
+    fits = lambda ex: (ex['label'] in labels | {None} if width == 2 else
+                       not ex['tags'] or len(ex['tags']) == len(ex['words']) and set(ex['tags']) <= labels)
+    rows, bad = [], []
+    for n, line in ((n, line) for n, line in enumerate(lines_of(need(path, 'give the file to predict')), 1) if line):
+        cols = line.split('\t')
+        label = cols.pop() if len(cols) == width * (1 + paired) + 1 else None
+        if len(cols) != width * (1 + paired) or not all(map(str.strip, cols)) or not fits(make(cols, label)):
+            bad.append(n)
+            continue
+        rows.append((make(cols, label), make(cols[width:], None) if paired else None))
+    if bad:
+        columns = '<TAB>'.join((['a', 'b'] if width == 2 else ['words']) * (1 + paired) + ['[label]'])
+        raise DataError(f'{path}, line{"s" * (len(bad) > 1)} {", ".join(map(str, bad[:10]))}{" ..." * (len(bad) > 10)}'
+                        f': not {columns} with labels of {task}; fix or remove {"them" if len(bad) > 1 else "it"}')
+    return [example for example, _ in rows], [(english, example) for example, english in rows] if paired else None
+
+
 def read_lines(path):
     return [line.strip() for line in lines_of(path)]
 

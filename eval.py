@@ -290,18 +290,35 @@ def write_predictions(folder, task, lang, preds):
     """Predictions of one language in the submission layout, written atomically.
     preds: labels (classification), tag lists (tagging), {question id: answer} (QA),
     (source id, English id) pairs (bucc2018), English-side indices (tatoeba)."""
+    path = os.path.join(folder, task, f'test-{lang}.{suffix(task)}')
+    atomic_write(path, prediction_text(task, preds))
+    return path
+
+
+def prediction_text(task, preds):
     family = TASKS[task].family
     if family == 'qa':
-        text = json.dumps(preds, ensure_ascii=False, indent=1)
-    elif family == 'tagging':
-        text = '\n\n'.join('\n'.join(tags) for tags in preds) + '\n'
-    elif task == 'bucc2018':
-        text = ''.join(f'{s}\t{t}\n' for s, t in preds)
+        return json.dumps(preds, ensure_ascii=False, indent=1)
+    if family == 'tagging':
+        return '\n\n'.join('\n'.join(tags) for tags in preds) + '\n'
+    return ''.join(f'{s}\t{t}\n' for s, t in preds) if task == 'bucc2018' else ''.join(f'{p}\n' for p in preds)
+
+
+def write_predicted(stem, task, feats, outputs, examples):
+    """train.py --predict's files: stem.<tsv|json>, the predictions in the leaderboard's format, and stem.scores.json,
+    each with its probability (probabilities), and the scores where the examples have labels -> those scores."""
+    preds, probs = predictions(task, feats, outputs, examples), probabilities(task, feats, outputs, examples)
+    family = TASKS[task].family
+    labelled = examples and all(ex.get('label', ex.get('tags', ex.get('answers'))) for ex in examples)
+    scores = scores_of(task, None, examples, preds) if labelled else None
+    if family == 'qa':
+        each = {qid: {'answer': answer, 'probability': probs[qid]} for qid, answer in preds.items()}
     else:
-        text = ''.join(f'{p}\n' for p in preds)
-    path = os.path.join(folder, task, f'test-{lang}.{suffix(task)}')
-    atomic_write(path, text)
-    return path
+        each = [{'tags' if family == 'tagging' else 'label': p, 'probability': q} for p, q in zip(preds, probs)]
+    atomic_write(f'{stem}.{suffix(task)}', prediction_text(task, preds))
+    atomic_write(f'{stem}.scores.json', json.dumps({'task': task, 'scores': scores, 'predictions': each}, indent=1,
+                                                   ensure_ascii=False))
+    return scores
 
 
 def score_predictions(folder, labels, task, preds):
@@ -331,6 +348,19 @@ def predictions(task, feats, outputs, examples):
     return decode_qa(feats, [o[:, 0] for o in outputs], [o[:, 1] for o in outputs], examples)
 
 
+def probabilities(task, feats, outputs, examples):
+    """The probability of each prediction of predictions(): classification the softmax's at its label, tagging each
+    word's at its tag (its first piece's), QA {question id: its answer's start times end probability in the window
+    it was cut from}."""
+    family = TASKS[task].family
+    if family == 'classification':
+        return [o.float().softmax(-1).max().item() for o in outputs]
+    if family == 'tagging':
+        return word_predictions(feats, [o.float().softmax(-1).max(-1).values.tolist() for o in outputs], len(examples))
+    found = decode_qa(feats, [o[:, 0] for o in outputs], [o[:, 1] for o in outputs], examples, probability=True)
+    return {qid: p for qid, (_, p) in found.items()}
+
+
 def scores_of(task, lang, examples, preds):
     """Scores of predictions against the examples' own labels -> {metric: value}, plus 'score'."""
     family = TASKS[task].family
@@ -343,8 +373,9 @@ def scores_of(task, lang, examples, preds):
     return dict(s, score=main_score(s))
 
 
-def decode_qa(windows, start_logits, end_logits, examples, max_answer_len=30):
-    """Best answer per question over all its windows -> {question id: answer text}.
+def decode_qa(windows, start_logits, end_logits, examples, max_answer_len=30, probability=False):
+    """Best answer per question over all its windows -> {question id: answer text} (probability: (text, its start
+    times end probability in its window)).
     A span (i, j) is valid when both ends are context tokens, i <= j < i + max_answer_len and
     token i has its fullest context in this window; the valid span with the highest start + end
     score wins across windows and is cut from the original context by character offsets. (The
@@ -354,7 +385,7 @@ def decode_qa(windows, start_logits, end_logits, examples, max_answer_len=30):
     best = {}
     for w, s, e in zip(windows, start_logits, end_logits):
         qid, text = examples[w.example]['id'], examples[w.example]['context']
-        best.setdefault(qid, (float('-inf'), ''))  # a question with no valid span (no context) answers ''
+        best.setdefault(qid, (float('-inf'), '', 0.0))  # a question with no valid span (no context) answers ''
         T = len(w.ids)
         s, e = s[:T].float(), e[:T].float()
         context = torch.tensor([span is not None for span in w.spans])
@@ -363,8 +394,9 @@ def decode_qa(windows, start_logits, end_logits, examples, max_answer_len=30):
         score, k = (s[:, None] + e[None, :]).masked_fill(~valid, float('-inf')).flatten().max(0)
         i, j = divmod(k.item(), T)
         if score.item() > best[qid][0]:
-            best[qid] = (score.item(), text[w.spans[i][0]:w.spans[j][1]])
-    return {qid: text for qid, (score, text) in best.items()}
+            p = (s.softmax(0)[i] * e.softmax(0)[j]).item() if probability else None
+            best[qid] = (score.item(), text[w.spans[i][0]:w.spans[j][1]], p)
+    return {qid: (text, p) if probability else text for qid, (score, text, p) in best.items()}
 
 
 @torch.no_grad()

@@ -78,13 +78,16 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('compile', bool, 'torch.compile each block (the first steps compile; outputs as without, to 1e-5)'),
     Option('resume', bool, 'continue from --out/last.pt'),
     Option('eval_only', bool, 'evaluate --out/best.pt (or --init) without training'),
+    Option('predict', str, 'FILE [TRANSLATION]: the finished run in --out predicts FILE, a TSV of the task\'s '
+           'columns or a QA JSON (docs/runs.md), into --out/predicted/; nothing else is read', nargs='+'),
     Option('overwrite', bool, 'replace a finished run of other settings in --out (else such a folder is refused)'),
     Option('dry_run', bool, 'check the options and every file the run reads, print the plan, stop (writes nothing)'),
     Option('halt_after', int, argparse.SUPPRESS),  # tests: die abruptly after this many steps
     Option('term_after', int, argparse.SUPPRESS))  # tests: a SIGTERM to itself after this many steps
 # the trainer's options that leave results alike (FREE), and those --eval_only's scores depend on (SCORED)
 FREE = ('spm', 'vocab', 'data_dir', 'out', 'grad_accum', 'grad_checkpoint', 'gpu_memory', 'eval_batch_size',
-        'save_minutes', 'log_every', 'compile', 'no_cache', 'resume', 'eval_only', 'overwrite', 'dry_run', 'halt_after',
+        'save_minutes', 'log_every', 'compile', 'no_cache', 'resume', 'eval_only', 'predict', 'overwrite', 'dry_run',
+        'halt_after',
         'term_after')
 SCORED = ('method', 'task', 'model', 'max_len', 'translate_test', 'layer', 'doc_stride', 'dict')
 OPTIONS = tuple(o._replace(changes='nothing' if o.name in FREE else 'scores' if o.name in SCORED else 'results')
@@ -118,7 +121,7 @@ def main(argv=None):
         int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1)), None)
     data.VERBOSE = rank == 0  # warnings about skipped data, once
     try:
-        execute(args, rank, world, device)
+        (predict if args.predict else execute)(args, rank, world, device)
     except (data.DataError, ev.EvalError, layers.CheckpointError, OSError) as e:  # once under way, maybe one's own
         fail(f'{e.filename}: {e.strerror}' if isinstance(e, OSError) and e.strerror else str(e), own=UNDER_WAY)
     except KeyboardInterrupt:
@@ -430,6 +433,31 @@ def execute(args, rank, world, device):
         if family(args) == 'retrieval':
             return run.cls.retrieval(run)
         run.cls.procedure(run)
+
+
+def predict(args, rank, world, device):
+    """--predict FILE [TRANSLATION]: the finished run in --out, in its settings, predicts FILE (data.read_input) with
+    the model its method predicts with (xlt's predictor) -> --out/predicted/<FILE's name>.<tsv|json>, in the
+    leaderboard's format, and .scores.json: each prediction's probability, the scores where FILE has labels."""
+    if not is_finished(args.out) or len(args.predict) > 2:
+        fail(f'--predict FILE [TRANSLATION] predicts with a finished run: {args.out} has no results.json, give '
+             'its --out' if len(args.predict) < 3 else '--predict takes FILE and, for QA, its TRANSLATION')
+    settings = argparse.Namespace(**{**read_config(args.out), 'out': args.out, 'eval_only': True, 'resume': False,
+                                     'precision': args.precision, 'eval_batch_size': args.eval_batch_size})
+    if settings.task not in data.TASKS or family(settings) == 'retrieval':
+        fail(f'--predict is for the runs of a task with labels to predict, not {settings.task}')
+    cls, tok = xlt.method_class(settings), prepare_data(settings, rank)
+    examples, pairs = data.read_input(args.predict[0], settings.task, cls.paired, (args.predict + [None])[1])
+    run = Run(settings, rank, world, device, tok, sets={'dev': {}, 'test': {}})
+    model = cls.predictor(run)
+    items = data.evaluation_items(tok, settings.data_dir, settings.task, examples, pairs if model.paired else None,
+                                  settings.max_len, settings.doc_stride, cache=False)
+    feats, outputs = [item[1] if model.paired else item for item in items], run.outputs(model, items)
+    stem = os.path.join(args.out, 'predicted', os.path.splitext(os.path.basename(args.predict[0]))[0])
+    scores = ev.write_predicted(stem, settings.task, feats, outputs, examples) if rank == 0 else None
+    if rank == 0:
+        print(f'{len(examples)} predictions in {stem}.{data.suffix(settings.task)}, each with its probability in '
+              f'{stem}.scores.json' + (f'; score {scores["score"]:.1f}' if scores else ''))
 
 
 def prepare_data(args, rank):

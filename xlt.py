@@ -7,6 +7,7 @@ entry in METHODS (the README's "Adding a method"). Methods read data through dat
 nothing: the run object train.py hands to a procedure keeps what must survive a crash.
 """
 import itertools
+import json
 import math
 from contextlib import nullcontext
 from dataclasses import replace
@@ -92,6 +93,7 @@ class Method(nn.Module):
       folder(args)     the default run folder's name, in parts
       procedure(run)   the run itself, given the trainer's train.Run
       retrieval(run)   the run of a retrieval task (BUCC, Tatoeba): nothing trained
+      predictor(run)   the model a finished run predicts with (train.py --predict): its best.pt's
       sketch(args, cfg)  its model as a run builds it (train.py builds it on the meta device to count memory)
       micro_batches(args, parts, max_tokens)  [(rows, lengths)]: its largest micro-batches, for the same count
     and on an instance: loss(batch) -> (mean loss, logs), predict(batch) -> outputs (class logits
@@ -198,6 +200,10 @@ class Method(nn.Module):
         embed = lambda texts: ev.embed_texts(encoder, run.tok, texts, layer, args.eval_batch_size, run.device)
         preds = ev.retrieve(args.data_dir, args.task, embed, args.mining, args.langs) if run.rank == 0 else {}
         run.finish({}, run.test_scores(preds))
+
+    @classmethod
+    def predictor(cls, run):
+        return run.restore(run.path('best.pt'))
 
     @classmethod
     def sketch(cls, args, cfg):
@@ -1514,6 +1520,11 @@ class XLA(Baseline):
             parts = taught_by_peers(labels_of(k), labels_of(j), unlabelled, english, args.union)
             models[l] = co_train(run, e, l, (k, j), parts, models[l])
         return models
+
+    @classmethod
+    def predictor(cls, run):
+        """The ensemble of the three final models, the run's predictions."""
+        return Ensemble([run.restore(run.path(m), cls) for m in json.loads(data.read_text(run.path(cls.KEEPS)))])
 
     @classmethod
     def report(cls, run, models):

@@ -4,6 +4,7 @@ import glob
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -702,3 +703,23 @@ def test_in_language_reads_each_languages_own_first_examples(tmp_path, capsys):
     expected = [tok.encode_words(ex['words']) for lang in ('en', 'de') for ex in data.read_split(demo, 'panx', 'train', lang)]
     assert [items[i].ids for i in range(len(items))] == [[tok.bos] + sum(words, []) + [tok.eos] for words in expected]
     assert 'panx has no training data in zh' in capsys.readouterr().out
+
+
+def test_a_file_to_predict_on_is_read_in_the_tasks_columns_and_every_bad_line_named(tmp_path):
+    path = tmp_path / 'mine.tsv'
+    path.write_text('A\tB\nC\tD\tneutral\n\n')
+    assert data.read_input(str(path), 'xnli') == ([{'a': 'A', 'b': 'B', 'label': None},
+                                                   {'a': 'C', 'b': 'D', 'label': 'neutral'}], None)
+    path.write_text('A\tB\tA en\tB en\n')  # a paired method: the English translation after the text
+    assert data.read_input(str(path), 'xnli', paired=True) == (
+        [{'a': 'A', 'b': 'B', 'label': None}], [({'a': 'A en', 'b': 'B en', 'label': None}, {'a': 'A', 'b': 'B',
+                                                                                                'label': None})])
+    path.write_text('Anna lebt\tBerlin lives\tB-PER O\n')
+    assert data.read_input(str(path), 'panx', paired=True)[1] == [({'words': ['Berlin', 'lives'], 'tags': None},
+                                                                  {'words': ['Anna', 'lebt'], 'tags': ['B-PER', 'O']})]
+    for text, task, bad in (('A\tB\nC\tD\tmaybe\nE\n\t\n', 'xnli', 'lines 2, 3, 4: not a<TAB>b<TAB>[label]'),
+                            ('Anna lebt\tB-PER O\nx y\tB-PER\n', 'panx', 'line 2: not words<TAB>[label]')):
+        path.write_text(text)
+        with pytest.raises(data.DataError, match=f'mine.tsv, {re.escape(bad)} with labels of {task}; fix') as err:
+            data.read_input(str(path), task)
+        assert '\n' not in str(err.value)

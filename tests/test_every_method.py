@@ -4,6 +4,7 @@ leaving examples out in another order, tagging translations without tags): each 
 results.json and a prediction file per test language, in the leaderboard's layout. On the tiny
 BERT every method that runs there, on a task of each family in turn, and the seeds' BERT rows'
 options (XLA's confidence penalty, translate-test, in-language few-shot)."""
+import argparse
 import json
 import os
 
@@ -91,6 +92,34 @@ def test_every_method_reaches_results_and_predictions_on_every_family(demo, fini
     assert set(results['test']) >= set(langs)
     written = sorted(os.listdir(out / 'predictions' / task))
     assert written == sorted(f'test-{lang}.{data.suffix(task)}' for lang in langs)
+    if data.TASKS[task].family != 'retrieval':
+        config = argparse.Namespace(**json.load(open(out / 'config.json')))
+        predicted_by_hand(out, demo, xlt.method_class(config).paired, task)
+
+
+def predicted_by_hand(out, demo, paired, task):
+    """train.py --predict on German's test set written out by hand (its English translations beside it for a paired
+    method) gives the run's own German test predictions; a line of the wrong shape is named."""
+    import train
+    family, examples = data.TASKS[task].family, data.read_split(demo, task, 'test', 'de')
+    files = [data.split_path(demo, task, 'test', 'de')] + [data.split_path(demo, task, 'translate-test', 'de')] * paired
+    if family != 'qa':
+        side = lambda ex: [ex['a'], ex['b']] if family == 'classification' else [' '.join(ex['words'])]
+        pairs = data.read_translations(demo, task, 'test', 'de', examples) if paired else [(ex, None) for ex in examples]
+        files = [str(out / 'mine.tsv')]
+        with open(files[0], 'w') as f:
+            f.writelines('\t'.join(side(ex) + side(t or ex) * paired) + '\n' for ex, t in pairs)
+    text = lambda ex: {k: v for k, v in ex.items() if k not in ('label', 'tags', 'answers')}  # the test files': none
+    texts = lambda examples, pairs: ([text(ex) for ex in examples], pairs and [(text(a), text(b)) for a, b in pairs])
+    assert texts(*data.read_input(*files[:1], task, paired, *files[1:])) == texts(
+        *data.evaluation_set(demo, task, 'test', 'de', paired=paired)[1:])  # what the run evaluated, and in its order
+    train.main(['--out', str(out), '--predict', *files])
+    name = os.path.splitext(os.path.basename(files[0]))[0]
+    read = lambda path: json.load(open(path)) if family == 'qa' else open(path).read()
+    assert read(out / 'predicted' / f'{name}.{data.suffix(task)}') == read(out / 'predictions' / task /
+                                                                           f'test-de.{data.suffix(task)}')
+    details = json.load(open(out / 'predicted' / f'{name}.scores.json'))
+    assert len(details['predictions']) == len(examples) and details['scores'] is None  # test files carry no labels
 
 
 @pytest.mark.parametrize('method, options, task', bert_runs(), ids=lambda v: ' '.join(v) if isinstance(v, list) else v)
