@@ -37,6 +37,7 @@ class Task:
     metric: str  # accuracy | f1 | em_f1 (QA: the mean of exact match and F1)
     langs: tuple  # XTREME's languages, in the leaderboard's order (its averages sum in this order)
     labels: tuple = ()
+    xtreme: bool = True  # one of XTREME's nine (CoNLL NER, XLA's Table 1, is not)
 
 
 UPOS = tuple('ADJ ADP ADV AUX CCONJ DET INTJ NOUN NUM PART PRON PROPN PUNCT SCONJ SYM VERB X'.split())
@@ -55,7 +56,11 @@ TASKS = {t.name: t for t in [  # the leaderboard's task order
     Task('xquad', 'qa', 'em_f1', tuple('en es de el ru tr ar vi th zh hi'.split())),
     Task('mlqa', 'qa', 'em_f1', tuple('en es de ar hi vi zh'.split())),
     Task('tydiqa', 'qa', 'em_f1', tuple('en ar bn fi id ko ru sw te'.split())),
+    # CoNLL-2002 (es, nl), CoNLL-2003 (en, de) and Bari et al.'s ar and fi NER (XLA's Table 1), in UXLA's label order
+    Task('conll', 'tagging', 'f1', tuple('en es nl de ar fi'.split()), ('O', 'B-MISC', 'I-MISC', 'B-PER', 'I-PER',
+                                                                        'B-ORG', 'I-ORG', 'B-LOC', 'I-LOC'), False),
 ]}
+XTREME = tuple(task for task in TASKS if TASKS[task].xtreme)  # the leaderboard's nine
 GROUPS = {'classification': ('pawsx', 'xnli'), 'tagging': ('udpos', 'panx'),
           'qa': ('xquad', 'mlqa', 'tydiqa'), 'retrieval': ('bucc2018', 'tatoeba')}
 
@@ -375,8 +380,9 @@ QA_FILES = {
 }
 
 
-DEMO_VERSION = 5  # raised when the demo's files change (2: translation, 3: target-language tagging train sets,
-# 4: the published translations' shapes, 5: BERT's vocab.txt and TyDiQA's questions in each language)
+DEMO_VERSION = 6  # raised when the demo's files change (2: translation, 3: target-language tagging train sets,
+# 4: the published translations' shapes, 5: BERT's vocab.txt and TyDiQA's questions in each language, 6: CoNLL NER
+# and a unigram sentencepiece model, as XLM-R's)
 
 
 def is_demo(data_dir, current=False):
@@ -1963,10 +1969,12 @@ def demo_examples(task, n, rng):
                       '1': ('moved', f), '0': ('moved', other)}[label]
             out.append({l: {'a': demo_say('fact', f, l)[0], 'b': demo_say(*second, l)[0], 'label': label}
                         for l in DEMO_SIDES})
-        elif task in ('udpos', 'panx'):
+        elif TASKS[task].family == 'tagging':  # CoNLL NER: PAN-X's entities, and a noun, as MISC (a name's word)
             kind = rng.choice(['fact', 'work', 'moved'] + (['short', 'never'] if task == 'udpos' else []))
             said = {l: demo_say(kind, f, l) for l in DEMO_SIDES}
-            out.append({l: {'words': s[1], 'tags': s[2] if task == 'udpos' else s[3]} for l, s in said.items()})
+            misc = lambda s: ['B-MISC' if pos == 'NOUN' else tag for pos, tag in zip(s[2], s[3])]
+            out.append({l: {'words': s[1], 'tags': {'udpos': s[2], 'panx': s[3]}.get(task) or misc(s)}
+                        for l, s in said.items()})
         else:  # QA: a fact about one person and where another works; ask who did it, where, or for whom
             g = dict(demo_fact(rng), first=(f['first'] + 1 + rng.randrange(7)) % 8)
             kind = rng.choice(['who', 'where', 'which'])
@@ -2121,7 +2129,7 @@ def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
     """Write the demo data of every task and a sentencepiece model trained on it; the marker
     demo.json, written last, lists the languages."""
     rng, files = random.Random(seed), {}
-    for task in TASKS:
+    for task in XTREME:
         if task in ('bucc2018', 'tatoeba'):
             for split in ('dev', 'test') if task == 'bucc2018' else ('test',):
                 files.update(demo_retrieval(task, split, rng))
@@ -2133,7 +2141,11 @@ def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
     for split, n in (('train', 3 * n_train), ('valid', n_eval), ('test', n_eval)):
         files.update(demo_parallel(rng_translation, n, f'translation/en-de/{split}', ('en', 'de')))
     rng_target = random.Random(seed + 3)  # the target languages' own tagged training text (XLA's unlabelled data)
-    for task in ('panx', 'udpos'):
+    for task in ('panx', 'udpos', 'conll'):
+        if task == 'conll':  # a task of its own draws, so that XTREME's stay as they were
+            rng_target = random.Random(seed + 5)
+            for split, n in (('train', n_train), ('dev', n_eval), ('test', n_eval)):
+                files.update(demo_files(task, split, demo_examples(task, n, rng_target)))
         rows = demo_examples(task, n_train, rng_target)
         for lang in DEMO_LANGS[1:]:
             files[split_path('', task, 'train', lang)] = tagged_text([r[lang] for r in rows])
@@ -2308,6 +2320,60 @@ def convert_panx(source, out):
         print(f'panx: {lang} converted')
 
 
+# CoNLL NER as the released UXLA code (sbmaruf/UXLA ae1c3c0) reads it: utils_ner.py's read_examples_from_file (the
+# word first, the tag last, -DOCSTART- a sentence's end), after convert_iob1_to_iob2.py's update_tag_scheme.
+CONLL_STEMS = {'eng': 'en', 'esp': 'es', 'ned': 'nl', 'deu': 'de', 'ara': 'ar', 'fin': 'fi'}  # CoNLL's file names
+CONLL_SPLITS = {'train': 'train', 'testa': 'dev', 'testb': 'test'}
+
+
+def iob2(tags):
+    """IOB1 -> IOB2 (IOB2 is left as it is): an I- tag that begins an entity (first, after O or after another
+    type) becomes B-, as UXLA's utils_ner.iob2."""
+    out = []
+    for tag in tags:
+        out.append('B' + tag[1:] if tag.startswith('I-') and (not out or out[-1][2:] != tag[2:]) else tag)
+    return out
+
+
+def conll_rows(path):
+    """A CoNLL-2002/2003 column file -> rows [(word, IOB2 tag), or None for a sentence's end]; UTF-8, else Latin-1
+    (CoNLL's original German, Spanish and Dutch files); a tag outside the task's stops in one line."""
+    raw = open(path, 'rb').read()
+    try:
+        text = raw.decode('utf-8')
+    except UnicodeDecodeError:
+        text = raw.decode('latin-1')
+    rows, words = [], []
+    for n, line in enumerate(text.replace('\r\n', '\n').split('\n') + [''], 1):
+        cols = line.split()
+        if cols and not line.startswith('-DOCSTART-'):
+            words.append((cols[0], cols[-1] if len(cols) > 1 else 'O', n))  # a word alone is O, as UXLA reads it
+            continue
+        for (word, _, m), tag in zip(words, iob2([tag for _, tag, _ in words])):
+            rows.append((word, check_label('conll', tag, path, m)))
+        rows += [None] * bool(words)
+        words = []
+    return rows[:-1]
+
+
+def convert_conll(source, out):
+    """The CoNLL NER files under the folder source ({stem}.{train,testa,testb}, the stem CoNLL's eng, esp, ned, deu
+    or a language's code, ara and fin too; UXLA's .iob2 copies as well) -> conll/{split}-{lang}.tsv, testa the dev
+    set and testb the test set, the test tags in labels/conll/."""
+    stems = {**CONLL_STEMS, **{lang: lang for lang in TASKS['conll'].langs}}
+    found = {}
+    for path in glob_files(source, '*') if os.path.isdir(source) else ():
+        stem, _, split = os.path.basename(path).removesuffix('.iob2').partition('.')
+        if stem in stems and split in CONLL_SPLITS:
+            found[stems[stem], CONLL_SPLITS[split]] = path
+    if not found:
+        raise DataError(f'{source} holds no CoNLL NER files (eng.train, esp.testa, ned.testb, deu.train, or en.train, '
+                        '... ar.testb): pass the folder that holds them to --from')
+    for (lang, split), path in sorted(found.items()):
+        write_tagged(out, 'conll', split, lang, conll_rows(path))
+    print(f'conll: {", ".join(f"{lang} {split}" for lang, split in sorted(found))} converted')
+
+
 def write_tagged(out, task, split, lang, rows):
     """rows [(word, tag), or None for a sentence's end] -> the split's file; a test file's tags go to labels/."""
     text = lambda cell: ''.join('\n' if r is None else cell(*r) + '\n' for r in rows)
@@ -2321,12 +2387,8 @@ def download(task, out, source=None, translations=False):
     XTREME's translations of it instead) and write it in the layout this package reads."""
     if translations:
         return download_translations(task, out)
-    if task == 'panx' or source:
-        if task != 'panx' or not source:
-            raise DataError('PAN-X alone is converted from a file you hold: get AmazonPhotos.zip as XTREME\'s README '
-                            'says, then python data.py download --task panx --from AmazonPhotos.zip --out DIR'
-                            if task == 'panx' else f'--from is for PAN-X; {task} downloads from its sources')
-        return convert_panx(source, out)
+    if task in HELD or source:
+        return convert_held(task, source, out)
     raw = os.path.join(out, 'downloads', task)
     made = [p for p in (out, os.path.dirname(raw), raw) if not os.path.exists(p)]
     os.makedirs(raw, exist_ok=True)
@@ -2373,6 +2435,19 @@ def download(task, out, source=None, translations=False):
             atomic_write(os.path.join(out, 'labels', task, f'test-{lang}.tsv'), ''.join(f'{i}\n' for i in order))
     print(f'{task} is ready in {out}; translate-train(-all), FILTER and X-Mixup also read XTREME\'s translations: '
           f'python data.py download --task {task} --translations --out {out}')
+
+
+HELD = {  # the tasks without a download: converted from the files a user holds
+    'panx': 'PAN-X alone is converted from a file you hold: get AmazonPhotos.zip as XTREME\'s README says, then '
+            'python data.py download --task panx --from AmazonPhotos.zip --out DIR',
+    'conll': 'CoNLL NER is converted from the files you hold (CoNLL-2003\'s, from LDC; CoNLL-2002\'s; Bari et al.\'s '
+             'ar and fi): python data.py download --task conll --from FOLDER --out DIR'}
+
+
+def convert_held(task, source, out):
+    if task not in HELD or not source:
+        raise DataError(HELD.get(task, f'--from is for PAN-X and CoNLL NER; {task} downloads from its sources'))
+    return (convert_panx if task == 'panx' else convert_conll)(source, out)
 
 
 def glob_files(folder, pattern):
@@ -2486,7 +2561,8 @@ DOWNLOAD_HELP = """Fetch one XTREME task from its official sources (the files XT
 fetches) and write it in the layout train.py reads (docs/data.md), test labels
 under labels/ where they are public. Archives are kept in OUT/downloads/TASK, so a second run
 does not fetch them again. PAN-X has no download left: convert the AmazonPhotos.zip you hold
-(XTREME's README), its panx_dataset folder or one {lang}.tar.gz with --from. XTREME's translations,
+(XTREME's README), its panx_dataset folder or one {lang}.tar.gz with --from; CoNLL NER (--task conll,
+XLA's Table 1), the folder of its files likewise. XTREME's translations,
 which translate-train(-all), --translate_test, FILTER, X-Mixup and VECO's translate-train-all read,
 are fetched with --translations (docs/data.md).
 
@@ -2503,7 +2579,8 @@ def main(argv=None):
     get.add_argument('--task', required=True, choices=list(TASKS), help=f'one of {", ".join(TASKS)}')
     get.add_argument('--out', required=True, help='the data folder (train.py --data_dir), e.g. data/')
     get.add_argument('--from', dest='source', metavar='PATH',
-                     help='PAN-X only: AmazonPhotos.zip, its panx_dataset folder or one {lang}.tar.gz')
+                     help='PAN-X: AmazonPhotos.zip, its panx_dataset folder or one {lang}.tar.gz; CoNLL NER: the '
+                          'folder of its files')
     get.add_argument('--translations', action='store_true', help='XTREME\'s published translations of the task '
                      '(translate-train, -dev, -test) instead of the task')
     demo = sub.add_parser('demo', help='write the generated demo data of every task',

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data import (GROUPS, TASKS, DataError, Feature, collate, is_demo, item_lengths, languages, length_batches,
-                  lines_of, read_lines, read_qa_file, read_retrieval, read_tag_file, read_text, suffix,
+from data import (GROUPS, TASKS, XTREME, DataError, Feature, collate, is_demo, item_lengths, languages,
+                  length_batches, lines_of, read_lines, read_qa_file, read_retrieval, read_tag_file, read_text, suffix,
                   word_predictions)
 from layers import Parser, atomic_write, mean_pool
 
@@ -272,17 +272,17 @@ def task_scores(per_lang):
     return {**out, **{f'avg_{m}': v for m, v in averages.items()}, 'avg_metric': main_score(averages)}
 
 
-def score_folder(pred_dir, label_dir, demo=False, tasks=TASKS):
+def score_folder(pred_dir, label_dir, demo=False, tasks=XTREME):
     """The leaderboard's JSON for a submission folder: tasks present in both folders (of `tasks`),
     then the group scores and all_task where every task they need is there. demo: the demo's languages."""
     detailed = {}
-    for task in TASKS:
+    for task in XTREME:
         if task in tasks and all(os.path.isdir(os.path.join(d, task)) for d in (pred_dir, label_dir)):
             name = lambda d, lang: os.path.join(d, task, f'test-{lang}.{suffix(task)}')
             detailed[task] = task_scores({lang: score_file(task, name(pred_dir, lang), name(label_dir, lang), lang)
                                           for lang in languages(task, demo)})
     overall = {group: sum(detailed[t]['avg_metric'] for t in members) / len(members)
-               for group, members in {'all_task': TASKS, **GROUPS}.items() if all(t in detailed for t in members)}
+               for group, members in {'all_task': XTREME, **GROUPS}.items() if all(t in detailed for t in members)}
     return {**overall, **detailed}
 
 
@@ -634,7 +634,7 @@ def finished_task(run):
     if not os.path.isfile(path):
         raise EvalError(f'{run} is not a finished run (no results.json): pass the --out folders of finished runs')
     task = json.loads(read_text(path)).get('task')
-    if task not in TASKS or not os.path.isdir(os.path.join(run, 'predictions', task)):
+    if task not in XTREME or not os.path.isdir(os.path.join(run, 'predictions', task)):
         raise EvalError(f'{run} holds no test predictions of an XTREME task (predictions/<task>/): '
                         'it cannot be submitted')
     config = os.path.join(run, 'config.json')
@@ -667,10 +667,10 @@ def collect(runs, out, demo=False):
                             'submission needs every language; run it without --langs')
         if task not in found or dev(run) > dev(found[task]):
             found[task] = run
-    if os.path.exists(out) and (not os.path.isdir(out) or set(os.listdir(out)) - set(TASKS)):
+    if os.path.exists(out) and (not os.path.isdir(out) or set(os.listdir(out)) - set(XTREME)):
         raise EvalError(f'{out} exists and is not a submission folder (only task folders): give a new --out')
     gaps, tmp = [], f'{out}.tmp{os.getpid()}'
-    for task in TASKS:
+    for task in XTREME:
         if task not in found:
             gaps.append(f'{task}: no run holds its predictions')
             continue
@@ -836,7 +836,7 @@ def collect_main(args):
     for gap in gaps:
         print(f'missing: {gap}')
     incomplete = {g.split(':')[0] for g in gaps}  # each gap begins '<task>:'
-    print(f'submission in {args.out}: {len(TASKS) - len(incomplete)} of {len(TASKS)} tasks complete')
+    print(f'submission in {args.out}: {len(XTREME) - len(incomplete)} of {len(XTREME)} tasks complete')
     groups = {}  # runs of one command differ in --seed and in options that leave results alike (--out, ...)
     for run in args.collect:
         config = json.loads(read_text(f'{run}/config.json')) if os.path.isfile(f'{run}/config.json') else {}
@@ -847,7 +847,7 @@ def collect_main(args):
         print(f'{task}, {json.loads(command).get("method")}, test, mean ± std over {len(runs)} runs (--seed '
               f'{", ".join(str(seed) for _, seed in runs)}):\n{seed_table([run for run, _ in runs])}')
     if args.labels:
-        scores = score_folder(args.out, args.labels, demo, [t for t in TASKS if t not in incomplete])
+        scores = score_folder(args.out, args.labels, demo, [t for t in XTREME if t not in incomplete])
         print(xtreme_table(scores, demo) if scores else f'no labels in {args.labels} for the complete tasks')
 
 if __name__ == '__main__':

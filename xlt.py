@@ -447,7 +447,7 @@ class TranslateTrainAll(Baseline):
 
 
 # XTREME's in-language baselines (Section 4, Table 2): the tasks with training data in the target languages
-IN_LANGUAGE = ('udpos', 'panx', 'tydiqa')
+IN_LANGUAGE = ('udpos', 'panx', 'tydiqa', 'conll')
 
 
 class InLanguage(Baseline):
@@ -1354,13 +1354,13 @@ class VecoTranslate(Method):
 class XLA(Baseline):
     """One XLA model: fine-tuned as the zero-shot baseline, on pseudo-labelled samples too. Its
     procedure is Algorithm 1."""
-    NAME, TASKS = 'xla', ('xnli', 'pawsx', 'panx', 'udpos')  # the paper's: a pair's or a sentence's words kept
+    NAME, TASKS = 'xla', ('xnli', 'pawsx', 'panx', 'udpos', 'conll')  # the paper's: a pair's or a sentence's words kept
     pretrained_start = True  # the demo starts from its pre-trained model, whose MLM makes the vicinal samples
     select = 'en'  # the warm-up keeps the best English dev checkpoint; an XLA epoch is kept if the target dev rises
     NOT_ON_BERT = ('its vicinity model is XLM-R\'s masked LM, not mBERT\'s (the paper\'s Appendix E.2); its mBERT '
                    'rows are the warm-up alone: --method zeroshot --conf_penalty 1')
     KEEPS = 'final-models.json'
-    # Table 8 (XNER for panx and udpos). The warm-up (--lr, --batch_size, --epochs) and the XLA
+    # Table 8 (XNER: CoNLL NER, also for panx and udpos). The warm-up (--lr, --batch_size, --epochs) and the XLA
     # epochs (--xla_lr, --xla_batch_size); eta: the share kept per epoch in percent; share: P;
     # delta: samples per sentence (one number) or per part of a pair (successive cross).
     TAGGING = {'lr': 3e-5, 'batch_size': 20, 'epochs': 3, 'warmup': 0.07, 'max_len': 280, 'eval_steps': 50,
@@ -1368,7 +1368,7 @@ class XLA(Baseline):
                'eta': [80, 100, 100], 'aug_share': 0.3, 'delta': [3], 'train_share': 1.0}
     PAIR = {'lr': 1e-6, 'batch_size': 32, 'weight_decay': 0.0, 'eval_steps': 50, 'xla_lr': 1e-6, 'xla_batch_size': 32,
             'xla_weight_decay': 0.0, 'xla_eval_steps': 25, 'aug_share': 0.3, 'delta': [2, 2], 'train_share': 0.05}
-    RUN = {'panx': TAGGING, 'udpos': TAGGING, 'xnli': {**PAIR, 'epochs': 6, 'eta': [50, 80, 100]},
+    RUN = {'conll': TAGGING, 'panx': TAGGING, 'udpos': TAGGING, 'xnli': {**PAIR, 'epochs': 6, 'eta': [50, 80, 100]},
            'pawsx': {**PAIR, 'epochs': 10, 'xla_epochs': 6, 'eta': [80, 90, 80], 'aug_share': 0.4}}
     # the demo: the warm-up as every demo's, the XLA epochs at a lower rate, selecting at their end; all its data
     DEMO = {'xla_lr': 1e-4, 'xla_batch_size': 32, 'xla_eval_steps': None, 'train_share': 1.0, 'train_lang': 'de'}

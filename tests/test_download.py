@@ -136,6 +136,36 @@ def test_panx_conversion_from_the_zip_its_folder_or_one_archive(tmp_path):
         assert '\n' not in str(err.value)
 
 
+def test_conll_ner_is_read_as_uxla_reads_it_iob1_made_iob2(tmp_path):
+    """CoNLL-2003's English (IOB1, four columns, -DOCSTART-), its German (Latin-1, five columns), CoNLL-2002's
+    Spanish (IOB2) and UXLA's fi.train.iob2, each line's tag written out by hand in IOB2."""
+    source = tmp_path / 'ner'
+    (source / 'fi').mkdir(parents=True)
+    (source / 'eng.train').write_text(
+        '-DOCSTART- -X- -X- O\n\nEU NNP I-NP I-ORG\nrejects VBZ I-VP O\nGerman JJ I-NP I-MISC\ncall NN I-NP O\n'
+        '. . O O\n\nPeter NNP I-NP I-PER\nBlackburn NNP I-NP I-PER\nBen NNP I-NP B-PER\nCarl NNP I-NP I-PER\n'
+        'UN NNP I-NP I-ORG\nGeneva NNP I-NP I-LOC\n')  # B- in IOB1: an entity right after one of its type
+    (source / 'deu.testb').write_bytes('-DOCSTART- -X- -X- -X- O\n\nÖsterreich österreich NE I-NC I-LOC\n'
+                                       'sagt sagen VVFIN I-VC O\n'.encode('latin-1'))
+    (source / 'esp.testa').write_text('Melbourne B-LOC\n( O\nAustralia B-LOC\n) O\n\nLa B-ORG\nONU I-ORG\n')
+    (source / 'fi' / 'fi.train.iob2').write_text('Helsinki B-LOC\n')
+    out = tmp_path / 'data'
+    data.main(['download', '--task', 'conll', '--from', str(source), '--out', str(out)])
+    assert (out / 'conll' / 'train-en.tsv').read_text() == (
+        'EU\tB-ORG\nrejects\tO\nGerman\tB-MISC\ncall\tO\n.\tO\n\nPeter\tB-PER\nBlackburn\tI-PER\nBen\tB-PER\n'
+        'Carl\tI-PER\nUN\tB-ORG\nGeneva\tB-LOC\n')
+    assert (out / 'conll' / 'test-de.tsv').read_text() == 'Österreich\nsagt\n'
+    assert (out / 'labels' / 'conll' / 'test-de.tsv').read_text() == 'B-LOC\nO\n'
+    assert (out / 'conll' / 'dev-es.tsv').read_text() == 'Melbourne\tB-LOC\n(\tO\nAustralia\tB-LOC\n)\tO\n\nLa\tB-ORG\n' \
+                                                          'ONU\tI-ORG\n'
+    assert data.read_split(str(out), 'conll', 'train', 'fi') == [{'words': ['Helsinki'], 'tags': ['B-LOC']}]
+    (source / 'eng.testb').write_text('Monday NNP I-NP I-DATE\n')
+    with pytest.raises(SystemExit, match='eng.testb, line 1: label .B-DATE. is not one of O, B-MISC, I-MISC, B-PER'):
+        data.main(['download', '--task', 'conll', '--from', str(source), '--out', str(out)])
+    with pytest.raises(SystemExit, match='CoNLL NER is converted from the files you hold'):
+        data.main(['download', '--task', 'conll', '--out', str(out)])
+
+
 @pytest.fixture
 def bucket(monkeypatch):
     """XTREME's bucket on a server at 127.0.0.1: {object name: text}, its JSON listing two names a page (the next

@@ -34,7 +34,7 @@ def runs(tmp_path_factory):
     with contextlib.redirect_stdout(printed):
         demo_run(root / 'panx', demo, ['--task', 'panx', '--epochs', '2'])
         demo_run(root / 'tydiqa', demo, ['--task', 'tydiqa', '--epochs', '1'])  # QA, and no dev set
-        for task in data.TASKS:
+        for task in data.XTREME:
             if task not in ('panx', 'tydiqa'):
                 demo_run(root / task, demo, ['--task', task, '--eval_only', '--init', str(root / 'panx' / 'best.pt')])
         demo_run(root / 'pretrain', demo, ['--method', 'veco', '--task', 'pretrain', '--steps', '4', '--eval_every', '2'])
@@ -73,13 +73,13 @@ def run_eval(argv):
 
 def test_collect_makes_a_submission_that_scores_as_the_runs(runs, tmp_path):
     root, demo, _ = runs
-    folders = [str(root / task) for task in data.TASKS]
+    folders = [str(root / task) for task in data.XTREME]
     printed = run_eval(['--collect', *folders, '--out', str(tmp_path / 'sub'), '--labels', os.path.join(demo, 'labels')])
     assert 'missing' not in printed and '9 of 9 tasks complete' in printed
     run_eval(['--predictions', str(tmp_path / 'sub'), '--labels', os.path.join(demo, 'labels'), '--demo',
               '--out', str(tmp_path / 'scores.json')])
     scores = json.load(open(tmp_path / 'scores.json'))
-    for task in data.TASKS:
+    for task in data.XTREME:
         own = json.load(open(root / task / 'results.json'))['test']
         per_lang = {lang: ev.main_score({m: v[lang] for m, v in scores[task].items() if isinstance(v, dict)})
                     for lang in data.languages(task, demo=True)}
@@ -88,13 +88,13 @@ def test_collect_makes_a_submission_that_scores_as_the_runs(runs, tmp_path):
         assert f'{task} (' in printed  # the table has every task, then the groups and the overall score
     # the printed table: each task's languages with the run's own scores, then the groups by hand
     lines = printed.splitlines()
-    for task in data.TASKS:
+    for task in data.XTREME:
         own = json.load(open(root / task / 'results.json'))['test']
         at = next(i for i, line in enumerate(lines) if line.startswith(f'{task} ('))
         assert lines[at].split(': ')[1].startswith(f'{own["avg"]:.1f}')
         assert dict(zip(lines[at + 1].split(), lines[at + 2].split())) == {k: f'{v:.1f}' for k, v in own.items()
                                                                            if k not in ('avg', 'gap')}
-    avg = {t: json.load(open(root / t / 'results.json'))['test']['avg'] for t in data.TASKS}
+    avg = {t: json.load(open(root / t / 'results.json'))['test']['avg'] for t in data.XTREME}
     groups = {'classification': ('pawsx', 'xnli'), 'tagging': ('udpos', 'panx'), 'qa': ('xquad', 'mlqa', 'tydiqa'),
               'retrieval': ('bucc2018', 'tatoeba')}
     expected = [f'{g} {sum(avg[t] for t in ts) / len(ts):.1f}' for g, ts in groups.items()]
@@ -233,7 +233,7 @@ def write_layout(root, langs_of):
         files += [f'{task}/translate-train/en-{lang}-translated.tsv' for lang in langs_of(task)]
         files += [f'{task}/translate-{s}/{s}-{lang}-en-translated.tsv' for lang in langs_of(task) for s in ('dev', 'test')]
         files += [f'{task}/round-trip/train-en-{lang}-en.tsv' for lang in langs_of(task)]
-    for task in ('udpos', 'panx'):
+    for task in ('udpos', 'panx', 'conll'):
         files += [f'{task}/train-{lang}.tsv' for lang in langs_of(task)]  # English, and XLA's target text
         files += [f'{task}/{s}-{lang}.tsv' for lang in langs_of(task) for s in ('dev', 'test')]
         files += [f'{task}/translate-train/train-en-{lang}.tsv' for lang in langs_of(task)]

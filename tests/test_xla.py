@@ -550,7 +550,7 @@ def test_share_of_draws_disjoint_parts_in_order():
 
 
 def test_xla_refuses_what_it_cannot_do():
-    one_line(['--method', 'xla', '--task', 'xquad', '--demo'], 'xla runs xnli, pawsx, panx, udpos, not xquad')
+    one_line(['--method', 'xla', '--task', 'xquad', '--demo'], 'xla runs xnli, pawsx, panx, udpos, conll, not xquad')
     one_line(['--method', 'zeroshot', '--task', 'xnli', '--eta', '50', '--demo'], '--eta belongs to --method xla, not to zeroshot on xnli')
     one_line(['--method', 'xla', '--task', 'panx', '--demo', '--delta', '2', '2'], '--delta takes one number (samples per sentence) for panx')
     one_line(['--method', 'xla', '--task', 'xnli', '--demo', '--posterior', '0.5'], '--posterior is the threshold of --distil gmm')
