@@ -23,17 +23,13 @@ AUTO = {'xnli': 'AutoModelForSequenceClassification', 'panx': 'AutoModelForToken
 
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory):
-    """A short zero-shot demo run of each family, read through a unigram sentencepiece model as XLM-R's
-    (the demo's own is BPE, which transformers would read as unigram) -> (their folder, the demo, the model)."""
+    """A short zero-shot demo run of each family, on the demo's own sentencepiece model (a unigram model, as XLM-R's)
+    -> (their folder, the demo, the model)."""
     root = tmp_path_factory.mktemp('export')
     demo = data.make_demo(str(root / 'demo-data'), n_train=40, n_eval=12)
-    lines = [t for task in AUTO for lang in data.DEMO_LANGS for ex in data.read_split(demo, task, 'dev', lang)
-             for t in texts(task, ex) if t]
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(root / 'unigram'), vocab_size=400,
-                                   model_type='unigram', hard_vocab_limit=False, minloglevel=2, num_threads=1)
     for task in AUTO:
-        demo_run(root / task, demo, ['--task', task, '--epochs', '1', '--spm', str(root / 'unigram.model')])
-    return root, demo, str(root / 'unigram.model')
+        demo_run(root / task, demo, ['--task', task, '--epochs', '1'])
+    return root, demo, os.path.join(demo, 'sentencepiece.bpe.model')
 
 
 def the_projects(run):
@@ -89,22 +85,20 @@ def test_an_exported_run_computes_the_projects_logits_and_ids(runs, task, tmp_pa
         again = xlt.Baseline(enc, task).eval().predict(batch)
     assert torch.allclose(again[real], ours[real], atol=1e-5)
     if task == 'xnli':  # --eval_only from it: the run's own scores
-        demo_run(tmp_path / 'again', demo, ['--task', task, '--eval_only', '--init', str(tmp_path / 'saved'),
-                                            '--spm', unigram])
+        demo_run(tmp_path / 'again', demo, ['--task', task, '--eval_only', '--init', str(tmp_path / 'saved')])
         scores = lambda run: json.load(open(run / 'results.json'))['test_metrics']
         assert scores(tmp_path / 'again') == scores(root / task)
         model.config.id2label = {i: f'LABEL_{i}' for i in range(3)}
         model.save_pretrained(tmp_path / 'unlabelled')
         with pytest.raises(SystemExit, match='error: --init predicts LABEL_0, LABEL_1, LABEL_2 \\(its id2label\\), '
                                              'not the task.s contradiction, entailment, neutral: give a model'):
-            demo_run(tmp_path / 'unlabelled-run', demo, ['--task', task, '--init', str(tmp_path / 'unlabelled'),
-                                                         '--spm', unigram])
+            demo_run(tmp_path / 'unlabelled-run', demo, ['--task', task, '--init', str(tmp_path / 'unlabelled')])
 
 
 def test_the_encoder_alone_and_veco_pretrainings_masked_lm(runs, tmp_path):
     root, demo, unigram = runs
     pre = quick_pretrained(demo, tmp_path / 'pre', steps=4)
-    layers.main(['export', pre, str(tmp_path / 'mlm'), '--spm', unigram])  # its ids are the demo's BPE model's
+    layers.main(['export', pre, str(tmp_path / 'mlm')])
     model = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / 'mlm').eval()
     enc, mlm = layers.load_pretrained(pre)  # the encoder without its cross-attention, as VECO's NLU model
     ids = torch.tensor([[0, 40, 7, 93, 2, 1], [0, 11, 2, 1, 1, 1]])
@@ -138,7 +132,10 @@ def test_what_is_not_one_text_through_xlmr_is_refused_in_one_line(runs, tmp_path
             '(epoch1/model1-by23/best.pt): export one of them')
     refused([root / 'xnli', root / 'panx'], 'exists and is not an empty folder: give a new folder')
     refused([root / 'xnli', tmp_path / 'out', '--spm', tmp_path / 'none.model'], 'none.model not found: pass --spm')
-    refused([root / 'xnli', tmp_path / 'out', '--spm', os.path.join(demo, 'sentencepiece.bpe.model')], 'is a BPE sentencepiece '
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(data.lines_of(os.path.join(demo, 'xnli', 'test-en.tsv'))),
+                                   model_prefix=str(tmp_path / 'bpe'), vocab_size=200, model_type='bpe',
+                                   hard_vocab_limit=False, minloglevel=2, num_threads=1)
+    refused([root / 'xnli', tmp_path / 'out', '--spm', tmp_path / 'bpe.model'], 'is a BPE sentencepiece '
             'model, which transformers\' XLMRobertaTokenizer would read as a unigram one (XLM-R\'s is)')
     layers.save_checkpoint(str(tmp_path / 'dict.pt'), {**ckpt['meta'], 'tokenizer': [unigram, str(tmp_path / 'dict.txt')]},
                            **{k: v for k, v in ckpt.items() if k not in ('format', 'meta')})

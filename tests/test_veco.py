@@ -380,12 +380,12 @@ def test_every_monolingual_document_makes_pairs(tmp_path, demo_data):
     line, chinese, piece = 'Anna reads the book .', data.demo_say('fact', data.demo_fact(__import__('random').Random(0)), 'zh')[0], '.'
     ids, zh = tok.encode(line), tok.encode(chinese)
     n, m = len(ids), len(zh)
-    assert len(tok.encode(piece)) == 1 and m > 3 and ' ' not in chinese
+    assert len(tok.encode(piece)) == 1 and 3 < m < 3 * n and ' ' not in chinese  # segments of two lines, the zh one
     os.makedirs(tmp_path / 'pretrain' / 'mono')
     # five lines, two a segment: segments (1 2) (3 4) (5); two lines: one segment; one line; Chinese; one piece
     docs = ['\n'.join([line] * 5), '\n'.join([line] * 2), line, chinese, piece]
     (tmp_path / 'pretrain' / 'mono' / 'en.txt').write_text('\n\n'.join(docs) + '\n')
-    items, groups, counts = data.pretraining_set(tok, str(tmp_path), max_len=2 * n + 2)
+    items, groups, counts = data.pretraining_set(tok, str(tmp_path), max_len=max(2 * n, m) + 2)
     starts = [i for i in range(1, n) if tok.sp.id_to_piece(ids[i] - 1).startswith('\u2581')]
     cut = min(starts, key=lambda i: abs(i - n / 2))  # the word start nearest the middle
     middle = min(range(1, m), key=lambda i: abs(i - m / 2))  # the piece boundary nearest it

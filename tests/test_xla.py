@@ -413,7 +413,7 @@ def demo_data(tmp_path_factory):
 
 def test_generation_keeps_the_word_count_masks_at_most_k_words_and_crosses_d1_d2(demo_data, tmp_path):
     tok = data.Tokenizer(f'{demo_data}/sentencepiece.bpe.model')
-    torch.manual_seed(0)
+    torch.manual_seed(2)  # a draw where some samples are kept and some removed, on the demo's vocabulary
     cfg = layers.Config(**{**layers.CONFIGS['tiny'].__dict__, 'vocab_size': tok.vocab_size})
     encoder = layers.Encoder(cfg).eval()
     vicinity = encoder, layers.MLMHead(cfg, encoder.tok.weight).eval()
@@ -421,7 +421,7 @@ def test_generation_keeps_the_word_count_masks_at_most_k_words_and_crosses_d1_d2
         feats = data.make_features(tok, task, data.read_split(demo_data, task, 'dev', 'de')[:8], 128)
         feats[0] = data.Feature(feats[0].ids[:4] + [2], None, 0, [1, 2, 3]) if task == 'panx' else data.Feature([0, 9, 2, 2, 9, 2])
         if task == 'panx':  # words of several pieces, and one of none (an <unk>)
-            long = data.make_features(tok, task, [{'words': ['Donaudampfschifffahrtsgesellschaft', 'Haus', '\u200b', 'Kapitänsmütze',
+            long = data.make_features(tok, task, [{'words': ['Donaudampfschifffahrtsgesellschaft', 'Haus', '\u200b', 'Kapitanssohn',
                                                            'Berlin', 'Oberbürgermeisterin', 'Tokio'], 'tags': None}], 128)
             feats[-1] = replace(long[0], example=feats[-1].example)
             assert tok.unk in feats[-1].ids and len(feats[-1].ids) > 12
