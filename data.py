@@ -18,6 +18,7 @@ import tempfile
 import unicodedata
 import urllib.parse
 import urllib.request
+import zlib
 from contextlib import nullcontext
 from dataclasses import dataclass
 from itertools import accumulate, chain, islice, zip_longest
@@ -431,7 +432,9 @@ def split_path(data_dir, task, split, lang='en'):
 
 
 def get_translations(task):
-    return f'get XTREME\'s translations with python data.py download --task {task} --translations (docs/data.md)'
+    if task in TRANSLATED:
+        return f'get XTREME\'s translations with python data.py download --task {task} --translations (docs/data.md)'
+    return f'XTREME publishes none for {task}: put your own in the layout of docs/data.md (FILTER\'s, for instance)'
 
 
 def need(path, what):
@@ -930,7 +933,7 @@ def task_files(data_dir, task, trained=(), round_trip=False, translations=False,
     the translate-dev and translate-test files of the target languages (reader: who reads them, for
     the message), and the test labels; of the languages chosen (--langs) alone. Not needed: read where it is there."""
     family, langs = TASKS[task].family, languages(task, is_demo(data_dir), chosen)
-    source = ' --from AmazonPhotos.zip' if task == 'panx' else ''
+    source = {'panx': ' --from AmazonPhotos.zip', 'conll': ' --from FOLDER'}.get(task, '')
     get = f'python data.py download --task {task}{source} --out {data_dir}, or run the languages there are (--langs)'
     labels = [(os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}'), 'test labels (scored when there)',
                False) for lang in langs]
@@ -2283,14 +2286,15 @@ def convert_pairs(task, out, split, lang, rows):
 def panx_rows(raw):
     """One PAN-X file ('lang:word<TAB>TAG' lines) -> [(word, tag), or None for a sentence's end] as XTREME's
     panx_preprocess reads it: the word after its first ':' (a line without one is dropped), any line not of two
-    columns a sentence's end, a last blank line dropped."""
+    columns a sentence's end, a last blank line dropped. An empty word is dropped too: XTREME writes it as an empty
+    line in a test file, which would cut its sentence in two there and not in the tags."""
     lines = io.TextIOWrapper(io.BytesIO(raw), encoding='utf-8').readlines()  # its lines as open().readlines() splits
     rows = []
     for line in lines[:-1] if lines and not lines[-1].strip() else lines:
         items = line.strip().split('\t')
         if len(items) != 2:
             rows.append(None)
-        elif ':' in items[0]:
+        elif ':' in items[0] and items[0][items[0].find(':') + 1:].strip():
             rows.append((items[0][items[0].find(':') + 1:].strip(), items[1].strip()))
     return rows
 
@@ -2304,10 +2308,13 @@ def panx_archives(source):
         found = {lang_of(p): p for p in glob_files(source, '*.tar.gz')}
         found = {lang: open(p, 'rb').read() for lang, p in found.items() if lang in TASKS['panx'].langs}
     elif zipfile.is_zipfile(source):
-        with zipfile.ZipFile(source) as z:
-            found = {lang_of(n): z.read(n) for n in z.namelist() if lang_of(n) in TASKS['panx'].langs
-                     and n.endswith('.tar.gz')}
-    elif os.path.isfile(source) and source.endswith('.tar.gz'):
+        try:
+            with zipfile.ZipFile(source) as z:
+                found = {lang_of(n): z.read(n) for n in z.namelist() if lang_of(n) in TASKS['panx'].langs
+                         and n.endswith('.tar.gz')}
+        except (zipfile.BadZipFile, zlib.error) as e:
+            raise DataError(f'{source} is damaged ({e}): download AmazonPhotos.zip again') from None
+    elif os.path.isfile(source) and source.endswith('.tar.gz') and lang_of(source) in TASKS['panx'].langs:
         found = {lang_of(source): open(source, 'rb').read()}
     else:
         raise DataError(f'{source} is not AmazonPhotos.zip, its panx_dataset folder or a {{lang}}.tar.gz: pass one '
@@ -2326,12 +2333,12 @@ def convert_panx(source, out):
         try:
             with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
                 files = {os.path.basename(m.name): m for m in tar.getmembers() if m.isfile()}
-                raws = {split: tar.extractfile(files[split]).read() for split in ('train', 'dev', 'test')}
-        except (tarfile.TarError, KeyError, EOFError) as e:
-            raise DataError(f'{lang}.tar.gz in {source} is not PAN-X\'s (a gzipped tar of train, dev and test: '
-                            f'{e}); use the archive as AmazonPhotos.zip ships it') from None
-        for split, raw in raws.items():
-            write_tagged(out, 'panx', split, lang, panx_rows(raw))
+                rows = {split: panx_rows(tar.extractfile(files[split]).read()) for split in ('train', 'dev', 'test')}
+        except (tarfile.TarError, KeyError, EOFError, UnicodeDecodeError, zlib.error) as e:
+            raise DataError(f'{lang}.tar.gz in {source} is not PAN-X\'s (a gzipped tar of train, dev and test in '
+                            f'UTF-8: {e}); use the archive as AmazonPhotos.zip ships it') from None
+        for split, split_rows in rows.items():
+            write_tagged(out, 'panx', split, lang, split_rows)
         print(f'panx: {lang} converted')
 
 
@@ -2355,14 +2362,14 @@ def conll_rows(path):
     (CoNLL's original German, Spanish and Dutch files); a tag outside the task's stops in one line."""
     raw = open(path, 'rb').read()
     try:
-        text = raw.decode('utf-8')
+        text = raw.decode('utf-8-sig')
     except UnicodeDecodeError:
         text = raw.decode('latin-1')
     rows, words = [], []
     for n, line in enumerate(text.replace('\r\n', '\n').split('\n') + [''], 1):
         cols = line.split()
-        if cols and not line.startswith('-DOCSTART-'):
-            words.append((cols[0], cols[-1] if len(cols) > 1 else 'O', n))  # a word alone is O, as UXLA reads it
+        if cols and not line.startswith('-DOCSTART-'):  # a word alone, or tagged X (UXLA's own samples), is O
+            words.append((cols[0], cols[-1] if len(cols) > 1 and cols[-1] != 'X' else 'O', n))
             continue
         for (word, _, m), tag in zip(words, iob2([tag for _, tag, _ in words])):
             rows.append((word, check_label('conll', tag, path, m)))
@@ -2390,7 +2397,9 @@ def convert_conll(source, out):
 
 
 def write_tagged(out, task, split, lang, rows):
-    """rows [(word, tag), or None for a sentence's end] -> the split's file; a test file's tags go to labels/."""
+    """rows [(word, tag), or None for a sentence's end] -> the split's file; a test file's tags go to labels/. Blank
+    lines in a row are one, as the readers of a test file and of its tags would count them apart."""
+    rows = [r for n, r in enumerate(rows) if r is not None or 0 < n < len(rows) - 1 and rows[n + 1] is not None]
     text = lambda cell: ''.join('\n' if r is None else cell(*r) + '\n' for r in rows)
     atomic_write(split_path(out, task, split, lang), text(lambda w, t: w if split == 'test' else f'{w}\t{t}'))
     if split == 'test':
@@ -2448,8 +2457,9 @@ def download(task, out, source=None, translations=False):
             atomic_write(os.path.join(out, task, f'{lang}-en.{lang}'), ''.join(s + '\n' for s in src))
             atomic_write(os.path.join(out, task, f'{lang}-en.en'), ''.join(eng[i] + '\n' for i in order))
             atomic_write(os.path.join(out, 'labels', task, f'test-{lang}.tsv'), ''.join(f'{i}\n' for i in order))
-    print(f'{task} is ready in {out}; translate-train(-all), FILTER and X-Mixup also read XTREME\'s translations: '
-          f'python data.py download --task {task} --translations --out {out}')
+    more = (f'; translate-train(-all), FILTER and X-Mixup also read XTREME\'s translations: python data.py download '
+            f'--task {task} --translations --out {out}') if task in TRANSLATED else ''
+    print(f'{task} is ready in {out}{more}')
 
 
 HELD = {  # the tasks without a download: converted from the files a user holds
@@ -2531,7 +2541,11 @@ def convert_ud(paths, out):
             if bad is not None:
                 raise DataError(f'{path}: {bad[:60]!r} is not a CoNLL-U line of 10 columns: use the UD release as '
                                 'shipped')
-            words = ud_words(lines, lang)
+            try:
+                words = ud_words(lines, lang)
+            except (KeyError, ValueError) as e:
+                raise DataError(f'{path}: a sentence\'s ids do not add up ({e!r}, near {lines[0][:60]!r}): use the UD '
+                                'release as shipped') from None
             blank = sum(w == '_' for w, _ in words)
             if words and (blank == 0 or blank < len(words) - 1):
                 sentences.setdefault((split, lang), []).append([(w.replace('\u200c', '').replace(' ', ''), t)

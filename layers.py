@@ -577,7 +577,10 @@ def task_head(meta, family, obj, unknown):
     ours = {theirs: mine.removeprefix('head.') for mine, theirs in HF_CLASSES[family][kind][1].items()}
     module = lambda key: key.rpartition('.')[0]
     tensors = {f'{ours[module(k)]}.{k.rpartition(".")[2]}': obj[k].float() for k in unknown if module(k) in ours}
-    labels = [name for _, name in sorted((int(i), name) for i, name in (meta.get('id2label') or {}).items())]
+    ids = meta.get('id2label') or {}
+    if not all(str(i).isdigit() for i in ids):
+        raise CheckpointError(f'config.json\'s id2label has keys that are not class numbers ({", ".join(ids)})')
+    labels = [name for _, name in sorted((int(i), name) for i, name in ids.items())]
     return (kind, labels, tensors), [k for k in unknown if module(k) not in ours]
 
 

@@ -439,14 +439,20 @@ def predict(args, rank, world, device):
     """--predict FILE [TRANSLATION]: the finished run in --out, in its settings, predicts FILE (data.read_input) with
     the model its method predicts with (xlt's predictor) -> --out/predicted/<FILE's name>.<tsv|json>, in the
     leaderboard's format, and .scores.json: each prediction's probability, the scores where FILE has labels."""
-    if not is_finished(args.out) or len(args.predict) > 2:
-        fail(f'--predict FILE [TRANSLATION] predicts with a finished run: {args.out} has no results.json, give '
-             'its --out' if len(args.predict) < 3 else '--predict takes FILE and, for QA, its TRANSLATION')
+    if not is_finished(args.out):
+        fail(f'--predict FILE predicts with a finished run: {args.out} has no results.json; give the run\'s folder')
     settings = argparse.Namespace(**{**read_config(args.out), 'out': args.out, 'eval_only': True, 'resume': False,
                                      'precision': args.precision, 'eval_batch_size': args.eval_batch_size})
+    cls, demo = xlt.method_class(settings), os.path.join(args.out, 'demo-data')
     if settings.task not in data.TASKS or family(settings) == 'retrieval':
         fail(f'--predict is for the runs of a task with labels to predict, not {settings.task}')
-    cls, tok = xlt.method_class(settings), prepare_data(settings, rank)
+    if len(args.predict) > 1 + (family(settings) == 'qa' and cls.paired):
+        fail('--predict takes FILE, and for a paired method on QA its TRANSLATION; a TSV holds its translation')
+    if not os.path.exists(os.path.join(args.out, cls.KEEPS)):
+        fail(f'{args.out} keeps no {cls.KEEPS} (an --eval_only run of --init): predict with the run that trained it')
+    if settings.demo and not data.is_demo(demo, current=True):
+        fail(f'{args.out} is a run of an older demo, whose tokenizer has changed since: run it again')
+    tok = prepare_data(settings, rank)
     examples, pairs = data.read_input(args.predict[0], settings.task, cls.paired, (args.predict + [None])[1])
     run = Run(settings, rank, world, device, tok, sets={'dev': {}, 'test': {}})
     model = cls.predictor(run)

@@ -108,8 +108,9 @@ def test_udpos_conversion_as_xtreme_makes_it(tmp_path):
 
 def test_panx_conversion_from_the_zip_its_folder_or_one_archive(tmp_path):
     """XTREME's panx_preprocess by hand: the word after the first ':', a line without one dropped, the last blank
-    line dropped, test words alone with their tags in labels/; languages outside XTREME's 40 left out."""
-    raw = 'en:Anna\tB-PER\nen:Smith\tI-PER\nen:lives\tO\n\nen:Paris:Nord\tB-LOC\nnoprefix\tO\n\n'
+    line dropped, test words alone with their tags in labels/; languages outside XTREME's 40 left out. Blank lines
+    in a row are one and an empty word is dropped, so that a test file's sentences and its tags' line up."""
+    raw = '\nen:Anna\tB-PER\nen:\tO\nen:Smith\tI-PER\nen:lives\tO\n\n\nen:Paris:Nord\tB-LOC\nnoprefix\tO\n\n'
     folder = tmp_path / 'panx_dataset'
     folder.mkdir()
     for lang in ('en', 'de', 'xx'):  # xx: one of Pan et al.'s languages that XTREME does not take
