@@ -2130,18 +2130,21 @@ def demo_vocab(sentences, text):
 
 def demo_spm(sentences, prefix):
     """The demo's sentencepiece model, a unigram model as XLM-R's, of 600 pieces. Its seed pieces are every piece of
-    2 to 16 characters of the words, counted by how often they occur: on the demo's few hundred distinct words
-    sentencepiece's own seeding (0.2) keeps about a hundred, hardly more than the characters."""
+    2 to 8 characters of the words, counted by how often they occur: on the demo's few hundred distinct words
+    sentencepiece's own seeding (0.2) keeps about a hundred, hardly more than the characters. Pieces of up to 16
+    characters (its default) would be phrases of the toy Chinese, which has no spaces, seen in these sentences alone:
+    its other sentences would then be read a character at a time, twice as long as with the BPE model before."""
     counts = {}
     for word in (f'\u2581{w}' for sentence in sentences for w in sentence.split()):
-        for piece in (word[i:j] for i in range(len(word)) for j in range(i + 2, min(len(word), i + 16) + 1)):
+        for piece in (word[i:j] for i in range(len(word)) for j in range(i + 2, min(len(word), i + 8) + 1)):
             counts[piece] = counts.get(piece, 0) + 1
     with tempfile.NamedTemporaryFile('w', encoding='utf-8', suffix='.tsv', delete=False) as f:
         f.writelines(f'{piece}\t{n}\n' for piece, n in counts.items())
     try:
         spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=600,
                                        model_type='unigram', hard_vocab_limit=False, character_coverage=1.0,
-                                       seed_sentencepieces_file=f.name, minloglevel=2, num_threads=1)
+                                       seed_sentencepieces_file=f.name, max_sentencepiece_length=8, minloglevel=2,
+                                       num_threads=1)
     finally:
         os.remove(f.name)
 

@@ -413,7 +413,7 @@ def demo_data(tmp_path_factory):
 
 def test_generation_keeps_the_word_count_masks_at_most_k_words_and_crosses_d1_d2(demo_data, tmp_path):
     tok = data.Tokenizer(f'{demo_data}/sentencepiece.bpe.model')
-    torch.manual_seed(2)  # a draw where some samples are kept and some removed, on the demo's vocabulary
+    torch.manual_seed(0)
     cfg = layers.Config(**{**layers.CONFIGS['tiny'].__dict__, 'vocab_size': tok.vocab_size})
     encoder = layers.Encoder(cfg).eval()
     vicinity = encoder, layers.MLMHead(cfg, encoder.tok.weight).eval()
