@@ -2295,30 +2295,32 @@ def panx_rows(raw):
     rows = []
     for line in lines[:-1] if lines and not lines[-1].strip() else lines:
         items = line.strip().split('\t')
+        word = items[0].partition(':')[2].strip()
         if len(items) != 2:
             rows.append(None)
-        elif ':' in items[0] and items[0][items[0].find(':') + 1:].strip():
-            rows.append((items[0][items[0].find(':') + 1:].strip(), items[1].strip()))
+        elif word:  # after the first ':': none without one
+            rows.append((word, items[1].strip()))
     return rows
 
 
 def panx_archives(source):
-    """-> {lang: the bytes of {lang}.tar.gz} for XTREME's PAN-X languages in AmazonPhotos.zip, its panx_dataset
-    folder or one {lang}.tar.gz (the zip holds all 282 of Pan et al.'s languages; XTREME takes 40)."""
+    """-> {lang: a function reading the bytes of its {lang}.tar.gz} for XTREME's PAN-X languages in AmazonPhotos.zip,
+    its panx_dataset folder or one {lang}.tar.gz (the zip holds all 282 of Pan et al.'s languages; XTREME takes 40),
+    read one at a time."""
     import zipfile
     lang_of = lambda name: os.path.basename(name)[:-len('.tar.gz')]
+    read = lambda path: lambda: open(path, 'rb').read()
     if os.path.isdir(source):
-        found = {lang_of(p): p for p in glob_files(source, '*.tar.gz')}
-        found = {lang: open(p, 'rb').read() for lang, p in found.items() if lang in TASKS['panx'].langs}
+        found = {lang_of(p): read(p) for p in glob_files(source, '*.tar.gz') if lang_of(p) in TASKS['panx'].langs}
     elif zipfile.is_zipfile(source):
         try:
-            with zipfile.ZipFile(source) as z:
-                found = {lang_of(n): z.read(n) for n in z.namelist() if lang_of(n) in TASKS['panx'].langs
-                         and n.endswith('.tar.gz')}
-        except (zipfile.BadZipFile, zlib.error) as e:
+            z = zipfile.ZipFile(source)  # open while the archives are read
+        except zipfile.BadZipFile as e:
             raise DataError(f'{source} is damaged ({e}): download AmazonPhotos.zip again') from None
+        found = {lang_of(n): functools.partial(z.read, n) for n in z.namelist() if lang_of(n) in TASKS['panx'].langs
+                 and n.endswith('.tar.gz')}
     elif os.path.isfile(source) and source.endswith('.tar.gz') and lang_of(source) in TASKS['panx'].langs:
-        found = {lang_of(source): open(source, 'rb').read()}
+        found = {lang_of(source): read(source)}
     else:
         raise DataError(f'{source} is not AmazonPhotos.zip, its panx_dataset folder or a {{lang}}.tar.gz: pass one '
                         'of these to --from')
@@ -2332,12 +2334,13 @@ def convert_panx(source, out):
     """PAN-X archives -> panx/{split}-{lang}.tsv as XTREME writes them (test files: the words alone, their tags in
     labels/panx/); each {lang}.tar.gz holds the files train, dev and test."""
     import tarfile
-    for lang, blob in sorted(panx_archives(source).items()):
+    import zipfile
+    for lang, read in sorted(panx_archives(source).items()):
         try:
-            with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+            with tarfile.open(fileobj=io.BytesIO(read())) as tar:
                 files = {os.path.basename(m.name): m for m in tar.getmembers() if m.isfile()}
                 rows = {split: panx_rows(tar.extractfile(files[split]).read()) for split in ('train', 'dev', 'test')}
-        except (tarfile.TarError, KeyError, EOFError, UnicodeDecodeError, zlib.error) as e:
+        except (tarfile.TarError, KeyError, EOFError, UnicodeDecodeError, zlib.error, zipfile.BadZipFile) as e:
             raise DataError(f'{lang}.tar.gz in {source} is not PAN-X\'s (a gzipped tar of train, dev and test in '
                             f'UTF-8: {e}); use the archive as AmazonPhotos.zip ships it') from None
         for split, split_rows in rows.items():

@@ -307,10 +307,9 @@ def prediction_text(task, preds):
 def write_predicted(stem, task, feats, outputs, examples):
     """train.py --predict's files: stem.<tsv|json>, the predictions in the leaderboard's format, and stem.scores.json,
     each with its probability (probabilities), and the scores where the examples have labels -> those scores."""
-    preds, probs = predictions(task, feats, outputs, examples), probabilities(task, feats, outputs, examples)
+    preds, probs = with_probabilities(task, feats, outputs, examples)
     family = TASKS[task].family
-    labelled = examples and all(ex.get('label', ex.get('tags', ex.get('answers'))) for ex in examples)
-    scores = scores_of(task, None, examples, preds) if labelled else None
+    scores = scores_of(task, None, examples, preds) if examples and labelled(examples) else None
     if family == 'qa':
         each = {qid: {'answer': answer, 'probability': probs[qid]} for qid, answer in preds.items()}
     else:
@@ -348,17 +347,24 @@ def predictions(task, feats, outputs, examples):
     return decode_qa(feats, [o[:, 0] for o in outputs], [o[:, 1] for o in outputs], examples)
 
 
-def probabilities(task, feats, outputs, examples):
-    """The probability of each prediction of predictions(): classification the softmax's at its label, tagging each
-    word's at its tag (its first piece's), QA {question id: its answer's start times end probability in the window
-    it was cut from}."""
+def with_probabilities(task, feats, outputs, examples):
+    """-> (predictions(), the probability of each): classification the softmax's at its label, tagging each word's
+    at its tag (its first piece's), QA {question id: its answer's start times end probability in the window it was
+    cut from}, from the one decoding that picks the answers."""
     family = TASKS[task].family
+    if family == 'qa':
+        found = decode_qa(feats, [o[:, 0] for o in outputs], [o[:, 1] for o in outputs], examples, probability=True)
+        return {qid: text for qid, (text, _) in found.items()}, {qid: p for qid, (_, p) in found.items()}
+    preds = predictions(task, feats, outputs, examples)
     if family == 'classification':
-        return [o.float().softmax(-1).max().item() for o in outputs]
-    if family == 'tagging':
-        return word_predictions(feats, [o.float().softmax(-1).max(-1).values.tolist() for o in outputs], len(examples))
-    found = decode_qa(feats, [o[:, 0] for o in outputs], [o[:, 1] for o in outputs], examples, probability=True)
-    return {qid: p for qid, (_, p) in found.items()}
+        return preds, [o.float().softmax(-1).max().item() for o in outputs]
+    return preds, word_predictions(feats, [o.float().softmax(-1).max(-1).values.tolist() for o in outputs],
+                                   len(examples))
+
+
+def labelled(examples):
+    """Does every example carry its label (its tags, its answers), so that predictions can be scored against them?"""
+    return all(ex.get('label', ex.get('tags', ex.get('answers'))) for ex in examples)
 
 
 def scores_of(task, lang, examples, preds):

@@ -87,8 +87,7 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
 # the trainer's options that leave results alike (FREE), and those --eval_only's scores depend on (SCORED)
 FREE = ('spm', 'vocab', 'data_dir', 'out', 'grad_accum', 'grad_checkpoint', 'gpu_memory', 'eval_batch_size',
         'save_minutes', 'log_every', 'compile', 'no_cache', 'resume', 'eval_only', 'predict', 'overwrite', 'dry_run',
-        'halt_after',
-        'term_after')
+        'halt_after', 'term_after')
 SCORED = ('method', 'task', 'model', 'max_len', 'translate_test', 'layer', 'doc_stride', 'dict')
 OPTIONS = tuple(o._replace(changes='nothing' if o.name in FREE else 'scores' if o.name in SCORED else 'results')
                 for o in OPTIONS)
@@ -736,7 +735,7 @@ class Run:
             items = self.cache[split][key]
             feats = (item[1] if method.paired else item for item in items)  # the target side, read as it is scored
             preds[lang] = ev.predictions(self.args.task, feats, self.outputs(method, items), inputs)
-            if all(ex.get('label', ex.get('tags', ex.get('answers'))) for ex in gold):
+            if ev.labelled(gold):
                 scores[lang] = ev.scores_of(self.args.task, lang, gold, preds[lang])
         return scores, preds
 

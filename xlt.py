@@ -1528,17 +1528,16 @@ class XLA(Baseline):
 
     @classmethod
     def report(cls, run, models):
-        methods = [run.restore(run.path(m), cls) for m in models]
+        ensemble = cls.predictor(run)  # the models kept in final-models.json, as --predict reads them
         warm = [run.results_of(name) for name in cls.stages(run.args)]
         rows = {'warm-up (zero-shot + penalty), mean': ev.statistic(warm)} if all(warm) else {}
-        for m, (method, path) in enumerate(zip(methods, models)):  # each model's test predictions in model<m>/
+        for m, (method, path) in enumerate(zip(ensemble.models, models)):  # each model's test predictions in model<m>/
             dev = run.evaluate(method, 'dev')[0]
             test = run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1])
             rows[f'XLA model {m + 1}'] = {'dev': ev.summary(dev), 'test': ev.summary(test), 'checkpoint': path}
         each = [rows[f'XLA model {m + 1}'] for m in range(len(models))]
         for stat in ('mean', 'std'):  # the paper reports the mean of the three models, ± std over seeds (Section E.4)
             rows[f'XLA {stat} of the models'] = ev.statistic(each, stat)
-        ensemble = Ensemble(methods)
         run.finish(run.evaluate(ensemble, 'dev')[0], run.test_scores(run.evaluate(ensemble, 'test')[1]),
                    'each model\'s last XLA epoch that kept the --train_lang dev score (or its warm-up: the best '
                    'English dev); the ensemble averages the models\' probabilities', rows, 'ensemble')

@@ -169,16 +169,16 @@ def test_decode_qa_picks_the_best_valid_span_across_windows():
 
 def test_each_prediction_has_its_probability_by_hand():
     import math
-    three = ev.probabilities('xnli', None, [torch.tensor([0.0, math.log(3), 0.0])], [{}])  # softmax 1/5, 3/5, 1/5
-    assert three == pytest.approx([3 / 5])
+    label, three = ev.with_probabilities('xnli', None, [torch.tensor([0.0, math.log(3), 0.0])], [{}])  # 1/5, 3/5, 1/5
+    assert label == ['entailment'] and three == pytest.approx([3 / 5])
     tags = [torch.tensor([[0.0, 0, 0, 0, 0, 0, 0], [math.log(6), 0, 0, 0, 0, 0, 0], [0, 0, math.log(2), 0, 0, 0, 0]])]
-    assert ev.probabilities('panx', [Feature(ids=[0, 5, 2], words=[1, 2])], tags, [{}])[0] == pytest.approx([6 / 12,
-                                                                                                             2 / 8])
+    assert ev.with_probabilities('panx', [Feature(ids=[0, 5, 2], words=[1, 2])], tags, [{}])[1][0] == pytest.approx(
+        [6 / 12, 2 / 8])
     spans = [(0, 4), (5, 10)]
     s, e = torch.tensor([0.0, 0, 0, math.log(2), 0, 0]), torch.tensor([0.0, 0, 0, 0, math.log(3), 0])
-    found = ev.probabilities('xquad', [window(spans, [True, True])], [torch.stack([s, e], -1)],
-                             [{'id': 'q', 'context': 'Anna lives'}])
-    assert found == pytest.approx({'q': 2 / 7 * 3 / 8})  # 'Anna lives': start at Anna (2 of 7), end at lives (3 of 8)
+    answer, found = ev.with_probabilities('xquad', [window(spans, [True, True])], [torch.stack([s, e], -1)],
+                                          [{'id': 'q', 'context': 'Anna lives'}])
+    assert answer == {'q': 'Anna lives'} and found == pytest.approx({'q': 2 / 7 * 3 / 8})  # start 2 of 7, end 3 of 8
 
 
 def test_linear_cka_against_the_hsic_formula():
