@@ -31,6 +31,9 @@ from tqdm import tqdm
 from layers import Parser, atomic_write
 
 
+# ----------------------------------------------------------------------------------------
+# The tasks: XTREME's nine (and CoNLL NER, XLA's), each of a family: classification, tagging, QA, retrieval.
+
 @dataclass(frozen=True)
 class Task:
     name: str
@@ -65,6 +68,9 @@ XTREME = tuple(task for task in TASKS if TASKS[task].xtreme)  # the leaderboard'
 GROUPS = {'classification': ('pawsx', 'xnli'), 'tagging': ('udpos', 'panx'),
           'qa': ('xquad', 'mlqa', 'tydiqa'), 'retrieval': ('bucc2018', 'tatoeba')}
 
+
+# ----------------------------------------------------------------------------------------
+# Tokenizers: XLM-R's sentencepiece with fairseq's ids, BERT's WordPiece written out; one interface.
 
 class Tokenizer:
     """Ids over a sentencepiece model, as fairseq's dictionary gives them: <s>, <pad>, </s>, <unk>
@@ -327,44 +333,529 @@ def tokenizer(family, path, lower=False, dictionary=None):
     return WordPiece(path, lower) if family == 'bert' else Tokenizer(path, lower, dictionary)
 
 
-def tokenizer_file(family, data_dir, spm=None, vocab=None, init=None):
-    """-> (path, what it is, needed) of a family's tokenizer: BERT's vocab.txt (vocab, else the one beside the
-    checkpoint init, else data_dir's), XLM-R's sentencepiece model (spm, else data_dir's)."""
-    if family == 'bert':
-        path = vocab or beside(init, 'vocab.txt') or os.path.join(data_dir, 'vocab.txt')
-        return path, 'BERT\'s vocab.txt: put it beside --init or pass --vocab', True
-    return spm or os.path.join(data_dir, 'sentencepiece.bpe.model'), ('XLM-R\'s sentencepiece model: put it there or '
-                                                                     'pass --spm'), True
-
-
-def beside(checkpoint, name):
-    """The file `name` in a checkpoint's folder, or None (fairseq's models ship a dict.txt, BERT's a vocab.txt)."""
-    if not checkpoint:
-        return None
-    path = os.path.join(checkpoint if os.path.isdir(checkpoint) else os.path.dirname(checkpoint), name)
-    return path if os.path.isfile(path) else None
-
-
-def read_dictionary(path):
-    """The symbols of a fairseq dict.txt, `<symbol> <count>` a line (a #fairseq:overwrite flag may
-    follow: a symbol listed again, its later line the one looked up), as fairseq's Dictionary reads them."""
-    symbols = []
-    with open(path, encoding='utf-8') as f:
-        for n, line in enumerate(f, 1):
-            word, _, count = line.rstrip().removesuffix(' #fairseq:overwrite').rpartition(' ')
-            if not word or not count.isdigit():
-                raise DataError(f'{path} line {n} is not "<symbol> <count>": '
-                                'give the dict.txt that came with the checkpoint')
-            symbols.append(word)
-    return symbols
-
-
 class DataError(ValueError):
     """Data that cannot be read; the message is one line: the file, the line and the fix."""
 
 
 # ----------------------------------------------------------------------------------------
-# Where each split lives (the layout of XTREME's own preprocessing; docs/data.md).
+# Features: token ids and what the head needs; one type for every family.
+
+IGNORE = -100  # label of tokens the loss skips (cross_entropy's ignore_index)
+
+
+@dataclass
+class Feature:
+    ids: list
+    label: object = None  # class index | tag id per token (IGNORE but on first sub-words) | (start, end) token
+    example: int = 0  # index of the example it came from
+    words: list = None  # tagging: position of each word's first sub-word
+    spans: list = None  # QA windows: each token's character span in its example's context (None off
+    max_context: list = None  # the context), and whether this window is the token's fullest
+
+
+def truncate_pair(a, b, budget):
+    """Longest-first truncation of two id lists to at most `budget` ids together."""
+    la, lb = len(a), len(b)
+    while la + lb > budget:
+        la, lb = (la - 1, lb) if la > lb else (la, lb - 1)
+    return a[:la], b[:lb]
+
+
+def classification_features(tok, task, examples, max_len=128):
+    labels, specials = TASKS[task].labels, len(tok.encode_pair([], []))  # <s> </s></s> </s>; [CLS] [SEP] [SEP]
+    feats = []
+    for n, ex in enumerate(progress(examples, 'features')):
+        a, b = truncate_pair(tok.encode(ex['a']), tok.encode(ex['b']), max_len - specials)
+        feats.append(Feature(tok.encode_pair(a, b), None if ex['label'] is None else labels.index(ex['label']), n))
+    return feats
+
+
+def tagging_features(tok, task, examples, max_len=128):
+    """<s> words </s>, each word's label on its first sub-word; a sentence longer than max_len is
+    cut, between words, into several features."""
+    labels, feats = TASKS[task].labels, []
+    for n, ex in enumerate(progress(examples, 'features')):
+        pieces = [p[:max_len - 2] for p in tok.encode_words(ex['words'])]
+        start = 0
+        while start == 0 or start < len(pieces):
+            ids, words, tags, end = [tok.bos], [], [IGNORE], start
+            while end < len(pieces) and len(ids) + len(pieces[end]) < max_len:
+                words.append(len(ids))
+                tags += [labels.index(ex['tags'][end]) if ex['tags'] else IGNORE] + [IGNORE] * (len(pieces[end]) - 1)
+                ids += pieces[end]
+                end += 1
+            feats.append(Feature(ids + [tok.eos], tags + [IGNORE] if ex['tags'] else None, n, words))
+            start = end
+    return feats
+
+
+def word_predictions(features, token_preds, n_examples):
+    """Per-token predictions of tagging features -> one prediction per word of each example
+    (the prediction at the word's first sub-word), chunks joined back in order."""
+    out = [[] for _ in range(n_examples)]
+    for f, pred in zip(features, token_preds):
+        out[f.example] += [pred[i] for i in f.words]
+    return out
+
+
+def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=False):
+    """Sliding windows <s> question </s></s> context part </s> (BERT: [CLS] question [SEP] context part
+    [SEP]) over each context, window starts `stride` tokens apart. Training labels are the answer's
+    first and last tokens (0, 0 when the answer is not inside the window); in training the answer's
+    boundaries are made token boundaries, so that the tokens give back exactly its characters, in
+    scripts without spaces too. Evaluation tokenizes without looking at any answer."""
+    feats, specials = [], len(tok.encode_pair([], []))
+    for n, ex in enumerate(progress(examples, 'QA windows')):
+        if train and unusable_answer(ex):
+            continue  # the readers skip (and count) these already; features never learn from them
+        a0 = ex['answers'][0]['answer_start'] if train else None  # evaluation reads blind
+        a1 = a0 + len(ex['answers'][0]['text']) if train else None
+        query = tok.encode(ex['question'])[:min(max_query, max_len - specials - 1)]  # a context token left, at least
+        ctx, spans = tok.encode_with_spans(ex['context'], (a0, a1) if train else ())
+        if train:  # first and last token holding answer characters
+            inside = [p for p, (s, e) in enumerate(spans) if s < e and s < a1 and e > a0]
+            first, last = (inside[0], inside[-1]) if inside else (-1, -1)
+        budget = max_len - len(query) - specials
+        step = min(stride, budget)
+        # window starts step tokens apart, up to the first window that reaches the context's end
+        windows = [(start, min(len(ctx) - start, budget)) for start in range(0, max(len(ctx) - budget, 0) + step, step)]
+        # the window where each token has the most context on both sides (SQuAD's max-context rule; ties: the first)
+        score = np.full((len(windows), len(ctx)), -1.0)  # -1 outside the window
+        for w, (start, length) in enumerate(windows):
+            p = np.arange(start, start + length)
+            score[w, p] = np.minimum(p - start, start + length - 1 - p) + 0.01 * length
+        owner = score.argmax(0)
+        head = [tok.bos] + query + tok.between
+        for w, (start, length) in enumerate(windows):
+            label = None
+            if train:
+                within = start <= first and last < start + length
+                label = (first - start + len(head), last - start + len(head)) if within else (0, 0)
+            fullest = (owner[start:start + length] == w).tolist()
+            feats.append(Feature(head + ctx[start:start + length] + [tok.eos], label, n,
+                                 spans=[None] * len(head) + spans[start:start + length] + [None],
+                                 max_context=[False] * len(head) + fullest + [False]))
+    return feats
+
+
+def make_features(tok, task, examples, max_len=None, train=False, stride=128):
+    family = TASKS[task].family
+    if family == 'classification':
+        return classification_features(tok, task, examples, max_len or 128)
+    if family == 'tagging':
+        return tagging_features(tok, task, examples, max_len or 128)
+    return qa_features(tok, examples, max_len or 384, stride, train=train)
+
+
+# ----------------------------------------------------------------------------------------
+# What a run reads: the examples a method trains and is evaluated on, as features tokenized once (Items).
+
+def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round_trip=False, max_len=None, share=None,
+                 stride=128, cache=True, first=None):
+    """The training items of a method (Items): features of English ('en'; a share of it), of its
+    translations into langs without English ('train_lang') or with it ('every_lang'), of the
+    languages' own training data ('own_lang'; 'every_own': English's too, each its first examples);
+    for a paired method tuples (English, translation[, round trip]), English also paired with itself,
+    as both released codes do. Tokenized once into <data_dir>/.cache (build_once), or with cache
+    False into a temporary folder."""
+    if trains_on == 'every_own':  # English and the languages with training data of their own
+        langs = ['en'] + [lang for lang in langs if has_training_data(data_dir, task, lang)]
+    if trains_on in ('own_lang', 'every_own'):
+        files = tok.files + [split_path(data_dir, task, 'train', lang) for lang in langs]
+    else:
+        kinds = ('translate-train', 'round-trip')[:1 + round_trip]
+        files = tok.files + [split_path(data_dir, task, 'train')] + [
+            split_path(data_dir, task, kind, lang) for lang in langs for kind in kinds]
+    key = [task, langs, trains_on, paired, round_trip, max_len, share, stride] + [first] * bool(first)
+    sources = lambda: training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first)
+    width = (2 + round_trip) if paired else 1
+    items = feature_set(tok, task, files, key, sources, width, max_len, stride, data_dir, cache)
+    if not paired and not items.labelled.all():  # a single-text method learns every feature's own label
+        unlabelled = len(items) - int(items.labelled.sum())
+        raise DataError(f'{task}: {unlabelled} of {len(items)} training examples have no label: translations without '
+                        'tags (XTREME publishes none for POS and NER, FILTER\'s have none) teach a single-text method '
+                        'nothing; train on English, or pair them with it')
+    return items
+
+
+def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first=None):
+    """-> (name, examples, positions of their English examples) a source at a time: each language's
+    own first examples (in-language), or English (not for a single-text method on 'train_lang'),
+    then each language's translations and their round trips where there are (write_items pairs the
+    English itself where there are none)."""
+    if trains_on in ('own_lang', 'every_own'):
+        for lang in langs:
+            yield lang, read_split(data_dir, task, 'train', lang)[:first], None
+        return
+    english = read_split(data_dir, task, 'train')
+    if share:  # XLA's warm-up on the 5% setting: its share of English
+        english = share_of(english, share, part=0)
+    if paired or trains_on != 'train_lang':
+        yield 'en', english, None
+    missing = []
+    for lang in langs:
+        pairs = read_translations(data_dir, task, 'train', lang, english)
+        kept = [n for n, (_, t) in enumerate(pairs) if t is not None]
+        yield lang, [pairs[n][1] for n in kept], kept
+        trip = read_round_trip(data_dir, task, lang, pairs) if round_trip else None
+        if trip is not None:
+            yield f'{lang} round trip', [trip[n] for n in kept], kept
+        missing += [lang] * (round_trip and trip is None)
+    if missing:
+        warn(f'no round-trip data for {task} in {", ".join(missing)} (docs/data.md): scheduled sampling feeds the '
+             'real English text there')
+
+
+def share_of(examples, share, part=0, seed=0):
+    """A random share of the examples, in order, the same draw for every run (seed 0): part 0
+    and part 1 are disjoint draws while two shares fit in the list (XLA's 5% setting: English
+    and target text that are not each other's translations); share 1 keeps them all."""
+    if share >= 1:
+        return examples
+    n = math.ceil(share * len(examples))
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
+    start = min(part * n, len(examples) - n)
+    return [examples[i] for i in sorted(order[start:start + n])]
+
+
+def has_training_data(data_dir, task, lang):
+    """Has lang training data of its own? UD v2.5 has none for some languages (Thai, Tagalog, Yoruba)."""
+    path = split_path(data_dir, task, 'train', lang)
+    if path and os.path.exists(path):
+        return True
+    warn(f'{task} has no training data in {lang} ({path}): in-language multi-task trains without it')
+    return False
+
+
+def unlabelled_set(tok, data_dir, task, lang, share, max_len=None, cache=True):
+    """XLA's D_t: lang's unlabelled training features (Items). They are the target language's
+    own training split without its labels (tagging: XTREME ships train-<lang>.tsv for PAN-X), or
+    the target side of translate-train (XNLI, PAWS-X). With share below 1 the draw is disjoint
+    from English's (training_set's share), so the two are not translations of each other (the
+    paper's 5% setting)."""
+    tagging = TASKS[task].family == 'tagging'
+    text = split_path(data_dir, task, 'train' if tagging else 'translate-train', lang)
+    files = tok.files + [split_path(data_dir, task, 'train'), text]
+
+    def sources():
+        if tagging:  # the two languages' own training sets: each its own draw
+            own = [dict(ex, tags=None) for ex in read_split(data_dir, task, 'train', lang)]
+            yield lang, share_of(own, share, part=1), None
+        else:  # drawn from the pairs, so that the draw is disjoint from English's where translations are missing
+            english = read_split(data_dir, task, 'train')
+            pairs = share_of(read_translations(data_dir, task, 'train', lang, english), share, part=1)
+            yield lang, [dict(t, label=None) for _, t in pairs if t is not None], None
+    key = ['unlabelled', task, lang, share, max_len]
+    return feature_set(tok, task, files, key, sources, 1, max_len, 128, data_dir, cache)
+
+
+def evaluation_sets(data_dir, task, translate_test=False, paired=False, chosen=None):
+    """Every file evaluation will read (of the languages chosen), read and checked before any training (labels,
+    columns, JSON shape, translations, test labels): {split: {lang: (examples scored against, model
+    inputs, (English translation, input) pairs for paired methods)}} (data.evaluation_set)."""
+    sets = {'dev': {}, 'test': {}}
+    for split in sets:
+        for lang in languages(task, is_demo(data_dir), chosen):
+            path = split_path(data_dir, task, split, lang)
+            if split == 'dev' and not (path and os.path.exists(path)):
+                continue  # no dev set in this language (XQuAD, TyDiQA); the run checked every other file
+            sets[split][lang] = evaluation_set(data_dir, task, split, lang, translate_test, paired)
+            if split == 'test':
+                labels = os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}')
+                check_labels(task, labels, sets[split][lang][1])
+    return sets
+
+
+def evaluation_set(data_dir, task, split, lang, translate_test=False, paired=False):
+    """(examples scored against, model inputs, [(English translation, input)] for paired methods
+    or None). translate-test reads the English translations (QA is then scored on the
+    translations' own answers, as XTREME does); English examples pair with themselves, and so does
+    an example whose translation is missing."""
+    if translate_test and lang != 'en':
+        pairs = read_translations(data_dir, task, split, lang)
+        english = [t or o for o, t in pairs]  # an example without a translation is read as it is
+        gold, inputs = (english if TASKS[task].family == 'qa' else [o for o, _ in pairs]), english
+    else:
+        gold = inputs = read_split(data_dir, task, split, lang)
+    if not paired:
+        return gold, inputs, None
+    if lang == 'en':
+        return gold, inputs, [(ex, ex) for ex in inputs]
+    return gold, inputs, [(t or ex, ex) for ex, t in read_translations(data_dir, task, split, lang, inputs)]
+
+
+def evaluation_items(tok, data_dir, task, inputs, pairs, max_len=None, stride=128, cache=True):
+    """The evaluation features of inputs (Items), or of pairs ((English translation, input), for
+    paired methods: each target feature once, with its English), kept as the training sets are,
+    keyed by the examples themselves (evaluation_set's: a split, or its translations)."""
+    english = None if pairs is None else [en for en, _ in pairs]  # the pairs' second sides are the inputs
+    digest = hashlib.sha1(json.dumps([inputs, english]).encode()).hexdigest()
+    # the inputs first, so that a feature's example is its input's number
+    sources = lambda: [('input', inputs, None)] + ([] if english is None else [('en', english, None)])
+    return feature_set(tok, task, tok.files, ['evaluation', task, max_len, stride, digest], sources,
+                       1 if pairs is None else 2, max_len, stride, data_dir, cache, train=False)
+
+
+# ----------------------------------------------------------------------------------------
+# Batches: padded to their own longest sequence.
+
+@dataclass
+class Batch:
+    ids: torch.Tensor  # (B, T)
+    mask: torch.Tensor  # (B, T), True on real tokens
+    labels: torch.Tensor = None  # (B,) classes | (B, T) tags | (B, 2) answer start, end
+    index: list = None  # the features' positions in their list
+    first: torch.Tensor = None  # tagging: (B, T), True on each word's first sub-word
+    padded: bool = True  # a row shorter than another (collate knows it without asking the device)
+
+    @property
+    def keys(self):
+        """The mask attention takes: None when no row is padded, so that SDPA may pick its fastest kernel."""
+        return self.mask if self.padded else None
+
+    def to(self, device):
+        move = lambda t: None if t is None else moved(t, device)
+        return Batch(move(self.ids), move(self.mask), move(self.labels), self.index, move(self.first), self.padded)
+
+
+@dataclass
+class Pair:
+    """A source example and its translation: the one input shape of FILTER, X-Mixup and the
+    consistency-style methods (alt: the source's round trip through the target language)."""
+    src: Batch
+    tgt: Batch
+    alt: Batch = None
+
+    def to(self, device):
+        return Pair(self.src.to(device), self.tgt.to(device), self.alt and self.alt.to(device))
+
+
+def moved(t, device):
+    """t on device; to a GPU from page-locked memory, so that the copy runs while the device computes (no host sync)."""
+    pin = torch.device(device).type == 'cuda' and t.device.type == 'cpu'
+    return (t.pin_memory() if pin else t).to(device, non_blocking=True)
+
+
+def collate(features, index=None, pad_id=1):
+    """A Batch of features, padded with pad_id (the tokenizer's: XLM-R's 1, BERT's 0)."""
+    pad = lambda rows, value: torch.nn.utils.rnn.pad_sequence([torch.tensor(r) for r in rows], True, value)
+    ids = pad([f.ids for f in features], pad_id)
+    labels = first = None
+    if all(f.label is not None for f in features):  # tag lists padded with IGNORE, else a class or a (start, end) each
+        labels = [f.label for f in features]
+        labels = pad(labels, IGNORE) if isinstance(labels[0], list) else torch.tensor(labels)
+    if features[0].words is not None:
+        first = torch.zeros_like(ids, dtype=torch.bool)
+        for row, f in enumerate(features):
+            first[row, f.words] = True
+    return Batch(ids, ids.ne(pad_id), labels, index, first, len({len(f.ids) for f in features}) > 1)
+
+
+def collate_pairs(src, tgt, index=None, alt=None, pad_id=1):
+    return Pair(collate(src, index, pad_id), collate(tgt, index, pad_id), alt and collate(alt, index, pad_id))
+
+
+def collate_items(paired, pad_id=1):
+    """Batches of features, or Pairs of (English, target) features for paired methods."""
+    if not paired:
+        return lambda items, index=None: collate(items, index, pad_id)
+    return lambda items, index=None: collate_pairs([i[0] for i in items], [i[1] for i in items], index,
+                                                   [i[2] for i in items] if len(items[0]) > 2 else None, pad_id)
+
+
+MEGA = 50  # length grouping sorts mega-batches of this many batches
+BUCKET = 4  # by length in steps of this many tokens, not token by token: where length tells the label (the
+# demo's XNLI: 19, 20 and 22 tokens, one label each), batches of one length would hold one label each
+
+
+def item_lengths(items, index=None):
+    """(items, sides) array of the tokens of each side of items[index] (all items by default):
+    one side for a feature, one per side for a paired method's tuple (each side of a batch is
+    padded on its own)."""
+    if hasattr(items, 'lengths'):  # a set on disk (Items), or XLA's choice of samples
+        return items.lengths(index)
+    rows = [[len(f.ids) for f in (items[i] if isinstance(items[i], tuple) else (items[i],))]
+            for i in (range(len(items)) if index is None else index)]
+    return np.array(rows, np.int64).reshape(len(rows), -1) if rows else np.zeros((0, 1), np.int64)
+
+
+def global_batches(n, batch_size, seed, chunks, lengths=None, max_tokens=None):
+    """An epoch's global batches of n items from a permutation fixed by seed, grouped by the
+    items' lengths when lengths are given (else random batches, as the papers' scripts), or in tokens with
+    max_tokens (token_batches)."""
+    if max_tokens:
+        return token_batches(lengths, max_tokens, chunks, seed)
+    g = torch.Generator().manual_seed(seed)
+    return cut_batches(torch.randperm(n, generator=g).tolist(), batch_size, chunks, g, lengths)
+
+
+def cut_batches(order, size, chunks, g, lengths=None):
+    """Batches of `size` items in `order`. With lengths, each mega-batch of MEGA batches is
+    sorted by length (in BUCKET steps) before it is cut, and the batches are then shuffled by g:
+    a batch holds items of similar length and pads little, and the split depends on no process
+    count. A last batch too small to give every process and micro-step (chunks) an item is dropped."""
+    if lengths is not None:  # a stable sort: lengths within BUCKET tokens keep their random order (and mix labels)
+        key, mega = np.asarray(lengths) // BUCKET, size * MEGA  # a pair: by one side, then the other
+        parts = np.split(np.asarray(order), range(mega, len(order), mega))
+        order = np.concatenate([part[np.lexsort(key[part].T[::-1])] for part in parts]).tolist()
+    batches = [order[i:i + size] for i in range(0, len(order), size)]
+    if lengths is not None:
+        batches = [batches[j] for j in torch.randperm(len(batches), generator=g).tolist()]
+    return [b for b in batches if len(b) >= chunks]
+
+
+def length_batches(lengths, batch_size):
+    """Evaluation batches: positions sorted by their lengths (item_lengths' of a side), so each batch pads little."""
+    order = np.argsort(lengths, kind='stable').tolist()
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+# ----------------------------------------------------------------------------------------
+# Pre-training text (VECO), one sentence or paragraph a line:
+#   pretrain/mono/{lang}.txt        monolingual documents, a blank line between two (CC-100's layout)
+#   pretrain/parallel/{a}-{b}.{a}   parallel sentences: line n of {a}-{b}.{a} and line n of
+#   pretrain/parallel/{a}-{b}.{b}   {a}-{b}.{b} translate each other (OPUS's Moses layout)
+
+PARA_LEN = 128  # longest parallel sentence, in tokens (Table 5's bilingual length)
+
+
+def pretraining_set(tok, data_dir, max_len, mono_only=False, cache=True):
+    """-> (items, {group: its items' positions}, counts): items are (x, y) Feature pairs, <s> x </s>
+    and <s> y </s>, labelled 1 on parallel pairs and 0 on adjacent monolingual segments; counts:
+    what each rule used and what was left out, {rule: [documents or lines, segments, pieces]}. The
+    text is read a slice at a time and tokenized once into <data_dir>/.cache (as training_set)."""
+    groups = pretrain_files(data_dir, mono_only)
+    text = lambda group, paths: documents(paths[0]) if group.startswith('mono:') else line_pairs(*paths)
+    jobs = ((group, (group.startswith('para:'), part, max_len)) for group, paths in groups.items()
+            for part in slices(text(group, paths), TEXT_SLICE))
+    build = lambda path: write_items(path, tok, jobs, pair_arrays, pretraining_index, {'family': 'pretrain'})
+    files = tok.files + [p for paths in groups.values() for p in paths]
+    items = stored(build, files, ['pretrain', max_len, mono_only], data_dir, cache)
+    return items, {g: range(*ends) for g, ends in items.meta['groups'].items()}, items.meta['counts']
+
+
+def segment_pairs(tok, documents, max_len, counts):
+    """Section 2.2's "two adjacent segments" of each document, as (x, y) id lists. Consecutive lines
+    are packed into segments of at most max_len - 2 pieces (a longer line is cut) and paired in
+    order, (1, 2), (3, 4) ...; an odd last segment pairs with the one before it. A document of one
+    segment is cut in two (cut_in_two). counts: {rule: [documents, segments, pieces]} adds up what
+    each rule used (the segment an odd last one pairs with is used twice) and what was left out."""
+    pairs, budget, word_start = [], max_len - 2, tok.word_starts()
+    tally = lambda rule, segments: count(counts, rule, 1, len(segments), sum(map(len, segments)))
+    for doc in documents:
+        lines, segments = tok.encode_words(doc), [[]]  # one id list per line (at least one id each)
+        for ids in lines:
+            for start in range(0, len(ids), budget):
+                piece = ids[start:start + budget]
+                if len(segments[-1]) + len(piece) > budget:
+                    segments.append([])
+                segments[-1] += piece
+        if len(segments) == 1:  # every line whole in it, so its lines end at their lengths' running sums
+            rule, made = cut_in_two(segments[0], list(accumulate(map(len, lines)))[:-1], word_start)
+            tally(rule, segments)
+            pairs += made
+            continue
+        even = segments[:len(segments) // 2 * 2]
+        tally('adjacent segments', even)
+        pairs += [(even[i], even[i + 1]) for i in range(0, len(even), 2)]
+        if len(segments) % 2:
+            count(counts, 'odd last segment, with the one before', 0, 1, len(segments[-1]))  # its document counted once
+            pairs.append((segments[-2], segments[-1]))
+    return pairs
+
+
+def count(counts, rule, documents, segments, pieces):
+    """Add to what a rule of the pre-training data used: counts[rule] = [documents, segments, pieces]."""
+    counts[rule] = [a + b for a, b in zip(counts.get(rule, (0, 0, 0)), (documents, segments, pieces))]
+
+
+def cut_in_two(segment, line_ends, word_start):
+    """-> (rule, pairs): a document of one segment cut at the line boundary nearest its middle, one
+    of a single line at the word start nearest its middle, or at the piece boundary nearest it
+    where the line has no word start past its first piece (text written without spaces: CC-100's
+    zh, ja, th; a single long word); a single piece is left out."""
+    cuts, rule = line_ends, 'one segment, cut at a line'
+    if not cuts:
+        cuts, rule = [i for i in range(1, len(segment)) if word_start[segment[i]]], 'one line, cut at a word'
+    if not cuts:
+        cuts, rule = list(range(1, len(segment))), 'one line of one word (no spaces), cut at a piece'
+    if not cuts:
+        return 'left out: a single piece', []
+    cut = min(cuts, key=lambda c: abs(2 * c - len(segment)))
+    return rule, [(segment[:cut], segment[cut:])]
+
+
+def split_held_out(groups, share=0.02, most=500):
+    """-> (training groups, held-out positions): the last `share` of each group (at most
+    `most`, at least 1 when the group has 20 pairs) is held out to measure the MLM losses."""
+    train, held = {}, []
+    for g, positions in groups.items():
+        n = min(most, round(len(positions) * share), len(positions) - 1)
+        n = max(n, 1 if len(positions) >= 20 else 0)
+        train[g], held = positions[:len(positions) - n], held + list(positions[len(positions) - n:])
+    return train, held
+
+
+def sampling_weights(sizes, alpha=0.5):
+    """Smoothed sampling (XLM's for VECO's languages, XLA's Eq. 2 for its sets): set i is drawn with
+    probability q_i = f_i^alpha / sum_j f_j^alpha, f_i = n_i / sum_j n_j (alpha 1: in proportion
+    to the sizes; 0: uniform); an empty set never."""
+    n = np.array(sizes, dtype=float)
+    q = np.where(n > 0, (n / n.sum()) ** alpha, 0.0)
+    return q / q.sum()
+
+
+def pretrain_batches(groups, sizes, n_steps, seed, alpha=0.5):
+    """The batches of n_steps steps: monolingual and bilingual steps alternate (when both kinds
+    are there), of sizes[group] pairs; each batch is drawn from one language (pair), chosen with
+    sampling_weights among its kind, its pairs drawn without replacement (with it when the group
+    is smaller)."""
+    rng = np.random.default_rng(seed)
+    kinds = [names for names in ([g for g in groups if g.startswith(kind)] for kind in ('mono:', 'para:')) if names]
+    weights = [sampling_weights([len(groups[g]) for g in names], alpha) for names in kinds]
+    batches = []
+    for step in range(n_steps):
+        names, p = kinds[step % len(kinds)], weights[step % len(kinds)]
+        name = names[rng.choice(len(names), p=p)]
+        group, batch_size = groups[name], sizes[name]
+        picked = rng.choice(len(group), size=batch_size, replace=len(group) < batch_size)
+        batches.append([group[i] for i in picked])
+    return batches
+
+
+# ----------------------------------------------------------------------------------------
+# Translation (VECO's generation task), plain text, line n of one side translating line n of
+# the other (WMT14 as the paper: test is newstest2014):
+#   translation/{src}-{tgt}/{train,valid,test}.{src}  and  .{tgt}
+# (a folder named {tgt}-{src} serves both directions).
+
+def translation_items(tok, data_dir, src, tgt, split, lang_ids, max_len):
+    """-> [(source, target) Features]: `x </s> [src]`, and `[tgt] y` labelled `y </s>`. Training
+    and valid pairs with an empty side or more than max_len pieces on one are skipped, as the
+    released data preparation keeps 1 to 250 pieces; every test line is kept (cut to fit 512
+    positions), so that each gets a translation."""
+    paths = parallel_files(data_dir, src, tgt, split)
+    pairs = list(line_pairs(*paths))
+    x_lines, y_lines = [x for x, _ in pairs], [y for _, y in pairs]
+    longest, test = 512 - 2, split == 'test'
+    items, skipped = [], {'with an empty side': 0, f'longer than {max_len} pieces': 0}
+    for x, y in zip(tok.encode_lines(x_lines), tok.encode_lines(y_lines)):
+        if not test and not (x and y):
+            skipped['with an empty side'] += 1
+        elif not test and max(len(x), len(y)) > max_len:
+            skipped[f'longer than {max_len} pieces'] += 1
+        else:
+            x, y = x[:longest], y[:longest]
+            items.append((Feature(x + [tok.eos, lang_ids[0]]), Feature([lang_ids[1]] + y, y + [tok.eos])))
+    report_skipped(paths[0], len(x_lines), skipped, 'sentence pairs')
+    return items
+
+
+# === Machinery: the file layout and readers, file checks, the token cache, batch machinery, the demo, download ===
+
+
+# ----------------------------------------------------------------------------------------
+# Where each file lives (the layout of XTREME's own preprocessing; docs/data.md).
 
 QA_FILES = {
     'xquad': {'train': 'squad/train-v1.1.json', 'dev': 'squad/dev-v1.1.json', 'test': 'xquad/xquad.{lang}.json',
@@ -379,31 +870,6 @@ QA_FILES = {
                'translate-train': 'tydiqa/translate-train/tydiqa.translate.train.en-{lang}.json',
                'round-trip': 'tydiqa/round-trip/tydiqa.round-trip.train.en-{lang}-en.json'},
 }
-
-
-DEMO_VERSION = 6  # raised when the demo's files change (2: translation, 3: target-language tagging train sets,
-# 4: the published translations' shapes, 5: BERT's vocab.txt and TyDiQA's questions in each language, 6: CoNLL NER
-# and a unigram sentencepiece model, as XLM-R's)
-
-
-def is_demo(data_dir, current=False):
-    path = os.path.join(data_dir, 'demo.json')
-    if not current or not os.path.exists(path):
-        return os.path.exists(path)
-    with open(path) as f:
-        return json.load(f).get('version') == DEMO_VERSION
-
-
-def languages(task, demo=False, chosen=None):
-    """A task's test languages: XTREME's, or the demo's (retrieval pairs each with English); chosen (--langs): those
-    of them, and English, the source, which trains and selects."""
-    langs = (DEMO_LANGS if demo else TASKS[task].langs) if task in TASKS else ()
-    unknown = sorted(set(chosen or ()) - set(langs))
-    if unknown:
-        fix = f'choose from {", ".join(langs)}' if langs else 'it is not an XTREME task: drop --langs'
-        raise DataError(f'--langs: {task} has no language {unknown[0]!r}; {fix}')
-    langs = [lang for lang in langs if not chosen or lang in chosen or lang == 'en']
-    return tuple(lang for lang in langs if lang != 'en' or TASKS[task].family != 'retrieval')
 
 
 def split_path(data_dir, task, split, lang='en'):
@@ -442,6 +908,84 @@ def need(path, what):
         raise DataError(f'{path} not found: {what}')
     return path
 
+
+DEMO_VERSION = 6  # raised when the demo's files change (2: translation, 3: target-language tagging train sets,
+# 4: the published translations' shapes, 5: BERT's vocab.txt and TyDiQA's questions in each language, 6: CoNLL NER
+# and a unigram sentencepiece model, as XLM-R's)
+
+
+def is_demo(data_dir, current=False):
+    path = os.path.join(data_dir, 'demo.json')
+    if not current or not os.path.exists(path):
+        return os.path.exists(path)
+    with open(path) as f:
+        return json.load(f).get('version') == DEMO_VERSION
+
+
+def languages(task, demo=False, chosen=None):
+    """A task's test languages: XTREME's, or the demo's (retrieval pairs each with English); chosen (--langs): those
+    of them, and English, the source, which trains and selects."""
+    langs = (DEMO_LANGS if demo else TASKS[task].langs) if task in TASKS else ()
+    unknown = sorted(set(chosen or ()) - set(langs))
+    if unknown:
+        fix = f'choose from {", ".join(langs)}' if langs else 'it is not an XTREME task: drop --langs'
+        raise DataError(f'--langs: {task} has no language {unknown[0]!r}; {fix}')
+    langs = [lang for lang in langs if not chosen or lang in chosen or lang == 'en']
+    return tuple(lang for lang in langs if lang != 'en' or TASKS[task].family != 'retrieval')
+
+
+def tokenizer_file(family, data_dir, spm=None, vocab=None, init=None):
+    """-> (path, what it is, needed) of a family's tokenizer: BERT's vocab.txt (vocab, else the one beside the
+    checkpoint init, else data_dir's), XLM-R's sentencepiece model (spm, else data_dir's)."""
+    if family == 'bert':
+        path = vocab or beside(init, 'vocab.txt') or os.path.join(data_dir, 'vocab.txt')
+        return path, 'BERT\'s vocab.txt: put it beside --init or pass --vocab', True
+    return spm or os.path.join(data_dir, 'sentencepiece.bpe.model'), ('XLM-R\'s sentencepiece model: put it there or '
+                                                                     'pass --spm'), True
+
+
+def beside(checkpoint, name):
+    """The file `name` in a checkpoint's folder, or None (fairseq's models ship a dict.txt, BERT's a vocab.txt)."""
+    if not checkpoint:
+        return None
+    path = os.path.join(checkpoint if os.path.isdir(checkpoint) else os.path.dirname(checkpoint), name)
+    return path if os.path.isfile(path) else None
+
+
+def pretrain_files(data_dir, mono_only=False):
+    """-> {'mono:{lang}': [path], 'para:{a}-{b}': [path a, path b]} of the layout above (mono_only: no 'para:')."""
+    root, groups = os.path.join(data_dir, 'pretrain'), {}
+    mono, para = os.path.join(root, 'mono'), os.path.join(root, 'parallel')
+    for name in sorted(os.listdir(mono)) if os.path.isdir(mono) else []:
+        if name.endswith('.txt'):
+            groups[f'mono:{name[:-4]}'] = [os.path.join(mono, name)]
+    for name in sorted(os.listdir(para)) if os.path.isdir(para) and not mono_only else []:
+        pair, _, lang = name.rpartition('.')
+        if pair.count('-') == 1 and lang == pair.split('-')[0]:  # {a}-{b}.{a}: its other side is {a}-{b}.{b}
+            b = pair.split('-')[1]
+            other = need(os.path.join(para, f'{pair}.{b}'),
+                         f'{name} has no other side: put its translations in {pair}.{b}')
+            groups[f'para:{pair}'] = [os.path.join(para, name), other]
+    if not groups:
+        raise DataError(f'no pre-training text in {root}: put monolingual documents in mono/<lang>.txt and parallel '
+                        'sentences in parallel/<a>-<b>.<a> and .<b> (docs/veco.md), or pass --demo')
+    return groups
+
+
+def parallel_files(data_dir, src, tgt, split):
+    """-> (source side, target side) of a split, in translation/{src}-{tgt} or {tgt}-{src}."""
+    pairs = [os.path.join(data_dir, 'translation', p) for p in (f'{src}-{tgt}', f'{tgt}-{src}')]
+    folder = next((p for p in pairs if os.path.isdir(p)), pairs[0])
+    return [need(os.path.join(folder, f'{split}.{lang}'), f'put the {split} set\'s {lang} side there, one sentence '
+                 f'a line, aligned with {split}.{src if lang == tgt else tgt} (docs/veco.md)')
+            for lang in (src, tgt)]
+
+
+# ----------------------------------------------------------------------------------------
+# Readers. Examples are plain dicts:
+#   classification {'a', 'b', 'label'}   tagging {'words', 'tags'}
+#   qa {'id', 'question', 'context', 'answers': [{'text', 'answer_start'}]}
+# Labels are None where a file has none (XTREME strips test labels).
 
 def text_lines(path):
     """A file's lines, read one at a time: UTF-8 with or without a BOM, CRLF line ends as LF;
@@ -508,11 +1052,30 @@ def report_skipped(path, total, reasons, what='examples'):
         warn(f'{path}: {sum(reasons.values())} of {total} {what} skipped ({why})')
 
 
-# ----------------------------------------------------------------------------------------
-# Readers. Examples are plain dicts:
-#   classification {'a', 'b', 'label'}   tagging {'words', 'tags'}
-#   qa {'id', 'question', 'context', 'answers': [{'text', 'answer_start'}]}
-# Labels are None where a file has none (XTREME strips test labels).
+def bar(iterable=None, quiet=False, **kwargs):
+    """A tqdm progress bar, drawn by one process and only on a terminal (a log file would get
+    every redraw)."""
+    return tqdm(iterable, disable=quiet or not VERBOSE or not sys.stderr.isatty(), **kwargs)
+
+
+def progress(examples, what):
+    """A progress bar over a long list (a real training set); none for small ones."""
+    return bar(examples, quiet=len(examples) < 5000, desc=what, leave=False)
+
+
+def read_dictionary(path):
+    """The symbols of a fairseq dict.txt, `<symbol> <count>` a line (a #fairseq:overwrite flag may
+    follow: a symbol listed again, its later line the one looked up), as fairseq's Dictionary reads them."""
+    symbols = []
+    with open(path, encoding='utf-8') as f:
+        for n, line in enumerate(f, 1):
+            word, _, count = line.rstrip().removesuffix(' #fairseq:overwrite').rpartition(' ')
+            if not word or not count.isdigit():
+                raise DataError(f'{path} line {n} is not "<symbol> <count>": '
+                                'give the dict.txt that came with the checkpoint')
+            symbols.append(word)
+    return symbols
+
 
 def check_label(task, label, path, line):
     label = 'contradiction' if label == 'contradictory' else label  # XNLI-MT's spelling
@@ -605,65 +1168,6 @@ def unusable_answer(ex):
     if ex['context'][a['answer_start']:a['answer_start'] + len(a['text'])] != a['text']:
         return 'answer text not at answer_start'
     return None
-
-
-# The leaderboard's files, predictions and test labels alike: a label a line (read_lines), a tag a line with a
-# blank line between sentences (read_tag_file), or SQuAD's JSON (read_qa_file).
-
-def read_input(path, task, paired=False, translation=None):
-    """A file to predict on (train.py --predict) -> (examples, [(English translation, example)] for a paired method,
-    else None). A TSV holds an example a line in the task's columns: classification 'a<TAB>b', tagging a sentence
-    (its words split at spaces); a paired method's rows go on with the English translation in the same columns
-    ('a<TAB>b<TAB>a_en<TAB>b_en'); a last column may hold the label (tagging: a tag a word), which is then scored.
-    QA: XTREME's JSON, a paired method's questions paired by id with translation's (XTREME's translate-test JSON)
-    or with themselves. Every bad line is named in one DataError."""
-    family = TASKS[task].family
-    if family == 'qa':
-        examples = read_squad(path, task)
-        english = {ex['id']: ex for ex in (read_squad(translation, task) if translation else [])}
-        return examples, [(english.get(ex['id'], ex), ex) for ex in examples] if paired else None
-    width, labels = (2 if family == 'classification' else 1), set(TASKS[task].labels)
-    make = lambda cols, label: ({'a': cols[0], 'b': cols[1], 'label': label} if width == 2 else
-                                {'words': cols[0].split(), 'tags': label and label.split()})
-    fits = lambda ex: (ex['label'] in labels | {None} if width == 2 else
-                       not ex['tags'] or len(ex['tags']) == len(ex['words']) and set(ex['tags']) <= labels)
-    rows, bad = [], []
-    for n, line in ((n, line) for n, line in enumerate(lines_of(need(path, 'give the file to predict')), 1) if line):
-        cols = line.split('\t')
-        label = cols.pop() if len(cols) == width * (1 + paired) + 1 else None
-        if len(cols) != width * (1 + paired) or not all(map(str.strip, cols)) or not fits(make(cols, label)):
-            bad.append(n)
-            continue
-        rows.append((make(cols, label), make(cols[width:], None) if paired else None))
-    if bad:
-        columns = '<TAB>'.join((['a', 'b'] if width == 2 else ['words']) * (1 + paired) + ['[label]'])
-        raise DataError(f'{path}, line{"s" * (len(bad) > 1)} {", ".join(map(str, bad[:10]))}{" ..." * (len(bad) > 10)}'
-                        f': not {columns} with labels of {task}; fix or remove {"them" if len(bad) > 1 else "it"}')
-    return [example for example, _ in rows], [(english, example) for example, english in rows] if paired else None
-
-
-def read_lines(path):
-    return [line.strip() for line in lines_of(path)]
-
-
-def read_tag_file(path):
-    """One tag per line, a blank line between sentences (as the leaderboard: blank lines in a row give empty
-    sentences)."""
-    sentences = [[]]
-    for line in read_lines(path):
-        if line:
-            sentences[-1].append(line)
-        else:
-            sentences.append([])
-    return sentences if sentences[-1] else sentences[:-1]
-
-
-def read_qa_file(path):
-    try:
-        obj = json.loads(read_text(path))
-    except json.JSONDecodeError as e:
-        raise DataError(f'{path}, line {e.lineno}: not valid JSON ({e.msg}); fix the file') from None
-    return obj['data'] if 'data' in obj else obj
 
 
 def check_language(data_dir, task, lang):
@@ -770,141 +1274,67 @@ def id_sentences(path):
     return dict(line.split('\t', 1) for line in lines)
 
 
-# ----------------------------------------------------------------------------------------
-# Features: token ids and what the head needs; one type for every family.
+# The leaderboard's files, predictions and test labels alike: a label a line (read_lines), a tag a line with a
+# blank line between sentences (read_tag_file), or SQuAD's JSON (read_qa_file).
 
-IGNORE = -100  # label of tokens the loss skips (cross_entropy's ignore_index)
-
-
-@dataclass
-class Feature:
-    ids: list
-    label: object = None  # class index | tag id per token (IGNORE but on first sub-words) | (start, end) token
-    example: int = 0  # index of the example it came from
-    words: list = None  # tagging: position of each word's first sub-word
-    spans: list = None  # QA windows: each token's character span in its example's context (None off
-    max_context: list = None  # the context), and whether this window is the token's fullest
-
-
-def share_of(examples, share, part=0, seed=0):
-    """A random share of the examples, in order, the same draw for every run (seed 0): part 0
-    and part 1 are disjoint draws while two shares fit in the list (XLA's 5% setting: English
-    and target text that are not each other's translations); share 1 keeps them all."""
-    if share >= 1:
-        return examples
-    n = math.ceil(share * len(examples))
-    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
-    start = min(part * n, len(examples) - n)
-    return [examples[i] for i in sorted(order[start:start + n])]
-
-
-def bar(iterable=None, quiet=False, **kwargs):
-    """A tqdm progress bar, drawn by one process and only on a terminal (a log file would get
-    every redraw)."""
-    return tqdm(iterable, disable=quiet or not VERBOSE or not sys.stderr.isatty(), **kwargs)
-
-
-def progress(examples, what):
-    """A progress bar over a long list (a real training set); none for small ones."""
-    return bar(examples, quiet=len(examples) < 5000, desc=what, leave=False)
-
-
-def truncate_pair(a, b, budget):
-    """Longest-first truncation of two id lists to at most `budget` ids together."""
-    la, lb = len(a), len(b)
-    while la + lb > budget:
-        la, lb = (la - 1, lb) if la > lb else (la, lb - 1)
-    return a[:la], b[:lb]
-
-
-def classification_features(tok, task, examples, max_len=128):
-    labels, specials = TASKS[task].labels, len(tok.encode_pair([], []))  # <s> </s></s> </s>; [CLS] [SEP] [SEP]
-    feats = []
-    for n, ex in enumerate(progress(examples, 'features')):
-        a, b = truncate_pair(tok.encode(ex['a']), tok.encode(ex['b']), max_len - specials)
-        feats.append(Feature(tok.encode_pair(a, b), None if ex['label'] is None else labels.index(ex['label']), n))
-    return feats
-
-
-def tagging_features(tok, task, examples, max_len=128):
-    """<s> words </s>, each word's label on its first sub-word; a sentence longer than max_len is
-    cut, between words, into several features."""
-    labels, feats = TASKS[task].labels, []
-    for n, ex in enumerate(progress(examples, 'features')):
-        pieces = [p[:max_len - 2] for p in tok.encode_words(ex['words'])]
-        start = 0
-        while start == 0 or start < len(pieces):
-            ids, words, tags, end = [tok.bos], [], [IGNORE], start
-            while end < len(pieces) and len(ids) + len(pieces[end]) < max_len:
-                words.append(len(ids))
-                tags += [labels.index(ex['tags'][end]) if ex['tags'] else IGNORE] + [IGNORE] * (len(pieces[end]) - 1)
-                ids += pieces[end]
-                end += 1
-            feats.append(Feature(ids + [tok.eos], tags + [IGNORE] if ex['tags'] else None, n, words))
-            start = end
-    return feats
-
-
-def word_predictions(features, token_preds, n_examples):
-    """Per-token predictions of tagging features -> one prediction per word of each example
-    (the prediction at the word's first sub-word), chunks joined back in order."""
-    out = [[] for _ in range(n_examples)]
-    for f, pred in zip(features, token_preds):
-        out[f.example] += [pred[i] for i in f.words]
-    return out
-
-
-def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=False):
-    """Sliding windows <s> question </s></s> context part </s> (BERT: [CLS] question [SEP] context part
-    [SEP]) over each context, window starts `stride` tokens apart. Training labels are the answer's
-    first and last tokens (0, 0 when the answer is not inside the window); in training the answer's
-    boundaries are made token boundaries, so that the tokens give back exactly its characters, in
-    scripts without spaces too. Evaluation tokenizes without looking at any answer."""
-    feats, specials = [], len(tok.encode_pair([], []))
-    for n, ex in enumerate(progress(examples, 'QA windows')):
-        if train and unusable_answer(ex):
-            continue  # the readers skip (and count) these already; features never learn from them
-        a0 = ex['answers'][0]['answer_start'] if train else None  # evaluation reads blind
-        a1 = a0 + len(ex['answers'][0]['text']) if train else None
-        query = tok.encode(ex['question'])[:min(max_query, max_len - specials - 1)]  # a context token left, at least
-        ctx, spans = tok.encode_with_spans(ex['context'], (a0, a1) if train else ())
-        if train:  # first and last token holding answer characters
-            inside = [p for p, (s, e) in enumerate(spans) if s < e and s < a1 and e > a0]
-            first, last = (inside[0], inside[-1]) if inside else (-1, -1)
-        budget = max_len - len(query) - specials
-        step = min(stride, budget)
-        # window starts step tokens apart, up to the first window that reaches the context's end
-        windows = [(start, min(len(ctx) - start, budget)) for start in range(0, max(len(ctx) - budget, 0) + step, step)]
-        # the window where each token has the most context on both sides (SQuAD's max-context rule; ties: the first)
-        score = np.full((len(windows), len(ctx)), -1.0)  # -1 outside the window
-        for w, (start, length) in enumerate(windows):
-            p = np.arange(start, start + length)
-            score[w, p] = np.minimum(p - start, start + length - 1 - p) + 0.01 * length
-        owner = score.argmax(0)
-        head = [tok.bos] + query + tok.between
-        for w, (start, length) in enumerate(windows):
-            label = None
-            if train:
-                within = start <= first and last < start + length
-                label = (first - start + len(head), last - start + len(head)) if within else (0, 0)
-            fullest = (owner[start:start + length] == w).tolist()
-            feats.append(Feature(head + ctx[start:start + length] + [tok.eos], label, n,
-                                 spans=[None] * len(head) + spans[start:start + length] + [None],
-                                 max_context=[False] * len(head) + fullest + [False]))
-    return feats
-
-
-def make_features(tok, task, examples, max_len=None, train=False, stride=128):
+def read_input(path, task, paired=False, translation=None):
+    """A file to predict on (train.py --predict) -> (examples, [(English translation, example)] for a paired method,
+    else None). A TSV holds an example a line in the task's columns: classification 'a<TAB>b', tagging a sentence
+    (its words split at spaces); a paired method's rows go on with the English translation in the same columns
+    ('a<TAB>b<TAB>a_en<TAB>b_en'); a last column may hold the label (tagging: a tag a word), which is then scored.
+    QA: XTREME's JSON, a paired method's questions paired by id with translation's (XTREME's translate-test JSON)
+    or with themselves. Every bad line is named in one DataError."""
     family = TASKS[task].family
-    if family == 'classification':
-        return classification_features(tok, task, examples, max_len or 128)
-    if family == 'tagging':
-        return tagging_features(tok, task, examples, max_len or 128)
-    return qa_features(tok, examples, max_len or 384, stride, train=train)
+    if family == 'qa':
+        examples = read_squad(path, task)
+        english = {ex['id']: ex for ex in (read_squad(translation, task) if translation else [])}
+        return examples, [(english.get(ex['id'], ex), ex) for ex in examples] if paired else None
+    width, labels = (2 if family == 'classification' else 1), set(TASKS[task].labels)
+    make = lambda cols, label: ({'a': cols[0], 'b': cols[1], 'label': label} if width == 2 else
+                                {'words': cols[0].split(), 'tags': label and label.split()})
+    fits = lambda ex: (ex['label'] in labels | {None} if width == 2 else
+                       not ex['tags'] or len(ex['tags']) == len(ex['words']) and set(ex['tags']) <= labels)
+    rows, bad = [], []
+    for n, line in ((n, line) for n, line in enumerate(lines_of(need(path, 'give the file to predict')), 1) if line):
+        cols = line.split('\t')
+        label = cols.pop() if len(cols) == width * (1 + paired) + 1 else None
+        if len(cols) != width * (1 + paired) or not all(map(str.strip, cols)) or not fits(make(cols, label)):
+            bad.append(n)
+            continue
+        rows.append((make(cols, label), make(cols[width:], None) if paired else None))
+    if bad:
+        columns = '<TAB>'.join((['a', 'b'] if width == 2 else ['words']) * (1 + paired) + ['[label]'])
+        raise DataError(f'{path}, line{"s" * (len(bad) > 1)} {", ".join(map(str, bad[:10]))}{" ..." * (len(bad) > 10)}'
+                        f': not {columns} with labels of {task}; fix or remove {"them" if len(bad) > 1 else "it"}')
+    return [example for example, _ in rows], [(english, example) for example, english in rows] if paired else None
+
+
+def read_lines(path):
+    return [line.strip() for line in lines_of(path)]
+
+
+def read_tag_file(path):
+    """One tag per line, a blank line between sentences (as the leaderboard: blank lines in a row give empty
+    sentences)."""
+    sentences = [[]]
+    for line in read_lines(path):
+        if line:
+            sentences[-1].append(line)
+        else:
+            sentences.append([])
+    return sentences if sentences[-1] else sentences[:-1]
+
+
+def read_qa_file(path):
+    try:
+        obj = json.loads(read_text(path))
+    except json.JSONDecodeError as e:
+        raise DataError(f'{path}, line {e.lineno}: not valid JSON ({e.msg}); fix the file') from None
+    return obj['data'] if 'data' in obj else obj
 
 
 # ----------------------------------------------------------------------------------------
-# What a run reads: the files of a task, and the examples a method trains and is evaluated on.
+# File checks: every file a run reads is there and readable before anything is made.
 
 def check_files(data_dir, task, reader, files, family='xlmr'):
     """Every file the run needs is there, or a DataError names the first missing one (the others are
@@ -968,83 +1398,6 @@ def task_files(data_dir, task, trained=(), round_trip=False, translations=False,
     return files + labels
 
 
-def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round_trip=False, max_len=None, share=None,
-                 stride=128, cache=True, first=None):
-    """The training items of a method (Items): features of English ('en'; a share of it), of its
-    translations into langs without English ('train_lang') or with it ('every_lang'), of the
-    languages' own training data ('own_lang'; 'every_own': English's too, each its first examples);
-    for a paired method tuples (English, translation[, round trip]), English also paired with itself,
-    as both released codes do. Tokenized once into <data_dir>/.cache (build_once), or with cache
-    False into a temporary folder."""
-    if trains_on == 'every_own':  # English and the languages with training data of their own
-        langs = ['en'] + [lang for lang in langs if has_training_data(data_dir, task, lang)]
-    if trains_on in ('own_lang', 'every_own'):
-        files = tok.files + [split_path(data_dir, task, 'train', lang) for lang in langs]
-    else:
-        kinds = ('translate-train', 'round-trip')[:1 + round_trip]
-        files = tok.files + [split_path(data_dir, task, 'train')] + [
-            split_path(data_dir, task, kind, lang) for lang in langs for kind in kinds]
-    key = [task, langs, trains_on, paired, round_trip, max_len, share, stride] + [first] * bool(first)
-    sources = lambda: training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first)
-    width = (2 + round_trip) if paired else 1
-    items = feature_set(tok, task, files, key, sources, width, max_len, stride, data_dir, cache)
-    if not paired and not items.labelled.all():  # a single-text method learns every feature's own label
-        unlabelled = len(items) - int(items.labelled.sum())
-        raise DataError(f'{task}: {unlabelled} of {len(items)} training examples have no label: translations without '
-                        'tags (XTREME publishes none for POS and NER, FILTER\'s have none) teach a single-text method '
-                        'nothing; train on English, or pair them with it')
-    return items
-
-
-def unlabelled_set(tok, data_dir, task, lang, share, max_len=None, cache=True):
-    """XLA's D_t: lang's unlabelled training features (Items). They are the target language's
-    own training split without its labels (tagging: XTREME ships train-<lang>.tsv for PAN-X), or
-    the target side of translate-train (XNLI, PAWS-X). With share below 1 the draw is disjoint
-    from English's (training_set's share), so the two are not translations of each other (the
-    paper's 5% setting)."""
-    tagging = TASKS[task].family == 'tagging'
-    text = split_path(data_dir, task, 'train' if tagging else 'translate-train', lang)
-    files = tok.files + [split_path(data_dir, task, 'train'), text]
-
-    def sources():
-        if tagging:  # the two languages' own training sets: each its own draw
-            own = [dict(ex, tags=None) for ex in read_split(data_dir, task, 'train', lang)]
-            yield lang, share_of(own, share, part=1), None
-        else:  # drawn from the pairs, so that the draw is disjoint from English's where translations are missing
-            english = read_split(data_dir, task, 'train')
-            pairs = share_of(read_translations(data_dir, task, 'train', lang, english), share, part=1)
-            yield lang, [dict(t, label=None) for _, t in pairs if t is not None], None
-    key = ['unlabelled', task, lang, share, max_len]
-    return feature_set(tok, task, files, key, sources, 1, max_len, 128, data_dir, cache)
-
-
-def feature_set(tok, task, files, key, sources, width, max_len, stride, data_dir, cache, train=True):
-    """Items of the features of sources() ((name, examples, positions of their English) a source at a
-    time), tokenized by feature_arrays (stored): each feature alone (width 1), or tuples of width."""
-    kept = {}  # each source's English positions, as its jobs are made
-    jobs = lambda: training_jobs(sources(), task, max_len, stride, kept, train)
-    index_of = lambda done, total: training_index(done, total, kept, width, train)
-    build = lambda path: write_items(path, tok, jobs(), feature_arrays, index_of, {'family': TASKS[task].family})
-    return stored(build, files, key + ['lower'] * tok.lower, data_dir, cache, quiet=not train)  # evaluation: quietly
-
-
-def evaluation_sets(data_dir, task, translate_test=False, paired=False, chosen=None):
-    """Every file evaluation will read (of the languages chosen), read and checked before any training (labels,
-    columns, JSON shape, translations, test labels): {split: {lang: (examples scored against, model
-    inputs, (English translation, input) pairs for paired methods)}} (data.evaluation_set)."""
-    sets = {'dev': {}, 'test': {}}
-    for split in sets:
-        for lang in languages(task, is_demo(data_dir), chosen):
-            path = split_path(data_dir, task, split, lang)
-            if split == 'dev' and not (path and os.path.exists(path)):
-                continue  # no dev set in this language (XQuAD, TyDiQA); the run checked every other file
-            sets[split][lang] = evaluation_set(data_dir, task, split, lang, translate_test, paired)
-            if split == 'test':
-                labels = os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}')
-                check_labels(task, labels, sets[split][lang][1])
-    return sets
-
-
 def check_labels(task, path, examples):
     """A test label file, where there is one, must be scorable against the test set: one label (or
     tag sentence) per example, from the label set, or every question's answers."""
@@ -1070,79 +1423,24 @@ def check_labels(task, path, examples):
         raise DataError(f'{path}: example {bad} has a label outside {", ".join(TASKS[task].labels)}; fix the file')
 
 
-def evaluation_items(tok, data_dir, task, inputs, pairs, max_len=None, stride=128, cache=True):
-    """The evaluation features of inputs (Items), or of pairs ((English translation, input), for
-    paired methods: each target feature once, with its English), kept as the training sets are,
-    keyed by the examples themselves (evaluation_set's: a split, or its translations)."""
-    english = None if pairs is None else [en for en, _ in pairs]  # the pairs' second sides are the inputs
-    digest = hashlib.sha1(json.dumps([inputs, english]).encode()).hexdigest()
-    # the inputs first, so that a feature's example is its input's number
-    sources = lambda: [('input', inputs, None)] + ([] if english is None else [('en', english, None)])
-    return feature_set(tok, task, tok.files, ['evaluation', task, max_len, stride, digest], sources,
-                       1 if pairs is None else 2, max_len, stride, data_dir, cache, train=False)
-
-
-def has_training_data(data_dir, task, lang):
-    """Has lang training data of its own? UD v2.5 has none for some languages (Thai, Tagalog, Yoruba)."""
-    path = split_path(data_dir, task, 'train', lang)
-    if path and os.path.exists(path):
-        return True
-    warn(f'{task} has no training data in {lang} ({path}): in-language multi-task trains without it')
-    return False
-
-
-def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first=None):
-    """-> (name, examples, positions of their English examples) a source at a time: each language's
-    own first examples (in-language), or English (not for a single-text method on 'train_lang'),
-    then each language's translations and their round trips where there are (write_items pairs the
-    English itself where there are none)."""
-    if trains_on in ('own_lang', 'every_own'):
-        for lang in langs:
-            yield lang, read_split(data_dir, task, 'train', lang)[:first], None
-        return
-    english = read_split(data_dir, task, 'train')
-    if share:  # XLA's warm-up on the 5% setting: its share of English
-        english = share_of(english, share, part=0)
-    if paired or trains_on != 'train_lang':
-        yield 'en', english, None
-    missing = []
-    for lang in langs:
-        pairs = read_translations(data_dir, task, 'train', lang, english)
-        kept = [n for n, (_, t) in enumerate(pairs) if t is not None]
-        yield lang, [pairs[n][1] for n in kept], kept
-        trip = read_round_trip(data_dir, task, lang, pairs) if round_trip else None
-        if trip is not None:
-            yield f'{lang} round trip', [trip[n] for n in kept], kept
-        missing += [lang] * (round_trip and trip is None)
-    if missing:
-        warn(f'no round-trip data for {task} in {", ".join(missing)} (docs/data.md): scheduled sampling feeds the '
-             'real English text there')
-
-
-def evaluation_set(data_dir, task, split, lang, translate_test=False, paired=False):
-    """(examples scored against, model inputs, [(English translation, input)] for paired methods
-    or None). translate-test reads the English translations (QA is then scored on the
-    translations' own answers, as XTREME does); English examples pair with themselves, and so does
-    an example whose translation is missing."""
-    if translate_test and lang != 'en':
-        pairs = read_translations(data_dir, task, split, lang)
-        english = [t or o for o, t in pairs]  # an example without a translation is read as it is
-        gold, inputs = (english if TASKS[task].family == 'qa' else [o for o, _ in pairs]), english
-    else:
-        gold = inputs = read_split(data_dir, task, split, lang)
-    if not paired:
-        return gold, inputs, None
-    if lang == 'en':
-        return gold, inputs, [(ex, ex) for ex in inputs]
-    return gold, inputs, [(t or ex, ex) for ex, t in read_translations(data_dir, task, split, lang, inputs)]
-
-
 # ----------------------------------------------------------------------------------------
 # Training sets on disk: tokenized once, with every core, into flat arrays beside the data, and
 # memory-mapped by every process of every later start (one copy a machine, in the page cache).
 
 CACHE_FORMAT = 3  # part of every cache's key: raised when features or their files change for the same data and settings
 SLICE = 2000  # examples a worker tokenizes at a time (below progress()'s bar: workers draw none)
+
+TEXT_SLICE = 1000  # documents or parallel lines a worker tokenizes at a time
+
+
+def feature_set(tok, task, files, key, sources, width, max_len, stride, data_dir, cache, train=True):
+    """Items of the features of sources() ((name, examples, positions of their English) a source at a
+    time), tokenized by feature_arrays (stored): each feature alone (width 1), or tuples of width."""
+    kept = {}  # each source's English positions, as its jobs are made
+    jobs = lambda: training_jobs(sources(), task, max_len, stride, kept, train)
+    index_of = lambda done, total: training_index(done, total, kept, width, train)
+    build = lambda path: write_items(path, tok, jobs(), feature_arrays, index_of, {'family': TASKS[task].family})
+    return stored(build, files, key + ['lower'] * tok.lower, data_dir, cache, quiet=not train)  # evaluation: quietly
 
 
 def stored(build, files, key, data_dir, cache=True, quiet=False):
@@ -1431,105 +1729,55 @@ class Items:
         return Feature(self.read('ids', a, b), label, example, words, spans, fullest)
 
 
+def slices(iterable, n):
+    """Consecutive lists of n of the iterable's items (the last may be shorter), read as they are needed."""
+    iterable = iter(iterable)
+    while part := list(islice(iterable, n)):
+        yield part
+
+
+def pair_arrays(job):
+    """(parallel, documents or line pairs, max_len) -> (the (x, y) pairs' features as flat arrays,
+    x then y, and the counts of what each rule used)."""
+    parallel, part, max_len = job
+    counts, tok = {}, TOKENIZER
+    if not parallel:
+        pairs = segment_pairs(tok, part, max_len, counts)
+    else:
+        kept = [(a, b) for a, b in part if a.strip() and b.strip()]
+        longest = min(max_len, PARA_LEN) - 2  # Table 5: bilingual pairs of at most 128 tokens
+        whole = list(zip(tok.encode_words([a for a, _ in kept]), tok.encode_words([b for _, b in kept])))
+        pairs = [(x[:longest], y[:longest]) for x, y in whole]
+        used = sum(len(x) + len(y) for x, y in pairs)
+        count(counts, 'parallel lines, a pair each', len(pairs), 2 * len(pairs), used)
+        count(counts, 'left out: parallel lines with an empty side', len(part) - len(kept), 0, 0)
+        cut = sum(len(x) + len(y) for x, y in whole) - used
+        count(counts, f'left out: parallel pieces past {longest} a side', 0, 0, cut)
+    sides = [[tok.bos] + side + [tok.eos] for pair in pairs for side in pair]
+    return {'ids': flat(sides), 'length': np.array([len(s) for s in sides], np.int32),
+            'label': np.full(len(sides), int(parallel), np.int32), 'labelled': np.ones(len(sides), np.int32)}, counts
+
+
+def pretraining_index(done, total):
+    """write_items' index_of for pre-training: items (x, y) of consecutive features, each group's
+    items [first, end), and the counts of its slices added up."""
+    groups, counts = {}, {}
+    for (name, before, slice_counts), end in zip(done, [before for _, before, _ in done[1:]] + [total]):
+        groups[name] = [groups.get(name, [before // 2])[0], end // 2]
+        for rule, values in slice_counts.items():
+            count(counts, rule, *values)
+    return np.arange(total).reshape(-1, 2), {'groups': {g: ends for g, ends in groups.items() if ends[1] > ends[0]},
+                                            'counts': counts}
+
+
+def pretraining_table(counts):
+    """What each rule of pretraining_set used and what was left out, as printed lines."""
+    rows = [f'  {rule:<46}{d:>11,}{s:>11,}{p:>13,}' for rule, (d, s, p) in counts.items() if d or s or p]
+    return '\n'.join([f'{"pre-training data":<48}{"docs/lines":>11}{"segments":>11}{"pieces":>13}'] + rows)
+
+
 # ----------------------------------------------------------------------------------------
-# Batches: padded to their own longest sequence.
-
-@dataclass
-class Batch:
-    ids: torch.Tensor  # (B, T)
-    mask: torch.Tensor  # (B, T), True on real tokens
-    labels: torch.Tensor = None  # (B,) classes | (B, T) tags | (B, 2) answer start, end
-    index: list = None  # the features' positions in their list
-    first: torch.Tensor = None  # tagging: (B, T), True on each word's first sub-word
-    padded: bool = True  # a row shorter than another (collate knows it without asking the device)
-
-    @property
-    def keys(self):
-        """The mask attention takes: None when no row is padded, so that SDPA may pick its fastest kernel."""
-        return self.mask if self.padded else None
-
-    def to(self, device):
-        move = lambda t: None if t is None else moved(t, device)
-        return Batch(move(self.ids), move(self.mask), move(self.labels), self.index, move(self.first), self.padded)
-
-
-@dataclass
-class Pair:
-    """A source example and its translation: the one input shape of FILTER, X-Mixup and the
-    consistency-style methods (alt: the source's round trip through the target language)."""
-    src: Batch
-    tgt: Batch
-    alt: Batch = None
-
-    def to(self, device):
-        return Pair(self.src.to(device), self.tgt.to(device), self.alt and self.alt.to(device))
-
-
-def moved(t, device):
-    """t on device; to a GPU from page-locked memory, so that the copy runs while the device computes (no host sync)."""
-    pin = torch.device(device).type == 'cuda' and t.device.type == 'cpu'
-    return (t.pin_memory() if pin else t).to(device, non_blocking=True)
-
-
-def collate(features, index=None, pad_id=1):
-    """A Batch of features, padded with pad_id (the tokenizer's: XLM-R's 1, BERT's 0)."""
-    pad = lambda rows, value: torch.nn.utils.rnn.pad_sequence([torch.tensor(r) for r in rows], True, value)
-    ids = pad([f.ids for f in features], pad_id)
-    labels = first = None
-    if all(f.label is not None for f in features):  # tag lists padded with IGNORE, else a class or a (start, end) each
-        labels = [f.label for f in features]
-        labels = pad(labels, IGNORE) if isinstance(labels[0], list) else torch.tensor(labels)
-    if features[0].words is not None:
-        first = torch.zeros_like(ids, dtype=torch.bool)
-        for row, f in enumerate(features):
-            first[row, f.words] = True
-    return Batch(ids, ids.ne(pad_id), labels, index, first, len({len(f.ids) for f in features}) > 1)
-
-
-def collate_pairs(src, tgt, index=None, alt=None, pad_id=1):
-    return Pair(collate(src, index, pad_id), collate(tgt, index, pad_id), alt and collate(alt, index, pad_id))
-
-
-MEGA = 50  # length grouping sorts mega-batches of this many batches
-BUCKET = 4  # by length in steps of this many tokens, not token by token: where length tells the label (the
-# demo's XNLI: 19, 20 and 22 tokens, one label each), batches of one length would hold one label each
-
-
-def item_lengths(items, index=None):
-    """(items, sides) array of the tokens of each side of items[index] (all items by default):
-    one side for a feature, one per side for a paired method's tuple (each side of a batch is
-    padded on its own)."""
-    if hasattr(items, 'lengths'):  # a set on disk (Items), or XLA's choice of samples
-        return items.lengths(index)
-    rows = [[len(f.ids) for f in (items[i] if isinstance(items[i], tuple) else (items[i],))]
-            for i in (range(len(items)) if index is None else index)]
-    return np.array(rows, np.int64).reshape(len(rows), -1) if rows else np.zeros((0, 1), np.int64)
-
-
-def global_batches(n, batch_size, seed, chunks, lengths=None, max_tokens=None):
-    """An epoch's global batches of n items from a permutation fixed by seed, grouped by the
-    items' lengths when lengths are given (else random batches, as the papers' scripts), or in tokens with
-    max_tokens (token_batches)."""
-    if max_tokens:
-        return token_batches(lengths, max_tokens, chunks, seed)
-    g = torch.Generator().manual_seed(seed)
-    return cut_batches(torch.randperm(n, generator=g).tolist(), batch_size, chunks, g, lengths)
-
-
-def cut_batches(order, size, chunks, g, lengths=None):
-    """Batches of `size` items in `order`. With lengths, each mega-batch of MEGA batches is
-    sorted by length (in BUCKET steps) before it is cut, and the batches are then shuffled by g:
-    a batch holds items of similar length and pads little, and the split depends on no process
-    count. A last batch too small to give every process and micro-step (chunks) an item is dropped."""
-    if lengths is not None:  # a stable sort: lengths within BUCKET tokens keep their random order (and mix labels)
-        key, mega = np.asarray(lengths) // BUCKET, size * MEGA  # a pair: by one side, then the other
-        parts = np.split(np.asarray(order), range(mega, len(order), mega))
-        order = np.concatenate([part[np.lexsort(key[part].T[::-1])] for part in parts]).tolist()
-    batches = [order[i:i + size] for i in range(0, len(order), size)]
-    if lengths is not None:
-        batches = [batches[j] for j in torch.randperm(len(batches), generator=g).tolist()]
-    return [b for b in batches if len(b) >= chunks]
-
+# Batch machinery: runs counted in steps, batches in tokens, padding and the largest micro-batch.
 
 def stepped(cut, steps, eval_every, batch_size):
     """A run counted in steps (pre-training, translation): the global batches of passes cut(p) one after another,
@@ -1539,35 +1787,6 @@ def stepped(cut, steps, eval_every, batch_size):
         raise DataError(f'{batch_size} is larger than the training items: lower it')
     steps_of = lambda epoch: range(epoch * eval_every, min((epoch + 1) * eval_every, steps))
     return lambda epoch: [cut(s // per_pass)[s % per_pass] for s in steps_of(epoch)]
-
-
-def pad_share(lengths_of, batches, parts):
-    """The share of padding tokens in an epoch's micro-batches (each global batch cut into
-    `parts`, as the training step cuts it; each side padded to its longest item). lengths_of(index)
-    -> item_lengths' of those items: only an epoch's are read."""
-    real = padded = 0
-    for batch in batches:
-        for chunk in (lengths_of(c) for c in np.array_split(np.array(batch), parts) if len(c)):
-            real, padded = real + chunk.sum(), padded + len(chunk) * chunk.max(0).sum()
-    return 1 - real / max(padded, 1)
-
-
-def token_sizes(lengths_of, groups, max_tokens, chunks):
-    """Pre-training batches in tokens: {group: its pairs a step}, `chunks` micro-batches of as many of the group's
-    pairs as its longest pair (both sides) fits in max_tokens. lengths_of(index) -> item_lengths' of those items."""
-    longest = {name: int(lengths_of(members).sum(1).max()) for name, members in groups.items()}
-    return {name: chunks * max(1, max_tokens // tokens) for name, tokens in longest.items()}
-
-
-def largest_micro_batch(lengths_of, batch, parts):
-    """-> (its positions, its tokens padding included) of the largest of batch's micro-batches (cut into `parts`)."""
-    padded = lambda chunk: len(chunk) * lengths_of(chunk).max(0).sum()
-    return max(((c, padded(c)) for c in np.array_split(np.array(batch), parts) if len(c)), key=lambda c: c[1])
-
-
-def largest_batch(lengths_of, batches, parts):
-    """The batch whose largest micro-batch (each cut into `parts`) holds the most tokens, padding included."""
-    return max(batches, key=lambda batch: largest_micro_batch(lengths_of, batch, parts)[1])
 
 
 def token_batches(lengths, max_tokens, chunks, seed):
@@ -1590,13 +1809,37 @@ def token_batches(lengths, max_tokens, chunks, seed):
     return [batches[i] for i in torch.randperm(len(batches), generator=g).tolist()]
 
 
-def collate_items(paired, pad_id=1):
-    """Batches of features, or Pairs of (English, target) features for paired methods."""
-    if not paired:
-        return lambda items, index=None: collate(items, index, pad_id)
-    return lambda items, index=None: collate_pairs([i[0] for i in items], [i[1] for i in items], index,
-                                                   [i[2] for i in items] if len(items[0]) > 2 else None, pad_id)
+def token_sizes(lengths_of, groups, max_tokens, chunks):
+    """Pre-training batches in tokens: {group: its pairs a step}, `chunks` micro-batches of as many of the group's
+    pairs as its longest pair (both sides) fits in max_tokens. lengths_of(index) -> item_lengths' of those items."""
+    longest = {name: int(lengths_of(members).sum(1).max()) for name, members in groups.items()}
+    return {name: chunks * max(1, max_tokens // tokens) for name, tokens in longest.items()}
 
+
+def pad_share(lengths_of, batches, parts):
+    """The share of padding tokens in an epoch's micro-batches (each global batch cut into
+    `parts`, as the training step cuts it; each side padded to its longest item). lengths_of(index)
+    -> item_lengths' of those items: only an epoch's are read."""
+    real = padded = 0
+    for batch in batches:
+        for chunk in (lengths_of(c) for c in np.array_split(np.array(batch), parts) if len(c)):
+            real, padded = real + chunk.sum(), padded + len(chunk) * chunk.max(0).sum()
+    return 1 - real / max(padded, 1)
+
+
+def largest_micro_batch(lengths_of, batch, parts):
+    """-> (its positions, its tokens padding included) of the largest of batch's micro-batches (cut into `parts`)."""
+    padded = lambda chunk: len(chunk) * lengths_of(chunk).max(0).sum()
+    return max(((c, padded(c)) for c in np.array_split(np.array(batch), parts) if len(c)), key=lambda c: c[1])
+
+
+def largest_batch(lengths_of, batches, parts):
+    """The batch whose largest micro-batch (each cut into `parts`) holds the most tokens, padding included."""
+    return max(batches, key=lambda batch: largest_micro_batch(lengths_of, batch, parts)[1])
+
+
+# ----------------------------------------------------------------------------------------
+# Work shared out over the processes (DDP), the results passed through files.
 
 class Ragged:
     """Results of different lengths one after another (Run.map's): item i's are
@@ -1657,230 +1900,6 @@ def shared_out(fn, lengths, processes, batch_size, desc, fields=1, everywhere=Tr
         torch.distributed.barrier()
         os.remove(path(rank))
     return None if blocks is None else [Ragged.joined([b[f] for b in blocks]) for f in range(fields)]
-
-
-def length_batches(lengths, batch_size):
-    """Evaluation batches: positions sorted by their lengths (item_lengths' of a side), so each batch pads little."""
-    order = np.argsort(lengths, kind='stable').tolist()
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-
-
-# ----------------------------------------------------------------------------------------
-# Pre-training text (VECO), one sentence or paragraph a line:
-#   pretrain/mono/{lang}.txt        monolingual documents, a blank line between two (CC-100's layout)
-#   pretrain/parallel/{a}-{b}.{a}   parallel sentences: line n of {a}-{b}.{a} and line n of
-#   pretrain/parallel/{a}-{b}.{b}   {a}-{b}.{b} translate each other (OPUS's Moses layout)
-
-PARA_LEN = 128  # longest parallel sentence, in tokens (Table 5's bilingual length)
-TEXT_SLICE = 1000  # documents or parallel lines a worker tokenizes at a time
-
-
-def pretrain_files(data_dir, mono_only=False):
-    """-> {'mono:{lang}': [path], 'para:{a}-{b}': [path a, path b]} of the layout above (mono_only: no 'para:')."""
-    root, groups = os.path.join(data_dir, 'pretrain'), {}
-    mono, para = os.path.join(root, 'mono'), os.path.join(root, 'parallel')
-    for name in sorted(os.listdir(mono)) if os.path.isdir(mono) else []:
-        if name.endswith('.txt'):
-            groups[f'mono:{name[:-4]}'] = [os.path.join(mono, name)]
-    for name in sorted(os.listdir(para)) if os.path.isdir(para) and not mono_only else []:
-        pair, _, lang = name.rpartition('.')
-        if pair.count('-') == 1 and lang == pair.split('-')[0]:  # {a}-{b}.{a}: its other side is {a}-{b}.{b}
-            b = pair.split('-')[1]
-            other = need(os.path.join(para, f'{pair}.{b}'),
-                         f'{name} has no other side: put its translations in {pair}.{b}')
-            groups[f'para:{pair}'] = [os.path.join(para, name), other]
-    if not groups:
-        raise DataError(f'no pre-training text in {root}: put monolingual documents in mono/<lang>.txt and parallel '
-                        'sentences in parallel/<a>-<b>.<a> and .<b> (docs/veco.md), or pass --demo')
-    return groups
-
-
-def segment_pairs(tok, documents, max_len, counts):
-    """Section 2.2's "two adjacent segments" of each document, as (x, y) id lists. Consecutive lines
-    are packed into segments of at most max_len - 2 pieces (a longer line is cut) and paired in
-    order, (1, 2), (3, 4) ...; an odd last segment pairs with the one before it. A document of one
-    segment is cut in two (cut_in_two). counts: {rule: [documents, segments, pieces]} adds up what
-    each rule used (the segment an odd last one pairs with is used twice) and what was left out."""
-    pairs, budget, word_start = [], max_len - 2, tok.word_starts()
-    tally = lambda rule, segments: count(counts, rule, 1, len(segments), sum(map(len, segments)))
-    for doc in documents:
-        lines, segments = tok.encode_words(doc), [[]]  # one id list per line (at least one id each)
-        for ids in lines:
-            for start in range(0, len(ids), budget):
-                piece = ids[start:start + budget]
-                if len(segments[-1]) + len(piece) > budget:
-                    segments.append([])
-                segments[-1] += piece
-        if len(segments) == 1:  # every line whole in it, so its lines end at their lengths' running sums
-            rule, made = cut_in_two(segments[0], list(accumulate(map(len, lines)))[:-1], word_start)
-            tally(rule, segments)
-            pairs += made
-            continue
-        even = segments[:len(segments) // 2 * 2]
-        tally('adjacent segments', even)
-        pairs += [(even[i], even[i + 1]) for i in range(0, len(even), 2)]
-        if len(segments) % 2:
-            count(counts, 'odd last segment, with the one before', 0, 1, len(segments[-1]))  # its document counted once
-            pairs.append((segments[-2], segments[-1]))
-    return pairs
-
-
-def count(counts, rule, documents, segments, pieces):
-    """Add to what a rule of the pre-training data used: counts[rule] = [documents, segments, pieces]."""
-    counts[rule] = [a + b for a, b in zip(counts.get(rule, (0, 0, 0)), (documents, segments, pieces))]
-
-
-def cut_in_two(segment, line_ends, word_start):
-    """-> (rule, pairs): a document of one segment cut at the line boundary nearest its middle, one
-    of a single line at the word start nearest its middle, or at the piece boundary nearest it
-    where the line has no word start past its first piece (text written without spaces: CC-100's
-    zh, ja, th; a single long word); a single piece is left out."""
-    cuts, rule = line_ends, 'one segment, cut at a line'
-    if not cuts:
-        cuts, rule = [i for i in range(1, len(segment)) if word_start[segment[i]]], 'one line, cut at a word'
-    if not cuts:
-        cuts, rule = list(range(1, len(segment))), 'one line of one word (no spaces), cut at a piece'
-    if not cuts:
-        return 'left out: a single piece', []
-    cut = min(cuts, key=lambda c: abs(2 * c - len(segment)))
-    return rule, [(segment[:cut], segment[cut:])]
-
-
-def pretraining_set(tok, data_dir, max_len, mono_only=False, cache=True):
-    """-> (items, {group: its items' positions}, counts): items are (x, y) Feature pairs, <s> x </s>
-    and <s> y </s>, labelled 1 on parallel pairs and 0 on adjacent monolingual segments; counts:
-    what each rule used and what was left out, {rule: [documents or lines, segments, pieces]}. The
-    text is read a slice at a time and tokenized once into <data_dir>/.cache (as training_set)."""
-    groups = pretrain_files(data_dir, mono_only)
-    text = lambda group, paths: documents(paths[0]) if group.startswith('mono:') else line_pairs(*paths)
-    jobs = ((group, (group.startswith('para:'), part, max_len)) for group, paths in groups.items()
-            for part in slices(text(group, paths), TEXT_SLICE))
-    build = lambda path: write_items(path, tok, jobs, pair_arrays, pretraining_index, {'family': 'pretrain'})
-    files = tok.files + [p for paths in groups.values() for p in paths]
-    items = stored(build, files, ['pretrain', max_len, mono_only], data_dir, cache)
-    return items, {g: range(*ends) for g, ends in items.meta['groups'].items()}, items.meta['counts']
-
-
-def slices(iterable, n):
-    """Consecutive lists of n of the iterable's items (the last may be shorter), read as they are needed."""
-    iterable = iter(iterable)
-    while part := list(islice(iterable, n)):
-        yield part
-
-
-def pair_arrays(job):
-    """(parallel, documents or line pairs, max_len) -> (the (x, y) pairs' features as flat arrays,
-    x then y, and the counts of what each rule used)."""
-    parallel, part, max_len = job
-    counts, tok = {}, TOKENIZER
-    if not parallel:
-        pairs = segment_pairs(tok, part, max_len, counts)
-    else:
-        kept = [(a, b) for a, b in part if a.strip() and b.strip()]
-        longest = min(max_len, PARA_LEN) - 2  # Table 5: bilingual pairs of at most 128 tokens
-        whole = list(zip(tok.encode_words([a for a, _ in kept]), tok.encode_words([b for _, b in kept])))
-        pairs = [(x[:longest], y[:longest]) for x, y in whole]
-        used = sum(len(x) + len(y) for x, y in pairs)
-        count(counts, 'parallel lines, a pair each', len(pairs), 2 * len(pairs), used)
-        count(counts, 'left out: parallel lines with an empty side', len(part) - len(kept), 0, 0)
-        cut = sum(len(x) + len(y) for x, y in whole) - used
-        count(counts, f'left out: parallel pieces past {longest} a side', 0, 0, cut)
-    sides = [[tok.bos] + side + [tok.eos] for pair in pairs for side in pair]
-    return {'ids': flat(sides), 'length': np.array([len(s) for s in sides], np.int32),
-            'label': np.full(len(sides), int(parallel), np.int32), 'labelled': np.ones(len(sides), np.int32)}, counts
-
-
-def pretraining_index(done, total):
-    """write_items' index_of for pre-training: items (x, y) of consecutive features, each group's
-    items [first, end), and the counts of its slices added up."""
-    groups, counts = {}, {}
-    for (name, before, slice_counts), end in zip(done, [before for _, before, _ in done[1:]] + [total]):
-        groups[name] = [groups.get(name, [before // 2])[0], end // 2]
-        for rule, values in slice_counts.items():
-            count(counts, rule, *values)
-    return np.arange(total).reshape(-1, 2), {'groups': {g: ends for g, ends in groups.items() if ends[1] > ends[0]},
-                                            'counts': counts}
-
-
-def pretraining_table(counts):
-    """What each rule of pretraining_set used and what was left out, as printed lines."""
-    rows = [f'  {rule:<46}{d:>11,}{s:>11,}{p:>13,}' for rule, (d, s, p) in counts.items() if d or s or p]
-    return '\n'.join([f'{"pre-training data":<48}{"docs/lines":>11}{"segments":>11}{"pieces":>13}'] + rows)
-
-
-def split_held_out(groups, share=0.02, most=500):
-    """-> (training groups, held-out positions): the last `share` of each group (at most
-    `most`, at least 1 when the group has 20 pairs) is held out to measure the MLM losses."""
-    train, held = {}, []
-    for g, positions in groups.items():
-        n = min(most, round(len(positions) * share), len(positions) - 1)
-        n = max(n, 1 if len(positions) >= 20 else 0)
-        train[g], held = positions[:len(positions) - n], held + list(positions[len(positions) - n:])
-    return train, held
-
-
-def sampling_weights(sizes, alpha=0.5):
-    """Smoothed sampling (XLM's for VECO's languages, XLA's Eq. 2 for its sets): set i is drawn with
-    probability q_i = f_i^alpha / sum_j f_j^alpha, f_i = n_i / sum_j n_j (alpha 1: in proportion
-    to the sizes; 0: uniform); an empty set never."""
-    n = np.array(sizes, dtype=float)
-    q = np.where(n > 0, (n / n.sum()) ** alpha, 0.0)
-    return q / q.sum()
-
-
-def pretrain_batches(groups, sizes, n_steps, seed, alpha=0.5):
-    """The batches of n_steps steps: monolingual and bilingual steps alternate (when both kinds
-    are there), of sizes[group] pairs; each batch is drawn from one language (pair), chosen with
-    sampling_weights among its kind, its pairs drawn without replacement (with it when the group
-    is smaller)."""
-    rng = np.random.default_rng(seed)
-    kinds = [names for names in ([g for g in groups if g.startswith(kind)] for kind in ('mono:', 'para:')) if names]
-    weights = [sampling_weights([len(groups[g]) for g in names], alpha) for names in kinds]
-    batches = []
-    for step in range(n_steps):
-        names, p = kinds[step % len(kinds)], weights[step % len(kinds)]
-        name = names[rng.choice(len(names), p=p)]
-        group, batch_size = groups[name], sizes[name]
-        picked = rng.choice(len(group), size=batch_size, replace=len(group) < batch_size)
-        batches.append([group[i] for i in picked])
-    return batches
-
-
-# ----------------------------------------------------------------------------------------
-# Translation (VECO's generation task), plain text, line n of one side translating line n of
-# the other (WMT14 as the paper: test is newstest2014):
-#   translation/{src}-{tgt}/{train,valid,test}.{src}  and  .{tgt}
-# (a folder named {tgt}-{src} serves both directions).
-
-def parallel_files(data_dir, src, tgt, split):
-    """-> (source side, target side) of a split, in translation/{src}-{tgt} or {tgt}-{src}."""
-    pairs = [os.path.join(data_dir, 'translation', p) for p in (f'{src}-{tgt}', f'{tgt}-{src}')]
-    folder = next((p for p in pairs if os.path.isdir(p)), pairs[0])
-    return [need(os.path.join(folder, f'{split}.{lang}'), f'put the {split} set\'s {lang} side there, one sentence '
-                 f'a line, aligned with {split}.{src if lang == tgt else tgt} (docs/veco.md)')
-            for lang in (src, tgt)]
-
-
-def translation_items(tok, data_dir, src, tgt, split, lang_ids, max_len):
-    """-> [(source, target) Features]: `x </s> [src]`, and `[tgt] y` labelled `y </s>`. Training
-    and valid pairs with an empty side or more than max_len pieces on one are skipped, as the
-    released data preparation keeps 1 to 250 pieces; every test line is kept (cut to fit 512
-    positions), so that each gets a translation."""
-    paths = parallel_files(data_dir, src, tgt, split)
-    pairs = list(line_pairs(*paths))
-    x_lines, y_lines = [x for x, _ in pairs], [y for _, y in pairs]
-    longest, test = 512 - 2, split == 'test'
-    items, skipped = [], {'with an empty side': 0, f'longer than {max_len} pieces': 0}
-    for x, y in zip(tok.encode_lines(x_lines), tok.encode_lines(y_lines)):
-        if not test and not (x and y):
-            skipped['with an empty side'] += 1
-        elif not test and max(len(x), len(y)) > max_len:
-            skipped[f'longer than {max_len} pieces'] += 1
-        else:
-            x, y = x[:longest], y[:longest]
-            items.append((Feature(x + [tok.eos, lang_ids[0]]), Feature([lang_ids[1]] + y, y + [tok.eos])))
-    report_skipped(paths[0], len(x_lines), skipped, 'sentence pairs')
-    return items
 
 
 # ----------------------------------------------------------------------------------------

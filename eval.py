@@ -30,10 +30,6 @@ from data import (GROUPS, TASKS, XTREME, DataError, Feature, collate, is_demo, i
 from layers import Parser, atomic_write, mean_pool
 
 
-class EvalError(ValueError):
-    """Predictions that cannot be scored; the message is one line that says why."""
-
-
 # ----------------------------------------------------------------------------------------
 # Metrics. Each takes gold labels first, returns {metric: value in 0-100}.
 
@@ -76,9 +72,13 @@ def bucc_f1(labels, preds):
 
 
 SQUAD_PUNCT = set(string.punctuation)
+
+
 # MLQA: every Unicode punctuation character plus ASCII's, articles per language.
 MLQA_PUNCT = ({chr(i) for i in range(sys.maxunicode) if unicodedata.category(chr(i)).startswith('P')}
               | set(string.punctuation))
+
+
 # MLQA's Arabic regex: only its second branch can match, so every 'ال' goes, mid-word too
 MLQA_ARTICLES = {'en': r'\b(a|an|the)\b', 'es': r'\b(un|una|unos|unas|el|la|los|las)\b',
                  'de': r'\b(ein|eine|einen|einem|eines|einer|der|die|das|den|dem|des)\b',
@@ -202,139 +202,8 @@ def translation_scores(hyps, refs):
     return {'bleu': bleu(hyps, refs), 'tokenized_bleu': tokenized_bleu(tokens(hyps), tokens(refs))}
 
 
-def translation_table(title, scores):
-    """The table a translation run prints: sacreBLEU with its signature, then tokenised BLEU."""
-    sacre, tokenized = scores['bleu'], scores['tokenized_bleu']
-    return (f'{title}\n  sacreBLEU       {sacre["bleu"]:6.2f}  {sacre["signature"]}\n'
-            f'  tokenized BLEU  {tokenized["bleu"]:6.2f}  (13a tokens, lower case, no smoothing: multi-bleu.perl -lc)')
-
-
-def bleu_files(hyp_path, ref_path, tokenized=False):
-    """BLEU of two UTF-8 text files, line i against line i (an empty line is an empty sentence)."""
-    for path in (hyp_path, ref_path):
-        if not os.path.isfile(path):
-            raise EvalError(f'{path} is not there')
-    hyps, refs = lines_of(hyp_path), lines_of(ref_path)
-    if len(hyps) != len(refs):
-        raise EvalError(f'{hyp_path} has {len(hyps)} lines, {ref_path} has {len(refs)}: '
-                        'write one hypothesis per reference line')
-    return (tokenized_bleu if tokenized else bleu)(hyps, refs)
-
-
-def bleu_line(s):
-    """The one-line summary sacreBLEU prints."""
-    ratio = s['sys_len'] / s['ref_len'] if s['ref_len'] else 0
-    return (f"BLEU = {s['bleu']:.2f} {'/'.join(f'{p:.1f}' for p in s['precisions'])} (BP = {s['bp']:.3f} "
-            f"ratio = {ratio:.3f} hyp_len = {s['sys_len']} ref_len = {s['ref_len']})")
-
-
 # ----------------------------------------------------------------------------------------
-# The leaderboard layout: <folder>/<task>/test-<lang>.<tsv|json>.
-
-def score_file(task, pred_path, label_path, lang):
-    """Scores of one language file against its labels."""
-    family = TASKS[task].family
-    for path in (pred_path, label_path):
-        if not os.path.isfile(path):
-            raise EvalError(f'{path} is not there: every language of {task} needs a file '
-                            f'({", ".join(TASKS[task].langs)})')
-    if family == 'qa':
-        return qa_scores(read_qa_file(label_path), read_qa_file(pred_path), lang if task == 'mlqa' else None)
-    read = read_tag_file if family == 'tagging' else read_lines
-    labels, preds = read(label_path), read(pred_path)
-    if task == 'bucc2018':
-        return bucc_f1(labels, preds)
-    if len(labels) != len(preds):
-        unit = 'sentences' if family == 'tagging' else 'lines'
-        raise EvalError(f'{pred_path} has {len(preds)} {unit}, {label_path} has {len(labels)}: '
-                        'write one per test example')
-    if family == 'tagging':
-        bad = next((i for i, (g, p) in enumerate(zip(labels, preds)) if len(g) != len(p)), None)
-        if bad is not None:
-            raise EvalError(f'{pred_path}: sentence {bad + 1} has {len(preds[bad])} tags for {len(labels[bad])} words: '
-                            'write one tag per word')
-        return chunk_f1(labels, preds)
-    return accuracy(labels, preds)
-
-
-def main_score(scores):
-    """The one number the leaderboard ranks a task by: QA's mean of EM and F1, else F1 or accuracy."""
-    if 'exact_match' in scores:
-        return (scores['exact_match'] + scores['f1']) / 2
-    return scores['f1'] if 'f1' in scores else scores['accuracy']
-
-
-def task_scores(per_lang):
-    """{lang: {metric: v}} -> the leaderboard's task entry: {metric: {lang: v}}, avg_<metric> and avg_metric."""
-    metrics = next(iter(per_lang.values()))  # a task's files all give the same metrics
-    out = {m: {lang: scores[m] for lang, scores in per_lang.items()} for m in metrics}
-    averages = {m: sum(v.values()) / len(v) for m, v in out.items()}
-    return {**out, **{f'avg_{m}': v for m, v in averages.items()}, 'avg_metric': main_score(averages)}
-
-
-def score_folder(pred_dir, label_dir, demo=False, tasks=XTREME):
-    """The leaderboard's JSON for a submission folder: tasks present in both folders (of `tasks`),
-    then the group scores and all_task where every task they need is there. demo: the demo's languages."""
-    detailed = {}
-    for task in XTREME:
-        if task in tasks and all(os.path.isdir(os.path.join(d, task)) for d in (pred_dir, label_dir)):
-            name = lambda d, lang: os.path.join(d, task, f'test-{lang}.{suffix(task)}')
-            detailed[task] = task_scores({lang: score_file(task, name(pred_dir, lang), name(label_dir, lang), lang)
-                                          for lang in languages(task, demo)})
-    overall = {group: sum(detailed[t]['avg_metric'] for t in members) / len(members)
-               for group, members in {'all_task': XTREME, **GROUPS}.items() if all(t in detailed for t in members)}
-    return {**overall, **detailed}
-
-
-def write_predictions(folder, task, lang, preds):
-    """Predictions of one language in the submission layout, written atomically.
-    preds: labels (classification), tag lists (tagging), {question id: answer} (QA),
-    (source id, English id) pairs (bucc2018), English-side indices (tatoeba)."""
-    path = os.path.join(folder, task, f'test-{lang}.{suffix(task)}')
-    atomic_write(path, prediction_text(task, preds))
-    return path
-
-
-def prediction_text(task, preds):
-    family = TASKS[task].family
-    if family == 'qa':
-        return json.dumps(preds, ensure_ascii=False, indent=1)
-    if family == 'tagging':
-        return '\n\n'.join('\n'.join(tags) for tags in preds) + '\n'
-    return ''.join(f'{s}\t{t}\n' for s, t in preds) if task == 'bucc2018' else ''.join(f'{p}\n' for p in preds)
-
-
-def write_predicted(stem, task, feats, outputs, examples):
-    """train.py --predict's files: stem.<tsv|json>, the predictions in the leaderboard's format, and stem.scores.json,
-    each with its probability (probabilities), and the scores where the examples have labels -> those scores."""
-    preds, probs = with_probabilities(task, feats, outputs, examples)
-    family = TASKS[task].family
-    scores = scores_of(task, None, examples, preds) if examples and labelled(examples) else None
-    if family == 'qa':
-        each = {qid: {'answer': answer, 'probability': probs[qid]} for qid, answer in preds.items()}
-    else:
-        each = [{'tags' if family == 'tagging' else 'label': p, 'probability': q} for p, q in zip(preds, probs)]
-    atomic_write(f'{stem}.{suffix(task)}', prediction_text(task, preds))
-    atomic_write(f'{stem}.scores.json', json.dumps({'task': task, 'scores': scores, 'predictions': each}, indent=1,
-                                                   ensure_ascii=False))
-    return scores
-
-
-def score_predictions(folder, labels, task, preds):
-    """Write a run's test predictions {lang: predictions} into folder in the leaderboard layout and
-    score each file against labels/<task>/test-<lang>.* where there is one -> {lang: scores}."""
-    scores = {}
-    for lang, p in preds.items():
-        path = write_predictions(folder, task, lang, p)
-        gold = os.path.join(labels, task, f'test-{lang}.{suffix(task)}')
-        if os.path.exists(gold):
-            s = score_file(task, path, gold, lang)
-            scores[lang] = dict(s, score=main_score(s))
-    return scores
-
-
-# ----------------------------------------------------------------------------------------
-# From model outputs to predictions.
+# From model outputs to predictions and their scores.
 
 def predictions(task, feats, outputs, examples):
     """Model outputs -> predictions in the leaderboard's form."""
@@ -345,21 +214,6 @@ def predictions(task, feats, outputs, examples):
         words = word_predictions(feats, [o.argmax(-1).tolist() for o in outputs], len(examples))
         return [[info.labels[i] for i in w] for w in words]
     return decode_qa(feats, [o[:, 0] for o in outputs], [o[:, 1] for o in outputs], examples)
-
-
-def with_probabilities(task, feats, outputs, examples):
-    """-> (predictions(), the probability of each): classification the softmax's at its label, tagging each word's
-    at its tag (its first piece's), QA {question id: its answer's start times end probability in the window it was
-    cut from}, from the one decoding that picks the answers."""
-    family = TASKS[task].family
-    if family == 'qa':
-        found = decode_qa(feats, [o[:, 0] for o in outputs], [o[:, 1] for o in outputs], examples, probability=True)
-        return {qid: text for qid, (text, _) in found.items()}, {qid: p for qid, (_, p) in found.items()}
-    preds = predictions(task, feats, outputs, examples)
-    if family == 'classification':
-        return preds, [o.float().softmax(-1).max().item() for o in outputs]
-    return preds, word_predictions(feats, [o.float().softmax(-1).max(-1).values.tolist() for o in outputs],
-                                   len(examples))
 
 
 def labelled(examples):
@@ -404,6 +258,9 @@ def decode_qa(windows, start_logits, end_logits, examples, max_answer_len=30, pr
             best[qid] = (score.item(), text[w.spans[i][0]:w.spans[j][1]], p)
     return {qid: (text, p) if probability else text for qid, (score, text, p) in best.items()}
 
+
+# ----------------------------------------------------------------------------------------
+# Retrieval (BUCC, Tatoeba): mean-pooled states, nearest neighbours and XTREME's margin mining; CKA (X-Mixup Eq. 1).
 
 @torch.no_grad()
 def embed_texts(encoder, tok, texts, layer, batch_size, device):
@@ -514,6 +371,133 @@ def linear_cka(x, y):
     return float((y.T @ x).norm() ** 2 / ((x.T @ x).norm() * (y.T @ y).norm()))
 
 
+# === Machinery: the leaderboard's files, tables, collecting runs, plots, the command line ===
+
+
+# ----------------------------------------------------------------------------------------
+# The leaderboard layout: <folder>/<task>/test-<lang>.<tsv|json>.
+
+class EvalError(ValueError):
+    """Predictions that cannot be scored; the message is one line that says why."""
+
+
+def score_file(task, pred_path, label_path, lang):
+    """Scores of one language file against its labels."""
+    family = TASKS[task].family
+    for path in (pred_path, label_path):
+        if not os.path.isfile(path):
+            raise EvalError(f'{path} is not there: every language of {task} needs a file '
+                            f'({", ".join(TASKS[task].langs)})')
+    if family == 'qa':
+        return qa_scores(read_qa_file(label_path), read_qa_file(pred_path), lang if task == 'mlqa' else None)
+    read = read_tag_file if family == 'tagging' else read_lines
+    labels, preds = read(label_path), read(pred_path)
+    if task == 'bucc2018':
+        return bucc_f1(labels, preds)
+    if len(labels) != len(preds):
+        unit = 'sentences' if family == 'tagging' else 'lines'
+        raise EvalError(f'{pred_path} has {len(preds)} {unit}, {label_path} has {len(labels)}: '
+                        'write one per test example')
+    if family == 'tagging':
+        bad = next((i for i, (g, p) in enumerate(zip(labels, preds)) if len(g) != len(p)), None)
+        if bad is not None:
+            raise EvalError(f'{pred_path}: sentence {bad + 1} has {len(preds[bad])} tags for {len(labels[bad])} words: '
+                            'write one tag per word')
+        return chunk_f1(labels, preds)
+    return accuracy(labels, preds)
+
+
+def main_score(scores):
+    """The one number the leaderboard ranks a task by: QA's mean of EM and F1, else F1 or accuracy."""
+    if 'exact_match' in scores:
+        return (scores['exact_match'] + scores['f1']) / 2
+    return scores['f1'] if 'f1' in scores else scores['accuracy']
+
+
+def task_scores(per_lang):
+    """{lang: {metric: v}} -> the leaderboard's task entry: {metric: {lang: v}}, avg_<metric> and avg_metric."""
+    metrics = next(iter(per_lang.values()))  # a task's files all give the same metrics
+    out = {m: {lang: scores[m] for lang, scores in per_lang.items()} for m in metrics}
+    averages = {m: sum(v.values()) / len(v) for m, v in out.items()}
+    return {**out, **{f'avg_{m}': v for m, v in averages.items()}, 'avg_metric': main_score(averages)}
+
+
+def score_folder(pred_dir, label_dir, demo=False, tasks=XTREME):
+    """The leaderboard's JSON for a submission folder: tasks present in both folders (of `tasks`),
+    then the group scores and all_task where every task they need is there. demo: the demo's languages."""
+    detailed = {}
+    for task in XTREME:
+        if task in tasks and all(os.path.isdir(os.path.join(d, task)) for d in (pred_dir, label_dir)):
+            name = lambda d, lang: os.path.join(d, task, f'test-{lang}.{suffix(task)}')
+            detailed[task] = task_scores({lang: score_file(task, name(pred_dir, lang), name(label_dir, lang), lang)
+                                          for lang in languages(task, demo)})
+    overall = {group: sum(detailed[t]['avg_metric'] for t in members) / len(members)
+               for group, members in {'all_task': XTREME, **GROUPS}.items() if all(t in detailed for t in members)}
+    return {**overall, **detailed}
+
+
+def write_predictions(folder, task, lang, preds):
+    """Predictions of one language in the submission layout, written atomically.
+    preds: labels (classification), tag lists (tagging), {question id: answer} (QA),
+    (source id, English id) pairs (bucc2018), English-side indices (tatoeba)."""
+    path = os.path.join(folder, task, f'test-{lang}.{suffix(task)}')
+    atomic_write(path, prediction_text(task, preds))
+    return path
+
+
+def prediction_text(task, preds):
+    family = TASKS[task].family
+    if family == 'qa':
+        return json.dumps(preds, ensure_ascii=False, indent=1)
+    if family == 'tagging':
+        return '\n\n'.join('\n'.join(tags) for tags in preds) + '\n'
+    return ''.join(f'{s}\t{t}\n' for s, t in preds) if task == 'bucc2018' else ''.join(f'{p}\n' for p in preds)
+
+
+def with_probabilities(task, feats, outputs, examples):
+    """-> (predictions(), the probability of each): classification the softmax's at its label, tagging each word's
+    at its tag (its first piece's), QA {question id: its answer's start times end probability in the window it was
+    cut from}, from the one decoding that picks the answers."""
+    family = TASKS[task].family
+    if family == 'qa':
+        found = decode_qa(feats, [o[:, 0] for o in outputs], [o[:, 1] for o in outputs], examples, probability=True)
+        return {qid: text for qid, (text, _) in found.items()}, {qid: p for qid, (_, p) in found.items()}
+    preds = predictions(task, feats, outputs, examples)
+    if family == 'classification':
+        return preds, [o.float().softmax(-1).max().item() for o in outputs]
+    return preds, word_predictions(feats, [o.float().softmax(-1).max(-1).values.tolist() for o in outputs],
+                                   len(examples))
+
+
+def write_predicted(stem, task, feats, outputs, examples):
+    """train.py --predict's files: stem.<tsv|json>, the predictions in the leaderboard's format, and stem.scores.json,
+    each with its probability (probabilities), and the scores where the examples have labels -> those scores."""
+    preds, probs = with_probabilities(task, feats, outputs, examples)
+    family = TASKS[task].family
+    scores = scores_of(task, None, examples, preds) if examples and labelled(examples) else None
+    if family == 'qa':
+        each = {qid: {'answer': answer, 'probability': probs[qid]} for qid, answer in preds.items()}
+    else:
+        each = [{'tags' if family == 'tagging' else 'label': p, 'probability': q} for p, q in zip(preds, probs)]
+    atomic_write(f'{stem}.{suffix(task)}', prediction_text(task, preds))
+    atomic_write(f'{stem}.scores.json', json.dumps({'task': task, 'scores': scores, 'predictions': each}, indent=1,
+                                                   ensure_ascii=False))
+    return scores
+
+
+def score_predictions(folder, labels, task, preds):
+    """Write a run's test predictions {lang: predictions} into folder in the leaderboard layout and
+    score each file against labels/<task>/test-<lang>.* where there is one -> {lang: scores}."""
+    scores = {}
+    for lang, p in preds.items():
+        path = write_predictions(folder, task, lang, p)
+        gold = os.path.join(labels, task, f'test-{lang}.{suffix(task)}')
+        if os.path.exists(gold):
+            s = score_file(task, path, gold, lang)
+            scores[lang] = dict(s, score=main_score(s))
+    return scores
+
+
 # ----------------------------------------------------------------------------------------
 # What a run prints and keeps: its epoch lines, per-language tables.
 
@@ -609,6 +593,13 @@ def held_out_table(losses):
     return '\n'.join(lines)
 
 
+def translation_table(title, scores):
+    """The table a translation run prints: sacreBLEU with its signature, then tokenised BLEU."""
+    sacre, tokenized = scores['bleu'], scores['tokenized_bleu']
+    return (f'{title}\n  sacreBLEU       {sacre["bleu"]:6.2f}  {sacre["signature"]}\n'
+            f'  tokenized BLEU  {tokenized["bleu"]:6.2f}  (13a tokens, lower case, no smoothing: multi-bleu.perl -lc)')
+
+
 METRIC_NAMES = {'accuracy': 'accuracy', 'f1': 'F1', 'em_f1': 'mean of EM and F1'}
 
 
@@ -633,6 +624,9 @@ def xtreme_table(scores, demo=False):
         lines.append('groups: ' + ', '.join(groups).replace('all_task', 'XTREME score'))
     return '\n'.join(lines)
 
+
+# ----------------------------------------------------------------------------------------
+# Runs gathered into one submission (--collect), and their figures (--plot, matplotlib).
 
 def finished_task(run):
     """The task of a finished run folder (its results.json), whose test predictions it holds."""
@@ -774,6 +768,28 @@ def plot_test(ax, names, logs, results):
     ax.set(xlabel='language', ylabel='test score')
     ax.set_title('test per language; dashed: English, gap: English minus the other languages\' mean', fontsize='small')
     return any(tests)
+
+
+# ----------------------------------------------------------------------------------------
+# The command line.
+
+def bleu_files(hyp_path, ref_path, tokenized=False):
+    """BLEU of two UTF-8 text files, line i against line i (an empty line is an empty sentence)."""
+    for path in (hyp_path, ref_path):
+        if not os.path.isfile(path):
+            raise EvalError(f'{path} is not there')
+    hyps, refs = lines_of(hyp_path), lines_of(ref_path)
+    if len(hyps) != len(refs):
+        raise EvalError(f'{hyp_path} has {len(hyps)} lines, {ref_path} has {len(refs)}: '
+                        'write one hypothesis per reference line')
+    return (tokenized_bleu if tokenized else bleu)(hyps, refs)
+
+
+def bleu_line(s):
+    """The one-line summary sacreBLEU prints."""
+    ratio = s['sys_len'] / s['ref_len'] if s['ref_len'] else 0
+    return (f"BLEU = {s['bleu']:.2f} {'/'.join(f'{p:.1f}' for p in s['precisions'])} (BP = {s['bp']:.3f} "
+            f"ratio = {ratio:.3f} hyp_len = {s['sys_len']} ref_len = {s['ref_len']})")
 
 
 def main(argv=None):

@@ -59,10 +59,6 @@ CONFIGS = {
 }
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded; the message is one line that says why."""
-
-
 def attention_mask(mask, causal, T, S, device):
     """Boolean mask for scaled_dot_product_attention (True = may attend), or None.
     mask: (B, S) key padding mask, True on real tokens; causal: forbid keys after the query."""
@@ -232,14 +228,6 @@ class Encoder(nn.Module):
         return self.run(self.embed(ids), mask)
 
 
-def compile_blocks(encoder):
-    """torch.compile each block in place (parameter names unchanged, so checkpoints stay as they
-    are), for any sequence length: the first batches of each shape compile."""
-    for block in encoder.blocks:
-        block.compile(dynamic=True)
-    return encoder
-
-
 def mean_pool(h, mask):
     """Mean of the hidden states h (B, T, H) over the real tokens of mask (B, T)."""
     m = mask.unsqueeze(-1).to(h.dtype)
@@ -260,6 +248,20 @@ class MLMHead(nn.Module):
     def forward(self, h):
         return F.linear(self.ln(F.gelu(self.dense(h))), self.weight, self.bias)
 
+
+def init_weights(module):
+    """BERT/XLM-R initialisation: N(0, 0.02) weights, zero biases, padding rows zero (on the meta device nothing: a
+    model built there only to be counted, by train.memory_plan)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)) and not module.weight.is_meta:
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+    if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+        with torch.no_grad():
+            module.weight[module.padding_idx].zero_()
+
+
+# Translation: beam search over a decoder that cross-attends to the encoder's states (VECO's generation).
 
 def next_log_probs(decoder, tokens, memory, memory_mask, cache=None):
     """log p(next token | prefix, source) (N, V) for prefixes tokens (N, t) of a decoder (an Encoder
@@ -321,21 +323,16 @@ def beam_search(decoder, memory, memory_mask, bos, beam=5, lenpen=1.0, max_new=2
     return [max(hyps, key=lambda h: h[0])[1] for hyps in finished]
 
 
-def init_weights(module):
-    """BERT/XLM-R initialisation: N(0, 0.02) weights, zero biases, padding rows zero (on the meta device nothing: a
-    model built there only to be counted, by train.memory_plan)."""
-    if isinstance(module, (nn.Linear, nn.Embedding)) and not module.weight.is_meta:
-        nn.init.normal_(module.weight, std=0.02)
-    if isinstance(module, nn.Linear) and module.bias is not None:
-        nn.init.zeros_(module.bias)
-    if isinstance(module, nn.Embedding) and module.padding_idx is not None:
-        with torch.no_grad():
-            module.weight[module.padding_idx].zero_()
+# === Machinery: checkpoints, precision, the writer, the memory estimate, export, the command line ===
 
 
 # ---------------------------------------------------------------------------
 # Checkpoints. Every source is renamed into one flat dict with our names
 # ('enc.…', 'mlm.…'), then checked key by key against the model.
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message is one line that says why."""
+
 
 def per_layer(prefix, names, ours_prefix='enc'):
     """A checkpoint's names of a block's modules {theirs: ours} for every layer ({} is its index)."""
@@ -377,6 +374,8 @@ TRANSLATION_NAMES = {  # fairseq's translation model (VECO's released NLG model)
     'decoder.embed_positions': 'dec.pos', 'decoder.layernorm_embedding': 'dec.ln',
     **per_layer('decoder.layers', {**FAIRSEQ_LAYER, **FAIRSEQ_CROSS}, 'dec'),
 }
+
+
 # Tensors real files carry that no part of this model uses: HF's position_ids buffer, XLM-R's pooler
 # (no task here uses it) and BERT's next-sentence head, fairseq's format 'version' marker.
 UNUSED = {'embeddings.position_ids', 'pooler.dense.weight', 'pooler.dense.bias', 'sentence_encoder.version',
@@ -696,33 +695,6 @@ def load_checkpoint(path, expect=None, mmap=False):
     return ckpt
 
 
-class Writer:
-    """Checkpoints written one at a time by a thread, from a copy in host memory: the training goes on (and changes
-    the weights) while the disk writes."""
-
-    def __init__(self):
-        self.thread = None
-
-    def save(self, path, meta, **parts):
-        self.wait()
-        parts = host_copy(parts)
-        self.thread = threading.Thread(target=save_checkpoint, args=(path, meta), kwargs=parts)
-        self.thread.start()
-
-    def wait(self):
-        if self.thread:
-            self.thread.join()
-
-
-def host_copy(value):
-    """A copy in host memory of a checkpoint's tensors, nested in dicts and lists."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to('cpu', copy=True)
-    if isinstance(value, dict):
-        return {k: host_copy(v) for k, v in value.items()}
-    return type(value)(map(host_copy, value)) if isinstance(value, (list, tuple)) else value
-
-
 def kept_checkpoints(folder):
     """The checkpoints of a folder, in the order of their names (none without the folder)."""
     if not os.path.isdir(folder):
@@ -752,6 +724,9 @@ def encoder_parts(encoder, mlm=None):
             'mlm': None if mlm is None else {k: v for k, v in mlm.state_dict().items() if k != 'weight'}}
 
 
+# ---------------------------------------------------------------------------
+# Precision, dropout and compilation: how a run computes with the model.
+
 def set_dropout(encoder, dropout=None, attn_dropout=None):
     """Override a model's dropout and attention dropout (None: keep the checkpoint's)."""
     for m in encoder.modules():
@@ -759,6 +734,14 @@ def set_dropout(encoder, dropout=None, attn_dropout=None):
             m.p = encoder.cfg.dropout = dropout
         if isinstance(m, Attention) and attn_dropout is not None:
             m.p = encoder.cfg.attn_dropout = attn_dropout
+
+
+def compile_blocks(encoder):
+    """torch.compile each block in place (parameter names unchanged, so checkpoints stay as they
+    are), for any sequence length: the first batches of each shape compile."""
+    for block in encoder.blocks:
+        block.compile(dynamic=True)
+    return encoder
 
 
 def default_precision(device_type):
@@ -814,6 +797,36 @@ class Precision:
         self.scaler.step(opt)
         self.scaler.update()
         return {'skipped': float(self.scaler.get_scale() < scale)}
+
+
+# ---------------------------------------------------------------------------
+# The writer: checkpoints written by a thread while training goes on.
+
+class Writer:
+    """Checkpoints written one at a time by a thread, from a copy in host memory: the training goes on (and changes
+    the weights) while the disk writes."""
+
+    def __init__(self):
+        self.thread = None
+
+    def save(self, path, meta, **parts):
+        self.wait()
+        parts = host_copy(parts)
+        self.thread = threading.Thread(target=save_checkpoint, args=(path, meta), kwargs=parts)
+        self.thread.start()
+
+    def wait(self):
+        if self.thread:
+            self.thread.join()
+
+
+def host_copy(value):
+    """A copy in host memory of a checkpoint's tensors, nested in dicts and lists."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to('cpu', copy=True)
+    if isinstance(value, dict):
+        return {k: host_copy(v) for k, v in value.items()}
+    return type(value)(map(host_copy, value)) if isinstance(value, (list, tuple)) else value
 
 
 # ---------------------------------------------------------------------------
@@ -1061,6 +1074,9 @@ def write_folder(tmp, out, ckpt, path, kind, found, tokenizer):
         os.rmdir(out)  # an empty folder, given to be filled
     os.replace(tmp, out)
 
+
+# ---------------------------------------------------------------------------
+# The command line: python layers.py convert | export.
 
 class Parser(argparse.ArgumentParser):
     """argparse whose usage mistakes are one line, as every other mistake here."""

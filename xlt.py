@@ -257,12 +257,6 @@ def warmup_then_decay(warm, start, end):
     return lambda step: min((step - start + 1) / warm, max(0.0, (end - step) / max(1, end - start - warm)))
 
 
-def batch_sizes(args):
-    """A run's global batch sizes {option: size}: --batch_size and a method's own stages' (XLA's --xla_batch_size)."""
-    return {name: size for name, size in vars(args).items()
-            if name.endswith('batch_size') and name != 'eval_batch_size' and size is not None}
-
-
 def method_class(args):
     """The class that runs --method on --task (with its options)."""
     return METHODS[args.method].resolve(args)
@@ -1543,10 +1537,6 @@ class XLA(Baseline):
                    'English dev); the ensemble averages the models\' probabilities', rows, 'ensemble')
 
 
-REMOVED = ('sentences under 5 or over 150 words', 'sentences without a word of 3 or more characters',
-           'repeated sets of masked words', 'samples whose word count changed')  # what GEN-LM drops, counted
-
-
 def vicinal_samples(run, feats, vicinity, epoch, name):
     """GEN-LM (Section 3.2) as the released code: the vicinal samples of every feature, unlabelled,
     made once and kept as a set on disk (data.Items) in the run's folder `name`. Each sentence (a
@@ -1613,152 +1603,6 @@ def samples_per_feature(feats, plans, filled, ok, family, pad):
         removed = [removed.get(why, 0) for why in REMOVED[:-1]] + [int((~good).sum())]
         out.append(sample_arrays(f, made[good], removed, pad))
     return out
-
-
-def sample_arrays(feat, rows, removed, pad):
-    """A feature's vicinal samples, rows of its ids with <pad> where pieces were removed, as
-    data.feature_arrays' fields (unlabelled): the pieces left, a tagging sample's words moved to
-    where their first pieces are now; and the counts of what was removed (REMOVED)."""
-    real = rows.ne(pad)
-    arrays = rows[real], real.sum(1), torch.full((len(rows),), feat.example), torch.tensor(removed)
-    if feat.words is None:
-        return arrays
-    return arrays + ((real.cumsum(1) - 1)[:, feat.words].flatten(), torch.full((len(rows),), len(feat.words)))
-
-
-def barrier(run):
-    if run.world > 1:
-        torch.distributed.barrier()
-
-
-def distil(run, model, unlabelled, eta):
-    """One model's labels of each unlabelled set and DISTIL's choice (Section 3.3): {set: {'label':
-    its samples' labels one after another (a class, or a tag per word), 'ends': where each sample's
-    end (from a first 0), 'confidence', 'keep': bool per sample}}, keeping the top eta by
-    confidence, or the samples whose posterior of the low-loss GMM component is at least
-    --posterior; computed by every process (run.map), returned by process 0 (None elsewhere)."""
-    method, out = run.restore(run.path(model), XLA).eval(), {}
-
-    def scored(items, index):  # a batch -> each sample's labels and scores
-        batch = data.collate([items[i] for i in index]).to(run.device)
-        scores = pseudo_labels(method.family, method.predict(batch), batch.first)
-        labels, count, confidence, loss = (t.cpu() for t in scores)
-        return list(zip(labels.split(count.tolist()), confidence[:, None], loss[:, None]))
-    for name, items in unlabelled.items():
-        made = run.map(lambda index: scored(items, index), data.item_lengths(items)[:, 0], name, 3, everywhere=False)
-        if made is None:
-            continue
-        (label, ends), confidence, loss = (made[0].values, made[0].ends), made[1].values, made[2].values
-        keep = (top_confident(confidence, eta) if run.args.distil == 'confidence' else
-                gmm_good(loss) >= run.args.posterior) if len(loss) else torch.zeros(0, dtype=torch.bool)
-        out[name] = {'label': label.long(), 'ends': ends, 'confidence': confidence, 'keep': keep}
-    return out if run.rank == 0 else None
-
-
-def taught_by_peers(by_k, by_j, unlabelled, english=None, union=False):
-    """The training sets a pair of peers k and j give the third model: English (when given) and,
-    of every unlabelled set, the samples both keep and label alike, with that label (AGREEMENT):
-    a model never learns from its own labels. union (the ablation, the released --agreement_param
-    2): the samples either keeps too, with its label. by_k, by_j: distil's {set: {'label', 'ends',
-    'keep'}}. -> {set: Chosen's part (items, positions, labels, ends)}."""
-    parts = {} if english is None else {'source': (english, None, None, None)}
-    for name, items in unlabelled.items():
-        a, b = by_k[name], by_j[name]
-        chosen = agreement(a, b) | (a['keep'] ^ b['keep'] if union else False)
-        count = a['ends'].diff()  # a sample's labels: one, or one per word
-        labels = torch.where(a['keep'].repeat_interleave(count), a['label'], b['label'])  # where both keep, alike
-        parts[name] = (items, chosen.nonzero().squeeze(1), labels[chosen.repeat_interleave(count)],
-                       torch.cat([torch.zeros(1, dtype=torch.long), count[chosen].cumsum(0)]))
-    return parts
-
-
-class Chosen:
-    """What a model trains on in an XLA epoch (co_train): of each set, the samples its peers chose,
-    with their labels (taught_by_peers), or all of English with its own; the sets one after
-    another, each sample read from its set when it is used. parts: [(items, positions or None for
-    all, labels or None for their own, ends: where each sample's labels end)]."""
-
-    def __init__(self, parts):
-        self.parts = [(items, torch.arange(len(items)) if at is None else at, labels, ends)
-                      for items, at, labels, ends in parts]
-        self.starts = np.cumsum([0] + [len(at) for _, at, _, _ in self.parts])
-        self.length = np.concatenate([np.zeros((0, 1), np.int64)] + [data.item_lengths(items, at.numpy())
-                                                                    for items, at, _, _ in self.parts])
-
-    def __len__(self):
-        return int(self.starts[-1])
-
-    def lengths(self, index=None):
-        return self.length if index is None else self.length[index]
-
-    def __getitem__(self, n):
-        part = int(np.searchsorted(self.starts, n, 'right')) - 1
-        items, at, labels, ends = self.parts[part]
-        k = n - self.starts[part]
-        feat = items[int(at[k])]
-        if labels is None:
-            return feat
-        label = labels[ends[k]:ends[k + 1]].tolist()  # a class, or the words' tags on their first pieces
-        if feat.words is None:
-            return replace(feat, label=label[0])
-        tags = [IGNORE] * len(feat.ids)
-        for w, tag in zip(feat.words, label):
-            tags[w] = tag
-        return replace(feat, label=tags)
-
-
-def co_train(run, epoch, l, pair, parts, start):
-    """The training of model l by its peers pair = (k, j) (--single: (l, l)) in an XLA epoch: one pass of
-    Eq. 2's draws over the sets in `parts`, from its weights `start`, with a new optimiser (Table 8:
-    --xla_lr, 10% warm-up), the --train_lang dev score selecting every --xla_eval_steps (Table 8)
-    -> the best weights if that score beats `start`'s (strictly, as the released code), else
-    `start` (the model goes on as it was)."""
-    (k, j), args = pair, run.args
-    folder = f'epoch{epoch}/model{l + 1}-by{k + 1}{j + 1}'
-    sub = run.sub(folder, epochs=1, lr=args.xla_lr, batch_size=args.xla_batch_size, warmup=0.1, seed=3 * args.seed + l,
-                  eval_steps=args.xla_eval_steps, weight_decay=args.xla_weight_decay)
-    target_dev = lambda method: sub.evaluate(method, 'dev', [args.train_lang])[0]  # the paper's selection: the target
-    score = lambda dev: dev[args.train_lang]['score'] if args.train_lang in dev else None
-
-    def train():
-        method = run.restore(run.path(start), XLA)
-        before = score(target_dev(method))
-        items = Chosen(parts.values())
-        sizes = np.diff(items.starts).tolist()
-        lengths = data.item_lengths(items) if args.group_by_length else None
-        seed = sub.args.seed * 1000 + epoch * 10 + k  # the two trainings of a model in an epoch draw apart
-        batches = mixture_batches(sizes, args.alpha, sub.args.batch_size, seed, run.chunks, lengths)
-        if batches:  # none when the peers agree on nothing: the model stays as it was
-            sub.fit(method, items, lambda: target_dev(method), lambda _: batches)  # none: the last weights
-            sub.load_best(method)
-        after = score(target_dev(method))
-        better = bool(batches) and (after is None or before is None or after > before)  # as the released code
-        dev = '' if after is None else f'; {args.train_lang} dev {before:.1f} -> {after:.1f}' + (
-            '' if better else ', not better: kept the model as it was')
-        run.say(f'XLA epoch {epoch}, model {l + 1} by {k + 1} and {j + 1}: trained on '
-                + ', '.join(f'{n} {name}' for name, n in zip(parts, sizes)) + f' samples{dev}')
-        return {'kept': dict(zip(parts, sizes)), 'dev_before': before, 'dev_after': after, 'better': better}
-    if not run.cached(f'{folder}/results.json', train)['better']:
-        sub.drop('best.pt')  # the model goes on from start: nothing reads this training's (dropped once that is kept)
-        return start
-    return f'{folder}/best.pt'
-
-
-def mixture_batches(sizes, alpha, batch_size, seed, chunks, lengths=None):
-    """An XLA epoch's global batches over the concatenated sets: sum(n_i) draws, round(q_i x sum(n_i))
-    of them from set i (Eq. 2), each set read in shuffled passes, the draws shuffled together
-    (then grouped by length when lengths are given, as every run's batches)."""
-    g, picks, offset = torch.Generator().manual_seed(seed), [], 0
-    for n, q in zip(sizes, data.sampling_weights(sizes, alpha) if sum(sizes) else sizes):
-        count = round(q * sum(sizes))
-        if n and count:
-            passes = torch.cat([torch.randperm(n, generator=g) for _ in range(math.ceil(count / n))])
-            picks.append(passes[:count] + offset)
-        offset += n
-    if not picks:
-        return []
-    order = torch.cat(picks)
-    return data.cut_batches(order[torch.randperm(len(order), generator=g)].tolist(), batch_size, chunks, g, lengths)
 
 
 def parts_of(ids, family, eos=2):
@@ -1834,6 +1678,30 @@ def successive_cross(a_samples, b_samples, a_span):
     return out
 
 
+def distil(run, model, unlabelled, eta):
+    """One model's labels of each unlabelled set and DISTIL's choice (Section 3.3): {set: {'label':
+    its samples' labels one after another (a class, or a tag per word), 'ends': where each sample's
+    end (from a first 0), 'confidence', 'keep': bool per sample}}, keeping the top eta by
+    confidence, or the samples whose posterior of the low-loss GMM component is at least
+    --posterior; computed by every process (run.map), returned by process 0 (None elsewhere)."""
+    method, out = run.restore(run.path(model), XLA).eval(), {}
+
+    def scored(items, index):  # a batch -> each sample's labels and scores
+        batch = data.collate([items[i] for i in index]).to(run.device)
+        scores = pseudo_labels(method.family, method.predict(batch), batch.first)
+        labels, count, confidence, loss = (t.cpu() for t in scores)
+        return list(zip(labels.split(count.tolist()), confidence[:, None], loss[:, None]))
+    for name, items in unlabelled.items():
+        made = run.map(lambda index: scored(items, index), data.item_lengths(items)[:, 0], name, 3, everywhere=False)
+        if made is None:
+            continue
+        (label, ends), confidence, loss = (made[0].values, made[0].ends), made[1].values, made[2].values
+        keep = (top_confident(confidence, eta) if run.args.distil == 'confidence' else
+                gmm_good(loss) >= run.args.posterior) if len(loss) else torch.zeros(0, dtype=torch.bool)
+        out[name] = {'label': label.long(), 'ends': ends, 'confidence': confidence, 'keep': keep}
+    return out if run.rank == 0 else None
+
+
 def pseudo_labels(family, logits, first=None):
     """A model's labels of a batch of unlabelled samples and DISTIL's scores, from logits (B, C) or
     (B, T, C): (labels: the argmax class of each sample, or the argmax tag of each word on its
@@ -1891,6 +1759,77 @@ def agreement(a, b):
     return a['keep'] & b['keep'] & (differ[1:] == differ[:-1])  # no label of the sample differs
 
 
+def taught_by_peers(by_k, by_j, unlabelled, english=None, union=False):
+    """The training sets a pair of peers k and j give the third model: English (when given) and,
+    of every unlabelled set, the samples both keep and label alike, with that label (AGREEMENT):
+    a model never learns from its own labels. union (the ablation, the released --agreement_param
+    2): the samples either keeps too, with its label. by_k, by_j: distil's {set: {'label', 'ends',
+    'keep'}}. -> {set: Chosen's part (items, positions, labels, ends)}."""
+    parts = {} if english is None else {'source': (english, None, None, None)}
+    for name, items in unlabelled.items():
+        a, b = by_k[name], by_j[name]
+        chosen = agreement(a, b) | (a['keep'] ^ b['keep'] if union else False)
+        count = a['ends'].diff()  # a sample's labels: one, or one per word
+        labels = torch.where(a['keep'].repeat_interleave(count), a['label'], b['label'])  # where both keep, alike
+        parts[name] = (items, chosen.nonzero().squeeze(1), labels[chosen.repeat_interleave(count)],
+                       torch.cat([torch.zeros(1, dtype=torch.long), count[chosen].cumsum(0)]))
+    return parts
+
+
+def co_train(run, epoch, l, pair, parts, start):
+    """The training of model l by its peers pair = (k, j) (--single: (l, l)) in an XLA epoch: one pass of
+    Eq. 2's draws over the sets in `parts`, from its weights `start`, with a new optimiser (Table 8:
+    --xla_lr, 10% warm-up), the --train_lang dev score selecting every --xla_eval_steps (Table 8)
+    -> the best weights if that score beats `start`'s (strictly, as the released code), else
+    `start` (the model goes on as it was)."""
+    (k, j), args = pair, run.args
+    folder = f'epoch{epoch}/model{l + 1}-by{k + 1}{j + 1}'
+    sub = run.sub(folder, epochs=1, lr=args.xla_lr, batch_size=args.xla_batch_size, warmup=0.1, seed=3 * args.seed + l,
+                  eval_steps=args.xla_eval_steps, weight_decay=args.xla_weight_decay)
+    target_dev = lambda method: sub.evaluate(method, 'dev', [args.train_lang])[0]  # the paper's selection: the target
+    score = lambda dev: dev[args.train_lang]['score'] if args.train_lang in dev else None
+
+    def train():
+        method = run.restore(run.path(start), XLA)
+        before = score(target_dev(method))
+        items = Chosen(parts.values())
+        sizes = np.diff(items.starts).tolist()
+        lengths = data.item_lengths(items) if args.group_by_length else None
+        seed = sub.args.seed * 1000 + epoch * 10 + k  # the two trainings of a model in an epoch draw apart
+        batches = mixture_batches(sizes, args.alpha, sub.args.batch_size, seed, run.chunks, lengths)
+        if batches:  # none when the peers agree on nothing: the model stays as it was
+            sub.fit(method, items, lambda: target_dev(method), lambda _: batches)  # none: the last weights
+            sub.load_best(method)
+        after = score(target_dev(method))
+        better = bool(batches) and (after is None or before is None or after > before)  # as the released code
+        dev = '' if after is None else f'; {args.train_lang} dev {before:.1f} -> {after:.1f}' + (
+            '' if better else ', not better: kept the model as it was')
+        run.say(f'XLA epoch {epoch}, model {l + 1} by {k + 1} and {j + 1}: trained on '
+                + ', '.join(f'{n} {name}' for name, n in zip(parts, sizes)) + f' samples{dev}')
+        return {'kept': dict(zip(parts, sizes)), 'dev_before': before, 'dev_after': after, 'better': better}
+    if not run.cached(f'{folder}/results.json', train)['better']:
+        sub.drop('best.pt')  # the model goes on from start: nothing reads this training's (dropped once that is kept)
+        return start
+    return f'{folder}/best.pt'
+
+
+def mixture_batches(sizes, alpha, batch_size, seed, chunks, lengths=None):
+    """An XLA epoch's global batches over the concatenated sets: sum(n_i) draws, round(q_i x sum(n_i))
+    of them from set i (Eq. 2), each set read in shuffled passes, the draws shuffled together
+    (then grouped by length when lengths are given, as every run's batches)."""
+    g, picks, offset = torch.Generator().manual_seed(seed), [], 0
+    for n, q in zip(sizes, data.sampling_weights(sizes, alpha) if sum(sizes) else sizes):
+        count = round(q * sum(sizes))
+        if n and count:
+            passes = torch.cat([torch.randperm(n, generator=g) for _ in range(math.ceil(count / n))])
+            picks.append(passes[:count] + offset)
+        offset += n
+    if not picks:
+        return []
+    order = torch.cat(picks)
+    return data.cut_batches(order[torch.randperm(len(order), generator=g)].tolist(), batch_size, chunks, g, lengths)
+
+
 class Ensemble(nn.Module):
     """XLA's ensemble of the three models: the mean of their probabilities (its log is returned,
     which evaluation reads as logits: the argmax is the same)."""
@@ -1911,6 +1850,70 @@ METHODS = {cls.NAME: cls for cls in (Baseline, TranslateTrain, TranslateTrainAll
                                      XMixup, Veco, XLA)}
 
 
+# === Machinery: XLA's samples and training sets kept on disk, the classes a run may be, the trainer's checks ===
+
+
+# ----------------------------------------------------------------------------------------
+# XLA's vicinal samples as a set on disk (data.save_items), and what a model trains on in an XLA epoch (Chosen).
+
+REMOVED = ('sentences under 5 or over 150 words', 'sentences without a word of 3 or more characters',
+           'repeated sets of masked words', 'samples whose word count changed')  # what GEN-LM drops, counted
+
+
+def sample_arrays(feat, rows, removed, pad):
+    """A feature's vicinal samples, rows of its ids with <pad> where pieces were removed, as
+    data.feature_arrays' fields (unlabelled): the pieces left, a tagging sample's words moved to
+    where their first pieces are now; and the counts of what was removed (REMOVED)."""
+    real = rows.ne(pad)
+    arrays = rows[real], real.sum(1), torch.full((len(rows),), feat.example), torch.tensor(removed)
+    if feat.words is None:
+        return arrays
+    return arrays + ((real.cumsum(1) - 1)[:, feat.words].flatten(), torch.full((len(rows),), len(feat.words)))
+
+
+def barrier(run):
+    if run.world > 1:
+        torch.distributed.barrier()
+
+
+class Chosen:
+    """What a model trains on in an XLA epoch (co_train): of each set, the samples its peers chose,
+    with their labels (taught_by_peers), or all of English with its own; the sets one after
+    another, each sample read from its set when it is used. parts: [(items, positions or None for
+    all, labels or None for their own, ends: where each sample's labels end)]."""
+
+    def __init__(self, parts):
+        self.parts = [(items, torch.arange(len(items)) if at is None else at, labels, ends)
+                      for items, at, labels, ends in parts]
+        self.starts = np.cumsum([0] + [len(at) for _, at, _, _ in self.parts])
+        self.length = np.concatenate([np.zeros((0, 1), np.int64)] + [data.item_lengths(items, at.numpy())
+                                                                    for items, at, _, _ in self.parts])
+
+    def __len__(self):
+        return int(self.starts[-1])
+
+    def lengths(self, index=None):
+        return self.length if index is None else self.length[index]
+
+    def __getitem__(self, n):
+        part = int(np.searchsorted(self.starts, n, 'right')) - 1
+        items, at, labels, ends = self.parts[part]
+        k = n - self.starts[part]
+        feat = items[int(at[k])]
+        if labels is None:
+            return feat
+        label = labels[ends[k]:ends[k + 1]].tolist()  # a class, or the words' tags on their first pieces
+        if feat.words is None:
+            return replace(feat, label=label[0])
+        tags = [IGNORE] * len(feat.ids)
+        for w, tag in zip(feat.words, label):
+            tags[w] = tag
+        return replace(feat, label=tags)
+
+
+# ----------------------------------------------------------------------------------------
+# The classes a run may be, and how a user names them; the batch sizes the trainer checks.
+
 def classes():
     """Every class a run may be: each method's, and the variants its resolve() picks."""
     return [c for method in METHODS.values() for c in (method, *method.variants())]
@@ -1921,3 +1924,9 @@ def called(classes):
     names = list(dict.fromkeys(c.NAME + ('' if set(c.TASKS) & set(TASKS) else f' --task {"/".join(c.TASKS)}')
                                for c in classes))
     return '--method ' + (f'{", ".join(names[:-1])} or {names[-1]}' if len(names) > 1 else names[0])
+
+
+def batch_sizes(args):
+    """A run's global batch sizes {option: size}: --batch_size and a method's own stages' (XLA's --xla_batch_size)."""
+    return {name: size for name, size in vars(args).items()
+            if name.endswith('batch_size') and name != 'eval_batch_size' and size is not None}
