@@ -450,14 +450,26 @@ def make_features(tok, task, examples, max_len=None, train=False, stride=128):
 # ----------------------------------------------------------------------------------------
 # What a run reads: the examples a method trains and is evaluated on, as features tokenized once (Items).
 
-def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round_trip=False, max_len=None, share=None,
-                 stride=128, cache=True, first=None):
-    """The training items of a method (Items): features of English ('en'; a share of it), of its
-    translations into langs without English ('train_lang') or with it ('every_lang'), of the
+@dataclass(frozen=True)
+class Features:
+    """How a run makes the features of a task's examples: its tokenizer, its data folder (whose .cache keeps every
+    set tokenized once; cache False: a temporary folder), the task, tokens per input, QA's stride between windows."""
+    tok: object
+    data_dir: str
+    task: str
+    max_len: int = None
+    stride: int = 128
+    cache: bool = True
+
+
+def training_set(spec, langs, trains_on='en', paired=False, round_trip=False, share=None, first=None):
+    """The training items of a method (Items), made as spec (Features) says: features of English ('en'; a share of
+    it), of its translations into langs without English ('train_lang') or with it ('every_lang'), of the
     languages' own training data ('own_lang'; 'every_own': English's too, each its first examples);
     for a paired method tuples (English, translation[, round trip]), English also paired with itself,
     as both released codes do. Tokenized once into <data_dir>/.cache (build_once), or with cache
     False into a temporary folder."""
+    tok, data_dir, task = spec.tok, spec.data_dir, spec.task
     if trains_on == 'every_own':  # English and the languages with training data of their own
         langs = ['en'] + [lang for lang in langs if has_training_data(data_dir, task, lang)]
     if trains_on in ('own_lang', 'every_own'):
@@ -466,10 +478,9 @@ def training_set(tok, data_dir, task, langs, trains_on='en', paired=False, round
         kinds = ('translate-train', 'round-trip')[:1 + round_trip]
         files = tok.files + [split_path(data_dir, task, 'train')] + [
             split_path(data_dir, task, kind, lang) for lang in langs for kind in kinds]
-    key = [task, langs, trains_on, paired, round_trip, max_len, share, stride] + [first] * bool(first)
+    key = [task, langs, trains_on, paired, round_trip, spec.max_len, share, spec.stride] + [first] * bool(first)
     sources = lambda: training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first)
-    width = (2 + round_trip) if paired else 1
-    items = feature_set(tok, task, files, key, sources, width, max_len, stride, data_dir, cache)
+    items = feature_set(spec, files, key, sources, (2 + round_trip) if paired else 1)
     if not paired and not items.labelled.all():  # a single-text method learns every feature's own label
         unlabelled = len(items) - int(items.labelled.sum())
         raise DataError(f'{task}: {unlabelled} of {len(items)} training examples have no label: translations without '
@@ -527,12 +538,13 @@ def has_training_data(data_dir, task, lang):
     return False
 
 
-def unlabelled_set(tok, data_dir, task, lang, share, max_len=None, cache=True):
+def unlabelled_set(spec, lang, share):
     """XLA's D_t: lang's unlabelled training features (Items). They are the target language's
     own training split without its labels (tagging: XTREME ships train-<lang>.tsv for PAN-X), or
     the target side of translate-train (XNLI, PAWS-X). With share below 1 the draw is disjoint
     from English's (training_set's share), so the two are not translations of each other (the
     paper's 5% setting)."""
+    tok, data_dir, task = spec.tok, spec.data_dir, spec.task
     tagging = TASKS[task].family == 'tagging'
     text = split_path(data_dir, task, 'train' if tagging else 'translate-train', lang)
     files = tok.files + [split_path(data_dir, task, 'train'), text]
@@ -545,8 +557,7 @@ def unlabelled_set(tok, data_dir, task, lang, share, max_len=None, cache=True):
             english = read_split(data_dir, task, 'train')
             pairs = share_of(read_translations(data_dir, task, 'train', lang, english), share, part=1)
             yield lang, [dict(t, label=None) for _, t in pairs if t is not None], None
-    key = ['unlabelled', task, lang, share, max_len]
-    return feature_set(tok, task, files, key, sources, 1, max_len, 128, data_dir, cache)
+    return feature_set(spec, files, ['unlabelled', task, lang, share, spec.max_len], sources, 1)
 
 
 def evaluation_sets(data_dir, task, translate_test=False, paired=False, chosen=None):
@@ -584,7 +595,7 @@ def evaluation_set(data_dir, task, split, lang, translate_test=False, paired=Fal
     return gold, inputs, [(t or ex, ex) for ex, t in read_translations(data_dir, task, split, lang, inputs)]
 
 
-def evaluation_items(tok, data_dir, task, inputs, pairs, max_len=None, stride=128, cache=True):
+def evaluation_items(spec, inputs, pairs):
     """The evaluation features of inputs (Items), or of pairs ((English translation, input), for
     paired methods: each target feature once, with its English), kept as the training sets are,
     keyed by the examples themselves (evaluation_set's: a split, or its translations)."""
@@ -592,8 +603,8 @@ def evaluation_items(tok, data_dir, task, inputs, pairs, max_len=None, stride=12
     digest = hashlib.sha1(json.dumps([inputs, english]).encode()).hexdigest()
     # the inputs first, so that a feature's example is its input's number
     sources = lambda: [('input', inputs, None)] + ([] if english is None else [('en', english, None)])
-    return feature_set(tok, task, tok.files, ['evaluation', task, max_len, stride, digest], sources,
-                       1 if pairs is None else 2, max_len, stride, data_dir, cache, train=False)
+    key = ['evaluation', spec.task, spec.max_len, spec.stride, digest]
+    return feature_set(spec, spec.tok.files, key, sources, 1 if pairs is None else 2, train=False)
 
 
 # ----------------------------------------------------------------------------------------
@@ -909,9 +920,7 @@ def need(path, what):
     return path
 
 
-DEMO_VERSION = 6  # raised when the demo's files change (2: translation, 3: target-language tagging train sets,
-# 4: the published translations' shapes, 5: BERT's vocab.txt and TyDiQA's questions in each language, 6: CoNLL NER
-# and a unigram sentencepiece model, as XLM-R's)
+DEMO_VERSION = 6  # raised when the demo's files change: a run folder's demo data of another version is made again
 
 
 def is_demo(data_dir, current=False):
@@ -929,7 +938,7 @@ def languages(task, demo=False, chosen=None):
     unknown = sorted(set(chosen or ()) - set(langs))
     if unknown:
         fix = f'choose from {", ".join(langs)}' if langs else 'it is not an XTREME task: drop --langs'
-        raise DataError(f'--langs: {task} has no language {unknown[0]!r}; {fix}')
+        raise DataError(f'{task} has no language {unknown[0]!r}; {fix}')
     langs = [lang for lang in langs if not chosen or lang in chosen or lang == 'en']
     return tuple(lang for lang in langs if lang != 'en' or TASKS[task].family != 'retrieval')
 
@@ -987,7 +996,7 @@ def parallel_files(data_dir, src, tgt, split):
 #   qa {'id', 'question', 'context', 'answers': [{'text', 'answer_start'}]}
 # Labels are None where a file has none (XTREME strips test labels).
 
-def text_lines(path):
+def read_lines(path):
     """A file's lines, read one at a time: UTF-8 with or without a BOM, CRLF line ends as LF;
     anything else is one line naming the file and the line."""
     with open(path, 'rb') as f:
@@ -1002,17 +1011,13 @@ def text_lines(path):
 
 
 def read_text(path):
-    return ''.join(line + '\n' for line in text_lines(path))
-
-
-def lines_of(path):
-    return list(text_lines(path))
+    return ''.join(line + '\n' for line in read_lines(path))
 
 
 def documents(path):
     """The documents of a file, a blank line between two, as lists of their lines that are not blank."""
     doc = []
-    for line in text_lines(path):
+    for line in read_lines(path):
         if line.strip():
             doc.append(line)
         elif not line and doc:
@@ -1024,7 +1029,7 @@ def documents(path):
 
 def line_pairs(a_path, b_path):
     """Line n of one file with line n of the other, read a line at a time."""
-    for n, (a, b) in enumerate(zip_longest(text_lines(a_path), text_lines(b_path)), 1):
+    for n, (a, b) in enumerate(zip_longest(read_lines(a_path), read_lines(b_path)), 1):
         if a is None or b is None:
             raise DataError(f'{a_path if b is None else b_path} has more lines than {b_path if b is None else a_path} '
                             f'(line {n}): parallel files align line by line')
@@ -1114,7 +1119,7 @@ def read_pairs(path, task, translated=False):
 def read_tagged(path, task):
     """One word per line ('word<TAB>tag', or just 'word' in test files), a blank line between sentences."""
     out, words, tags, tagged = [], [], [], None
-    lines = lines_of(need(path, f'get the {task} data (python data.py download --task {task})')) + ['']
+    lines = list(read_lines(need(path, f'get the {task} data (python data.py download --task {task})'))) + ['']
     for n, line in enumerate(lines, 1):
         if not line.strip():
             if words:
@@ -1170,12 +1175,6 @@ def unusable_answer(ex):
     return None
 
 
-def check_language(data_dir, task, lang):
-    langs = languages(task, is_demo(data_dir))
-    if lang not in langs and lang != 'en':
-        raise DataError(f'{task} has no language {lang!r}; choose from {", ".join(langs)}')
-
-
 def suffix(task):
     """The file ending of a task's predictions and labels."""
     return 'json' if TASKS[task].family == 'qa' else 'tsv'
@@ -1183,7 +1182,7 @@ def suffix(task):
 
 def read_split(data_dir, task, split, lang='en'):
     """Examples of a split (train, dev, test) in one language."""
-    check_language(data_dir, task, lang)
+    languages(task, is_demo(data_dir), [lang])  # a DataError for a language the task has not
     path = split_path(data_dir, task, split, lang)
     family = TASKS[task].family
     if family == 'classification':
@@ -1256,25 +1255,25 @@ def read_round_trip(data_dir, task, lang, pairs):
 def read_retrieval(data_dir, task, split, lang):
     """bucc2018: ({id: sentence} of lang, {id: sentence} of English, gold pairs or None);
     tatoeba: ([sentences of lang], [English sentences], None)."""
-    check_language(data_dir, task, lang)
+    languages(task, is_demo(data_dir), [lang])  # a DataError for a language the task has not
     stem = split_path(data_dir, task, split, lang)
     get = f'get the {task} data (python data.py download --task {task})'
     src, eng = (need(f'{stem}.{side}', get) for side in (lang, 'en'))
     if task == 'tatoeba':
-        return lines_of(src), lines_of(eng), None
-    gold = [tuple(line.split('\t')) for line in lines_of(stem + '.gold')] if os.path.exists(stem + '.gold') else None
+        return list(read_lines(src)), list(read_lines(eng)), None
+    gold = [tuple(line.split('\t')) for line in read_lines(stem + '.gold')] if os.path.exists(stem + '.gold') else None
     return id_sentences(src), id_sentences(eng), gold
 
 
 def id_sentences(path):
-    lines = lines_of(path)
+    lines = list(read_lines(path))
     bad = next((n for n, line in enumerate(lines, 1) if '\t' not in line), None)
     if bad:
         raise DataError(f'{path}, line {bad}: expected "id<TAB>sentence"; fix the line')
     return dict(line.split('\t', 1) for line in lines)
 
 
-# The leaderboard's files, predictions and test labels alike: a label a line (read_lines), a tag a line with a
+# The leaderboard's files, predictions and test labels alike: a label a line (read_labels), a tag a line with a
 # blank line between sentences (read_tag_file), or SQuAD's JSON (read_qa_file).
 
 def read_input(path, task, paired=False, translation=None):
@@ -1295,7 +1294,7 @@ def read_input(path, task, paired=False, translation=None):
     fits = lambda ex: (ex['label'] in labels | {None} if width == 2 else
                        not ex['tags'] or len(ex['tags']) == len(ex['words']) and set(ex['tags']) <= labels)
     rows, bad = [], []
-    for n, line in ((n, line) for n, line in enumerate(lines_of(need(path, 'give the file to predict')), 1) if line):
+    for n, line in ((n, line) for n, line in enumerate(read_lines(need(path, 'give the file to predict')), 1) if line):
         cols = line.split('\t')
         label = cols.pop() if len(cols) == width * (1 + paired) + 1 else None
         if len(cols) != width * (1 + paired) or not all(map(str.strip, cols)) or not fits(make(cols, label)):
@@ -1309,15 +1308,16 @@ def read_input(path, task, paired=False, translation=None):
     return [example for example, _ in rows], [(english, example) for example, english in rows] if paired else None
 
 
-def read_lines(path):
-    return [line.strip() for line in lines_of(path)]
+def read_labels(path):
+    """One label a line (the leaderboard's classification files), spaces around it dropped."""
+    return [line.strip() for line in read_lines(path)]
 
 
 def read_tag_file(path):
     """One tag per line, a blank line between sentences (as the leaderboard: blank lines in a row give empty
     sentences)."""
     sentences = [[]]
-    for line in read_lines(path):
+    for line in read_labels(path):
         if line:
             sentences[-1].append(line)
         else:
@@ -1412,7 +1412,7 @@ def check_labels(task, path, examples):
             raise DataError(f'{path} has no answers for {len(lost)} test questions (the first: {lost[0]}): use the '
                             'labels of this test set')
         return
-    labels = read_tag_file(path) if family == 'tagging' else read_lines(path)
+    labels = read_tag_file(path) if family == 'tagging' else read_labels(path)
     if len(labels) != len(examples):
         raise DataError(f'{path} has {len(labels)} labelled examples for {len(examples)} in the test set: use the '
                         'labels of this test set')
@@ -1433,14 +1433,15 @@ SLICE = 2000  # examples a worker tokenizes at a time (below progress()'s bar: w
 TEXT_SLICE = 1000  # documents or parallel lines a worker tokenizes at a time
 
 
-def feature_set(tok, task, files, key, sources, width, max_len, stride, data_dir, cache, train=True):
+def feature_set(spec, files, key, sources, width, train=True):
     """Items of the features of sources() ((name, examples, positions of their English) a source at a
     time), tokenized by feature_arrays (stored): each feature alone (width 1), or tuples of width."""
     kept = {}  # each source's English positions, as its jobs are made
-    jobs = lambda: training_jobs(sources(), task, max_len, stride, kept, train)
+    jobs = lambda: training_jobs(sources(), spec.task, spec.max_len, spec.stride, kept, train)
     index_of = lambda done, total: training_index(done, total, kept, width, train)
-    build = lambda path: write_items(path, tok, jobs(), feature_arrays, index_of, {'family': TASKS[task].family})
-    return stored(build, files, key + ['lower'] * tok.lower, data_dir, cache, quiet=not train)  # evaluation: quietly
+    meta = {'family': TASKS[spec.task].family}
+    build = lambda path: write_items(path, spec.tok, jobs(), feature_arrays, index_of, meta)
+    return stored(build, files, key + ['lower'] * spec.tok.lower, spec.data_dir, spec.cache, quiet=not train)
 
 
 def stored(build, files, key, data_dir, cache=True, quiet=False):
@@ -1476,7 +1477,7 @@ def build_once(build, files, key, folder, quiet=False):
         if not locked(lock) and torch.distributed.is_initialized():  # the first process builds, the others wait
             if torch.distributed.get_rank() == 0:
                 built(build, path, folder, quiet)
-            torch.distributed.barrier()
+            barrier()
         else:
             built(build, path, folder, quiet)
     return path
@@ -1580,6 +1581,18 @@ def write_items(path, tok, jobs, work, index_of, meta):
     atomic_write(os.path.join(tmp, 'meta.json'), json.dumps(meta))
     shutil.rmtree(path, ignore_errors=True)  # an earlier run's (XLA's samples, made anew in a run's folder)
     os.replace(tmp, path)
+
+
+def save_items(path, arrays, meta):
+    """A set whose features were made elsewhere (XLA's vicinal samples: arrays in feature_arrays' layout, without
+    labels), written as write_items writes every set, each feature an item."""
+    write_items(path, None, [('items', (arrays, None))], None, lambda done, total: (np.arange(total)[:, None], {}),
+                meta)
+
+
+def is_whole(path):
+    """Is the set in path there, every file as long as its meta.json says (not torn)?"""
+    return os.path.isdir(path) and not torn(path)
 
 
 def append(folder, files, arrays):
@@ -1883,6 +1896,12 @@ def in_windows(fn, lengths, positions, batch_size, desc):
     return blocks
 
 
+def barrier():
+    """Every process waits here for the others (under DDP; alone, nothing to wait for)."""
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
 def shared_out(fn, lengths, processes, batch_size, desc, fields=1, everywhere=True):
     """fn(positions) -> a tuple of `fields` tensors per position, over this process's block of positions (in_windows);
     processes: (rank, world, folder), under DDP the blocks pass through files in folder. -> a Ragged per field of every
@@ -1894,10 +1913,10 @@ def shared_out(fn, lengths, processes, batch_size, desc, fields=1, everywhere=Tr
     if world > 1:
         os.makedirs(folder, exist_ok=True)  # a stage's, before it begins
         torch.save(blocks, path(rank))
-        torch.distributed.barrier()
+        barrier()
         read = everywhere or rank == 0
         blocks = [b for r in range(world) for b in torch.load(path(r), weights_only=True)] if read else None
-        torch.distributed.barrier()
+        barrier()
         os.remove(path(rank))
     return None if blocks is None else [Ragged.joined([b[f] for b in blocks]) for f in range(fields)]
 
@@ -2477,7 +2496,7 @@ def download(task, out, source=None, translations=False):
     else:  # tatoeba: LASER's aligned files; the English side sorted, as XTREME does
         for lang, iso in TATOEBA_ISO3.items():
             stem = glob_files(unpacked, f'tatoeba.{iso}-eng.{iso}')[0][:-len(iso) - 1]
-            src, eng = lines_of(f'{stem}.{iso}'), lines_of(f'{stem}.eng')
+            src, eng = list(read_lines(f'{stem}.{iso}')), list(read_lines(f'{stem}.eng'))
             order = sorted(range(len(eng)), key=lambda i: eng[i])
             atomic_write(os.path.join(out, task, f'{lang}-en.{lang}'), ''.join(s + '\n' for s in src))
             atomic_write(os.path.join(out, task, f'{lang}-en.en'), ''.join(eng[i] + '\n' for i in order))

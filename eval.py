@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from data import (GROUPS, TASKS, XTREME, DataError, Feature, collate, is_demo, item_lengths, languages,
-                  length_batches, lines_of, read_lines, read_qa_file, read_retrieval, read_tag_file, read_text, suffix,
-                  word_predictions)
+                  length_batches, read_labels, read_lines, read_qa_file, read_retrieval, read_tag_file, read_text,
+                  suffix, word_predictions)
 from layers import Parser, atomic_write, mean_pool
 
 
@@ -390,7 +390,7 @@ def score_file(task, pred_path, label_path, lang):
                             f'({", ".join(TASKS[task].langs)})')
     if family == 'qa':
         return qa_scores(read_qa_file(label_path), read_qa_file(pred_path), lang if task == 'mlqa' else None)
-    read = read_tag_file if family == 'tagging' else read_lines
+    read = read_tag_file if family == 'tagging' else read_labels
     labels, preds = read(label_path), read(pred_path)
     if task == 'bucc2018':
         return bucc_f1(labels, preds)
@@ -553,13 +553,14 @@ def seed_table(runs):
     return '\n'.join(lines)
 
 
-def results(task, method, dev, test, selected_by=None, runs=None, stage=None, name=None, langs=None):
+def results(run, dev, test, selected_by=None, runs=None, name=None):
     """A run's results.json (dev and test per language with average and transfer gap, the kept
-    checkpoint's selection rule) and its table; runs: other rows {name: {'dev': summary, 'test':
-    summary}} (XLA's models), listed first, the run's row then named `name`; QA adds rows of EM and F1; langs: the
-    target languages --langs chose."""
-    out = {'task': task, 'method': method, 'selected_by': selected_by, 'dev': summary(dev), 'test': summary(test),
-           'test_metrics': test, 'dev_metrics': dev, **({'runs': runs} if runs else {}),
+    checkpoint's selection rule) and its table; run: its settings {'task', 'method', 'stage', 'langs': the target
+    languages --langs chose}; runs: other rows {name: {'dev': summary, 'test': summary}} (XLA's models), listed
+    first, the run's row then named `name`; QA adds rows of EM and F1."""
+    task, stage, langs = run['task'], run.get('stage'), run.get('langs')
+    out = {'task': task, 'method': run['method'], 'selected_by': selected_by, 'dev': summary(dev),
+           'test': summary(test), 'test_metrics': test, 'dev_metrics': dev, **({'runs': runs} if runs else {}),
            **({'langs': list(langs)} if langs else {})}
     rows = {f'{split} {name}': r[split] for split in ('dev', 'test') for name, r in (runs or {}).items() if r[split]}
     label = ', '.join([task] + [part for part in (stage, name) if part])
@@ -702,7 +703,7 @@ def plot(runs, out):
     import matplotlib.pyplot as plt
     names = [os.path.basename(os.path.normpath(r)) for r in runs]
     names = names if len(set(names)) == len(names) else [os.path.normpath(r) for r in runs]
-    logs = [[json.loads(line) for line in lines_of(p)] if os.path.exists(p := os.path.join(r, 'log.jsonl')) else []
+    logs = [[json.loads(line) for line in read_lines(p)] if os.path.exists(p := os.path.join(r, 'log.jsonl')) else []
             for r in runs]
     results = [json.loads(read_text(p)) if os.path.exists(p := os.path.join(r, 'results.json')) else {} for r in runs]
     if not any(logs) and not any(r.get('test') for r in results):
@@ -778,7 +779,7 @@ def bleu_files(hyp_path, ref_path, tokenized=False):
     for path in (hyp_path, ref_path):
         if not os.path.isfile(path):
             raise EvalError(f'{path} is not there')
-    hyps, refs = lines_of(hyp_path), lines_of(ref_path)
+    hyps, refs = list(read_lines(hyp_path)), list(read_lines(ref_path))
     if len(hyps) != len(refs):
         raise EvalError(f'{hyp_path} has {len(hyps)} lines, {ref_path} has {len(refs)}: '
                         'write one hypothesis per reference line')

@@ -166,11 +166,12 @@ def token_types(ids, sep_id):
 class Encoder(nn.Module):
     """Embeddings and blocks. cross=True gives every block a cross-attention (VECO), used only
     when run() is given a memory; load_pretrained(path) leaves a checkpoint's out (VECO's NLU
-    assembly)."""
+    assembly). task_head: a transformers task model's head that came with the weights (load_pretrained), which
+    the method's head starts from (xlt.Head)."""
 
-    def __init__(self, cfg, cross=False):
+    def __init__(self, cfg, cross=False, task_head=None):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.task_head = cfg, task_head
         bert = cfg.family == 'bert'
         self.tok = nn.Embedding(cfg.vocab_size, cfg.dim, padding_idx=cfg.pad_id)
         self.pos = nn.Embedding(cfg.max_positions, cfg.dim, padding_idx=None if bert else cfg.pad_id)
@@ -598,18 +599,18 @@ def is_cross(key):
 
 
 def load_pretrained(path, cross=False, decoder=False):
-    """-> (Encoder, MLMHead or None when the checkpoint has no MLM head), every tensor checked.
-    cross=True: VECO's encoder with a cross-attention in every block, read from the checkpoint
-    or newly initialised when it has none (XLM-R; the encoder's new_cross says so); cross=False
-    leaves a checkpoint's cross-attention out (VECO's NLU assembly). decoder=True: a third item,
-    a translation checkpoint's decoder (VECO's released NLG model: an Encoder with cross-attention,
-    the token embedding shared), or None when the checkpoint has none."""
+    """-> (Encoder, MLMHead or None when the checkpoint has no MLM head), every tensor checked; a transformers task
+    model's head goes to the encoder (its task_head). cross=True: VECO's encoder with a cross-attention in every
+    block, read from the checkpoint or newly initialised when it has none (XLM-R); cross=False leaves a checkpoint's
+    cross-attention out (VECO's NLU assembly). decoder=True: two more items, a translation checkpoint's decoder
+    (VECO's released NLG model: an Encoder with cross-attention, the token embedding shared) or None when the
+    checkpoint has none, and whether the cross-attention is new."""
     cfg, sd, unknown, head = read_checkpoint(path)
     dec_sd = {k.removeprefix('dec.'): sd.pop(k) for k in [k for k in sd if k.startswith('dec.')]}
     found = any(is_cross(k) for k in sd)
     if not cross:
         sd = {k: v for k, v in sd.items() if not is_cross(k)}
-    enc = Encoder(cfg, cross)
+    enc = Encoder(cfg, cross, task_head=head)
     mlm = MLMHead(cfg, enc.tok.weight) if any(k.startswith('mlm.') for k in sd) else None
     model = nn.ModuleDict({'enc': enc} if mlm is None else {'enc': enc, 'mlm': mlm})  # keys in our names
     if enc.pooler is not None and 'enc.pooler.weight' not in sd:  # BertForMaskedLM's files have none: a new one, as
@@ -619,18 +620,16 @@ def load_pretrained(path, cross=False, decoder=False):
         sd.update({f'enc.pooler.{k}': v for k, v in enc.pooler.state_dict().items()})
     check_keys(path, {k: v for k, v in model.state_dict().items() if found or not is_cross(k)}, sd, unknown)
     model.load_state_dict(sd, strict=found or not cross)  # not strict: a new cross-attention keeps its initialisation
-    enc.new_cross = cross and not found
-    enc.task_head = head  # a transformers task model's head, which the method's Head starts from (xlt.Head)
     if not decoder:
         return enc, mlm
     if not dec_sd:
-        return enc, mlm, None
+        return enc, mlm, None, cross and not found
     n_layer = 1 + max(int(k.split('.')[1]) for k in dec_sd if k.startswith('blocks.'))
     dec = Encoder(replace(cfg, n_layer=n_layer), cross=True)
     dec_sd['tok.weight'] = sd['enc.tok.weight']
     check_keys(path, dec.state_dict(), dec_sd, [])
     dec.load_state_dict(dec_sd)
-    return enc, mlm, dec
+    return enc, mlm, dec, cross and not found
 
 
 def check_keys(path, expected, sd, unknown):

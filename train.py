@@ -4,10 +4,11 @@
     python train.py --method translate-train-all --task pawsx --init xlmr-base.pt --data_dir data/
     torchrun --nproc_per_node 8 train.py ...                       # the same run on 8 GPUs (DDP)
 
-The trainer: the command line, the run folder, one training loop for every method and the stages
-a method's procedure asks for (xlt.Method.procedure, handed a Run). A run writes to --out:
-config.json, log.jsonl, last.pt (resume point), best.pt (the kept model), results.json and .txt,
-and the test predictions in the leaderboard layout (predictions/<task>/test-<lang>.<ext>).
+Read from the top: main -> execute -> Run, what a method's procedure (xlt.Method.procedure) is handed to build,
+feed, train, evaluate and report -> train, the one training loop of every method and stage. Below the divider:
+the command line, the checks and the plan, the run folder's lock and contract, --predict, resume and signals.
+A run writes to --out: config.json, log.jsonl, last.pt (resume point), best.pt (the kept model), results.json
+and .txt, and the test predictions in the leaderboard layout (predictions/<task>/test-<lang>.<ext>).
 """
 import argparse
 import datetime
@@ -32,86 +33,9 @@ import layers
 import xlt
 from xlt import AT_LEAST_1, NON_NEGATIVE, POSITIVE, SHARE, Option
 
-# The demo: a tiny model from scratch, no warm-up (a ramp from 0 leaves it on a plateau for some seeds), random batches
-# (length tells the demo's labels: grouped batches would each hold one); 8 epochs, QA 15; a method's DEMO changes these.
-DEMO = {'model': 'tiny', 'lr': 1e-3, 'warmup': 0.0, 'batch_size': 32, 'group_by_length': False}
-OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS (xlt.py)
-    Option('method', str, f'one of {", ".join(xlt.METHODS)}', default='zeroshot'),
-    Option('task', str, f'one of {", ".join(data.TASKS)}; with --method veco also pretrain, translate', default='xnli'),
-    Option('demo', bool, 'generated data and a tiny model: runs in a minute on a CPU'),
-    Option('model', str, f'preset: {", ".join(layers.CONFIGS)} (default base; tiny with --demo)'),
-    Option('init', str, 'converted XLM-R checkpoint (python layers.py convert) or a run\'s best.pt', path='checkpoint'),
-    Option('from_scratch', bool, 'random weights: real data without --init, a demo that would start pre-trained'),
-    Option('spm', str, 'XLM-R\'s sentencepiece model (default: the one in --data_dir)'),
-    Option('vocab', str, 'BERT\'s vocab.txt (default: the one beside --init, else in --data_dir)'),
-    Option('dict', str, 'fairseq dict.txt --init was trained with (default: one beside it, as VECO\'s NLG model)'),
-    Option('data_dir', str, 'XTREME data in the layout of docs/data.md', default='data'),
-    Option('out', str, 'run folder (default runs/<task>-<method>-<each choice that changes the result>)'),
-    Option('lr', help='peak learning rate (default: per task, from the papers)', valid=POSITIVE),
-    Option('epochs', int, 'default 4 (2 for xquad and mlqa)', AT_LEAST_1),
-    Option('batch_size', int, 'global batch size, over all processes (default 64)', AT_LEAST_1),
-    Option('grad_accum', int, 'micro-batches per process and step', AT_LEAST_1, default=1),
-    Option('max_len', int, 'max tokens per input (default 128; QA 384)', (lambda v: 8 <= v <= 512, '8 to 512 tokens')),
-    Option('warmup', help='share of the steps with a rising learning rate (default 0.1; demo 0)', valid=SHARE),
-    Option('warmup_steps', int, 'the warm-up in steps instead (VECO\'s SQuAD script: 500)', NON_NEGATIVE),
-    Option('doc_stride', int, 'QA: tokens between a context\'s window starts (default 128; VECO 64)', AT_LEAST_1),
-    Option('weight_decay', help='default 0.01 (VECO: its scripts\' values)', valid=NON_NEGATIVE),
-    Option('clip', help='gradient norm clipping (default 1.0; translation 0.1)', valid=POSITIVE),
-    Option('dropout', help='override the model\'s dropout', valid=SHARE),
-    Option('attn_dropout', help='override the attention dropout (default: --dropout\'s value)', valid=SHARE),
-    Option('seed', int, 'seed of the head, the batches and dropout (default 1)', NON_NEGATIVE, default=1),
-    Option('precision', str, 'bf16, fp16 (with a loss scaler) or fp32 (default: bf16 on a GPU that has it, fp16 on one '
-           'that has not, fp32 on the CPU)', choices=('bf16', 'fp16', 'fp32')),
-    Option('translate_test', bool, 'evaluate on the test sets translated into English'),
-    Option('langs', lambda text: [lang for lang in text.split(',') if lang], 'the target languages to run, e.g. de,sw '
-           '(XTREME\'s --predict_languages): the others\' files are not read; English, the source, runs too'),
-    Option('layer', int, 'retrieval: layer pooled (default XTREME\'s: BUCC 20, Tatoeba 14 of 24; 8 of 12)', AT_LEAST_1),
-    Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute'),
-    Option('gpu_memory', help='GiB of the GPU to plan for (default: the GPU found): the plan estimates a process\'s '
-           'peak and says whether it fits, or what would make it fit', valid=POSITIVE),
-    Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64),
-    Option('save_minutes', help='minutes between resume checkpoints (last.pt; also at each epoch\'s end and when '
-           'SIGTERM asks); 0: at every log line', valid=NON_NEGATIVE, default=30.0),
-    Option('no_cache', bool, 'tokenize the data into a temporary folder, not once into <data_dir>/.cache'),
-    Option('eval_steps', int, 'also select within an epoch, every N steps (VECO: XNLI 500, SQuAD 200)', AT_LEAST_1),
-    Option('log_every', int, 'steps between log.jsonl lines, each their mean (one host sync)', AT_LEAST_1, default=10),
-    Option('compile', bool, 'torch.compile each block (the first steps compile; outputs as without, to 1e-5)'),
-    Option('resume', bool, 'continue from --out/last.pt'),
-    Option('eval_only', bool, 'evaluate --out/best.pt (or --init) without training'),
-    Option('predict', str, 'FILE [TRANSLATION]: the finished run in --out predicts FILE, a TSV of the task\'s '
-           'columns or a QA JSON (docs/runs.md), into --out/predicted/; nothing else is read', nargs='+'),
-    Option('overwrite', bool, 'replace a finished run of other settings in --out (else such a folder is refused)'),
-    Option('dry_run', bool, 'check the options and every file the run reads, print the plan, stop (writes nothing)'),
-    Option('halt_after', int, argparse.SUPPRESS),  # tests: die abruptly after this many steps
-    Option('term_after', int, argparse.SUPPRESS))  # tests: a SIGTERM to itself after this many steps
-# the trainer's options that leave results alike (FREE), and those --eval_only's scores depend on (SCORED)
-FREE = ('spm', 'vocab', 'data_dir', 'out', 'grad_accum', 'grad_checkpoint', 'gpu_memory', 'eval_batch_size',
-        'save_minutes', 'log_every', 'compile', 'no_cache', 'resume', 'eval_only', 'predict', 'overwrite', 'dry_run',
-        'halt_after', 'term_after')
-SCORED = ('method', 'task', 'model', 'max_len', 'translate_test', 'layer', 'doc_stride', 'dict')
-OPTIONS = tuple(o._replace(changes='nothing' if o.name in FREE else 'scores' if o.name in SCORED else 'results')
-                for o in OPTIONS)
-
-
-UNDER_WAY = False  # a run's checks passed: from here on an error may be one process's own
-
-
-def fail(message, own=False):
-    """One line on stderr: from the first process, for what every process finds alike; under DDP an error of one
-    process's own (own) from each process that meets it, naming it."""
-    rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
-    if own and world > 1:
-        raise SystemExit(f'error (process {rank} of {world}): {message}')
-    raise SystemExit(f'error: {message}' if rank == 0 else 1)
-
-
-# ----------------------------------------------------------------------------------------
-# The run of a command: check everything, hold the folder, set up the processes, run.
-
-START = time.time()  # when main() began, for the total time a run reports
-
 
 def main(argv=None):
+    """The command line (parse_args), the processes (one per GPU under torchrun), the run; any mistake, one line."""
     global START
     START = time.time()
     args = parse_args(argv)
@@ -129,17 +53,447 @@ def main(argv=None):
         dist.destroy_process_group()
 
 
+def execute(args, rank, world, device):
+    """The run of args in args.out (the command's, or a stage's): every option and file checked and the plan printed
+    (a dry run stops there), the folder held, the data prepared, then the method's procedure."""
+    files, model = check(args, world)
+    if rank == 0:
+        print(banner(args, world, files, model))
+    if args.dry_run:
+        return
+    with hold(args.out, rank):
+        run = Run(args, rank, world, device, prepare(args, rank, world, device))
+        if xlt.task_family(args) == 'retrieval':
+            return run.cls.retrieval(run)
+        run.cls.procedure(run)
+
+
+class Run:
+    """What a method's procedure is handed: args, tok, rank, world, device, out, its class (cls); the model (build,
+    encoder, ready, restore), the training data and loop (items, fit), evaluation (evaluate, outputs, sharded), the
+    results (report, finish), stages (stage, results_of, sub); folder: the run folder's contract (Folder, below)."""
+
+    def __init__(self, args, rank, world, device, tok, sets=None, cache=None):
+        self.args, self.rank, self.world, self.device, self.tok = args, rank, world, device, tok
+        self.out, self.cls, self.chunks = args.out, xlt.method_class(args), world * args.grad_accum
+        self.folder = Folder(args, rank)
+        evaluated = args.task in data.TASKS and xlt.task_family(args) != 'retrieval'
+        self.sets = sets if sets is not None else data.evaluation_sets(args.data_dir, args.task, args.translate_test,
+                                                                     self.cls.paired, args.langs) if evaluated else {}
+        self.cache = cache if cache is not None else {'dev': {}, 'test': {}}  # features, made once per language
+        self.features = data.Features(tok, args.data_dir, args.task, args.max_len, args.doc_stride, not args.no_cache)
+
+    def build(self, cls=None, encoder=None, settings=None):
+        """The method (the run's class, or cls) on the device: its encoder from --init (from random
+        weights for the demo and --from_scratch), its head seeded by --seed."""
+        encoder = self.encoder()[0] if encoder is None else encoder
+        torch.manual_seed(self.args.seed)  # the head's initialisation follows --seed, with --init too
+        try:
+            return (cls or self.cls)(encoder, self.args.task, settings or self.args).to(self.device)
+        except ValueError as e:
+            fail(str(e))
+
+    def encoder(self, cross=False, init=None, decoder=False):
+        """-> (encoder, MLM head or None) from init (default --init), or random for the demo and --from_scratch.
+        cross: blocks with a cross-attention (the checkpoint's, or new), else a checkpoint's is left out; decoder:
+        also a translation checkpoint's decoder (or None) and whether the cross-attention is new (load_pretrained)."""
+        args, init = self.args, init or self.args.init
+        if init:
+            encoder, *rest = layers.load_pretrained(init, cross, decoder)  # a CheckpointError: main()'s one line
+        else:
+            check_init(args)
+            torch.manual_seed(args.seed)
+            cfg = replace(layers.CONFIGS[args.model], vocab_size=self.tok.vocab_size)
+            encoder, rest = layers.Encoder(cfg, cross), [None] + [None, cross] * decoder
+        check_encoder(args, init, encoder.cfg, self.tok)
+        layers.set_dropout(encoder, args.dropout, args.dropout if args.attn_dropout is None else args.attn_dropout)
+        return (self.ready(encoder), *rest)
+
+    def ready(self, encoder):
+        """An encoder with --grad_checkpoint and --compile applied."""
+        encoder.grad_checkpoint = self.args.grad_checkpoint
+        if self.args.compile:
+            layers.compile_blocks(encoder)
+        return encoder
+
+    def restore(self, weights, cls=None):
+        """The method of a checkpoint, or of a finished run's folder (its best.pt), with its settings
+        and weights; as cls, given one, a model of this run's preset (XLA trains a warm-up's model)."""
+        path = os.path.join(weights, 'best.pt') if os.path.isdir(weights) else weights
+        expect = {'task': identity(self.args)['task'], **({'model': self.args.model} if cls else {})}
+        ckpt = layers.load_checkpoint(path, expect)
+        settings = argparse.Namespace(**ckpt['meta']['settings'])
+        encoder = layers.Encoder(layers.Config(**ckpt['config']))
+        method = self.build(cls or xlt.method_class(settings), encoder, settings)
+        method.load_state_dict(ckpt['method'])
+        return method
+
+    def items(self, method):
+        """The training data of a method (or its class: data.training_set); None with --eval_only."""
+        args = self.args
+        if args.eval_only:
+            return None
+        langs = method.train_langs(args, target_langs(args))
+        items = data.training_set(self.features, langs, method.trains_on, method.paired, method.round_trip,
+                                  args.train_share, args.few_shot)
+        if not items:
+            fail(f'no training examples for {args.task} in {args.data_dir}')
+        return items
+
+    def fit(self, method, items, validate=None, batches_of=None, keep_last=0):
+        """Train method on items (train), resumable from last.pt. validate() -> the scores best.pt is kept by (default:
+        the dev sets); batches_of(epoch) -> its global batches (default: shuffled); keep_last: N epochs' to average."""
+        if self.args.eval_only:
+            return
+        self.folder.begin()
+        if keep_last and not self.args.resume:  # an earlier run's are not to be averaged with these
+            self.folder.drop('checkpoints')
+        validate = validate or (lambda: self.evaluate(method, 'dev')[0])
+        train(self, method, items, validate, batches_of or self.shuffled(items), keep_last)
+
+    def shuffled(self, items):
+        """-> batches_of(epoch): a permutation fixed by (--seed, epoch), grouped by length unless --no_group_by_length,
+        or in tokens (--max_tokens); a run counted in --steps reads pass after pass, an --eval_every steps 'epoch'."""
+        args = self.args
+        lengths = data.item_lengths(items) if args.group_by_length or args.max_tokens else None
+
+        @functools.lru_cache(maxsize=1)  # one pass in memory at a time
+        def cut(p):
+            return data.global_batches(len(items), args.batch_size, args.seed * 1000 + p, self.chunks, lengths,
+                                       args.max_tokens)
+        return data.stepped(cut, args.steps, args.eval_every, f'--batch_size {args.batch_size}') if args.steps else cut
+
+    def evaluate(self, method, split, langs=None):
+        """-> ({lang: scores}, {lang: predictions}) in every language of the split (eval_sets), or in langs."""
+        scores, preds = {}, {}
+        for lang, (gold, inputs, pairs) in ((k, v) for k, v in self.sets[split].items() if langs is None or k in langs):
+            key = (lang, method.paired)
+            if key not in self.cache[split]:  # the features, kept on disk (data.evaluation_items), open for the run
+                self.cache[split][key] = data.evaluation_items(self.features, inputs, pairs if method.paired else None)
+            items = self.cache[split][key]
+            feats = (item[1] if method.paired else item for item in items)  # the target side, read as it is scored
+            preds[lang] = ev.predictions(self.args.task, feats, self.outputs(method, items), inputs)
+            if ev.labelled(gold):
+                scores[lang] = ev.scores_of(self.args.task, lang, gold, preds[lang])
+        return scores, preds
+
+    def outputs(self, method, items, then=lambda output: output):
+        """The method's outputs for every item on its target side (a single-text method reads a pair's
+        second alone), each cut to its tokens and passed through then -> a data.Ragged of them."""
+        method.eval()
+        collate, tuples = data.collate_items(method.paired, self.tok.pad), len(items) and isinstance(items[0], tuple)
+
+        def of(index):
+            batch = collate([items[i] if method.paired or not tuples else items[i][1] for i in index], index)
+            lengths = (batch.tgt if method.paired else batch).mask.sum(1).tolist()
+            result = method.predict(batch.to(self.device)).float().cpu()
+            return [(then(r if method.family == 'classification' else r[:n]),) for r, n in zip(result, lengths)]
+        return self.sharded(of, data.item_lengths(items)[:, int(tuples)])[0]
+
+    @torch.no_grad()
+    def sharded(self, fn, lengths, desc='eval', fields=1, everywhere=True):
+        """fn over every position, each process its share (data.shared_out: the shares pass through the run's folder),
+        in the run's precision."""
+        with layers.autocast(self.device, self.args.precision):
+            return data.shared_out(fn, lengths, (self.rank, self.world, self.out), self.args.eval_batch_size, desc,
+                                   fields, everywhere)
+
+    def report(self, method):
+        """The kept model's dev and test scores in every language and its test predictions:
+        results.json, results.txt, predictions/."""
+        self.load_best(method)
+        dev = self.evaluate(method, 'dev')[0]
+        test, preds = self.evaluate(method, 'test')
+        scored = self.test_scores(preds)
+        if self.args.translate_test and method.family == 'qa':  # English answers: scored on the translations' answers
+            scored = {**scored, **{lang: s for lang, s in test.items() if lang != 'en'}}
+        self.finish(dev, scored, xlt.selection(method.select, dev)[1])
+
+    def load_best(self, method):
+        """best.pt's weights into method, when the run kept one -> whether it had."""
+        if os.path.exists(self.path('best.pt')):
+            method.load_state_dict(layers.load_checkpoint(self.path('best.pt'), identity(self.args))['method'])
+            return True
+
+    def test_scores(self, preds):
+        """Write the test predictions in the leaderboard layout and score them (eval.py) against
+        labels/<task>/test-<lang>.* where the data folder has them."""
+        labels = os.path.join(self.args.data_dir, 'labels')
+        return ev.score_predictions(self.path('predictions'), labels, self.args.task, preds) if self.rank == 0 else {}
+
+    def finish(self, dev, test, selected_by=None, runs=None, name=None):
+        """results.json and the table of the run's scores (eval.results); runs: other rows, first
+        (several models of one run), the run's then named `name`."""
+        results, table = ev.results(vars(self.args), dev, test, selected_by, runs, name)
+        kept = ', the kept model in best.pt' if os.path.exists(self.path('best.pt')) else ''
+        self.folder.write_results(results, table, f'results in {self.out}/results.json and results.txt, predictions '
+                                                  f'in {self.out}/predictions/{kept}')
+
+    def stage(self, name):
+        """Run the method's stage `name` (its stages()) unless it finished with these settings;
+        --resume goes on with one that began. -> its folder, relative to this run's."""
+        self.folder.begin()
+        settings = stage_settings(self.args, self.cls, name)
+        if is_finished(settings.out) and not differences(read_config(settings.out), settings):
+            self.say(f'{name}: reused, the finished run in {settings.out} has these settings')
+        else:
+            execute(settings, self.rank, self.world, self.device)
+        return os.path.relpath(settings.out, self.out)
+
+    def results_of(self, name):
+        """The results of the stage `name`, or None when it has not finished."""
+        folder = stage_settings(self.args, self.cls, name).out
+        return json.load(open(os.path.join(folder, 'results.json'))) if is_finished(folder) else None
+
+    def sub(self, name, **changes):
+        """A run in the folder `name` of this one, with changed settings, sharing its evaluation sets."""
+        self.folder.keep(name)
+        args = argparse.Namespace(**{**vars(self.args), 'out': self.path(name), **changes})
+        return Run(args, self.rank, self.world, self.device, self.tok, self.sets, self.cache)
+
+    def path(self, name):
+        return os.path.join(self.out, name)
+
+    def say(self, message):
+        if self.rank == 0:
+            print(message)
+
+    def fail(self, message):
+        fail(message)
+
+
+class Training:
+    """What the steps of one training share: the run, the method (model: the method, or the method in DDP), its
+    items and how a batch of them is made (collate), AdamW and its schedule, the precision (autocast, fp16's loss
+    scaler), validate(), and the state: step, epoch, best dev score (ResumePoints reads it from last.pt)."""
+
+    def __init__(self, run, method, items, validate, total_steps, keep_last=0):
+        self.run, self.method, self.items, self.validate, self.keep_last = run, method, items, validate, keep_last
+        self.opt, self.sched = optimizer_and_schedule(method, run.args, total_steps)
+        self.model = wrapped(method, run.device) if run.world > 1 else method
+        self.precision = layers.Precision(run.args.precision, run.device)
+        self.collate = data.collate_items(method.paired, run.tok.pad)
+        self.state, self.log = {'step': 0, 'epoch': 0, 'best': -math.inf}, None  # log: log.jsonl, process 0's
+
+
+def train(run, method, items, validate, batches_of, keep_last=0):
+    """--epochs epochs of batches_of(epoch), each step cut over the processes and micro-batches (train_step); after
+    each epoch validate() and best.pt kept by the method's selection rule (end_epoch). --resume goes on from last.pt,
+    written every --save_minutes, at each epoch's end and at SIGTERM (ResumePoints)."""
+    args, per_epoch = run.args, len(batches_of(0))
+    t = Training(run, method, items, validate, args.steps or per_epoch * args.epochs, keep_last)
+    with ResumePoints(t) as points:  # --resume: t.state from last.pt; SIGTERM's handler given back however it ends
+        first, started = t.state['step'], time.time()  # first: this process's
+        while t.state['epoch'] < args.epochs:
+            batches, since, t.epoch_loss = batches_of(t.state['epoch']), [], []  # since: the logs since the last line
+            t.padding = data.pad_share(functools.partial(data.item_lengths, items), batches, run.chunks)
+            start = t.state['step'] % per_epoch  # a resumed epoch goes on where it stopped
+            bar = data.bar(total=len(batches), initial=start, desc=f'epoch {t.state["epoch"] + 1}/{args.epochs}')
+            for batch in batches[start:]:
+                if t.state['step'] == first:
+                    probe(t, batches)  # on a GPU the epoch's largest batch first: out of memory now, not hours in
+                since.append(train_step(t, batch))
+                since[-1].update(optimizer_step(t, bar))
+                bar.update()
+                if t.state['step'] % args.log_every == 0 or batch is batches[-1]:  # the one host sync
+                    t.epoch_loss.append(log_line(t, bar, since, started, points))
+                    since = []
+                if args.eval_steps and t.state['step'] % args.eval_steps == 0 and t.state['step'] % per_epoch:
+                    end_epoch(t, started, within=round(t.state['step'] / per_epoch, 2))  # within the epoch (VECO)
+                points.after_step(epoch_end=t.state['step'] % per_epoch == 0)
+            bar.close()
+            t.state['epoch'] += 1
+            end_epoch(t, started)
+            points.after_epoch(last=t.state['epoch'] == args.epochs)
+        points.trained()  # trained.json says so; last.pt, the optimiser's state too, goes
+    del t, points  # the DDP wrapper and the optimiser hold reference cycles: a GPU's memory is collected now
+    collect(run.device)
+
+
+def train_step(t, batch, probe=False):
+    """One optimiser step's gradients: the global batch cut into world x grad_accum chunks, chunk c on process c %
+    world with its own dropout seed, so that any split over processes and micro-steps computes the same gradient;
+    out of memory, one line (probe: the step's trial of the largest batch)."""
+    run, step, accum = t.run, t.state['step'], t.run.args.grad_accum
+    chunks = np.array_split(np.array(batch), run.world * accum)
+    mine = sum(len(chunks[a * run.world + run.rank]) for a in range(accum))
+    logs = {}
+    t.model.train()  # validation leaves it in eval mode
+    try:
+        for a in range(accum):
+            c = a * run.world + run.rank
+            torch.manual_seed(run.args.seed * 1_000_003 + step * 1009 + c)
+            sync = a == accum - 1 or not isinstance(t.model, DDP)
+            micro = t.collate([t.items[i] for i in chunks[c]], chunks[c].tolist()).to(run.device)
+            with (nullcontext() if sync else t.model.no_sync()), t.precision.autocast():
+                loss, chunk_logs = t.model(micro)
+            t.precision.backward(loss * len(chunks[c]) * run.world / len(batch))
+            for k, v in chunk_logs.items():  # this process's micro-batches, weighted by their size
+                logs[k] = logs.get(k, 0.0) + v * len(chunks[c]) / mine
+    except torch.OutOfMemoryError:
+        fail(out_of_memory(run.args, t.items, batch, step + 1, run.world, probe), own=True)
+    return logs
+
+
+def optimizer_step(t, bar):
+    """The optimiser's step, the schedule's, the step counted. -> fp16's log of it (whether the scaler skipped it)."""
+    frozen = t.method.frozen()
+    for p in frozen:
+        p.grad = None  # AdamW leaves a parameter without a gradient as it is
+    logs = t.precision.step(t.opt, t.method.parameters(), t.run.args.clip)
+    t.sched.step()
+    t.opt.zero_grad(set_to_none=True)
+    t.state['step'] += 1
+    t.method.step = t.state['step']  # does the method's frozen phase end here?
+    if frozen and not t.method.frozen() and t.log:  # log: the first process's
+        bar.write(f'step {t.state["step"]}: every parameter trains from here on')
+        t.log.write(json.dumps({'step': t.state['step'], 'event': 'every parameter trains from here on'}) + '\n')
+    return logs
+
+
+def log_line(t, bar, since, started, points):
+    """A line of log.jsonl every --log_every steps (the loop's one host sync): each logged value's mean since the last
+    line; a mean loss not finite on any process stops the run, in one line; the processes agree on the resume point
+    or stop any of them wishes for (points.agree). -> (the mean loss, its steps)."""
+    logs = {k: float(sum(s[k] for s in since if k in s)) / sum(k in s for s in since)
+            for k in dict.fromkeys(k for s in since for k in s)}
+    loss = points.agree(logs['loss'])  # summed over the processes, with the wishes: every process stops together
+    if not math.isfinite(loss):
+        fail(diverged(t.run, loss, t.state['step'] - len(since) + 1, t.state['step']))
+    bar.set_postfix(loss=f'{logs["loss"]:.3f}')
+    if t.log:
+        t.log.write(json.dumps({'step': t.state['step'], 'epoch': t.state['epoch'], 'lr': t.sched.get_last_lr()[0],
+                                'time': round(time.time() - started, 2), **logs}) + '\n')
+        t.log.flush()
+    return logs['loss'], len(since)
+
+
+def end_epoch(t, started, within=None):
+    """An epoch's end (or, with --eval_steps, a point `within` it, in epochs): the weights kept for
+    averaging, validate(), best.pt when the selection score is the best so far, the printed line and the log's."""
+    run, method, state = t.run, t.method, t.state
+    if t.keep_last:  # fairseq's --save-interval-updates and --keep-interval-updates
+        save(run, f'checkpoints/step{state["step"]:07d}.pt', {'method': method.state_dict()}, keep=t.keep_last)
+    dev = t.validate()
+    score = xlt.selection(method.select, dev)[0]
+    score = state['epoch'] if score is None else score  # no dev set: keep the last
+    if score > state['best']:
+        state['best'] = float(score)
+        save(run, 'best.pt', {**layers.encoder_parts(method.encoder, method.mlm), 'method': method.state_dict()})
+    if run.rank == 0:
+        at = {**state, 'epoch': within or state['epoch']}
+        print(ev.epoch_line(at, run.args.epochs, t.epoch_loss, dev, method.select, time.time() - started), flush=True)
+    if t.log:
+        scores = {k: v if method.select == 'loss' else v['score'] for k, v in dev.items()}  # the held-out losses whole
+        t.log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': scores, 'dev_avg': float(score),
+                                'pad_share': round(t.padding, 4)}) + '\n')
+        t.log.flush()
+
+
+def optimizer_and_schedule(method, args, total_steps):
+    """AdamW (no weight decay on biases and LayerNorms; the method's betas and eps) and the method's schedule."""
+    decay = [p for n, p in method.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in method.named_parameters() if p.dim() < 2]  # biases and LayerNorms
+    betas, eps = method.ADAM.get(args.model, ((0.9, 0.999), 1e-8))
+    # fused: one kernel over all parameters (CPU and CUDA), the same update up to rounding, and several times faster
+    opt = torch.optim.AdamW([{'params': decay, 'weight_decay': args.weight_decay},
+                             {'params': no_decay, 'weight_decay': 0.0}], lr=args.lr, betas=betas, eps=eps, fused=True)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, method.schedule(args, total_steps))
+
+
+# === Machinery: the command line, checks and plan, the run folder's lock and contract, --predict, resume, signals ===
+
+
 # ----------------------------------------------------------------------------------------
 # The command line: the trainer's options and each method's (xlt), checked, then the defaults.
+
+UNDER_WAY = False  # a run's checks passed: from here on an error may be one process's own
+
+
+def fail(message, own=False):
+    """One line on stderr: from the first process, for what every process finds alike; under DDP an error of one
+    process's own (own) from each process that meets it, naming it."""
+    rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
+    if own and world > 1:
+        raise SystemExit(f'error (process {rank} of {world}): {message}')
+    raise SystemExit(f'error: {message}' if rank == 0 else 1)
+
+START = time.time()  # when main() began, for the total time a run reports
+
+
+# The demo: a tiny model from scratch, no warm-up (a ramp from 0 leaves it on a plateau for some seeds), random batches
+# (length tells the demo's labels: grouped batches would each hold one); 8 epochs, QA 15; a method's DEMO changes these.
+DEMO = {'model': 'tiny', 'lr': 1e-3, 'warmup': 0.0, 'batch_size': 32, 'group_by_length': False}
+OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS (xlt.py)
+    Option('method', str, f'one of {", ".join(xlt.METHODS)}', default='zeroshot', changes='scores'),
+    Option('task', str, f'one of {", ".join(data.TASKS)}; with --method veco also pretrain, translate', default='xnli',
+           changes='scores'),
+    Option('demo', bool, 'generated data and a tiny model: runs in a minute on a CPU'),
+    Option('model', str, f'preset: {", ".join(layers.CONFIGS)} (default base; tiny with --demo)', changes='scores'),
+    Option('init', str, 'converted XLM-R checkpoint (python layers.py convert) or a run\'s best.pt', path='checkpoint'),
+    Option('from_scratch', bool, 'random weights: real data without --init, a demo that would start pre-trained'),
+    Option('spm', str, 'XLM-R\'s sentencepiece model (default: the one in --data_dir)', changes='nothing'),
+    Option('vocab', str, 'BERT\'s vocab.txt (default: the one beside --init, else in --data_dir)', changes='nothing'),
+    Option('dict', str, 'fairseq dict.txt --init was trained with (default: one beside it, as VECO\'s NLG model)',
+           changes='scores'),
+    Option('data_dir', str, 'XTREME data in the layout of docs/data.md', default='data', changes='nothing'),
+    Option('out', str, 'run folder (default runs/<task>-<method>-<each choice that changes the result>)',
+           changes='nothing'),
+    Option('lr', help='peak learning rate (default: per task, from the papers)', valid=POSITIVE),
+    Option('epochs', int, 'default 4 (2 for xquad and mlqa)', AT_LEAST_1),
+    Option('batch_size', int, 'global batch size, over all processes (default 64)', AT_LEAST_1),
+    Option('group_by_length', bool, 'training batches of similar lengths, little padding (the default but in the demo)',
+           negated='random training batches, as the papers\' scripts (the demo\'s default)'),
+    Option('grad_accum', int, 'micro-batches per process and step', AT_LEAST_1, default=1, changes='nothing'),
+    Option('max_len', int, 'max tokens per input (default 128; QA 384)', (lambda v: 8 <= v <= 512, '8 to 512 tokens'),
+           changes='scores'),
+    Option('warmup', help='share of the steps with a rising learning rate (default 0.1; demo 0)', valid=SHARE),
+    Option('warmup_steps', int, 'the warm-up in steps instead (VECO\'s SQuAD script: 500)', NON_NEGATIVE),
+    Option('doc_stride', int, 'QA: tokens between a context\'s window starts (default 128; VECO 64)', AT_LEAST_1,
+           changes='scores'),
+    Option('weight_decay', help='default 0.01 (VECO: its scripts\' values)', valid=NON_NEGATIVE),
+    Option('clip', help='gradient norm clipping (default 1.0; translation 0.1)', valid=POSITIVE),
+    Option('dropout', help='override the model\'s dropout', valid=SHARE),
+    Option('attn_dropout', help='override the attention dropout (default: --dropout\'s value)', valid=SHARE),
+    Option('seed', int, 'seed of the head, the batches and dropout (default 1)', NON_NEGATIVE, default=1),
+    Option('precision', str, 'bf16, fp16 (with a loss scaler) or fp32 (default: bf16 on a GPU that has it, fp16 on one '
+           'that has not, fp32 on the CPU)', choices=('bf16', 'fp16', 'fp32')),
+    Option('translate_test', bool, 'evaluate on the test sets translated into English', changes='scores'),
+    Option('langs', lambda text: [lang for lang in text.split(',') if lang], 'the target languages to run, e.g. de,sw '
+           '(XTREME\'s --predict_languages): the others\' files are not read; English, the source, runs too'),
+    Option('layer', int, 'retrieval: layer pooled (default XTREME\'s: BUCC 20, Tatoeba 14 of 24; 8 of 12)', AT_LEAST_1,
+           changes='scores'),
+    Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute',
+           changes='nothing'),
+    Option('gpu_memory', help='GiB of the GPU to plan for (default: the GPU found): the plan estimates a process\'s '
+           'peak and says whether it fits, or what would make it fit', valid=POSITIVE, changes='nothing'),
+    Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64, changes='nothing'),
+    Option('save_minutes', help='minutes between resume checkpoints (last.pt; also at each epoch\'s end and when '
+           'SIGTERM asks); 0: at every log line', valid=NON_NEGATIVE, default=30.0, changes='nothing'),
+    Option('no_cache', bool, 'tokenize the data into a temporary folder, not once into <data_dir>/.cache',
+           changes='nothing'),
+    Option('eval_steps', int, 'also select within an epoch, every N steps (VECO: XNLI 500, SQuAD 200)', AT_LEAST_1),
+    Option('log_every', int, 'steps between log.jsonl lines, each their mean (one host sync)', AT_LEAST_1, default=10,
+           changes='nothing'),
+    Option('compile', bool, 'torch.compile each block (the first steps compile; outputs as without, to 1e-5)',
+           changes='nothing'),
+    Option('resume', bool, 'continue from --out/last.pt', changes='nothing'),
+    Option('eval_only', bool, 'evaluate --out/best.pt (or --init) without training', changes='nothing'),
+    Option('predict', str, 'FILE [TRANSLATION]: the finished run in --out predicts FILE, a TSV of the task\'s '
+           'columns or a QA JSON (docs/runs.md), into --out/predicted/; nothing else is read', nargs='+',
+           changes='nothing'),
+    Option('overwrite', bool, 'replace a finished run of other settings in --out (else such a folder is refused)',
+           changes='nothing'),
+    Option('dry_run', bool, 'check the options and every file the run reads, print the plan, stop (writes nothing)',
+           changes='nothing'),
+    Option('halt_after', int, argparse.SUPPRESS, changes='nothing'),  # tests: die abruptly after this many steps
+    Option('term_after', int, argparse.SUPPRESS, changes='nothing'))  # tests: a SIGTERM to itself after this many steps
+
 
 def parse_args(argv=None):
     p = layers.Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for o in OPTIONS:
         add_option(p, o)
-    p.add_argument('--group_by_length', action='store_true', default=None, help='training batches of similar lengths, '
-                   'little padding (the default but in the demo)')
-    p.add_argument('--no_group_by_length', dest='group_by_length', action='store_false', default=None,
-                   help='random training batches, as the papers\' scripts (the demo\'s default)')
     owners = {}  # a method option -> the classes that declare it; --help groups them by the first
     for c in xlt.classes():
         new = [o for o in c.OPTIONS if o.name not in owners]
@@ -157,12 +511,14 @@ def parse_args(argv=None):
 
 
 def add_option(parser, o):
+    """--name on the parser; a flag with a negated form also --no_name (None when neither is given)."""
     if o.type is bool:
-        parser.add_argument(f'--{o.name}', action='store_true', help=o.help)
+        parser.add_argument(f'--{o.name}', action='store_true', default=None if o.negated else False, help=o.help)
+        if o.negated:
+            parser.add_argument(f'--no_{o.name}', dest=o.name, action='store_false', default=None, help=o.negated)
     else:
         parser.add_argument(f'--{o.name}', type=o.type, nargs=o.nargs, choices=o.choices, default=o.default,
                             help=o.help)
-
 
 
 def configure(args, owners):
@@ -180,7 +536,7 @@ def configure(args, owners):
     for name, classes in owners.items():
         if getattr(args, name) is not None and getattr(args, name) is not False and cls not in classes:  # 0 is given
             fail(f'--{name} belongs to {xlt.called(classes)}, not to {args.method} on {args.task}')
-    if args.translate_test and (family(args) not in ('classification', 'qa') or cls.paired):
+    if args.translate_test and (xlt.task_family(args) not in ('classification', 'qa') or cls.paired):
         fail('--translate_test needs a method that reads one text and a task whose labels survive translation '
              '(tags would need a word alignment): drop --translate_test')
     demo = {**DEMO, **cls.DEMO} if args.demo else None
@@ -199,10 +555,6 @@ def configure(args, owners):
     return args
 
 
-def family(args):
-    return data.TASKS[args.task].family if args.task in data.TASKS else xlt.method_class(args).family
-
-
 def default_folder(args):
     """The rest of a default folder's name: translate-test, a preset or seed not the default, the demo."""
     return (['translate-test'] * args.translate_test + [args.model] * (args.model != ('tiny' if args.demo else 'base'))
@@ -219,13 +571,27 @@ def makes_demo_start(args):
     return args.demo and args.init == demo_start(args.out) and not is_finished(os.path.dirname(args.init))
 
 
+def setup_distributed():
+    """-> (rank, world size, device); under torchrun one process per device."""
+    if 'RANK' not in os.environ:
+        return 0, 1, torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    cuda, local = torch.cuda.is_available(), int(os.environ.get('LOCAL_RANK', 0))
+    if cuda:
+        torch.cuda.set_device(local)
+    dist.init_process_group('nccl' if cuda else 'gloo', timeout=datetime.timedelta(hours=2),  # not NCCL's 10 minutes:
+                            device_id=torch.device('cuda', local) if cuda else None)  # one process may tokenize long
+    return dist.get_rank(), dist.get_world_size(), torch.device(f'cuda:{local}' if cuda else 'cpu')
+
+
 # ----------------------------------------------------------------------------------------
 # Checks before anything is made, and the plan.
 
 def check(args, world):
     """Everything that can be checked before anything is made: --out, the processes, the options against the model,
-    every file the run reads, the checkpoints and runs it names, what --out holds. -> (files, meta-device model)."""
-    cls = xlt.method_class(args)
+    every file the run reads, the checkpoints and runs it names, what --out holds. -> (files, meta-device model).
+    Once they pass the run is under way (UNDER_WAY): an error may then be one process's own."""
+    global UNDER_WAY
+    cls, UNDER_WAY = xlt.method_class(args), False
     parent = os.path.dirname(first_missing(args.out) or os.path.abspath(args.out))
     if os.path.exists(args.out) and not os.path.isdir(args.out) or not os.path.isdir(parent):
         file = args.out if os.path.exists(args.out) else parent
@@ -258,6 +624,7 @@ def check(args, world):
     check_stages(args, cls)
     if args.resume or is_finished(args.out):  # a first run meets neither
         check_finished(args)
+    UNDER_WAY = True
     return files, model
 
 
@@ -275,10 +642,10 @@ def check_options(args, cls):
     """What needs the data's languages or a model: translate-train's language, and the method's
     own layer counts, tried on its model on the meta device (no memory, no time) -> that model (retrieval: None)."""
     langs = target_langs(args) if args.task in data.TASKS or args.langs else ()  # --langs checked
-    if cls.trains_on in ('train_lang', 'own_lang') and family(args) != 'retrieval':
+    if cls.trains_on in ('train_lang', 'own_lang') and xlt.task_family(args) != 'retrieval':
         if args.train_lang not in langs:
             fail(f'{args.method} needs --train_lang, one of {", ".join(langs)}')
-    if family(args) != 'retrieval':
+    if xlt.task_family(args) != 'retrieval':
         try:
             with torch.device('meta'):
                 return cls.sketch(args, planned_config(args))
@@ -291,6 +658,17 @@ def check_init(args):
     if not (args.init or args.demo or args.from_scratch):
         fail(f'no --init: this would train {args.model} from random weights for hours. Pass its weights as --init '
              '(docs/weights.md: XLM-R\'s from python layers.py convert, BERT\'s folder as it is), or --from_scratch')
+
+
+def check_encoder(args, init, got, tok):
+    """The encoder's shape (config got) is the preset's, and its vocabulary the tokenizer's."""
+    cfg, shape = layers.CONFIGS[args.model], lambda c: (c.family, c.n_layer, c.dim, c.n_head, c.ffn_dim)
+    if shape(got) != shape(cfg):
+        fail(f'--init {init} is {got.family} {got.n_layer} x {got.dim}, not the {args.model} preset '
+             f'({cfg.family} {cfg.n_layer} x {cfg.dim}): pass the --model it was made for')
+    if (got.vocab_size, got.pad_id, got.sep_id) != (tok.vocab_size, tok.pad, tok.eos):
+        fail(f'the tokenizer has {tok.vocab_size} ids (padding {tok.pad}, separator {tok.eos}), the model '
+             f'{got.vocab_size} ({got.pad_id}, {got.sep_id}): pass its own (--spm, --dict; --vocab)')
 
 
 def target_langs(args):
@@ -325,8 +703,16 @@ def check_run(args, name, folder):
         fail(f'--{name} {folder} is a run of {family}, this one of {model_family(args)}: give a run of the same model')
 
 
+def banner(args, world, files, model):
+    """The run in a few named lines: the banner, and all that --dry_run prints."""
+    status = ('dry run, nothing is trained or written' if args.dry_run else 'evaluating' if args.eval_only
+              else 'resuming' if args.resume else 'a new run')
+    title = f'{args.method} on {args.task}{f" ({args.stage})" if args.stage else ""} in {args.out}: {status}'
+    return '\n'.join([title] + [f'  {name:<9} {value}' for name, value in plan(args, world, files, model).items()])
+
+
 def plan(args, world, files, model):
-    """The run in a few named lines, for the banner and --dry_run."""
+    """The plan's lines {name: text}: the model, data, training, memory, method, stages and the rule it keeps by."""
     cls, found = xlt.method_class(args), [path for path, _, _ in files if os.path.isfile(path)]
     options = [(o.name, getattr(args, o.name, None)) for o in cls.OPTIONS]
     stages = [f'{name} in {stage_settings(args, cls, name).out}' for name in cls.stages(args)]
@@ -338,12 +724,12 @@ def plan(args, world, files, model):
             'method': ', '.join(f'{o} {" ".join(map(str, v)) if isinstance(v, list) else v}' for o, v in options
                                 if v not in (None, False)) or 'its defaults',
             'stages': ', '.join(stages + ['then this run']) if stages else 'one',
-            'kept': 'nothing trained' if family(args) == 'retrieval' else 'the ' + xlt.SELECTED_BY[cls.select]}
+            'kept': 'nothing trained' if xlt.task_family(args) == 'retrieval' else 'the ' + xlt.SELECTED_BY[cls.select]}
 
 
 def training_plan(args, world):
     """The plan's line of the training: its length, batch, learning rate and schedule."""
-    if args.eval_only or family(args) == 'retrieval':
+    if args.eval_only or xlt.task_family(args) == 'retrieval':
         return 'none (--eval_only)' if args.eval_only else 'none (retrieval: mean-pooled states, nearest neighbours)'
     length = f'{args.steps} steps' if args.steps else f'{args.epochs} epoch(s)'
     tokens = args.max_tokens and f'micro-batches of at most {args.max_tokens} tokens'
@@ -395,85 +781,27 @@ def planned_config(args):
                    vocab_size=layers.CONFIGS['tiny'].vocab_size if args.demo else cfg.vocab_size)
 
 
-def setup_distributed():
-    """-> (rank, world size, device); under torchrun one process per device."""
-    if 'RANK' not in os.environ:
-        return 0, 1, torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-    cuda, local = torch.cuda.is_available(), int(os.environ.get('LOCAL_RANK', 0))
-    if cuda:
-        torch.cuda.set_device(local)
-    dist.init_process_group('nccl' if cuda else 'gloo', timeout=datetime.timedelta(hours=2),  # not NCCL's 10 minutes:
-                            device_id=torch.device('cuda', local) if cuda else None)  # one process may tokenize long
-    return dist.get_rank(), dist.get_world_size(), torch.device(f'cuda:{local}' if cuda else 'cpu')
-
-
 # ----------------------------------------------------------------------------------------
-# A run: one folder, held for the run's life; its data; the method's procedure, handed a Run.
+# The data a run prepares: the tokenizer, the demo's data and its pre-trained start.
 
-def execute(args, rank, world, device):
-    """The run of args in args.out (the command's, or a stage's): check, banner (a dry run stops there), hold the
-    folder, the data, the demo's pre-trained start, then the method's procedure."""
-    global UNDER_WAY
-    UNDER_WAY, (files, model) = False, check(args, world)
-    UNDER_WAY = True
-    if rank == 0:
-        status = ('dry run, nothing is trained or written' if args.dry_run else 'evaluating' if args.eval_only
-                  else 'resuming' if args.resume else 'a new run')
-        title = f'{args.method} on {args.task}{f" ({args.stage})" if args.stage else ""} in {args.out}: {status}'
-        lines = [f'  {name:<9} {value}' for name, value in plan(args, world, files, model).items()]
-        print('\n'.join([title] + lines))
-    if args.dry_run:
-        return
-    with hold(args.out, rank):
-        tok = prepare_data(args, rank)
-        if makes_demo_start(args) and not args.eval_only:
-            demo_pretrained(args, rank, world, device)
-        run = Run(args, rank, world, device, tok)
-        if family(args) == 'retrieval':
-            return run.cls.retrieval(run)
-        run.cls.procedure(run)
-
-
-def predict(args, rank, world, device):
-    """--predict FILE [TRANSLATION]: the finished run in --out, in its settings, predicts FILE (data.read_input) with
-    the model its method predicts with (xlt's predictor) -> --out/predicted/<FILE's name>.<tsv|json>, in the
-    leaderboard's format, and .scores.json: each prediction's probability, the scores where FILE has labels."""
-    if not is_finished(args.out):
-        fail(f'--predict FILE predicts with a finished run: {args.out} has no results.json; give the run\'s folder')
-    settings = argparse.Namespace(**{**read_config(args.out), 'out': args.out, 'eval_only': True, 'resume': False,
-                                     'precision': args.precision, 'eval_batch_size': args.eval_batch_size})
-    cls, demo = xlt.method_class(settings), os.path.join(args.out, 'demo-data')
-    if settings.task not in data.TASKS or family(settings) == 'retrieval':
-        fail(f'--predict is for the runs of a task with labels to predict, not {settings.task}')
-    if len(args.predict) > 1 + (family(settings) == 'qa' and cls.paired):
-        fail('--predict takes FILE, and for a paired method on QA its TRANSLATION; a TSV holds its translation')
-    if not os.path.exists(os.path.join(args.out, cls.KEEPS)):
-        fail(f'{args.out} keeps no {cls.KEEPS} (an --eval_only run of --init): predict with the run that trained it')
-    if settings.demo and not data.is_demo(demo, current=True):
-        fail(f'{args.out} is a run of an older demo, whose tokenizer has changed since: run it again')
-    tok = prepare_data(settings, rank)
-    examples, pairs = data.read_input(args.predict[0], settings.task, cls.paired, (args.predict + [None])[1])
-    run = Run(settings, rank, world, device, tok, sets={'dev': {}, 'test': {}})
-    model = cls.predictor(run)
-    items = data.evaluation_items(tok, settings.data_dir, settings.task, examples, pairs if model.paired else None,
-                                  settings.max_len, settings.doc_stride, cache=False)
-    feats, outputs = [item[1] if model.paired else item for item in items], run.outputs(model, items)
-    stem = os.path.join(args.out, 'predicted', os.path.splitext(os.path.basename(args.predict[0]))[0])
-    scores = ev.write_predicted(stem, settings.task, feats, outputs, examples) if rank == 0 else None
-    if rank == 0:
-        print(f'{len(examples)} predictions in {stem}.{data.suffix(settings.task)}, each with its probability in '
-              f'{stem}.scores.json' + (f'; score {scores["score"]:.1f}' if scores else ''))
-
-
-def prepare_data(args, rank):
+def prepare(args, rank, world, device):
+    """-> the run's tokenizer; for the demo, its data made in the run folder and, for a method that starts from a
+    trained model, the demo's pre-trained model (demo_pretrained), made first."""
     if args.demo:
         args.data_dir = os.path.join(args.out, 'demo-data')
         if rank == 0 and not data.is_demo(args.data_dir, current=True):
             data.make_demo(args.data_dir, seed=0)
         if dist.is_initialized():
             dist.barrier()
-    tok = data.tokenizer_file(model_family(args), args.data_dir, args.spm, args.vocab, args.init)[0]
-    return data.tokenizer(model_family(args), tok, args.qa_case == 'lower', args.dict)
+    if makes_demo_start(args) and not args.eval_only:
+        demo_pretrained(args, rank, world, device)
+    return tokenizer(args)
+
+
+def tokenizer(args):
+    """The tokenizer of the preset's backbone, from its file (--spm, --vocab; else beside --init or in --data_dir)."""
+    path = data.tokenizer_file(model_family(args), args.data_dir, args.spm, args.vocab, args.init)[0]
+    return data.tokenizer(model_family(args), path, args.qa_case == 'lower', args.dict)
 
 
 def model_family(args):  # the preset's, 'xlmr' or 'bert': it picks the tokenizer
@@ -493,7 +821,7 @@ def demo_pretrained(args, rank, world, device):
 
 
 # ----------------------------------------------------------------------------------------
-# The run folder: held by one run at a time (hold); its config.json (Run.begin) says that a run began there and
+# The run folder: held by one run at a time (hold); its config.json (Folder.begin) says that a run began there and
 # with which settings, its results.json that it finished. A run that stops before it began leaves nothing behind.
 
 @contextmanager
@@ -552,7 +880,7 @@ def first_missing(path):
 
 
 def began(folder):
-    """Did a run begin in folder, or in a stage below it (its config.json is written by Run.begin)?"""
+    """Did a run begin in folder, or in a stage below it (its config.json is written by Folder.begin)?"""
     return any('config.json' in names for _, _, names in os.walk(folder))
 
 
@@ -617,260 +945,6 @@ def check_finished(args):
              f'(this run: {now[differ[0]]}{more}): give another --out, or add --overwrite to replace it')
 
 
-class Run:
-    """What a procedure is handed: args, tok, rank, world, device, out; the trainer's parts: model (build, restore,
-    encoder), data and loop (items, fit), evaluation (evaluate, outputs, map), results (report, finish), stages."""
-
-    def __init__(self, args, rank, world, device, tok, sets=None, cache=None):
-        self.args, self.rank, self.world, self.device, self.tok = args, rank, world, device, tok
-        self.out, self.cls, self.chunks, self.begun = args.out, xlt.method_class(args), world * args.grad_accum, False
-        evaluated = args.task in data.TASKS and family(args) != 'retrieval'
-        self.sets = sets if sets is not None else data.evaluation_sets(args.data_dir, args.task, args.translate_test,
-                                                                     self.cls.paired, args.langs) if evaluated else {}
-        self.cache = cache if cache is not None else {'dev': {}, 'test': {}}  # features, made once per language
-
-    def build(self, cls=None, encoder=None, settings=None):
-        """The method (the run's class, or cls) on the device: its encoder from --init (from random
-        weights for the demo and --from_scratch), its head seeded by --seed."""
-        encoder = self.encoder()[0] if encoder is None else encoder
-        torch.manual_seed(self.args.seed)  # the head's initialisation follows --seed, with --init too
-        try:
-            return (cls or self.cls)(encoder, self.args.task, settings or self.args).to(self.device)
-        except ValueError as e:
-            fail(str(e))
-
-    def encoder(self, cross=False, init=None, decoder=False):
-        """-> (encoder, MLM head or None) from init (default --init), or random for the demo and --from_scratch.
-        cross: blocks with a cross-attention (the checkpoint's, or new), else a checkpoint's is left out; decoder:
-        a translation checkpoint's decoder (or None) too (layers.load_pretrained)."""
-        args, init = self.args, init or self.args.init
-        cfg, mlm, dec = layers.CONFIGS[args.model], None, [None] * decoder
-        if init:
-            encoder, mlm, *dec = layers.load_pretrained(init, cross, decoder)  # a CheckpointError: main()'s one line
-        else:
-            check_init(args)
-            torch.manual_seed(args.seed)
-            encoder = layers.Encoder(layers.Config(**{**cfg.__dict__, 'vocab_size': self.tok.vocab_size}), cross)
-        got, tok, shape = encoder.cfg, self.tok, lambda c: (c.family, c.n_layer, c.dim, c.n_head, c.ffn_dim)
-        if shape(got) != shape(cfg):
-            fail(f'--init {init} is {got.family} {got.n_layer} x {got.dim}, not the {args.model} preset '
-                 f'({cfg.family} {cfg.n_layer} x {cfg.dim}): pass the --model it was made for')
-        if (got.vocab_size, got.pad_id, got.sep_id) != (tok.vocab_size, tok.pad, tok.eos):
-            fail(f'the tokenizer has {tok.vocab_size} ids (padding {tok.pad}, separator {tok.eos}), the model '
-                 f'{got.vocab_size} ({got.pad_id}, {got.sep_id}): pass its own (--spm, --dict; --vocab)')
-        layers.set_dropout(encoder, args.dropout, args.dropout if args.attn_dropout is None else args.attn_dropout)
-        return (self.ready(encoder), mlm, *dec)
-
-    def ready(self, encoder):
-        """An encoder with --grad_checkpoint and --compile applied."""
-        encoder.grad_checkpoint = self.args.grad_checkpoint
-        if self.args.compile:
-            layers.compile_blocks(encoder)
-        return encoder
-
-    def items(self, method):
-        """The training data of a method (or its class: data.training_set); None with --eval_only."""
-        args = self.args
-        if args.eval_only:
-            return None
-        items = data.training_set(self.tok, args.data_dir, args.task, method.train_langs(args, target_langs(args)),
-                                  method.trains_on, method.paired, method.round_trip, args.max_len, args.train_share,
-                                  args.doc_stride, not args.no_cache, args.few_shot)
-        if not items:
-            fail(f'no training examples for {args.task} in {args.data_dir}')
-        return items
-
-    def fit(self, method, items, validate=None, batches_of=None, keep_last=0):
-        """Train method on items (train), resumable from last.pt. validate() -> the scores best.pt is kept by (default:
-        the dev sets); batches_of(epoch) -> its global batches (default: shuffled); keep_last: N epochs' to average."""
-        if self.args.eval_only:
-            return
-        self.begin()
-        if keep_last and not self.args.resume:  # an earlier run's are not to be averaged with these
-            self.drop('checkpoints')
-        validate = validate or (lambda: self.evaluate(method, 'dev')[0])
-        train(self, method, items, validate, batches_of or self.shuffled(items), keep_last)
-
-    def begin(self):
-        """All input read: the run begins, and results of an earlier run in its folder are no
-        longer its; a new run (not --resume) also drops the earlier run's checkpoints."""
-        if self.rank == 0 and not self.begun:
-            new = not self.args.resume
-            kept = data.lines_of(self.path('kept.txt')) if new and os.path.exists(self.path('kept.txt')) else []
-            self.drop('results.json', 'results.txt', *['last.pt', 'best.pt', 'kept.txt', 'trained.json'] * new, *kept)
-            config = {**vars(self.args), 'changes_nothing': changing('nothing')}  # eval.py --collect groups by the rest
-            layers.atomic_write(self.path('config.json'), json.dumps(config, indent=2))
-        self.begun = True
-
-    def keep(self, name):
-        """Record a file or folder the run computed for itself (kept.txt): --resume reads it back, and
-        the next new run in the folder removes it first (an earlier run's results are not its)."""
-        if not self.args.eval_only:  # an evaluation changes no run
-            self.begin()
-            if self.rank == 0:
-                with open(self.path('kept.txt'), 'a') as f:
-                    f.write(name + '\n')
-
-    def shuffled(self, items):
-        """-> batches_of(epoch): a permutation fixed by (--seed, epoch), grouped by length unless --no_group_by_length,
-        or in tokens (--max_tokens); a run counted in --steps reads pass after pass, an --eval_every steps 'epoch'."""
-        args = self.args
-        lengths = data.item_lengths(items) if args.group_by_length or args.max_tokens else None
-
-        @functools.lru_cache(maxsize=1)  # one pass in memory at a time
-        def cut(p):
-            return data.global_batches(len(items), args.batch_size, args.seed * 1000 + p, self.chunks, lengths,
-                                       args.max_tokens)
-        return data.stepped(cut, args.steps, args.eval_every, f'--batch_size {args.batch_size}') if args.steps else cut
-
-    def evaluate(self, method, split, langs=None):
-        """-> ({lang: scores}, {lang: predictions}) in every language of the split (eval_sets), or in langs."""
-        scores, preds = {}, {}
-        for lang, (gold, inputs, pairs) in ((k, v) for k, v in self.sets[split].items() if langs is None or k in langs):
-            key, args = (lang, method.paired), self.args
-            if key not in self.cache[split]:  # the features, kept on disk (data.evaluation_items), open for the run
-                self.cache[split][key] = data.evaluation_items(self.tok, args.data_dir, args.task, inputs,
-                                                               pairs if method.paired else None, args.max_len,
-                                                               args.doc_stride, not args.no_cache)
-            items = self.cache[split][key]
-            feats = (item[1] if method.paired else item for item in items)  # the target side, read as it is scored
-            preds[lang] = ev.predictions(self.args.task, feats, self.outputs(method, items), inputs)
-            if ev.labelled(gold):
-                scores[lang] = ev.scores_of(self.args.task, lang, gold, preds[lang])
-        return scores, preds
-
-    def outputs(self, method, items, then=lambda output: output):
-        """The method's outputs for every item on its target side (a single-text method reads a pair's
-        second alone), each cut to its tokens and passed through then -> a data.Ragged of them."""
-        method.eval()
-        collate, tuples = data.collate_items(method.paired, self.tok.pad), len(items) and isinstance(items[0], tuple)
-
-        def of(index):
-            batch = collate([items[i] if method.paired or not tuples else items[i][1] for i in index], index)
-            lengths = (batch.tgt if method.paired else batch).mask.sum(1).tolist()
-            result = method.predict(batch.to(self.device)).float().cpu()
-            return [(then(r if method.family == 'classification' else r[:n]),) for r, n in zip(result, lengths)]
-        return self.map(of, data.item_lengths(items)[:, int(tuples)])[0]
-
-    @torch.no_grad()
-    def map(self, fn, lengths, desc='eval', fields=1, everywhere=True):
-        """data.shared_out over the run's processes, in its precision, the blocks passing through its folder."""
-        with layers.autocast(self.device, self.args.precision):
-            return data.shared_out(fn, lengths, (self.rank, self.world, self.out), self.args.eval_batch_size, desc,
-                                   fields, everywhere)
-
-    def report(self, method):
-        """The kept model's dev and test scores in every language and its test predictions:
-        results.json, results.txt, predictions/."""
-        self.load_best(method)
-        dev = self.evaluate(method, 'dev')[0]
-        test, preds = self.evaluate(method, 'test')
-        scored = self.test_scores(preds)
-        if self.args.translate_test and method.family == 'qa':  # English answers: scored on the translations' answers
-            scored = {**scored, **{lang: s for lang, s in test.items() if lang != 'en'}}
-        self.finish(dev, scored, xlt.selection(method.select, dev)[1])
-
-    def load_best(self, method):
-        """best.pt's weights into method, when the run kept one -> whether it had."""
-        if os.path.exists(self.path('best.pt')):
-            method.load_state_dict(layers.load_checkpoint(self.path('best.pt'), identity(self.args))['method'])
-            return True
-
-    def test_scores(self, preds):
-        """Write the test predictions in the leaderboard layout and score them (eval.py) against
-        labels/<task>/test-<lang>.* where the data folder has them."""
-        labels = os.path.join(self.args.data_dir, 'labels')
-        return ev.score_predictions(self.path('predictions'), labels, self.args.task, preds) if self.rank == 0 else {}
-
-    def finish(self, dev, test, selected_by=None, runs=None, name=None):
-        """results.json and the table of the run's scores (eval.results); runs: other rows, first
-        (several models of one run), the run's then named `name`."""
-        args = self.args
-        results, table = ev.results(args.task, args.method, dev, test, selected_by, runs, args.stage, name, args.langs)
-        kept = ', the kept model in best.pt' if os.path.exists(self.path('best.pt')) else ''
-        self.write_results(results, table, f'results in {self.out}/results.json and results.txt, predictions in '
-                                           f'{self.out}/predictions/{kept}')
-
-    def write_results(self, results, table, where, files=None):
-        """results.json, results.txt and files {name: text} by process 0, the table printed; every process waits."""
-        if self.rank == 0:
-            files = {**(files or {}), 'results.json': json.dumps(results, indent=2), 'results.txt': table + '\n'}
-            for name, text in files.items():
-                layers.atomic_write(self.path(name), text)
-            print(f'{table}\n{where}; {ev.clock(time.time() - START)} in all')
-        if dist.is_initialized():
-            dist.barrier()
-
-    def path(self, name):
-        return os.path.join(self.out, name)
-
-    def restore(self, weights, cls=None):
-        """The method of a checkpoint, or of a finished run's folder (its best.pt), with its settings
-        and weights; as cls, given one, a model of this run's preset (XLA trains a warm-up's model)."""
-        path = os.path.join(weights, 'best.pt') if os.path.isdir(weights) else weights
-        expect = {'task': identity(self.args)['task'], **({'model': self.args.model} if cls else {})}
-        ckpt = layers.load_checkpoint(path, expect)
-        settings = argparse.Namespace(**ckpt['meta']['settings'])
-        encoder = layers.Encoder(layers.Config(**ckpt['config']))
-        method = self.build(cls or xlt.method_class(settings), encoder, settings)
-        method.load_state_dict(ckpt['method'])
-        return method
-
-    def stage(self, name):
-        """Run the method's stage `name` (its stages()) unless it finished with these settings;
-        --resume goes on with one that began. -> its folder, relative to this run's."""
-        self.begin()
-        settings = stage_settings(self.args, self.cls, name)
-        if is_finished(settings.out) and not differences(read_config(settings.out), settings):
-            self.say(f'{name}: reused, the finished run in {settings.out} has these settings')
-        else:
-            execute(settings, self.rank, self.world, self.device)
-        return os.path.relpath(settings.out, self.out)
-
-    def results_of(self, name):
-        """The results of the stage `name`, or None when it has not finished."""
-        folder = stage_settings(self.args, self.cls, name).out
-        return json.load(open(os.path.join(folder, 'results.json'))) if is_finished(folder) else None
-
-    def sub(self, name, **changes):
-        """A run in the folder `name` of this one, with changed settings, sharing its evaluation sets."""
-        self.keep(name)
-        args = argparse.Namespace(**{**vars(self.args), 'out': self.path(name), **changes})
-        return Run(args, self.rank, self.world, self.device, self.tok, self.sets, self.cache)
-
-    def cached(self, name, compute):
-        """compute() once, kept as `name` (JSON for .json, else torch.save, read memory-mapped):
-        --resume and --eval_only read it back; a new run computes it again. compute() may give None
-        on processes other than 0, which then read what process 0 kept."""
-        path, as_json = self.path(name), name.endswith('.json')
-        read = lambda: json.loads(data.read_text(path)) if as_json else torch.load(path, weights_only=True, mmap=True)
-        if (self.args.resume or self.args.eval_only) and os.path.exists(path):
-            return read()
-        if self.args.eval_only:
-            fail(f'{path} not found: --eval_only evaluates a finished run in --out')
-        value = compute()
-        self.keep(name)
-        if self.rank == 0:
-            layers.atomic_write(path, json.dumps(value, indent=2) if as_json else value)
-        if dist.is_initialized():
-            dist.barrier()
-        return read() if value is None else value
-
-    def drop(self, *names):
-        """Remove the files and folders of the run's folder under names, which nothing reads any more."""
-        for path in [self.path(name) for name in names] * (self.rank == 0):
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            elif os.path.exists(path):
-                os.remove(path)
-
-    def say(self, message):
-        if self.rank == 0:
-            print(message)
-
-    fail = staticmethod(fail)
-
-
 def stage_settings(args, cls, name):
     """The settings of the method's stage `name` (cls.stages): the run's with the stage's changes,
     in --out/<name> unless the stage says where; options of other methods dropped."""
@@ -889,99 +963,134 @@ def identity(args):
     return {'method': args.method, 'task': xlt.method_class(args).folder(args)[0], 'model': args.model}
 
 
+class Folder:
+    """The run folder's contract with later runs: config.json (begin) says that a run began there and with which
+    settings; kept.txt lists what the run computed for itself (keep: --resume reads it back, the next new run removes
+    it first); results.json (write_results) says that it finished. cached() computes a result once and keeps it."""
+
+    def __init__(self, args, rank):
+        self.args, self.rank, self.out, self.begun = args, rank, args.out, False
+
+    def path(self, name):
+        return os.path.join(self.out, name)
+
+    def begin(self):
+        """All input read: the run begins, and results of an earlier run in its folder are no
+        longer its; a new run (not --resume) also drops the earlier run's checkpoints."""
+        if self.rank == 0 and not self.begun:
+            new = not self.args.resume
+            kept = list(data.read_lines(self.path('kept.txt'))) if new and os.path.exists(self.path('kept.txt')) else []
+            self.drop('results.json', 'results.txt', *['last.pt', 'best.pt', 'kept.txt', 'trained.json'] * new, *kept)
+            config = {**vars(self.args), 'changes_nothing': changing('nothing')}  # eval.py --collect groups by the rest
+            layers.atomic_write(self.path('config.json'), json.dumps(config, indent=2))
+        self.begun = True
+
+    def keep(self, name):
+        """Record a file or folder the run computed for itself (kept.txt): --resume reads it back, and
+        the next new run in the folder removes it first (an earlier run's results are not its)."""
+        if not self.args.eval_only:  # an evaluation changes no run
+            self.begin()
+            if self.rank == 0:
+                with open(self.path('kept.txt'), 'a') as f:
+                    f.write(name + '\n')
+
+    def drop(self, *names):
+        """Remove the files and folders of the run's folder under names, which nothing reads any more."""
+        for path in [self.path(name) for name in names] * (self.rank == 0):
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.remove(path)
+
+    def cached(self, name, compute):
+        """compute() once, kept as `name` (JSON for .json, else torch.save, read memory-mapped):
+        --resume and --eval_only read it back; a new run computes it again. compute() may give None
+        on processes other than 0, which then read what process 0 kept."""
+        path, as_json = self.path(name), name.endswith('.json')
+        read = lambda: json.loads(data.read_text(path)) if as_json else torch.load(path, weights_only=True, mmap=True)
+        if (self.args.resume or self.args.eval_only) and os.path.exists(path):
+            return read()
+        if self.args.eval_only:
+            fail(f'{path} not found: --eval_only evaluates a finished run in --out')
+        value = compute()
+        self.keep(name)
+        if self.rank == 0:
+            layers.atomic_write(path, json.dumps(value, indent=2) if as_json else value)
+        data.barrier()
+        return read() if value is None else value
+
+    def write_results(self, results, table, where, files=None):
+        """results.json, results.txt and files {name: text} by process 0, the table printed; every process waits."""
+        if self.rank == 0:
+            files = {**(files or {}), 'results.json': json.dumps(results, indent=2), 'results.txt': table + '\n'}
+            for name, text in files.items():
+                layers.atomic_write(self.path(name), text)
+            print(f'{table}\n{where}; {ev.clock(time.time() - START)} in all')
+        data.barrier()
+
+
 # ----------------------------------------------------------------------------------------
-# The training loop of every method and stage.
+# --predict FILE: a finished run's model on a file of the task's columns.
 
-SCARCE = ('cuda',)  # devices whose memory a run watches: the largest batch tried before step 1 (probe), a finished
-# training's cycles collected at once for the next stage; on a CPU neither is worth its time (a collection takes
-# seconds in a process of many objects, the probe a step)
-
-
-def train(run, method, items, validate, batches_of, keep_last=0):
-    """Train for --epochs epochs of batches_of(epoch), resuming from last.pt with --resume; after
-    each epoch validate(), best.pt kept by the method's selection rule, and last.pt."""
-    with ResumePoints(run) as points:  # its SIGTERM handler given back however the loop ends
-        loop(run, method, items, validate, batches_of, keep_last, points)
-    if run.device.type in SCARCE:  # the loop's DDP wrapper and optimiser hold reference cycles: freed now
-        gc.collect()
-
-
-def loop(run, method, items, validate, batches_of, keep_last, points):
-    """train()'s epochs and steps; points: its ResumePoints."""
-    args, rank, world = run.args, run.rank, run.world
-    per_epoch = len(batches_of(0))
-    opt, sched = optimizer_and_schedule(method, args, args.steps or per_epoch * args.epochs)
-    model = wrapped(method, run.device) if world > 1 else method
-    precision = layers.Precision(args.precision, run.device)
-    state = args.resume and resumed(run, method, opt, sched, precision.scaler)
-    state = state or {'step': 0, 'epoch': 0, 'best': -math.inf}  # a new run (or nothing to resume)
-    log = open_log(run.path('log.jsonl'), state['step']) if rank == 0 else None
-    started, collate = time.time(), data.collate_items(method.paired, run.tok.pad)
-    method.step = first = state['step']  # read by schedules (X-Mixup's p*, frozen phases); first: this process's
-    while state['epoch'] < args.epochs:
-        # since: the logs of the steps since the last line; epoch_loss: (mean loss, steps) of each line of the epoch
-        batches, since, epoch_loss = batches_of(state['epoch']), [], []
-        padding = data.pad_share(functools.partial(data.item_lengths, items), batches, run.chunks)
-        start = state['step'] % per_epoch  # a resumed epoch goes on where it stopped
-        bar = data.bar(total=len(batches), initial=start, desc=f'epoch {state["epoch"] + 1}/{args.epochs}')
-        for batch in batches[start:]:
-            if state['step'] == first and run.device.type in SCARCE:  # the largest batch first, once
-                probe(run, model, items, batches, state['step'], precision, collate)
-            since.append(train_step(model, items, batch, args, state['step'], rank, world, precision, collate))
-            since[-1].update(optimizer_step(method, opt, sched, precision, state, args.clip, bar, log))
-            bar.update()
-            asked = (False, False)  # (a resume point, then a stop): the processes agree on them at a log line
-            if state['step'] % args.log_every == 0 or batch is batches[-1]:  # the one host sync (and each epoch's end)
-                line, asked = log_line(run, log, bar, since, state, sched.get_last_lr()[0], started, points.wishes())
-                epoch_loss.append(line)
-                since = []
-            if args.eval_steps and state['step'] % args.eval_steps == 0 and state['step'] % per_epoch:  # in the epoch
-                end_epoch(run, method, validate, state, 0, epoch_loss, time.time() - started, log, padding,
-                          round(state['step'] / per_epoch, 2))
-            if any(asked) and state['step'] % per_epoch:  # an epoch's last step saves after its validation
-                points.save(resume_point(method, opt, sched, state, precision.scaler), stop=asked[1])
-            if args.halt_after or args.term_after:
-                planted_stops(args, state['step'], points)
-        bar.close()
-        state['epoch'] += 1
-        end_epoch(run, method, validate, state, keep_last, epoch_loss, time.time() - started, log, padding)
-        if state['epoch'] < args.epochs or asked[1]:  # after the last epoch trained.json holds the end, unless a stop
-            points.save(resume_point(method, opt, sched, state, precision.scaler), stop=asked[1])
-    points.writer.wait()  # before last.pt goes
-    if rank == 0:  # the training is over and best.pt holds what it kept: the resume point (optimiser state too) goes
-        layers.atomic_write(run.path('trained.json'), json.dumps(state))
-        run.drop('last.pt')
-    if dist.is_initialized():
-        dist.barrier()  # every process reads best.pt (and the kept checkpoints) only once they are written
+def predict(args, rank, world, device):
+    """--predict FILE [TRANSLATION]: the finished run in --out, in its settings, predicts FILE (data.read_input) with
+    the model its method predicts with (xlt's predictor) -> --out/predicted/<FILE's name>.<tsv|json>, in the
+    leaderboard's format, and .scores.json: each prediction's probability, the scores where FILE has labels."""
+    if not is_finished(args.out):
+        fail(f'--predict FILE predicts with a finished run: {args.out} has no results.json; give the run\'s folder')
+    settings = argparse.Namespace(**{**read_config(args.out), 'out': args.out, 'eval_only': True, 'resume': False,
+                                     'precision': args.precision, 'eval_batch_size': args.eval_batch_size})
+    cls, demo = xlt.method_class(settings), os.path.join(args.out, 'demo-data')
+    if settings.task not in data.TASKS or xlt.task_family(settings) == 'retrieval':
+        fail(f'--predict is for the runs of a task with labels to predict, not {settings.task}')
+    if len(args.predict) > 1 + (xlt.task_family(settings) == 'qa' and cls.paired):
+        fail('--predict takes FILE, and for a paired method on QA its TRANSLATION; a TSV holds its translation')
+    if not os.path.exists(os.path.join(args.out, cls.KEEPS)):
+        fail(f'{args.out} keeps no {cls.KEEPS} (an --eval_only run of --init): predict with the run that trained it')
+    if settings.demo and not data.is_demo(demo, current=True):
+        fail(f'{args.out} is a run of an older demo, whose tokenizer has changed since: run it again')
+    tok = prepare(settings, rank, world, device)
+    examples, pairs = data.read_input(args.predict[0], settings.task, cls.paired, (args.predict + [None])[1])
+    run = Run(settings, rank, world, device, tok, sets={'dev': {}, 'test': {}})
+    model = cls.predictor(run)
+    items = data.evaluation_items(tok, settings.data_dir, settings.task, examples, pairs if model.paired else None,
+                                  settings.max_len, settings.doc_stride, cache=False)
+    feats, outputs = [item[1] if model.paired else item for item in items], run.outputs(model, items)
+    stem = os.path.join(args.out, 'predicted', os.path.splitext(os.path.basename(args.predict[0]))[0])
+    scores = ev.write_predicted(stem, settings.task, feats, outputs, examples) if rank == 0 else None
+    if rank == 0:
+        print(f'{len(examples)} predictions in {stem}.{data.suffix(settings.task)}, each with its probability in '
+              f'{stem}.scores.json' + (f'; score {scores["score"]:.1f}' if scores else ''))
 
 
-def optimizer_step(method, opt, sched, precision, state, clip, bar, log):
-    """The optimiser's step, the schedule's, the step counted. -> fp16's log of it (whether the scaler skipped it)."""
-    frozen = method.frozen()
-    for p in frozen:
-        p.grad = None  # AdamW leaves a parameter without a gradient as it is
-    logs = precision.step(opt, method.parameters(), clip)
-    sched.step()
-    opt.zero_grad(set_to_none=True)
-    state['step'] += 1
-    method.step = state['step']  # does the method's frozen phase end here?
-    if frozen and not method.frozen() and log:  # log: the first process's
-        bar.write(f'step {state["step"]}: every parameter trains from here on')
-        log.write(json.dumps({'step': state['step'], 'event': 'every parameter trains from here on'}) + '\n')
-    return logs
-
+# ----------------------------------------------------------------------------------------
+# The training's machinery: DDP, the probe, out of memory, divergence, resume points and SIGTERM, checkpoints.
 
 def wrapped(method, device):
     """The method in DDP, its gradients in DDP's communication buckets (no copies)."""
     return DDP(method, device_ids=[device.index] if device.type == 'cuda' else None, gradient_as_bucket_view=True)
 
 
-def probe(run, model, items, batches, step, precision, collate):
-    """The epoch's largest batch (data.largest_batch) run beside AdamW's moments to come: out of memory at step 1."""
-    moments_to_come = torch.empty(0 if step else 2 * sum(p.numel() for p in model.parameters()), device=run.device)
-    largest = data.largest_batch(functools.partial(data.item_lengths, items), batches, run.chunks)
-    train_step(model, items, largest, run.args, step, run.rank, run.world, precision, collate, probe=True)
-    model.zero_grad(set_to_none=True)
+SCARCE = ('cuda',)  # devices whose memory a run watches: the largest batch tried before step 1 (probe), a finished
+# training's cycles collected at once for the next stage; on a CPU neither is worth its time (a collection takes
+# seconds in a process of many objects, the probe a step)
+
+
+def probe(t, batches):
+    """On a GPU, before the first step: the epoch's largest batch (data.largest_batch) run beside AdamW's moments to
+    come, so that a run that cannot fit stops at step 1, in one line, not hours in."""
+    if t.run.device.type not in SCARCE:
+        return
+    moments = 0 if t.state['step'] else 2 * sum(p.numel() for p in t.model.parameters())
+    moments_to_come = torch.empty(moments, device=t.run.device)
+    train_step(t, data.largest_batch(functools.partial(data.item_lengths, t.items), batches, t.run.chunks), probe=True)
+    t.model.zero_grad(set_to_none=True)
+
+
+def collect(device):
+    """A finished training's reference cycles (the DDP wrapper's, the optimiser's) collected now, on a GPU."""
+    if device.type in SCARCE:
+        gc.collect()
 
 
 def out_of_memory(args, items, batch, step, world, probe=False):
@@ -996,26 +1105,6 @@ def out_of_memory(args, items, batch, step, world, probe=False):
             f'{", ".join(ways)}')
 
 
-def log_line(run, log, bar, since, state, lr, started, wishes):
-    """A line of log.jsonl every --log_every steps (the loop's one host sync): each logged value's mean since the last
-    line; a mean loss not finite on any process stops the run first, in one line. wishes: this process's (resume point,
-    stop), agreed with the others'. -> ((the mean loss, its steps), the wishes any process had)."""
-    logs = {k: float(sum(s[k] for s in since if k in s)) / sum(k in s for s in since)
-            for k in dict.fromkeys(k for s in since for k in s)}
-    sums = torch.tensor([logs['loss'], *wishes], dtype=torch.float64, device=run.device)  # large losses stay finite
-    if run.world > 1:
-        dist.all_reduce(sums)  # every process stops together, and saves together
-    loss, wishes = sums[0], tuple(sums[1:].gt(0).tolist())
-    if not torch.isfinite(loss):
-        fail(diverged(run, loss.item(), state['step'] - len(since) + 1, state['step']))
-    bar.set_postfix(loss=f'{logs["loss"]:.3f}')
-    if log:
-        log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'lr': lr,
-                              'time': round(time.time() - started, 2), **logs}) + '\n')
-        log.flush()
-    return (logs['loss'], len(since)), wishes
-
-
 def diverged(run, loss, first, last):
     """The line of a training loss that is not finite in steps first to last."""
     checkpoint = run.path('last.pt')
@@ -1024,93 +1113,62 @@ def diverged(run, loss, first, last):
             f'{run.args.lr:g}) or a lower --clip (now {run.args.clip:g})')
 
 
-def optimizer_and_schedule(method, args, total_steps):
-    decay = [p for n, p in method.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in method.named_parameters() if p.dim() < 2]  # biases and LayerNorms
-    betas, eps = method.ADAM.get(args.model, ((0.9, 0.999), 1e-8))
-    # fused: one kernel over all parameters (CPU and CUDA), the same update up to rounding, and several times faster
-    opt = torch.optim.AdamW([{'params': decay, 'weight_decay': args.weight_decay},
-                             {'params': no_decay, 'weight_decay': 0.0}], lr=args.lr, betas=betas, eps=eps, fused=True)
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, method.schedule(args, total_steps))
-
-
-def resumed(run, method, opt, sched, scaler):
-    """--resume: the loop's state from last.pt (the method, optimiser, schedule, fp16's loss scale and random state as
-    they were), or from the start when it is not there."""
-    last, trained = run.path('last.pt'), run.path('trained.json')
-    if os.path.exists(trained):  # a finished training: best.pt holds what it kept
-        return json.loads(data.read_text(trained))
-    if not os.path.exists(last):
-        run.say(f'note: {last} not found: starting from the beginning')
-        return None  # the loop starts afresh
-    ckpt = layers.load_checkpoint(last, identity(run.args))
-    for part, name in ((method, 'method'), (opt, 'optimizer'), (sched, 'schedule'), (scaler, 'scaler')):
-        part.load_state_dict(ckpt.get(name, {}))  # the scaler reads {} unless fp16's
-    torch.set_rng_state(ckpt['rng'])
-    return ckpt['state']
-
-
-def train_step(model, items, batch, args, step, rank, world, precision, collate, probe=False):
-    """One optimiser step's gradients: the global batch cut into world x grad_accum chunks, chunk c on process c %
-    world with its own dropout seed, so that any split over processes and micro-steps computes the same gradient;
-    out of memory, one line (probe: the step's trial of the largest batch)."""
-    chunks = np.array_split(np.array(batch), world * args.grad_accum)
-    mine = sum(len(chunks[a * world + rank]) for a in range(args.grad_accum))
-    logs = {}
-    model.train()  # validation leaves it in eval mode
-    try:
-        for a in range(args.grad_accum):
-            c = a * world + rank
-            torch.manual_seed(args.seed * 1_000_003 + step * 1009 + c)
-            sync = a == args.grad_accum - 1 or not isinstance(model, DDP)
-            micro = collate([items[i] for i in chunks[c]], chunks[c].tolist()).to(precision.device)
-            with (nullcontext() if sync else model.no_sync()), precision.autocast():
-                loss, chunk_logs = model(micro)
-            precision.backward(loss * len(chunks[c]) * world / len(batch))
-            for k, v in chunk_logs.items():  # this process's micro-batches, weighted by their size
-                logs[k] = logs.get(k, 0.0) + v * len(chunks[c]) / mine
-    except torch.OutOfMemoryError:
-        fail(out_of_memory(args, items, batch, step + 1, world, probe), own=True)
-    return logs
-
-
-def end_epoch(run, method, validate, state, keep_last, epoch_loss, seconds, log, padding, within=None):
-    """An epoch's end (or, with --eval_steps, a point `within` it, in epochs): the weights kept for
-    averaging, validate(), best.pt when the selection score is the best so far, the printed line and the log's."""
-    if keep_last:  # fairseq's --save-interval-updates and --keep-interval-updates
-        save(run, f'checkpoints/step{state["step"]:07d}.pt', {'method': method.state_dict()}, run.args, keep=keep_last)
-    dev = validate()
-    score = xlt.selection(method.select, dev)[0]
-    score = state['epoch'] if score is None else score  # no dev set: keep the last
-    if score > state['best']:
-        state['best'] = float(score)
-        parts = {**layers.encoder_parts(method.encoder, method.mlm), 'method': method.state_dict()}
-        save(run, 'best.pt', parts, run.args)
-    if run.rank == 0:
-        at = {**state, 'epoch': within or state['epoch']}
-        print(ev.epoch_line(at, run.args.epochs, epoch_loss, dev, method.select, seconds), flush=True)
-    if log:
-        scores = {k: v if method.select == 'loss' else v['score'] for k, v in dev.items()}  # the held-out losses whole
-        log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': scores, 'dev_avg': float(score),
-                              'pad_share': round(padding, 4)}) + '\n')
-        log.flush()
-
-
 class ResumePoints(AbstractContextManager):
-    """last.pt every --save_minutes, at each epoch's end but the last, at SIGTERM (a scheduler's), by layers.Writer."""
+    """A training's resume points. Entered: --resume's state from last.pt (resumed) and log.jsonl from there. Then
+    last.pt every --save_minutes, at each epoch's end but the last and at SIGTERM (a scheduler's), written by
+    layers.Writer's thread; the processes agree on a resume point or a stop at a log line (agree)."""
 
-    def __init__(self, run):
-        self.run, self.saved, self.signalled, self.writer = run, time.time(), False, layers.Writer()
+    def __init__(self, t):
+        self.t, self.saved, self.signalled, self.writer = t, time.time(), False, layers.Writer()
+        self.asked = (False, False)  # (a resume point, a stop): what the processes agreed on at the last log line
         self.default = signal.signal(signal.SIGTERM, lambda number, frame: setattr(self, 'signalled', True))
 
-    def wishes(self):  # this process's: a resume point due by its clock, a stop asked by a signal (agreed in log_line)
-        return time.time() - self.saved >= 60 * self.run.args.save_minutes, self.signalled
+    def __enter__(self):
+        t = self.t
+        t.state = t.run.args.resume and resumed(t) or t.state  # a new run, or nothing to resume: from the start
+        t.log = open_log(t.run.path('log.jsonl'), t.state['step']) if t.run.rank == 0 else None
+        t.method.step = t.state['step']  # read by schedules (X-Mixup's p*, frozen phases)
+        return self
 
-    def save(self, point, stop=False):
+    def agree(self, loss):
+        """A log line's mean loss summed over the processes, and in the same collective their wishes: a resume
+        point due by a process's clock, a stop asked by a signal (any process's is every process's). -> the loss."""
+        wishes = time.time() - self.saved >= 60 * self.t.run.args.save_minutes, self.signalled
+        sums = torch.tensor([loss, *wishes], dtype=torch.float64, device=self.t.run.device)  # large losses stay finite
+        if self.t.run.world > 1:
+            dist.all_reduce(sums)  # every process stops together, and saves together
+        self.asked = tuple(sums[1:].gt(0).tolist())
+        return sums[0].item()
+
+    def after_step(self, epoch_end):
+        """The resume point or stop agreed on, within an epoch (its last step saves after validation, after_epoch)."""
+        if any(self.asked) and not epoch_end:
+            self.save(stop=self.asked[1])
+        args = self.t.run.args
+        if args.halt_after or args.term_after:
+            planted_stops(args, self.t.state['step'], self)
+        self.asked = self.asked if epoch_end else (False, False)
+
+    def after_epoch(self, last):
+        """last.pt at an epoch's end, but the last's (trained.json holds it) unless a stop was asked."""
+        if not last or self.asked[1]:
+            self.save(stop=self.asked[1])
+        self.asked = (False, False)
+
+    def save(self, stop=False):
         self.saved = time.time()
-        save(self.run, 'last.pt', point, self.run.args, self.writer)
+        save(self.t.run, 'last.pt', resume_point(self.t), self.writer)
         if stop:
-            self.stop(point['state']['step'])
+            self.stop(self.t.state['step'])
+
+    def trained(self):
+        """The training is over and best.pt holds what it kept: trained.json says so (--resume reads it), and the
+        resume point, the optimiser's state too, goes once written; every process waits for both."""
+        self.writer.wait()
+        if self.t.run.rank == 0:
+            layers.atomic_write(self.t.run.path('trained.json'), json.dumps(self.t.state))
+            self.t.run.folder.drop('last.pt')
+        data.barrier()  # every process reads best.pt (and the kept checkpoints) only once they are written
 
     def __exit__(self, *exception):
         self.writer.wait()
@@ -1119,9 +1177,32 @@ class ResumePoints(AbstractContextManager):
     def stop(self, step):
         """SIGTERM's end, once its resume point is saved: one line, and the signal's exit status."""
         self.writer.wait()
-        self.run.say(f'stopped by SIGTERM at step {step}: {self.run.path("last.pt")} holds it; run the same command '
-                     'with --resume to go on')
+        self.t.run.say(f'stopped by SIGTERM at step {step}: {self.t.run.path("last.pt")} holds it; run the same '
+                       'command with --resume to go on')
         raise SystemExit(128 + signal.SIGTERM)
+
+
+def resumed(t):
+    """--resume: the loop's state from last.pt (the method, optimiser, schedule, fp16's loss scale and random state as
+    they were), or from the start when it is not there."""
+    run = t.run
+    last, trained = run.path('last.pt'), run.path('trained.json')
+    if os.path.exists(trained):  # a finished training: best.pt holds what it kept
+        return json.loads(data.read_text(trained))
+    if not os.path.exists(last):
+        run.say(f'note: {last} not found: starting from the beginning')
+        return None  # the loop starts afresh
+    ckpt = layers.load_checkpoint(last, identity(run.args))
+    for part, name in ((t.method, 'method'), (t.opt, 'optimizer'), (t.sched, 'schedule'),
+                       (t.precision.scaler, 'scaler')):
+        part.load_state_dict(ckpt.get(name, {}))  # the scaler reads {} unless fp16's
+    torch.set_rng_state(ckpt['rng'])
+    return ckpt['state']
+
+
+def resume_point(t):
+    return {'method': t.method.state_dict(), 'optimizer': t.opt.state_dict(), 'schedule': t.sched.state_dict(),
+            'state': dict(t.state), 'rng': torch.get_rng_state(), 'scaler': t.precision.scaler.state_dict()}
 
 
 def planted_stops(args, step, points):
@@ -1134,15 +1215,11 @@ def planted_stops(args, step, points):
         os._exit(3)
 
 
-def resume_point(method, opt, sched, state, scaler):
-    return {'method': method.state_dict(), 'optimizer': opt.state_dict(), 'schedule': sched.state_dict(),
-            'state': dict(state), 'rng': torch.get_rng_state(), 'scaler': scaler.state_dict()}
-
-
-def save(run, name, parts, args, writer=None, keep=0):
+def save(run, name, parts, writer=None, keep=0):
     """A checkpoint (layers.save_checkpoint: atomic), from the first process, by a writer's thread when given one;
     keep: the last `keep` of its folder."""
     if run.rank == 0:
+        args = run.args
         exported = xlt.method_class(args).exported(args, run.tok)  # what python layers.py export reads
         meta = {**identity(args), 'settings': json.loads(json.dumps(vars(args))), **exported}
         (writer.save if writer else layers.save_checkpoint)(run.path(name), meta, **parts)

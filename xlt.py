@@ -33,7 +33,8 @@ class Option(NamedTuple):
     its type (int, float, str; bool: a flag), help, the valid range (a test of a given value, the
     range in words), nargs ('+': a list), choices, the default when it is not given, what it changes:
     'results' (training), 'scores' (evaluation too) or 'nothing' (results alike), and for a path
-    what it names, checked before a run: a 'checkpoint', or a finished 'run' of the task."""
+    what it names, checked before a run: a 'checkpoint', or a finished 'run' of the task; negated: a flag's
+    --no_<name> (its help), so that not giving either leaves the default to the method (None)."""
     name: str
     type: object = float
     help: str = ''
@@ -43,6 +44,7 @@ class Option(NamedTuple):
     default: object = None
     changes: str = 'results'
     path: str = None
+    negated: str = None
 
 
 POSITIVE, AT_LEAST_1, NON_NEGATIVE = (lambda v: v > 0, 'a number above 0'), (lambda v: v >= 1, 'at least 1'), \
@@ -167,9 +169,8 @@ class Method(nn.Module):
     def exported(cls, args, tok):
         """What its checkpoints tell python layers.py export: how it predicts (EXPORT, a head as its
         task's family), the task's labels, the tokenizer's files and whether it lowercases."""
-        family = TASKS[args.task].family if args.task in TASKS else cls.family
-        return {'export': family if cls.EXPORT == 'head' else cls.EXPORT, 'tokenizer': tok.files, 'lower': tok.lower,
-                'labels': list(TASKS[args.task].labels) if args.task in TASKS else []}
+        return {'export': task_family(args) if cls.EXPORT == 'head' else cls.EXPORT, 'tokenizer': tok.files,
+                'lower': tok.lower, 'labels': list(TASKS[args.task].labels) if args.task in TASKS else []}
 
     @classmethod
     def reads(cls, args):
@@ -195,7 +196,7 @@ class Method(nn.Module):
         """bucc2018 / tatoeba: nothing is trained; the mean-pooled states of the method's layer
         (retrieval_layer), mined as --mining says (eval.retrieve)."""
         args, encoder = run.args, run.encoder()[0].to(run.device)
-        run.begin()
+        run.folder.begin()
         layer = args.layer or cls.retrieval_layer(args.task, encoder.cfg.n_layer)
         embed = lambda texts: ev.embed_texts(encoder, run.tok, texts, layer, args.eval_batch_size, run.device)
         preds = ev.retrieve(args.data_dir, args.task, embed, args.mining, args.langs) if run.rank == 0 else {}
@@ -262,6 +263,11 @@ def method_class(args):
     return METHODS[args.method].resolve(args)
 
 
+def task_family(args):
+    """The family of the run's task: an XTREME task's, or that of a method's own task (VECO's pretrain, translate)."""
+    return TASKS[args.task].family if args.task in TASKS else method_class(args).family
+
+
 # ----------------------------------------------------------------------------------------
 # Task heads and losses, shared by the methods.
 
@@ -282,7 +288,7 @@ class Head(nn.Module):
         self.pooled = pooler is not None and self.dense is not None
         if self.pooled:  # BertForSequenceClassification: the pooler is part of the model that is fine-tuned
             self.dense.load_state_dict(pooler.state_dict())
-        if getattr(encoder, 'task_head', None):
+        if encoder.task_head:
             self.start_from(*encoder.task_head, labels)
 
     def start_from(self, kind, theirs, tensors, labels):
@@ -502,7 +508,7 @@ class Taught(Method):
         student trained with Eq. 6's KL to them (lines 9-16). Without a teacher: as any method."""
         items, p_teacher = run.items(run.cls), None  # None with --eval_only
         if items and (run.args.self_teach or run.args.teacher):  # the teacher first: no idle student on the GPU
-            p_teacher = data.Ragged(*run.cached('p_teacher.pt', lambda: teacher_probabilities(run, items)))
+            p_teacher = data.Ragged(*run.folder.cached('p_teacher.pt', lambda: teacher_probabilities(run, items)))
         method = run.build()
         method.p_teacher = p_teacher
         run.fit(method, items)
@@ -873,7 +879,7 @@ class VecoPretrain(Method):
         losses = validate()
         results = {'task': 'pretrain', 'method': 'veco', 'selected_by': selection(method.select, losses)[1],
                    'held_out': losses, 'data': used}
-        run.write_results(results, ev.held_out_table(losses),
+        run.folder.write_results(results, ev.held_out_table(losses),
                           f'pre-trained model in {run.out}/best.pt: fine-tune it with --init {run.out}/best.pt')
 
     def __init__(self, encoder, mask_id, mlm=None, cross_only_steps=0, cs_mlm=True):
@@ -1231,7 +1237,7 @@ class VecoTranslate(Method):
         run.fit(method, items, validate, keep_last=args.average_last)
         decoded_with = cls.average_last(run, method, args.average_last)
         hyps = [tok.decode(ids.tolist()) for ids in cls.decoded(run, method, test)]
-        refs = data.lines_of(data.parallel_files(args.data_dir, args.src, args.tgt, 'test')[1])
+        refs = list(data.read_lines(data.parallel_files(args.data_dir, args.src, args.tgt, 'test')[1]))
         scores = ev.translation_scores(hyps, refs)
         decoded_in = 'bf16' if args.decode_bf16 else 'fp32'
         results = {'task': 'translate', 'method': 'veco', 'pair': f'{args.src}-{args.tgt}',
@@ -1240,15 +1246,16 @@ class VecoTranslate(Method):
         path = f'predictions/test.{args.src}-{args.tgt}.{args.tgt}'
         table = ev.translation_table(f'test {args.src}-{args.tgt} ({len(hyps)} sentences, beam {args.beam}, '
                                      f'{decoded_with})', scores)
-        run.write_results(results, table, f'translations in {run.out}/{path}', {path: ''.join(h + '\n' for h in hyps)})
+        run.folder.write_results(results, table, f'translations in {run.out}/{path}',
+                                 {path: ''.join(h + '\n' for h in hyps)})
 
     @classmethod
     def assembled(cls, run):
         """The encoder-decoder (assemble) from --init, or new -> (the method, the ids of [src] and [tgt], the
         token embeddings' scale)."""
         args, tok = run.args, run.tok
-        pre, _, released = run.encoder(cross=True, decoder=True)  # --init's cross-attention kept, or new for XLM-R
-        if args.init and released is None and pre.new_cross:
+        pre, _, released, new_cross = run.encoder(cross=True, decoder=True)  # --init's cross-attention, or new
+        if args.init and released is None and new_cross:
             run.say(f'note: --init {args.init} is an encoder alone, without cross-attention or decoder (XLM-R, or '
                     'VECO\'s released NLU model): the cross-attention starts from random weights')
         lang_ids = tok.language_ids(args.src, args.tgt)  # [src], [tgt]: the --dict's lines, or new embedding rows
@@ -1275,7 +1282,7 @@ class VecoTranslate(Method):
             with autocast(run.device, 'bf16') if args.decode_bf16 else exact_fp32(run.device):
                 batch = data.collate([test[i][0] for i in index]).to(run.device)
                 return [(torch.tensor(h, dtype=torch.long),) for h in method.generate(batch, args.beam, args.lenpen)]
-        return run.map(decode, data.item_lengths(test)[:, 0], 'decode')[0]
+        return run.sharded(decode, data.item_lengths(test)[:, 0], 'decode')[0]
 
     def __init__(self, encoder, decoder, bos, eps=0.2):
         super().__init__()
@@ -1460,7 +1467,7 @@ class XLA(Baseline):
     def procedure(cls, run):
         """Algorithm 1, then the report: each final model, their mean, and the ensemble that
         averages their probabilities (the run's predictions), beside the warm-ups'."""
-        models = run.cached('final-models.json', lambda: cls.algorithm_1(run))
+        models = run.folder.cached('final-models.json', lambda: cls.algorithm_1(run))
         cls.report(run, models)
 
     @classmethod
@@ -1469,10 +1476,8 @@ class XLA(Baseline):
         of English too; GEN-LM, lines 6-7), each model's labels and DISTIL's choice (lines 8-10),
         and co-teaching (lines 3-22). -> the three final models' checkpoints."""
         args = run.args
-        english = data.training_set(run.tok, args.data_dir, args.task, [], max_len=args.max_len, share=args.train_share,
-                                    stride=args.doc_stride, cache=not args.no_cache)  # D_s: the warm-ups' set
-        target = data.unlabelled_set(run.tok, args.data_dir, args.task, args.train_lang, args.train_share, args.max_len,
-                                     not args.no_cache)  # D_t
+        english = data.training_set(run.features, [], share=args.train_share)  # D_s: the warm-ups' set
+        target = data.unlabelled_set(run.features, args.train_lang, args.train_share)  # D_t
         if not (args.mlm or args.init):
             run.fail('XLA\'s vicinal samples need a masked LM: '
                      'pass --mlm (a converted XLM-R checkpoint, python layers.py convert)')
@@ -1505,7 +1510,8 @@ class XLA(Baseline):
             path = models[m]
             if path not in labelled:
                 name = '-'.join(path.split('/')[-3:-1])
-                labelled[path] = run.cached(f'epoch{e}/labels-{name}.pt', lambda: distil(run, path, unlabelled, eta))
+                labels = lambda: distil(run, path, unlabelled, eta)
+                labelled[path] = run.folder.cached(f'epoch{e}/labels-{name}.pt', labels)
                 run.say(f'XLA epoch {e}, {name} keeps ' + ', '.join(f'{int(s["keep"].sum())} of {len(s["keep"])} {n}'
                                                                     for n, s in labelled[path].items()))
             return labelled[path]
@@ -1546,7 +1552,7 @@ def vicinal_samples(run, feats, vicinity, epoch, name):
     not start a word) is dropped, as the released code drops it. The draws follow (--seed, epoch,
     feature), so any number of processes makes the same samples. vicinity: (encoder, MLM head)."""
     args, tok, device, family, source = run.args, run.tok, run.device, TASKS[run.args.task].family, 'source' in name
-    if not args.resume or data.torn(run.path(name)):  # a resumed run reads the set it made, unless it is cut short
+    if not (args.resume and data.is_whole(run.path(name))):  # a resumed run reads the set it made, if it is whole
         word_start, chars = torch.tensor(tok.word_starts()), torch.tensor(tok.piece_chars())
         whole_word = word_start & (chars > 0)  # a fill that keeps the word count: not a continuation, not a lone '▁'
         encoder, mlm = (part.to(device) for part in vicinity)
@@ -1570,17 +1576,10 @@ def vicinal_samples(run, feats, vicinity, epoch, name):
                 ok = (whole_word[filled.gather(1, firsts.clamp(min=0))] | (firsts < 0)).all(1)
             return samples_per_feature(batch_feats, plans, filled, ok, family, tok.pad)
         fields = ('ids', 'length', 'example', 'removed') + ('words', 'word_count') * (family == 'tagging')
-        made = run.map(samples_of, data.item_lengths(feats)[:, 0], name, len(fields), everywhere=False)
+        made = run.sharded(samples_of, data.item_lengths(feats)[:, 0], name, len(fields), everywhere=False)
         for part in vicinity:
             part.cpu()  # .to() moved the module itself: off the GPU until the next GEN-LM (2.1 GiB at large)
-        if made is not None:  # process 0 writes them (write_items: arrays in feature_arrays' layout)
-            made = {field: ragged.values.numpy().astype(np.int32) for field, ragged in zip(fields, made)}
-            removed = dict(zip(REMOVED, made.pop('removed').reshape(-1, len(REMOVED)).sum(0).tolist()))
-            data.write_items(run.path(name), None, [(name, (made, None))], None,
-                             lambda done, total: (np.arange(total)[:, None], {}),
-                             {'family': family, 'removed': removed})
-        run.keep(name)
-        barrier(run)
+        keep_samples(run, name, dict(zip(fields, made)) if made is not None else None, family)
     samples = data.Items(run.path(name))
     what = name.split('/')[-1].replace('-', ' ')
     run.say(f'XLA epoch {epoch}: {len(samples)} {what} samples of {len(feats)} sentences; removed: '
@@ -1692,7 +1691,8 @@ def distil(run, model, unlabelled, eta):
         labels, count, confidence, loss = (t.cpu() for t in scores)
         return list(zip(labels.split(count.tolist()), confidence[:, None], loss[:, None]))
     for name, items in unlabelled.items():
-        made = run.map(lambda index: scored(items, index), data.item_lengths(items)[:, 0], name, 3, everywhere=False)
+        made = run.sharded(lambda index: scored(items, index), data.item_lengths(items)[:, 0], name, 3,
+                           everywhere=False)
         if made is None:
             continue
         (label, ends), confidence, loss = (made[0].values, made[0].ends), made[1].values, made[2].values
@@ -1807,8 +1807,8 @@ def co_train(run, epoch, l, pair, parts, start):
         run.say(f'XLA epoch {epoch}, model {l + 1} by {k + 1} and {j + 1}: trained on '
                 + ', '.join(f'{n} {name}' for name, n in zip(parts, sizes)) + f' samples{dev}')
         return {'kept': dict(zip(parts, sizes)), 'dev_before': before, 'dev_after': after, 'better': better}
-    if not run.cached(f'{folder}/results.json', train)['better']:
-        sub.drop('best.pt')  # the model goes on from start: nothing reads this training's (dropped once that is kept)
+    if not run.folder.cached(f'{folder}/results.json', train)['better']:
+        sub.folder.drop('best.pt')  # the model goes on from start: nothing reads this training's (once that is kept)
         return start
     return f'{folder}/best.pt'
 
@@ -1871,9 +1871,15 @@ def sample_arrays(feat, rows, removed, pad):
     return arrays + ((real.cumsum(1) - 1)[:, feat.words].flatten(), torch.full((len(rows),), len(feat.words)))
 
 
-def barrier(run):
-    if run.world > 1:
-        torch.distributed.barrier()
+def keep_samples(run, name, made, family):
+    """Process 0's vicinal samples (made: {field: data.Ragged}; None on the other processes) written as a set in the
+    run's folder `name` (data.save_items), what GEN-LM removed counted in its meta; every process waits for it."""
+    if made is not None:
+        arrays = {field: ragged.values.numpy().astype(np.int32) for field, ragged in made.items()}
+        removed = dict(zip(REMOVED, arrays.pop('removed').reshape(-1, len(REMOVED)).sum(0).tolist()))
+        data.save_items(run.path(name), arrays, {'family': family, 'removed': removed})
+    run.folder.keep(name)
+    data.barrier()
 
 
 class Chosen:

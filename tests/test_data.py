@@ -323,7 +323,7 @@ def test_a_lowercasing_tokenizer_reads_lower_case_and_keeps_character_positions(
         mock_tok, examples, 96, 32, train=True)))
     tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
     gold, inputs, _ = data.evaluation_set(demo_dir, 'mlqa', 'dev', 'de')
-    cased, lowered = (data.evaluation_items(t, demo_dir, 'mlqa', inputs, None, 64) for t in (tok, data.Tokenizer(tok.path, True)))
+    cased, lowered = (data.evaluation_items(data.Features(t, demo_dir, 'mlqa', 64), inputs, None) for t in (tok, data.Tokenizer(tok.path, True)))
     assert [cased[i].ids for i in range(len(cased))] != [lowered[i].ids for i in range(len(lowered))]
 
 
@@ -396,12 +396,12 @@ def test_files_that_are_not_utf8_fail_in_one_line_and_bom_crlf_are_read(tmp_path
         {'context': 'Anna lebt in Paris .', 'qas': [{'id': 'a', 'question': 'Wo ?', 'answers': []}]}]}]})))
     assert data.read_split(str(tmp_path), 'xquad', 'test', 'de')[0]['context'] == 'Anna lebt in Paris .'
     (tmp_path / 'labels.tsv').write_bytes(bom('neutral\nentailment\n'))
-    assert ev.read_lines(str(tmp_path / 'labels.tsv')) == ['neutral', 'entailment']
+    assert ev.read_labels(str(tmp_path / 'labels.tsv')) == ['neutral', 'entailment']
     (tmp_path / 'bad.json').write_bytes('{"data": "Grüße"}'.encode('latin-1'))
     with pytest.raises(data.DataError, match='bad.json, line 1: not UTF-8'):
         ev.read_qa_file(str(tmp_path / 'bad.json'))
     (tmp_path / 'bom-only.txt').write_bytes(b'\xef\xbb\xbf')  # a BOM alone: no line, as an empty file
-    assert data.lines_of(str(tmp_path / 'bom-only.txt')) == [] and data.read_text(str(tmp_path / 'bom-only.txt')) == ''
+    assert list(data.read_lines(str(tmp_path / 'bom-only.txt'))) == [] and data.read_text(str(tmp_path / 'bom-only.txt')) == ''
 
 
 # ----------------------------------------------------------------------------------------
@@ -461,7 +461,7 @@ def test_training_sets_on_disk_hold_the_features_of_the_readers(demo_dir, monkey
     langs = [] if data.TASKS[task].family == 'tagging' and not paired else ['de', 'zh']  # untagged translations: English
     feats = features_by_hand(tok, demo_dir, task, paired, round_trip, max_len, langs)
     for cache in (False, True):
-        items = data.training_set(tok, demo_dir, task, langs, 'every_lang', paired, round_trip, max_len, cache=cache)
+        items = data.training_set(data.Features(tok, demo_dir, task, max_len, cache=cache), langs, 'every_lang', paired, round_trip)
         same_features(items, feats, example=not paired)  # a pair's sides number their examples apart
 
 
@@ -478,7 +478,7 @@ def test_evaluation_sets_on_disk_hold_the_features_of_the_readers(demo_dir, monk
     sides = lambda item: item[1:] if isinstance(item, tuple) else (item,)  # the target side's every field
     fields = lambda f: (f.ids, f.label, f.words, f.example, f.spans, f.max_context)
     for cache in (False, True):
-        items = data.evaluation_items(tok, demo_dir, task, inputs, pairs, max_len, cache=cache)
+        items = data.evaluation_items(data.Features(tok, demo_dir, task, max_len, cache=cache), inputs, pairs)
         assert len(items) == len(feats) > len(inputs) * (max_len is not None)  # short max_len: several a sentence
         assert [fields(f) for i in range(len(items)) for f in sides(items[i])] == [fields(f) for i in feats for f in sides(i)]
         if paired:  # the English side too
@@ -514,7 +514,7 @@ def test_a_labelled_english_side_beside_an_unlabelled_target_reads_each_side_s_o
     pair has its label, the target None; a batch of them has labels on the English side alone."""
     tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
     gold, inputs, pairs = data.evaluation_set(demo_dir, 'xnli', 'test', 'de', paired=True)
-    items = data.evaluation_items(tok, demo_dir, 'xnli', inputs, pairs, cache=False)
+    items = data.evaluation_items(data.Features(tok, demo_dir, 'xnli', cache=False), inputs, pairs)
     english, target = zip(*(items[i] for i in range(len(items))))
     assert [f.label for f in target] == [None] * len(inputs)
     assert [f.label for f in english] == labels_by_hand('xnli', [en for en, _ in pairs], target)
@@ -533,7 +533,7 @@ def test_a_labelled_target_with_an_unlabelled_or_missing_translation(tmp_path, s
     write_xtreme_tsv(tmp_path / 'xnli' / 'translate-dev' / 'dev-de-en-translated.tsv',
                      [(a, b, f'{a} (en)', f'{b} (en)') for a, b, _ in rows[:2]])
     gold, inputs, pairs = data.evaluation_set(str(tmp_path), 'xnli', 'dev', 'de', paired=True)
-    items = data.evaluation_items(data.Tokenizer(spm_path), str(tmp_path), 'xnli', inputs, pairs, cache=False)
+    items = data.evaluation_items(data.Features(data.Tokenizer(spm_path), str(tmp_path), 'xnli', cache=False), inputs, pairs)
     classes = data.TASKS['xnli'].labels
     assert [(en.label, t.label) for en, t in (items[i] for i in range(3))] == [
         (None, classes.index('contradiction')), (None, classes.index('neutral')), (classes.index('entailment'),) * 2]
@@ -547,7 +547,7 @@ def test_qa_translate_test_with_answers_on_one_side_reads_blind_and_scores_the_t
     tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
     gold, inputs, pairs = data.evaluation_set(demo_dir, 'mlqa', 'test', 'de', paired=True)
     assert all(en['answers'] and not ex['answers'] for en, ex in pairs)
-    items = data.evaluation_items(tok, demo_dir, 'mlqa', inputs, pairs, 20, cache=False)
+    items = data.evaluation_items(data.Features(tok, demo_dir, 'mlqa', 20, cache=False), inputs, pairs)
     assert len(items) > len(inputs) and all(f.label is None for i in range(len(items)) for f in items[i])
     gold, inputs, _ = data.evaluation_set(demo_dir, 'mlqa', 'test', 'de', translate_test=True)
     assert gold is inputs and all(ex['answers'] for ex in gold)
@@ -557,7 +557,7 @@ def test_tagging_translations_without_tags_train_filter_on_the_english_side(demo
     """FILTER's tagging translations have no tags: a pair (English, translation) has English's tags
     on its source side and None on its target; English with itself has them on both."""
     tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
-    items = data.training_set(tok, demo_dir, 'panx', ['de', 'zh'], 'every_lang', paired=True, cache=False)
+    items = data.training_set(data.Features(tok, demo_dir, 'panx', cache=False), ['de', 'zh'], 'every_lang', paired=True)
     english = data.read_split(demo_dir, 'panx', 'train')
     tags = lambda f: [data.TASKS['panx'].labels.index(t) for t in english[f.example]['tags']]
     first = lambda f: [f.label[i] for i in f.words]  # the label on each word's first piece
@@ -568,7 +568,7 @@ def test_tagging_translations_without_tags_train_filter_on_the_english_side(demo
     batch = data.collate_items(True)([items[0], items[len(english)]])
     assert batch.tgt.labels is None and batch.src.labels.ne(data.IGNORE).any()
     with pytest.raises(data.DataError, match=f'^panx: {2 * len(english)} of {3 * len(english)} training examples have no label: translations without tags'):
-        data.training_set(tok, demo_dir, 'panx', ['de', 'zh'], 'every_lang', cache=False)  # a single-text method's set
+        data.training_set(data.Features(tok, demo_dir, 'panx', cache=False), ['de', 'zh'], 'every_lang')  # a single-text method's set
 
 
 def test_a_missing_round_trip_pairs_the_english_with_itself_and_is_said_at_every_start(tmp_path, capsys):
@@ -576,7 +576,7 @@ def test_a_missing_round_trip_pairs_the_english_with_itself_and_is_said_at_every
     os.remove(data.split_path(demo, 'panx', 'round-trip', 'zh'))
     tok = data.Tokenizer(f'{demo}/sentencepiece.bpe.model')
     for start in ('built', 'read from the cache'):
-        items = data.training_set(tok, demo, 'panx', ['de', 'zh'], 'every_lang', True, True)
+        items = data.training_set(data.Features(tok, demo, 'panx'), ['de', 'zh'], 'every_lang', True, True)
         assert capsys.readouterr().out.count('warning: no round-trip data for panx in zh') == 1, start
     same_features(items, features_by_hand(tok, demo, 'panx', True, True), example=False)
     assert data.item_lengths([]).shape == (0, 1)  # no items (XLA's peers agreeing on nothing): no lengths
@@ -586,7 +586,7 @@ def test_the_cache_is_built_once_and_again_when_a_file_the_tokenizer_or_a_settin
     demo = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=5)
     tok, other = data.Tokenizer(f'{demo}/sentencepiece.bpe.model'), data.Tokenizer(spm_path)
     builds = lambda: capsys.readouterr().out.count('tokenizing the training data into')
-    load = lambda tok=tok, max_len=None: data.training_set(tok, demo, 'panx', ['de', 'zh'], 'every_lang', True, max_len=max_len)
+    load = lambda tok=tok, max_len=None: data.training_set(data.Features(tok, demo, 'panx', max_len), ['de', 'zh'], 'every_lang', True)
     load(), load()
     assert builds() == 1
     load(max_len=16)
@@ -626,7 +626,7 @@ data.append = append
 if together:
     open(f'{{together}}/started-{{os.getpid()}}', 'w').close()
 tok = data.Tokenizer({demo!r} + '/sentencepiece.bpe.model')
-print(len(data.training_set(tok, {demo!r}, 'xnli', ['de', 'zh'], 'every_lang')))
+print(len(data.training_set(data.Features(tok, {demo!r}, 'xnli'), ['de', 'zh'], 'every_lang')))
 '''
     return subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, text=True)
 
@@ -644,7 +644,7 @@ def test_a_build_killed_halfway_is_never_read_and_two_processes_build_once(tmp_p
     assert sum(out.count('tokenizing the training data into') for out in outs) == 1
     assert len(os.listdir(cache)) == 2 and not any('.tmp' in n for n in os.listdir(cache))  # the lock and one set
     tok = data.Tokenizer(f'{demo}/sentencepiece.bpe.model')
-    same_features(data.training_set(tok, demo, 'xnli', ['de', 'zh'], 'every_lang'),
+    same_features(data.training_set(data.Features(tok, demo, 'xnli'), ['de', 'zh'], 'every_lang'),
                   features_by_hand(tok, demo, 'xnli', False, False))
 
 
@@ -671,7 +671,7 @@ def test_a_torn_cache_is_built_again(tmp_path, capsys):
     shorter array): the next load says so in one line, builds it again, and gives the same features."""
     demo = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=6)
     tok = data.Tokenizer(f'{demo}/sentencepiece.bpe.model')
-    features = lambda: (lambda items: [items[i] for i in range(len(items))])(data.training_set(tok, demo, 'panx', [], max_len=64))
+    features = lambda: (lambda items: [items[i] for i in range(len(items))])(data.training_set(data.Features(tok, demo, 'panx', 64), []))
     first = features()
     folder = next(p for p in (tmp_path / 'demo' / '.cache').iterdir() if p.is_dir())
     arrays = sorted(p.name for p in folder.iterdir() if p.suffix == '.bin' and p.stat().st_size)
@@ -694,12 +694,12 @@ def test_in_language_reads_each_languages_own_first_examples(tmp_path, capsys):
     demo = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=5)
     tok = data.WordPiece(f'{demo}/vocab.txt')
     own = lambda lang: data.read_split(demo, 'tydiqa', 'train', lang)
-    items = data.training_set(tok, demo, 'tydiqa', ['de'], 'own_lang', cache=False, first=7)
+    items = data.training_set(data.Features(tok, demo, 'tydiqa', cache=False), ['de'], 'own_lang', first=7)
     questions = {tuple(tok.encode(ex['question'])) for ex in own('de')[:7]}
     assert {tuple(items[i].ids[1:items[i].ids.index(tok.eos)]) for i in range(len(items))} == questions
     assert len(questions) == 7 and questions.isdisjoint(tuple(tok.encode(ex['question'])) for ex in own('de')[7:])
     os.remove(data.split_path(demo, 'panx', 'train', 'zh'))
-    items = data.training_set(tok, demo, 'panx', ['de', 'zh'], 'every_own', cache=False)
+    items = data.training_set(data.Features(tok, demo, 'panx', cache=False), ['de', 'zh'], 'every_own')
     expected = [tok.encode_words(ex['words']) for lang in ('en', 'de') for ex in data.read_split(demo, 'panx', 'train', lang)]
     assert [items[i].ids for i in range(len(items))] == [[tok.bos] + sum(words, []) + [tok.eos] for words in expected]
     assert 'panx has no training data in zh' in capsys.readouterr().out

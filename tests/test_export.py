@@ -60,7 +60,8 @@ def test_an_exported_run_computes_the_projects_logits_and_ids(runs, task, tmp_pa
         assert hf_tok(a, b)['input_ids'] == tok.encode_pair(a, b)
     if task != 'mlqa':
         assert model.config.id2label == dict(enumerate(data.TASKS[task].labels))
-    items = data.evaluation_items(tok, demo, task, examples, None, 384 if task == 'mlqa' else 128, cache=False)
+    items = data.evaluation_items(data.Features(tok, demo, task, 384 if task == 'mlqa' else 128, cache=False), examples,
+                                  None)
     batch = data.collate([items[i] for i in range(len(items))])
     with torch.no_grad():
         ours = the_projects(root / task).predict(batch)
@@ -132,7 +133,7 @@ def test_what_is_not_one_text_through_xlmr_is_refused_in_one_line(runs, tmp_path
             '(epoch1/model1-by23/best.pt): export one of them')
     refused([root / 'xnli', root / 'panx'], 'exists and is not an empty folder: give a new folder')
     refused([root / 'xnli', tmp_path / 'out', '--spm', tmp_path / 'none.model'], 'none.model not found: pass --spm')
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(data.lines_of(os.path.join(demo, 'xnli', 'test-en.tsv'))),
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(data.read_lines(os.path.join(demo, 'xnli', 'test-en.tsv'))),
                                    model_prefix=str(tmp_path / 'bpe'), vocab_size=200, model_type='bpe',
                                    hard_vocab_limit=False, minloglevel=2, num_threads=1)
     refused([root / 'xnli', tmp_path / 'out', '--spm', tmp_path / 'bpe.model'], 'is a BPE sentencepiece '
@@ -169,7 +170,8 @@ def test_an_exported_bert_run_computes_the_projects_logits_and_ids(bert_runs, ta
     examples = data.read_split(demo, task, 'dev', 'de') + data.read_split(demo, task, 'dev', 'zh')
     for a, b in (texts(task, ex) for ex in examples):
         assert hf_tok(a, b)['input_ids'] == tok.encode_pair(a, b)
-    items = data.evaluation_items(tok, demo, task, examples, None, 384 if task == 'mlqa' else 128, cache=False)
+    items = data.evaluation_items(data.Features(tok, demo, task, 384 if task == 'mlqa' else 128, cache=False), examples,
+                                  None)
     batch = data.collate([items[i] for i in range(len(items))], pad_id=tok.pad)
     sep = batch.ids.eq(tok.eos).long()
     types = (sep.cumsum(1) - sep).clamp(max=1) * batch.mask

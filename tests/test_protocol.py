@@ -279,15 +279,15 @@ def test_a_new_run_drops_what_an_earlier_run_kept_and_resume_reads_it_back(tmp_p
     args.data_dir = demo_data
     run = lambda **changes: train.Run(argparse.Namespace(**{**vars(args), **changes}), 0, 1, torch.device('cpu'), None)
     first = run()
-    assert torch.equal(first.cached('labels.pt', lambda: torch.arange(3)), torch.arange(3))
-    first.sub('epoch1/model1').begin()  # a folder of the run, with its own files
+    assert torch.equal(first.folder.cached('labels.pt', lambda: torch.arange(3)), torch.arange(3))
+    first.sub('epoch1/model1').folder.begin()  # a folder of the run, with its own files
     (tmp_path / 'run' / 'epoch1' / 'model1' / 'best.pt').write_text('an earlier run\'s')
     assert set(open(tmp_path / 'run' / 'kept.txt').read().split()) == {'labels.pt', 'epoch1/model1'}
     resumed = run(resume=True)  # --resume: what was kept is read back, not computed
-    assert torch.equal(resumed.cached('labels.pt', lambda: torch.zeros(3)), torch.arange(3))
+    assert torch.equal(resumed.folder.cached('labels.pt', lambda: torch.zeros(3)), torch.arange(3))
     run(eval_only=True).sub('model1')  # an evaluation changes nothing
     assert not os.path.exists(tmp_path / 'run' / 'model1') and (tmp_path / 'run' / 'labels.pt').exists()
-    run().begin()  # a new run: the earlier run's kept results are not its own
+    run().folder.begin()  # a new run: the earlier run's kept results are not its own
     assert not (tmp_path / 'run' / 'labels.pt').exists() and not (tmp_path / 'run' / 'epoch1' / 'model1').exists()
     assert (tmp_path / 'run' / 'config.json').exists() and not (tmp_path / 'run' / 'kept.txt').exists()
 

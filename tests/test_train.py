@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import threading
 
 import pytest
@@ -419,18 +420,20 @@ def test_demo_classification_is_learnt_in_english_and_leaves_a_gap(tmp_path, dem
 def test_a_score_within_an_epoch_is_kept_when_it_is_the_best(tmp_path):
     """--eval_steps: end_epoch's keep rule (strictly better) holds within an epoch as at its end."""
     args = train.parse_args(['--method', 'zeroshot', '--task', 'pawsx', '--demo', '--out', str(tmp_path)])
-    run = train.Run(args, 0, 1, torch.device('cpu'), argparse.Namespace(files=[], lower=False), sets={})  # a tokenizer's files
+    run = train.Run(args, 0, 1, torch.device('cpu'), argparse.Namespace(files=[], lower=False, pad=1), sets={})  # a tokenizer's files
     method = run.build(encoder=layers.Encoder(layers.CONFIGS['tiny']))
     scores = iter([70.0, 60.0, 70.0])
     validate = lambda: {'en': {'score': next(scores)}, 'de': {'score': 50.0}}
-    state = {'step': 5, 'epoch': 0, 'best': float('-inf')}
-    train.end_epoch(run, method, validate, state, 0, [], 0, None, 0, within=0.5)  # 70 at half an epoch: kept
+    t = train.Training(run, method, [], validate, 20)
+    state, t.epoch_loss, t.padding = t.state, [], 0.0
+    state['step'] = 5
+    train.end_epoch(t, time.time(), within=0.5)  # 70 at half an epoch: kept
     kept = torch.load(tmp_path / 'best.pt', weights_only=True)['method']
     for score_step in (10, 15):  # the epoch's end (60) and later an equal 70: neither replaces it
         with torch.no_grad():
             next(method.parameters()).add_(1.0)
         state['step'] = score_step
-        train.end_epoch(run, method, validate, state, 0, [], 0, None, 0)
+        train.end_epoch(t, time.time())
     assert state['best'] == 70.0
     now = torch.load(tmp_path / 'best.pt', weights_only=True)['method']
     assert all(torch.equal(now[k], v) for k, v in kept.items())
@@ -456,14 +459,20 @@ def test_a_resume_point_is_written_from_a_copy_while_the_training_goes_on(tmp_pa
     changed, write = threading.Event(), layers.save_checkpoint
     monkeypatch.setattr(layers, 'save_checkpoint', lambda *a, **k: (changed.wait(), write(*a, **k)))
     args = train.parse_args(['--demo', '--out', str(tmp_path)])
-    run = train.Run(args, 0, 1, torch.device('cpu'), argparse.Namespace(files=[], lower=False), sets={})
-    weight = torch.zeros(1000, 1000)
-    with train.ResumePoints(run) as points:
-        points.save({'method': {'w': weight}, 'state': {'step': 7}})
-        weight += 1  # the next step, while the thread writes
+    run = train.Run(args, 0, 1, torch.device('cpu'), argparse.Namespace(files=[], lower=False, pad=1), sets={})
+    method = run.build(encoder=layers.Encoder(layers.CONFIGS['tiny']))
+    weight = method.state_dict()['encoder.tok.weight']
+    before = weight.clone()
+    t = train.Training(run, method, [], lambda: {}, 10)
+    t.state['step'] = 7
+    with train.ResumePoints(t) as points:
+        points.save()
+        with torch.no_grad():
+            weight += 1  # the next step, while the thread writes
         changed.set()
     saved = torch.load(tmp_path / 'last.pt', weights_only=True)
-    assert saved['method']['w'].eq(0).all() and saved['state']['step'] == 7
+    assert torch.equal(saved['method']['encoder.tok.weight'], before) and saved['state']['step'] == 7
+    assert not torch.equal(weight, before)
 
 
 def test_the_largest_micro_batch_runs_first_and_out_of_memory_is_one_line(tmp_path, small_demo, monkeypatch):
@@ -473,9 +482,9 @@ def test_the_largest_micro_batch_runs_first_and_out_of_memory_is_one_line(tmp_pa
     batch is tried)."""
     monkeypatch.setattr(train, 'SCARCE', ('cpu',))
     argv, calls, step = ['--task', 'udpos', '--epochs', '1', '--batch_size', '8', '--group_by_length'], [], train.train_step
-    def recorded(model, items, batch, *rest, **kwargs):
-        calls.append((len(batch), int(data.item_lengths(items, batch).max())))
-        return step(model, items, batch, *rest, **kwargs)
+    def recorded(t, batch, *rest, **kwargs):
+        calls.append((len(batch), int(data.item_lengths(t.items, batch).max())))
+        return step(t, batch, *rest, **kwargs)
     monkeypatch.setattr(train, 'train_step', recorded)
     made, empty = [], torch.empty
     monkeypatch.setattr(torch, 'empty', lambda *size, **kwargs: (made.append(size), empty(*size, **kwargs))[1])

@@ -514,7 +514,7 @@ def test_released_nlg_checkpoint_is_the_translation_model(tmp_path):
     fairseq's computation written out by hand in float64."""
     ckpt = released_nlg_state()
     torch.save(ckpt, tmp_path / 'model.pt')
-    pre, mlm, released = layers.load_pretrained(str(tmp_path / 'model.pt'), cross=True, decoder=True)
+    pre, mlm, released, new_cross = layers.load_pretrained(str(tmp_path / 'model.pt'), cross=True, decoder=True)
     assert mlm is None and len(released.blocks) == 3 and pre.cfg.embed_scale == math.sqrt(32)
     assert released.tok.weight is not pre.tok.weight and torch.equal(released.tok.weight, pre.tok.weight)
     encoder, decoder = xlt.assemble(pre, 2, dropout=0.0, released=released)
@@ -527,8 +527,8 @@ def test_released_nlg_checkpoint_is_the_translation_model(tmp_path):
     # an encoder alone (XLM-R, the released NLU model) has no decoder to give
     enc = layers.Encoder(layers.Config(vocab_size=50, n_layer=2, n_head=2, dim=32, ffn_dim=64))
     layers.save_checkpoint(str(tmp_path / 'veco-nlu.pt'), {}, **layers.encoder_parts(enc))
-    pre, _, released = layers.load_pretrained(str(tmp_path / 'veco-nlu.pt'), cross=True, decoder=True)
-    assert released is None and pre.new_cross
+    pre, _, released, new_cross = layers.load_pretrained(str(tmp_path / 'veco-nlu.pt'), cross=True, decoder=True)
+    assert released is None and new_cross
 
 
 def test_translation_files_this_model_cannot_read_are_refused_naming_why(tmp_path):
@@ -565,7 +565,7 @@ def test_released_nlg_model_is_read_through_its_dict_txt(tmp_path, demo_data):
     lacks as <unk>: by hand), [en] and [de] its lines; the translation model's logits on a test pair
     equal fairseq's by hand; a run finds the dict.txt beside --init, and without it says so."""
     sp = spm.SentencePieceProcessor(model_file=os.path.join(demo_data, 'sentencepiece.bpe.model'))
-    en, de = (data.lines_of(f'{demo_data}/translation/en-de/test.{lang}') for lang in ('en', 'de'))
+    en, de = (list(data.read_lines(f'{demo_data}/translation/en-de/test.{lang}')) for lang in ('en', 'de'))
     lines, text = fork_dictionary(sp, en[1:] + de, ('en', 'de'))  # en[0]'s rarer pieces are left out
     folder = tmp_path / 'veco-nlg'
     os.makedirs(folder)
@@ -583,7 +583,7 @@ def test_released_nlg_model_is_read_through_its_dict_txt(tmp_path, demo_data):
     assert data.read_dictionary(str(tmp_path / 'other.txt').replace('other', 'veco-nlg/dict')) == lines
     ckpt = released_nlg_state(V=tok.vocab_size, D=64, H=2, Fd=128, L=2, P=130)
     torch.save(ckpt, folder / 'model.pt')
-    pre, _, released = layers.load_pretrained(str(folder / 'model.pt'), cross=True, decoder=True)
+    pre, _, released, _ = layers.load_pretrained(str(folder / 'model.pt'), cross=True, decoder=True)
     m = xlt.VecoTranslate(*xlt.assemble(pre, 2, dropout=0.0, released=released), bos=tok.language_ids('de')[0]).eval()
     src, tgt = data.translation_items(tok, demo_data, 'en', 'de', 'test', tok.language_ids('en', 'de'), 250)[0]
     assert src.ids == by_hand(en[0]) + [2, 4 + lines.index('[en]')] and tgt.ids == [4 + lines.index('[de]')] + by_hand(de[0])
