@@ -2673,5 +2673,6 @@ def main(argv=None):
     except KeyboardInterrupt:
         raise SystemExit('error: interrupted: run the same command again (what was fetched is kept)')
 
+
 if __name__ == '__main__':
     main()

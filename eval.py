@@ -873,5 +873,6 @@ def collect_main(args):
         scores = score_folder(args.out, args.labels, demo, [t for t in XTREME if t not in incomplete])
         print(xtreme_table(scores, demo) if scores else f'no labels in {args.labels} for the complete tasks')
 
+
 if __name__ == '__main__':
     main()

@@ -418,6 +418,7 @@ def fail(message, own=False):
         raise SystemExit(f'error (process {rank} of {world}): {message}')
     raise SystemExit(f'error: {message}' if rank == 0 else 1)
 
+
 START = time.time()  # when main() began, for the total time a run reports
 
 
@@ -672,8 +673,12 @@ def check_encoder(args, init, got, tok):
 
 
 def target_langs(args):
-    return [lang for lang in data.languages(args.task, args.demo or data.is_demo(args.data_dir), args.langs)
-            if lang != 'en']
+    """The task's languages but English: XTREME's, the demo's, or those --langs chose."""
+    try:
+        langs = data.languages(args.task, args.demo or data.is_demo(args.data_dir), args.langs)
+    except data.DataError as e:
+        fail(f'--langs: {e}')
+    return [lang for lang in langs if lang != 'en']
 
 
 def planned_files(args, cls):
@@ -1053,8 +1058,7 @@ def predict(args, rank, world, device):
     examples, pairs = data.read_input(args.predict[0], settings.task, cls.paired, (args.predict + [None])[1])
     run = Run(settings, rank, world, device, tok, sets={'dev': {}, 'test': {}})
     model = cls.predictor(run)
-    items = data.evaluation_items(tok, settings.data_dir, settings.task, examples, pairs if model.paired else None,
-                                  settings.max_len, settings.doc_stride, cache=False)
+    items = data.evaluation_items(replace(run.features, cache=False), examples, pairs if model.paired else None)
     feats, outputs = [item[1] if model.paired else item for item in items], run.outputs(model, items)
     stem = os.path.join(args.out, 'predicted', os.path.splitext(os.path.basename(args.predict[0]))[0])
     scores = ev.write_predicted(stem, settings.task, feats, outputs, examples) if rank == 0 else None

@@ -60,83 +60,74 @@ MINING = Option('mining', str, 'BUCC: margin (XTREME\'s ratio margin over 4 neig
 
 
 class Method(nn.Module):
-    """The protocol between a method and the trainer, with its defaults.
+    """The protocol between a method and the trainer: first what a new method writes, then the hooks it may
+    override, each with a default here. The README's "Adding a method" is a whole method in 30 lines.
 
-    What it trains on and how it is fed:
+    What a method writes:
+      NAME        its --method name (and an entry in METHODS)
+      TASKS       the tasks it runs (default: every task of data.TASKS)
       trains_on   'en': English; 'train_lang': English translated into --train_lang;
                   'every_lang': English and its translations into every target language;
                   'own_lang': --train_lang's own training data; 'every_own': every language's own
-      paired      batches are data.Pair (English, its translation): loss and predict read pairs
-      round_trip  a paired method also reads English's round trip through the target (Pair.alt)
-    How it is trained and kept:
+      paired      batches are data.Pair (English, its translation): loss and predict read pairs;
+                  round_trip: a pair also holds English's round trip through the target (Pair.alt)
       select      the checkpoint kept: 'en' best English dev, 'average' best dev average, 'loss'
                   lowest held-out loss; an instance may name another language (in-language's own)
-      LR, LR_LARGE  peak learning rate per task (LR_LARGE: XLM-R large's, where it differs)
-      ADAM        {preset: ((beta1, beta2), eps)} where AdamW's (0.9, 0.999), 1e-8 do not hold
-      RUN         the released scripts' other defaults per task: {task: {option: value}}
-      RUN_BERT    where they differ on BERT (--model mbert, bert-large): the scripts' settings there
-      DEMO        the method's changes to the demo's settings
+      LR          peak learning rate per task; LR_LARGE: XLM-R large's, where it differs
       OPTIONS     its command-line options (Option); an option may belong to several methods
-      TASKS       the tasks it runs
-      pretrained_start  the demo starts from the demo's pre-trained model, not random weights
-      KEEPS       what --eval_only evaluates in a finished run's folder
-      NOT_ON_BERT  why it does not run on BERT (--model mbert, bert-large), in words; None: it does
-      EXPORT      what python layers.py export makes of its checkpoints: 'head', its prediction being
-                  XLM-R and its Head on one text; 'mlm', its MLM head; or why it cannot, in words
-      retrieval_layer(task, n_layer)  the layer whose states retrieval pools
-    Hooks (class methods):
-      resolve(args)    the class that runs (VECO: pre-training, translation, translate-train-all),
-                       one of the class and its variants()
-      configure(args, demo)  fill options left unset, raise ValueError on what cannot run
-      released(args)   the released scripts' defaults for this run (RUN, RUN_BERT)
-      train_langs(args, targets)  the languages of trains_on, besides English
-      reads(args)      [(path, what, needed)]: files read beyond the task's own
-      stages(args)     {name: option changes}: runs made first (a teacher, warm-ups)
-      folder(args)     the default run folder's name, in parts
-      procedure(run)   the run itself, given the trainer's train.Run
-      retrieval(run)   the run of a retrieval task (BUCC, Tatoeba): nothing trained
-      predictor(run)   the model a finished run predicts with (train.py --predict): its best.pt's
-      sketch(args, cfg)  its model as a run builds it (train.py builds it on the meta device to count memory)
-      micro_batches(args, parts, max_tokens)  [(rows, lengths)]: its largest micro-batches, for the same count
-    and on an instance: loss(batch) -> (mean loss, logs), predict(batch) -> outputs (class logits
-    (B, C), tag logits (B, T, C) or span logits (B, T, 2)), frozen() -> the parameters the
-    optimiser leaves alone this step, schedule(args, total) -> the learning rate's factor at each
-    step, passes(rows, lengths) -> what its training keeps for backward (layers.peak_bytes); `step` is
-    the optimiser step, set by the training loop.
-    `forward` is `loss`, so that DDP wraps a method as it is."""
-    NAME = None
-    trains_on, paired, round_trip, select, pretrained_start = 'en', False, False, 'en', False
-    LR, LR_LARGE, ADAM, RUN, RUN_BERT, DEMO, OPTIONS = {}, {}, {}, {}, {}, {}, ()
-    TASKS = tuple(TASKS)
-    KEEPS, EXPORT = 'best.pt', 'its prediction is its own, not XLM-R\'s forward pass and a head'
-    NOT_ON_BERT = None
-    # XTREME's run_bucc2018.sh, run_tatoeba.sh (d224426 to 838c13b): --specific_layer of the last --num_layers
-    # hidden states, the embeddings' being the first: BUCC 7 of the last 12, Tatoeba 13 of 24 (XLM-R large),
-    # 7 of 12 (12 layers)
-    RETRIEVAL_LAYERS = {24: {'bucc2018': 20, 'tatoeba': 14}, 12: {'bucc2018': 8, 'tatoeba': 8}}
+      __init__(encoder, task, args)  the method on a layers.Encoder, for a task, with the run's options
+      loss(batch) -> (mean loss, logs)  (forward is loss, so that DDP wraps a method as it is)
+      predict(batch) -> class logits (B, C), tag logits (B, T, C) or span logits (B, T, 2)
+    A method with stages (a teacher, warm-ups, a search) also writes:
+      stages(args)     {name: option changes}: the runs made first, each in a folder of the run
+      procedure(run)   the run itself, handed a train.Run (default: build, fit, report)
+
+    Hooks a method may override:
+      settings    RUN, RUN_BERT: the released scripts' defaults {task: {option: value}}, on BERT; ADAM: {preset:
+                  ((beta1, beta2), eps)}; DEMO: its changes to the demo's settings; configure(args, demo): fill
+                  the options left unset, raise ValueError on what cannot run; released(args): RUN and RUN_BERT
+                  for this run; train_langs(args, targets); reads(args): [(path, what, needed)] beyond the task's
+                  files; folder(args): the default run folder's name, in parts; resolve(args), variants(): the
+                  class that runs (VECO's pre-training, translation, translate-train-all)
+      training    frozen(): the parameters the optimiser leaves alone this step; schedule(args, total): the
+                  learning rate's factor at each step; `step`, the optimiser step, is set by the loop
+      prediction  predictor(run): the model a finished run predicts with (train.py --predict); KEEPS: what
+                  --eval_only evaluates in a finished run's folder
+      export      EXPORT: what python layers.py export makes of its checkpoints ('head': XLM-R and its Head on
+                  one text; 'mlm': its MLM head; or why it cannot, in words); exported(args, tok)
+      retrieval   retrieval(run): the run of a retrieval task (BUCC, Tatoeba), nothing trained;
+                  retrieval_layer(task, n_layer): the layer whose states it pools
+      memory      sketch(args, cfg): its model as a run builds it (on the meta device, counted by the plan);
+                  micro_batches(args, parts, max_tokens): [(rows, lengths)] of its largest micro-batches;
+                  passes(rows, lengths): what its training keeps for backward (layers.peak_bytes)
+      BERT, demo  NOT_ON_BERT: why it does not run on BERT, in words (None: it does); pretrained_start: the
+                  demo starts from the demo's pre-trained model, not random weights"""
+    # what a method writes, with the defaults of those it may leave out
+    NAME, TASKS = None, tuple(TASKS)
+    trains_on, paired, round_trip, select = 'en', False, False, 'en'
+    LR, LR_LARGE, OPTIONS = {}, {}, ()
 
     def __init__(self):
         super().__init__()
         self.step, self.p_teacher, self.mlm = 0, None, None  # mlm: an MLM head saved with the encoder (VECO's)
 
-    @classmethod
-    def resolve(cls, args):
-        return cls
+    def forward(self, batch):
+        return self.loss(batch)
 
     @classmethod
-    def train_langs(cls, args, targets):
-        """The languages besides English whose translations (or own data: in-language) it trains on, of targets."""
-        one = [args.train_lang]
-        return {'train_lang': one, 'every_lang': targets, 'own_lang': one, 'every_own': targets}.get(cls.trains_on, [])
+    def stages(cls, args):
+        return {}
 
     @classmethod
-    def retrieval_layer(cls, task, n_layer):
-        """XTREME's layer for the preset's depth, at another depth the same share as on a 12-layer model."""
-        return cls.RETRIEVAL_LAYERS.get(n_layer, {}).get(task) or max(1, round(n_layer * 8 / 12))
+    def procedure(cls, run):
+        """Fine-tune on the training data, keep the best checkpoint, evaluate every language."""
+        method = run.build()
+        run.fit(method, run.items(method))
+        run.report(method)
 
-    @classmethod
-    def variants(cls):
-        return ()
+    # hooks: settings
+    RUN, RUN_BERT, ADAM, DEMO = {}, {}, {}, {}
+    NOT_ON_BERT, pretrained_start = None, False
 
     @classmethod
     def configure(cls, args, demo=None):
@@ -166,30 +157,52 @@ class Method(nn.Module):
         return {**cls.RUN.get(args.task, {}), **bert}
 
     @classmethod
-    def exported(cls, args, tok):
-        """What its checkpoints tell python layers.py export: how it predicts (EXPORT, a head as its
-        task's family), the task's labels, the tokenizer's files and whether it lowercases."""
-        return {'export': task_family(args) if cls.EXPORT == 'head' else cls.EXPORT, 'tokenizer': tok.files,
-                'lower': tok.lower, 'labels': list(TASKS[args.task].labels) if args.task in TASKS else []}
+    def train_langs(cls, args, targets):
+        """The languages besides English whose translations (or own data: in-language) it trains on, of targets."""
+        one = [args.train_lang]
+        return {'train_lang': one, 'every_lang': targets, 'own_lang': one, 'every_own': targets}.get(cls.trains_on, [])
 
     @classmethod
     def reads(cls, args):
         return []
 
     @classmethod
-    def stages(cls, args):
-        return {}
-
-    @classmethod
     def folder(cls, args):
         return [args.task, args.method]
 
     @classmethod
-    def procedure(cls, run):
-        """Fine-tune on the training data, keep the best checkpoint, evaluate every language."""
-        method = run.build()
-        run.fit(method, run.items(method))
-        run.report(method)
+    def resolve(cls, args):
+        return cls
+
+    @classmethod
+    def variants(cls):
+        return ()
+
+    # hooks: training
+    def frozen(self):
+        return []
+
+    def schedule(self, args, total):
+        return warmup_then_decay(args.warmup_steps or int(args.warmup * total), 0, total)
+
+    # hooks: prediction and export
+    KEEPS, EXPORT = 'best.pt', 'its prediction is its own, not XLM-R\'s forward pass and a head'
+
+    @classmethod
+    def predictor(cls, run):
+        return run.restore(run.path('best.pt'))
+
+    @classmethod
+    def exported(cls, args, tok):
+        """What its checkpoints tell python layers.py export: how it predicts (EXPORT, a head as its
+        task's family), the task's labels, the tokenizer's files and whether it lowercases."""
+        return {'export': task_family(args) if cls.EXPORT == 'head' else cls.EXPORT, 'tokenizer': tok.files,
+                'lower': tok.lower, 'labels': list(TASKS[args.task].labels) if args.task in TASKS else []}
+
+    # hooks: retrieval. XTREME's run_bucc2018.sh, run_tatoeba.sh (d224426 to 838c13b): --specific_layer of the last
+    # --num_layers hidden states, the embeddings' being the first: BUCC 7 of the last 12, Tatoeba 13 of 24 (XLM-R
+    # large), 7 of 12 (12 layers)
+    RETRIEVAL_LAYERS = {24: {'bucc2018': 20, 'tatoeba': 14}, 12: {'bucc2018': 8, 'tatoeba': 8}}
 
     @classmethod
     def retrieval(cls, run):
@@ -203,9 +216,11 @@ class Method(nn.Module):
         run.finish({}, run.test_scores(preds))
 
     @classmethod
-    def predictor(cls, run):
-        return run.restore(run.path('best.pt'))
+    def retrieval_layer(cls, task, n_layer):
+        """XTREME's layer for the preset's depth, at another depth the same share as on a 12-layer model."""
+        return cls.RETRIEVAL_LAYERS.get(n_layer, {}).get(task) or max(1, round(n_layer * 8 / 12))
 
+    # hooks: memory, for the plan's estimate of a training step's peak (train.memory_plan)
     @classmethod
     def sketch(cls, args, cfg):
         return cls(Encoder(cfg), args.task, args)
@@ -222,15 +237,6 @@ class Method(nn.Module):
         blocks its loss makes, layers.Pass; the bytes its head and loss keep beyond them: logits over the vocabulary
         where a method makes them; a head's few floats a token are left out)."""
         return [Pass(rows, lengths[0], self.encoder.cfg.n_layer)], 0
-
-    def frozen(self):
-        return []
-
-    def schedule(self, args, total):
-        return warmup_then_decay(args.warmup_steps or int(args.warmup * total), 0, total)
-
-    def forward(self, batch):
-        return self.loss(batch)
 
 
 SELECTED_BY = {'en': 'best English dev score', 'average': 'best average dev score over languages',
@@ -568,11 +574,6 @@ class Filter(Taught):
         h_t = enc.run(h_t, tgt.mask, m + k)  # Eq. 3
         return (enc.run(h_s, src.mask, m + k) if source_side else None), h_t  # Eq. 2
 
-    def passes(self, rows, lengths):
-        (s, t), L, m, k = lengths[:2], self.encoder.cfg.n_layer, self.m, self.k
-        apart = lambda start, blocks: [Pass(rows, n, blocks, embedded=start) for n in (s, t)]
-        return apart(True, m) + [Pass(rows, s + t, k, embedded=False)] + apart(False, L - m - k), 0
-
     def predict(self, pair):  # the source side's domain layers are not needed
         return self.head(self.encode(pair.src, pair.tgt, source_side=False)[1], pair.tgt.mask)
 
@@ -589,6 +590,12 @@ class Filter(Taught):
         kl = teacher_kl(self.family, self.p_teacher, pair.tgt, p_t, self.T)
         loss = loss_s + lam * loss_t + (1 - lam) * kl  # Eq. 6
         return loss.mean(), {'loss': loss.mean().detach(), 'kl': kl.mean().detach()}
+
+    # memory hooks: what the plan's estimate counts (Method's)
+    def passes(self, rows, lengths):
+        (s, t), L, m, k = lengths[:2], self.encoder.cfg.n_layer, self.m, self.k
+        apart = lambda start, blocks: [Pass(rows, n, blocks, embedded=start) for n in (s, t)]
+        return apart(True, m) + [Pass(rows, s + t, k, embedded=False)] + apart(False, L - m - k), 0
 
 
 # ----------------------------------------------------------------------------------------
@@ -706,14 +713,6 @@ class XMixup(Taught):
         labels = None if s.labels is None else pick(s.labels, r.labels, IGNORE if self.family == 'tagging' else None)
         return Batch(pick(s.ids, r.ids, self.encoder.cfg.pad_id), pick(s.mask, r.mask, False), labels, s.index), real
 
-    def passes(self, rows, lengths):
-        """The mixup layer counted as a block on each side, plus its cross-attention's inputs and outputs and the
-        scores of T's queries on S, kept with their softmax and dropout for Eq. 3 and twice over for Eq. 5."""
-        s, t = max(lengths[0], lengths[-1]), lengths[1]  # scheduled sampling pads the source and its round trip alike
-        L, l, cfg = self.encoder.cfg.n_layer, self.layer, self.encoder.cfg
-        sides = [Pass(rows, n, l - 1) for n in (s, t)] + [Pass(rows, n, L - l + 1, embedded=False) for n in (s, t)]
-        return sides, rows * 4 * (cfg.dim * (4 * t + 2 * s) + SCORES_KEPT * cfg.n_head * t * s)
-
     def predict(self, pair):
         if not self.mixup_inference:  # the ablation: the target alone through the plain encoder
             return self.head(self.encoder(pair.tgt.ids, pair.tgt.mask), pair.tgt.mask)
@@ -751,6 +750,15 @@ class XMixup(Taught):
             loss = loss + kl_per_example(self.family, p_s.float().softmax(-1), p_t)
         return loss.mean(), {'loss': loss.mean().detach(), 'lambda': lam.mean().detach(), 'p_star': self.p_star(),
                              'real_source': real.float().mean(), 'mse': mse.mean().detach()}
+
+    # memory hooks: what the plan's estimate counts (Method's)
+    def passes(self, rows, lengths):
+        """The mixup layer counted as a block on each side, plus its cross-attention's inputs and outputs and the
+        scores of T's queries on S, kept with their softmax and dropout for Eq. 3 and twice over for Eq. 5."""
+        s, t = max(lengths[0], lengths[-1]), lengths[1]  # scheduled sampling pads the source and its round trip alike
+        L, l, cfg = self.encoder.cfg.n_layer, self.layer, self.encoder.cfg
+        sides = [Pass(rows, n, l - 1) for n in (s, t)] + [Pass(rows, n, L - l + 1, embedded=False) for n in (s, t)]
+        return sides, rows * 4 * (cfg.dim * (4 * t + 2 * s) + SCORES_KEPT * cfg.n_head * t * s)
 
 
 # ----------------------------------------------------------------------------------------
@@ -890,29 +898,6 @@ class VecoPretrain(Method):
         self.encoder, self.mask_id, self.cross_only_steps, self.cs_mlm = encoder, mask_id, cross_only_steps, cs_mlm
         self.mlm = mlm if mlm is not None else MLMHead(encoder.cfg, encoder.tok.weight)
 
-    @classmethod
-    def sketch(cls, args, cfg):
-        return cls(Encoder(cfg, cross=not args.no_cs_mlm), cfg.vocab_size - 1, cs_mlm=not args.no_cs_mlm)
-
-    @classmethod
-    def micro_batches(cls, args, parts, max_tokens=None):
-        """A monolingual micro-batch of pairs of --max_len, a bilingual one of data.PARA_LEN; with max_tokens, as many
-        pairs as fit in it, both sides counted (data.token_sizes)."""
-        mono, para = args.max_len, min(args.max_len, data.PARA_LEN)
-        rows = lambda size, n: max_tokens // (2 * n) if max_tokens else math.ceil(size / parts)
-        shapes = [(rows(args.batch_size, mono), (mono, mono)), (rows(args.para_batch_size, para), (para, para))]
-        return shapes[:1] if args.mono_only else shapes
-
-    def passes(self, rows, lengths):
-        """Pairs short enough to be bilingual counted as bilingual, TLM's pass too (the most they keep). The MLM head
-        runs on the masked share of each term's tokens: its hidden layer, and the log-softmax over the vocabulary."""
-        (x, y), cfg = lengths[:2], self.encoder.cfg
-        passes = [Pass(rows, n, cfg.n_layer) for n in (x, y, x + y)[:2 + (max(x, y) <= data.PARA_LEN)]]
-        if self.cs_mlm:
-            passes += [Pass(rows, y, cfg.n_layer, memory=x), Pass(rows, x, cfg.n_layer, memory=y)]
-        masked = self.MASKED_SHARE['para'] * rows * (x + y) * (3 if self.cs_mlm else 2)
-        return passes, int(masked * 4 * (MLM_KEPT * cfg.dim + cfg.vocab_size))
-
     def inner(self, ids, mask):
         """Eq. 4: X^(i) = FFN(SelfAttention(X^(i-1))), bidirectional, no cross-attention -> X^N."""
         return self.encoder.run(self.encoder.embed(ids), mask)
@@ -1005,6 +990,30 @@ class VecoPretrain(Method):
                 shuffled = self.crossed(y, pair.tgt.keys, X.roll(1, 0), None if x_mask is None else x_mask.roll(1, 0))
                 terms['cs_shuffled'] = mlm_loss(self.mlm, shuffled, y_bar)
         return terms
+
+    # memory hooks: what the plan's estimate counts (Method's)
+    @classmethod
+    def sketch(cls, args, cfg):
+        return cls(Encoder(cfg, cross=not args.no_cs_mlm), cfg.vocab_size - 1, cs_mlm=not args.no_cs_mlm)
+
+    @classmethod
+    def micro_batches(cls, args, parts, max_tokens=None):
+        """A monolingual micro-batch of pairs of --max_len, a bilingual one of data.PARA_LEN; with max_tokens, as many
+        pairs as fit in it, both sides counted (data.token_sizes)."""
+        mono, para = args.max_len, min(args.max_len, data.PARA_LEN)
+        rows = lambda size, n: max_tokens // (2 * n) if max_tokens else math.ceil(size / parts)
+        shapes = [(rows(args.batch_size, mono), (mono, mono)), (rows(args.para_batch_size, para), (para, para))]
+        return shapes[:1] if args.mono_only else shapes
+
+    def passes(self, rows, lengths):
+        """Pairs short enough to be bilingual counted as bilingual, TLM's pass too (the most they keep). The MLM head
+        runs on the masked share of each term's tokens: its hidden layer, and the log-softmax over the vocabulary."""
+        (x, y), cfg = lengths[:2], self.encoder.cfg
+        passes = [Pass(rows, n, cfg.n_layer) for n in (x, y, x + y)[:2 + (max(x, y) <= data.PARA_LEN)]]
+        if self.cs_mlm:
+            passes += [Pass(rows, y, cfg.n_layer, memory=x), Pass(rows, x, cfg.n_layer, memory=y)]
+        masked = self.MASKED_SHARE['para'] * rows * (x + y) * (3 if self.cs_mlm else 2)
+        return passes, int(masked * 4 * (MLM_KEPT * cfg.dim + cfg.vocab_size))
 
 
 class Veco(Baseline):
@@ -1288,18 +1297,6 @@ class VecoTranslate(Method):
         super().__init__()
         self.encoder, self.decoder, self.bos, self.eps = encoder, decoder, bos, eps  # bos: the [tgt] token
 
-    @classmethod
-    def sketch(cls, args, cfg):
-        return cls(*assemble(Encoder(cfg, cross=True), args.dec_layers, 'random', dropout=cfg.dropout,
-                             attn_dropout=cfg.attn_dropout), bos=0)
-
-    def passes(self, rows, lengths):
-        """The encoder on the source, the decoder on the target, and over the vocabulary per target token: the
-        log-softmax the label-smoothed loss keeps, and in backward its gradient and the logits'."""
-        (s, t), cfg = lengths[:2], self.encoder.cfg
-        logits = rows * t * 12 * cfg.vocab_size
-        return [Pass(rows, s, cfg.n_layer), Pass(rows, t, self.decoder.cfg.n_layer, memory=s)], logits
-
     def logits(self, h):
         return F.linear(h, self.encoder.tok.weight)  # the output layer is the token embedding
 
@@ -1343,6 +1340,19 @@ class VecoTranslate(Method):
         """The best translation of each source row (a Batch): beam search from [tgt] (layers.beam_search)."""
         memory = self.encoder(src.ids, src.mask)
         return beam_search(self.decoder, memory, src.mask, self.bos, beam, lenpen, max_new, min_len, cache)
+
+    # memory hooks: what the plan's estimate counts (Method's)
+    @classmethod
+    def sketch(cls, args, cfg):
+        return cls(*assemble(Encoder(cfg, cross=True), args.dec_layers, 'random', dropout=cfg.dropout,
+                             attn_dropout=cfg.attn_dropout), bos=0)
+
+    def passes(self, rows, lengths):
+        """The encoder on the source, the decoder on the target, and over the vocabulary per target token: the
+        log-softmax the label-smoothed loss keeps, and in backward its gradient and the logits'."""
+        (s, t), cfg = lengths[:2], self.encoder.cfg
+        logits = rows * t * 12 * cfg.vocab_size
+        return [Pass(rows, s, cfg.n_layer), Pass(rows, t, self.decoder.cfg.n_layer, memory=s)], logits
 
 
 # ----------------------------------------------------------------------------------------
