@@ -328,9 +328,9 @@ class WordPiece:
         return ' '.join(kept).replace(' ##', '')
 
 
-def tokenizer(family, path, lower=False, dictionary=None):
-    """A model family's tokenizer: BERT's WordPiece over its vocab.txt, or XLM-R's over its sentencepiece model."""
-    return WordPiece(path, lower) if family == 'bert' else Tokenizer(path, lower, dictionary)
+def tokenizer(backbone, path, lower=False, dictionary=None):
+    """A backbone's tokenizer: BERT's WordPiece over its vocab.txt, or XLM-R's over its sentencepiece model."""
+    return WordPiece(path, lower) if backbone == 'bert' else Tokenizer(path, lower, dictionary)
 
 
 class DataError(ValueError):
@@ -943,10 +943,10 @@ def languages(task, demo=False, chosen=None):
     return tuple(lang for lang in langs if lang != 'en' or TASKS[task].family != 'retrieval')
 
 
-def tokenizer_file(family, data_dir, spm=None, vocab=None, init=None):
-    """-> (path, what it is, needed) of a family's tokenizer: BERT's vocab.txt (vocab, else the one beside the
+def tokenizer_file(backbone, data_dir, spm=None, vocab=None, init=None):
+    """-> (path, what it is, needed) of a backbone's tokenizer: BERT's vocab.txt (vocab, else the one beside the
     checkpoint init, else data_dir's), XLM-R's sentencepiece model (spm, else data_dir's)."""
-    if family == 'bert':
+    if backbone == 'bert':
         path = vocab or beside(init, 'vocab.txt') or os.path.join(data_dir, 'vocab.txt')
         return path, 'BERT\'s vocab.txt: put it beside --init or pass --vocab', True
     return spm or os.path.join(data_dir, 'sentencepiece.bpe.model'), ('XLM-R\'s sentencepiece model: put it there or '
@@ -1336,9 +1336,9 @@ def read_qa_file(path):
 # ----------------------------------------------------------------------------------------
 # File checks: every file a run reads is there and readable before anything is made.
 
-def check_files(data_dir, task, reader, files, family='xlmr'):
+def check_files(data_dir, task, reader, files, backbone='xlmr'):
     """Every file the run needs is there, or a DataError names the first missing one (the others are
-    listed above it); the last, the tokenizer's, reads as the model family's."""
+    listed above it); the last, the tokenizer's, reads as the backbone's."""
     data_needed = [path for path, _, needed in files[:-1] if needed]  # the last is the tokenizer's
     lost = [(path, what) for path, what, needed in files if needed and not os.path.isfile(path)]
     if data_needed and all(not os.path.isfile(p) for p in data_needed):
@@ -1351,7 +1351,7 @@ def check_files(data_dir, task, reader, files, family='xlmr'):
         more = f' (and {len(lost) - 1} more, listed above)' if len(lost) > 1 else ''
         raise DataError(f'{lost[0][0]} not found{more}: {lost[0][1]}')
     if files:  # a file that is no tokenizer's stops here, not after a folder is made
-        tokenizer(family, files[-1][0])
+        tokenizer(backbone, files[-1][0])
 
 
 def task_files(data_dir, task, trained=(), round_trip=False, translations=False, train=True, reader='the run',

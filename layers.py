@@ -40,12 +40,12 @@ class Config:
     attn_dropout: float = 0.1
     ln_eps: float = 1e-5
     embed_scale: float = 1.0  # token embeddings times this (fairseq's translation models: sqrt(dim))
-    family: str = 'xlmr'  # 'bert': positions from 0, token types, a pooler
+    backbone: str = 'xlmr'  # 'bert': positions from 0, token types, a pooler
     type_vocab_size: int = 0  # BERT's token types (2: segment B is the second text of a pair)
     sep_id: int = 2  # the separator: BERT's segment B starts after the first
 
 
-BERT = Config(family='bert', vocab_size=119547, max_positions=512, pad_id=0, ln_eps=1e-12, type_vocab_size=2,
+BERT = Config(backbone='bert', vocab_size=119547, max_positions=512, pad_id=0, ln_eps=1e-12, type_vocab_size=2,
               sep_id=102)  # bert-base-multilingual-cased (mBERT)
 CONFIGS = {
     'tiny': Config(vocab_size=1000, n_layer=2, n_head=2, dim=64, ffn_dim=128),
@@ -172,7 +172,7 @@ class Encoder(nn.Module):
     def __init__(self, cfg, cross=False, task_head=None):
         super().__init__()
         self.cfg, self.task_head = cfg, task_head
-        bert = cfg.family == 'bert'
+        bert = cfg.backbone == 'bert'
         self.tok = nn.Embedding(cfg.vocab_size, cfg.dim, padding_idx=cfg.pad_id)
         self.pos = nn.Embedding(cfg.max_positions, cfg.dim, padding_idx=None if bert else cfg.pad_id)
         if cfg.type_vocab_size:
@@ -189,7 +189,7 @@ class Encoder(nn.Module):
     @property
     def longest(self):
         """The most tokens a sequence can have: the positions (XLM-R's start at pad_id + 1)."""
-        return self.cfg.max_positions - (0 if self.cfg.family == 'bert' else self.cfg.pad_id + 1)
+        return self.cfg.max_positions - (0 if self.cfg.backbone == 'bert' else self.cfg.pad_id + 1)
 
     def embed(self, ids, offset=0):
         """Token + position (+ token type) embeddings of one sequence batch, positions from each row's
@@ -197,7 +197,7 @@ class Encoder(nn.Module):
         if ids.size(1) + offset > self.longest:
             raise ValueError(f'sequence of {ids.size(1) + offset} tokens is longer than the model\'s {self.longest}: '
                              'lower --max_len')
-        if self.cfg.family == 'bert':  # 0, 1, ... whatever the padding
+        if self.cfg.backbone == 'bert':  # 0, 1, ... whatever the padding
             positions = torch.arange(offset, offset + ids.size(1), device=ids.device)
         else:
             positions = position_ids(ids, self.cfg.pad_id) + offset * ids.ne(self.cfg.pad_id)
@@ -514,7 +514,7 @@ def config_from(sd, meta, scaled=False, sep_id=2):
                   pad_id=meta.get('pad_token_id', 0 if bert else 1),
                   ln_eps=meta.get('layer_norm_eps', 1e-12 if bert else 1e-5),
                   embed_scale=math.sqrt(dim) if scaled and not meta.get('no_scale_embedding') else 1.0,
-                  family='bert' if bert else 'xlmr', type_vocab_size=len(sd['enc.token_type.weight']) if bert else 0,
+                  backbone='bert' if bert else 'xlmr', type_vocab_size=len(sd['enc.token_type.weight']) if bert else 0,
                   sep_id=sep_id)
 
 
@@ -544,7 +544,7 @@ def read_checkpoint(path):
         sd = {f'enc.{k}': v for k, v in obj['encoder'].items()}
         sd.update({f'mlm.{k}': v for k, v in (obj.get('mlm') or {}).items()})
         fold_tied(sd)
-        return Config(**obj['config']), sd, [], None
+        return stored_config(obj['config']), sd, [], None
     head = None  # a transformers task model's head
     if not hf:  # fairseq: {'model': state dict, 'args': Namespace or 'cfg': {'model': ...}}
         args = obj.get('args') or (obj.get('cfg') or {}).get('model') or {}
@@ -567,14 +567,14 @@ def read_checkpoint(path):
     return config_from(sd, meta, translation), sd, unknown, head
 
 
-def task_head(meta, family, obj, unknown):
+def task_head(meta, backbone, obj, unknown):
     """A transformers task model's head (its config's architectures, its tensors named as HF_CLASSES names them)
     -> ((kind, its labels in id2label's order, {Head's name: tensor}) or None, the keys still unknown)."""
     arch = (meta.get('architectures') or [None])[0]
-    kind = next((k for k, (name, _) in HF_CLASSES[family].items() if name == arch and k in TASK_HEADS), None)
+    kind = next((k for k, (name, _) in HF_CLASSES[backbone].items() if name == arch and k in TASK_HEADS), None)
     if kind is None:
         return None, unknown
-    ours = {theirs: mine.removeprefix('head.') for mine, theirs in HF_CLASSES[family][kind][1].items()}
+    ours = {theirs: mine.removeprefix('head.') for mine, theirs in HF_CLASSES[backbone][kind][1].items()}
     module = lambda key: key.rpartition('.')[0]
     tensors = {f'{ours[module(k)]}.{k.rpartition(".")[2]}': obj[k].float() for k in unknown if module(k) in ours}
     ids = meta.get('id2label') or {}
@@ -667,6 +667,11 @@ def atomic_write(path, obj):
 
 
 FORMAT = 'xlt-checkpoint-1'
+
+
+def stored_config(config):
+    """The Config of a checkpoint's config dict (an older one names the backbone 'family')."""
+    return Config(**{'backbone' if k == 'family' else k: v for k, v in config.items()})
 
 
 def save_checkpoint(path, meta, **parts):
@@ -886,7 +891,7 @@ def peak_bytes(cfg, passes, head, params, device_type, precision, ddp=False, che
 # Export: a model of this project as a Hugging Face folder, which transformers' Auto classes load.
 
 TASK_HEADS = ('classification', 'tagging', 'qa')  # the exports with a task head, which --init reads back
-HF_CLASSES = {  # a family's export, by what a checkpoint exports as -> (Hugging Face's class, {our module: theirs})
+HF_CLASSES = {  # a backbone's export, by what a checkpoint exports as -> (Hugging Face's class, {our module: theirs})
     'xlmr': {'classification': ('XLMRobertaForSequenceClassification',
                                 {'head.dense': 'classifier.dense', 'head.out': 'classifier.out_proj'}),
              'tagging': ('XLMRobertaForTokenClassification', {'head.out': 'classifier'}),
@@ -920,11 +925,11 @@ def write_safetensors(tensors, path):
             f.write(t.detach().float().contiguous().numpy().data)
 
 
-def hf_encoder(encoder, prefix, family, pooler):
+def hf_encoder(encoder, prefix, backbone, pooler):
     """An encoder's tensors in Hugging Face's names (HF_NAMES or BERT_NAMES reversed, qkv cut in three) under prefix;
     a cross-attention (VECO's) left out, as its NLU assembly; XLM-R's one token type, all zeros, as ours has none;
     BERT's pooler where its class has one (pooler)."""
-    names = BERT_NAMES if family == 'bert' else HF_NAMES
+    names = BERT_NAMES if backbone == 'bert' else HF_NAMES
     theirs, out = {ours: hf for hf, ours in names.items() if ours.startswith('enc.')}, {}
     for key, t in encoder.items():
         module, _, param = f'enc.{key}'.rpartition('.')
@@ -934,14 +939,14 @@ def hf_encoder(encoder, prefix, family, pooler):
         stem = re.sub(r'\.\d+\.', '.{}.', module, count=1)
         for ours, part in zip([stem[:-3] + x for x in 'qkv'], t.chunk(3)) if stem.endswith('.qkv') else [(stem, t)]:
             out[prefix + theirs[ours].format(layer.group(1) if layer else '') + '.' + param] = part
-    if family != 'bert':
+    if backbone != 'bert':
         out[prefix + 'embeddings.token_type_embeddings.weight'] = torch.zeros(1, encoder['tok.weight'].size(1))
     return out
 
 
 def hf_config(cfg, arch, labels):
     """config.json of XLMRobertaConfig or BertConfig for our Config; labels: the classes or tags, for id2label."""
-    bert = cfg.family == 'bert'
+    bert = cfg.backbone == 'bert'
     ids = {'pad_token_id': cfg.pad_id} if bert else {'pad_token_id': cfg.pad_id, 'bos_token_id': 0, 'eos_token_id': 2}
     return {'architectures': [arch], 'model_type': 'bert' if bert else 'xlm-roberta', 'vocab_size': cfg.vocab_size,
             'hidden_size': cfg.dim, 'num_hidden_layers': cfg.n_layer, 'num_attention_heads': cfg.n_head,
@@ -966,7 +971,8 @@ def export_checkpoint(src, encoder_only=False):
     ckpt = load_checkpoint(path)
     kind = 'encoder' if encoder_only else ckpt['meta'].get('export')
     if kind not in HF_CLASSES['xlmr']:
-        why, model = kind or 'the checkpoint does not say how its method predicts', ckpt['config'].get('family', 'xlmr')
+        why = kind or 'the checkpoint does not say how its method predicts'
+        model = stored_config(ckpt['config']).backbone
         raise CheckpointError(f'{path}: {why}, which no Hugging Face {"BERT" if model == "bert" else "XLM-R"} class '
                               'computes: export its encoder alone with --encoder')
     scaled = ckpt['config']['embed_scale'] != 1
@@ -1012,19 +1018,19 @@ def export(src, out, encoder_only=False, spm=None, vocab=None):
     XLM-R or BERT: config.json, model.safetensors, the tokenizer's file (sentencepiece model, vocab.txt)
     and settings, and a model card; made beside it and moved into place whole. -> the class written."""
     ckpt, path, kind = export_checkpoint(src, encoder_only)
-    family = ckpt['config'].get('family', 'xlmr')
-    tokenizer = (vocab if family == 'bert' else spm) or (ckpt['meta'].get('tokenizer') or [''])[0]
+    backbone = stored_config(ckpt['config']).backbone
+    tokenizer = (vocab if backbone == 'bert' else spm) or (ckpt['meta'].get('tokenizer') or [''])[0]
     if not os.path.isfile(tokenizer):
         raise CheckpointError(f'{path}: the tokenizer\'s file {tokenizer} not found: pass '
-                              f'{"--vocab" if family == "bert" else "--spm"}')
-    if family == 'xlmr':
+                              f'{"--vocab" if backbone == "bert" else "--spm"}')
+    if backbone == 'xlmr':
         check_xlmr_tokenizer(path, ckpt, tokenizer)
-    if kind not in HF_CLASSES[family]:  # BERT's MLM: VECO's pre-training alone makes one, on XLM-R
+    if kind not in HF_CLASSES[backbone]:  # BERT's MLM: VECO's pre-training alone makes one, on XLM-R
         raise CheckpointError(f'{path}: {kind}, which no Hugging Face BERT class computes here: export its encoder '
                               'alone with --encoder')
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise CheckpointError(f'{out} exists and is not an empty folder: give a new folder')
-    head = HF_CLASSES[family][kind][1]
+    head = HF_CLASSES[backbone][kind][1]
     parts = {**{k: v for k, v in (ckpt.get('method') or {}).items() if k.startswith('head.')},
              **{f'mlm.{k}': v for k, v in (ckpt.get('mlm') or {}).items()}}  # the MLM's weight: the embeddings (tied)
     found = {f'{head[m]}.{p}': t for key, t in parts.items() for m, _, p in [key.rpartition('.')] if m in head}
@@ -1036,7 +1042,7 @@ def export(src, out, encoder_only=False, spm=None, vocab=None):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a write that failed or was interrupted leaves nothing
         raise
-    return HF_CLASSES[family][kind][0]
+    return HF_CLASSES[backbone][kind][0]
 
 
 def check_xlmr_tokenizer(path, ckpt, sp_model):
@@ -1051,11 +1057,11 @@ def check_xlmr_tokenizer(path, ckpt, sp_model):
 
 def write_folder(tmp, out, ckpt, path, kind, found, tokenizer):
     """export's folder, written in tmp and then moved to out."""
-    cfg = Config(**ckpt['config'])
-    bert, (arch, _) = cfg.family == 'bert', HF_CLASSES[cfg.family][kind]
+    cfg = stored_config(ckpt['config'])
+    bert, (arch, _) = cfg.backbone == 'bert', HF_CLASSES[cfg.backbone][kind]
     os.makedirs(tmp)
     prefix = '' if kind == 'encoder' else 'bert.' if bert else 'roberta.'
-    encoder = hf_encoder(ckpt['encoder'], prefix, cfg.family, pooler=kind == 'encoder')
+    encoder = hf_encoder(ckpt['encoder'], prefix, cfg.backbone, pooler=kind == 'encoder')
     write_safetensors({**encoder, **found}, os.path.join(tmp, 'model.safetensors'))
     shutil.copyfile(tokenizer, os.path.join(tmp, 'vocab.txt' if bert else 'sentencepiece.bpe.model'))
     labels = ckpt['meta'].get('labels') if kind in ('classification', 'tagging') else None
@@ -1063,8 +1069,8 @@ def write_folder(tmp, out, ckpt, path, kind, found, tokenizer):
     settings = ({'tokenizer_class': 'BertTokenizer', 'do_lower_case': lower} if bert else
                 {'tokenizer_class': 'XLMRobertaTokenizer'})
     files = {'config.json': hf_config(cfg, arch, labels),
-             'special_tokens_map.json': SPECIAL_TOKENS[cfg.family],
-             'tokenizer_config.json': {**settings, 'model_max_length': 512, **SPECIAL_TOKENS[cfg.family]},
+             'special_tokens_map.json': SPECIAL_TOKENS[cfg.backbone],
+             'tokenizer_config.json': {**settings, 'model_max_length': 512, **SPECIAL_TOKENS[cfg.backbone]},
              'README.md': model_card(ckpt, path, arch, out)}
     for name, text in files.items():
         with open(os.path.join(tmp, name), 'w') as f:

@@ -123,7 +123,7 @@ class Run:
         expect = {'task': identity(self.args)['task'], **({'model': self.args.model} if cls else {})}
         ckpt = layers.load_checkpoint(path, expect)
         settings = argparse.Namespace(**ckpt['meta']['settings'])
-        encoder = layers.Encoder(layers.Config(**ckpt['config']))
+        encoder = layers.Encoder(layers.stored_config(ckpt['config']))
         method = self.build(cls or xlt.method_class(settings), encoder, settings)
         method.load_state_dict(ckpt['method'])
         return method
@@ -607,7 +607,7 @@ def check(args, world):
                  f'--{option} or lower --grad_accum')
     model = check_options(args, cls)
     files = [] if args.demo else planned_files(args, cls)
-    data.check_files(args.data_dir, args.task, args.method, files, model_family(args))
+    data.check_files(args.data_dir, args.task, args.method, files, backbone(args))
     check_init(args)
     for o in OPTIONS + cls.OPTIONS:  # the checkpoints and runs it names (the demo's start is made by the run)
         value = getattr(args, o.name)
@@ -663,10 +663,10 @@ def check_init(args):
 
 def check_encoder(args, init, got, tok):
     """The encoder's shape (config got) is the preset's, and its vocabulary the tokenizer's."""
-    cfg, shape = layers.CONFIGS[args.model], lambda c: (c.family, c.n_layer, c.dim, c.n_head, c.ffn_dim)
+    cfg, shape = layers.CONFIGS[args.model], lambda c: (c.backbone, c.n_layer, c.dim, c.n_head, c.ffn_dim)
     if shape(got) != shape(cfg):
-        fail(f'--init {init} is {got.family} {got.n_layer} x {got.dim}, not the {args.model} preset '
-             f'({cfg.family} {cfg.n_layer} x {cfg.dim}): pass the --model it was made for')
+        fail(f'--init {init} is {got.backbone} {got.n_layer} x {got.dim}, not the {args.model} preset '
+             f'({cfg.backbone} {cfg.n_layer} x {cfg.dim}): pass the --model it was made for')
     if (got.vocab_size, got.pad_id, got.sep_id) != (tok.vocab_size, tok.pad, tok.eos):
         fail(f'the tokenizer has {tok.vocab_size} ids (padding {tok.pad}, separator {tok.eos}), the model '
              f'{got.vocab_size} ({got.pad_id}, {got.sep_id}): pass its own (--spm, --dict; --vocab)')
@@ -689,7 +689,7 @@ def planned_files(args, cls):
         langs = cls.train_langs(args, target_langs(args))
         files = data.task_files(args.data_dir, args.task, langs, cls.round_trip, cls.paired or args.translate_test,
                                 not args.eval_only, args.method, cls.trains_on, args.langs)
-    return files + cls.reads(args) + [data.tokenizer_file(model_family(args), args.data_dir, args.spm, args.vocab,
+    return files + cls.reads(args) + [data.tokenizer_file(backbone(args), args.data_dir, args.spm, args.vocab,
                                                           args.init)]
 
 
@@ -701,11 +701,11 @@ def check_run(args, name, folder):
         ckpt = layers.load_checkpoint(os.path.join(folder, 'best.pt'), mmap=True)
     except layers.CheckpointError as e:
         fail(f'--{name} {folder}: {e}')
-    task, family = ckpt['meta']['task'], (ckpt.get('config') or {}).get('family', 'xlmr')
+    task, model = ckpt['meta']['task'], layers.stored_config(ckpt['config']).backbone
     if task != args.task:
         fail(f'--{name} {folder} is a run of {task}, not {args.task}: give a {args.task} run')
-    if family != model_family(args):  # its ids would be another tokenizer's
-        fail(f'--{name} {folder} is a run of {family}, this one of {model_family(args)}: give a run of the same model')
+    if model != backbone(args):  # its ids would be another tokenizer's
+        fail(f'--{name} {folder} is a run of {model}, this one of {backbone(args)}: give a run of the same model')
 
 
 def banner(args, world, files, model):
@@ -805,12 +805,12 @@ def prepare(args, rank, world, device):
 
 def tokenizer(args):
     """The tokenizer of the preset's backbone, from its file (--spm, --vocab; else beside --init or in --data_dir)."""
-    path = data.tokenizer_file(model_family(args), args.data_dir, args.spm, args.vocab, args.init)[0]
-    return data.tokenizer(model_family(args), path, args.qa_case == 'lower', args.dict)
+    path = data.tokenizer_file(backbone(args), args.data_dir, args.spm, args.vocab, args.init)[0]
+    return data.tokenizer(backbone(args), path, args.qa_case == 'lower', args.dict)
 
 
-def model_family(args):  # the preset's, 'xlmr' or 'bert': it picks the tokenizer
-    return layers.CONFIGS[args.model].family
+def backbone(args):  # the preset's, 'xlmr' or 'bert': it picks the tokenizer
+    return layers.CONFIGS[args.model].backbone
 
 
 def demo_pretrained(args, rank, world, device):

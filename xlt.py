@@ -134,7 +134,7 @@ class Method(nn.Module):
         """Fill the options left unset: the class's options' defaults, the demo's settings (demo) or the released
         scripts' (released), the learning rate from LR, then the papers' (4 epochs, 2 for XQuAD and MLQA; batch
         64; 10% warm-up; up to 128 tokens, 384 for QA); raise ValueError on what cannot run."""
-        if cls.NOT_ON_BERT and CONFIGS[args.model].family == 'bert':
+        if cls.NOT_ON_BERT and CONFIGS[args.model].backbone == 'bert':
             raise ValueError(f'{cls.NAME} does not run on BERT (--model {args.model}): {cls.NOT_ON_BERT}')
         qa = args.task in TASKS and TASKS[args.task].family == 'qa'
         epochs = (15 if qa else 8) if demo else 2 if args.task in ('xquad', 'mlqa') else 4  # the demo's QA needs longer
@@ -153,7 +153,7 @@ class Method(nn.Module):
 
     @classmethod
     def released(cls, args):
-        bert = cls.RUN_BERT.get(args.task, {}) if CONFIGS[args.model].family == 'bert' else {}
+        bert = cls.RUN_BERT.get(args.task, {}) if CONFIGS[args.model].backbone == 'bert' else {}
         return {**cls.RUN.get(args.task, {}), **bert}
 
     @classmethod

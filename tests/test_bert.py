@@ -126,7 +126,7 @@ def reference(tmp_path_factory):
 def test_encoder_pooler_and_mlm_equal_transformers_bert(reference):
     transformers, ref, folder = reference
     enc, mlm = layers.load_pretrained(folder)
-    assert (enc.cfg.family, enc.cfg.pad_id, enc.cfg.ln_eps, enc.cfg.sep_id) == ('bert', 0, 1e-12, 102)
+    assert (enc.cfg.backbone, enc.cfg.pad_id, enc.cfg.ln_eps, enc.cfg.sep_id) == ('bert', 0, 1e-12, 102)
     ids, types = pairs(160)
     real = ids.ne(0)
     with torch.no_grad():

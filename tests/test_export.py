@@ -36,7 +36,7 @@ def the_projects(run):
     """The run's method from its best.pt, as train.py evaluates it."""
     ckpt = layers.load_checkpoint(str(run / 'best.pt'))
     settings = argparse.Namespace(**ckpt['meta']['settings'])
-    method = xlt.Baseline(layers.Encoder(layers.Config(**ckpt['config'])), settings.task, settings)
+    method = xlt.Baseline(layers.Encoder(layers.stored_config(ckpt['config'])), settings.task, settings)
     method.load_state_dict(ckpt['method'])
     return method.eval()
 

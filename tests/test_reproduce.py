@@ -279,9 +279,9 @@ def test_every_reproduction_command_passes_dry_run(tmp_path, monkeypatch, capsys
             os.makedirs(teacher, exist_ok=True)  # a finished run of the task
             open(os.path.join(teacher, 'results.json'), 'w').write('{}')
             open(os.path.join(teacher, 'config.json'), 'w').write(json.dumps({'task': argv[argv.index('--task') + 1]}))
-            family = layers.CONFIGS[argv[argv.index('--model') + 1]].family  # its meta and its model's family alone
+            backbone = layers.CONFIGS[argv[argv.index('--model') + 1]].backbone  # its meta and its model's backbone alone
             layers.save_checkpoint(os.path.join(teacher, 'best.pt'), {'task': argv[argv.index('--task') + 1]},
-                                   config={'family': family})
+                                   config={'backbone': backbone})
             made |= {os.path.join(teacher, name) for name in ('results.json', 'config.json', 'best.pt')}
     outs = [train.parse_args(argv).out for _, argv in commands]
     assert len(set(outs)) == len(outs)  # no two commands write the same folder
