@@ -2171,7 +2171,7 @@ def demo_spm(sentences, prefix):
     2 to 8 characters of the words, counted by how often they occur: on the demo's few hundred distinct words
     sentencepiece's own seeding (0.2) keeps about a hundred, hardly more than the characters. Pieces of up to 16
     characters (its default) would be phrases of the toy Chinese, which has no spaces, seen in these sentences alone:
-    its other sentences would then be read a character at a time, twice as long as with the BPE model before."""
+    its other sentences would then be read a character at a time, twice as long."""
     counts = {}
     for word in (f'\u2581{w}' for sentence in sentences for w in sentence.split()):
         for piece in (word[i:j] for i in range(len(word)) for j in range(i + 2, min(len(word), i + 8) + 1)):

@@ -299,7 +299,7 @@ def train(run, method, items, validate, batches_of, keep_last=0):
                     t.epoch_loss.append(log_line(t, bar, since, started, points))
                     since = []
                 if args.eval_steps and t.state['step'] % args.eval_steps == 0 and t.state['step'] % per_epoch:
-                    end_epoch(t, started, within=round(t.state['step'] / per_epoch, 2))  # within the epoch (VECO)
+                    end_epoch(t, started, within=round(t.state['step'] / per_epoch, 2))  # within the epoch
                 points.after_step(epoch_end=t.state['step'] % per_epoch == 0)
             bar.close()
             t.state['epoch'] += 1

@@ -244,28 +244,6 @@ def test_a_run_killed_inside_xla_s_loop_resumes_to_the_same_numbers(tmp_path, ca
     assert a['runs'] == b['runs'] and a['test'] == b['test']
 
 
-def test_the_reading_guide_is_the_flagship_path_as_the_code_has_it():
-    """docs/reading.md's table of the flagship command's path through train.py: every function there,
-    its line count the code's own, at most 600 in all, and none of them names another method."""
-    import ast
-    text = open(os.path.join(ROOT, 'docs', 'reading.md'), encoding='utf-8').read().split('\n## ')[0]
-    rows = re.findall(r'^\| `train\.py: ([\w.]+)` \| (\d+) \|', text, re.M)
-    source = open(os.path.join(ROOT, 'train.py'), encoding='utf-8').read()
-    lines, found = source.splitlines(), {}
-    for node in ast.parse(source).body:
-        for n in [node] + (node.body if isinstance(node, ast.ClassDef) else []):
-            if isinstance(n, (ast.FunctionDef, ast.ClassDef)):
-                name = n.name if n is node else f'{node.name}.{n.name}'
-                end = n.body[1].lineno - 1 if isinstance(n, ast.ClassDef) else n.end_lineno  # a class: its docstring
-                found[name] = [l for l in lines[n.lineno - 1:end] if l.strip()]
-    assert len(rows) > 40 and {'main', 'train', 'Run.fit', 'Run.report'} <= {name for name, _ in rows}
-    for name, count in rows:
-        assert len(found[name]) == int(count), name
-        assert not re.search(r'\b(xla|veco|xmixup|filter|pretrain|teacher|warmup_dir|self_teach)\b', '\n'.join(found[name]), re.I), name
-    total = sum(int(count) for _, count in rows)
-    assert total <= 600 and f'{total} lines in all' in text
-
-
 def test_options_of_other_methods_are_refused_even_when_zero():
     for argv, name in ((['--method', 'zeroshot', '--average_last', '0'], 'average_last'),
                        (['--method', 'filter', '--conf_penalty', '0'], 'conf_penalty'),
