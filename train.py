@@ -796,16 +796,10 @@ def prepare(args, rank, world, device):
         args.data_dir = os.path.join(args.out, 'demo-data')
         if rank == 0 and not data.is_demo(args.data_dir, current=True):
             data.make_demo(args.data_dir, seed=0)
-        if dist.is_initialized():
-            dist.barrier()
+        data.barrier()
     if makes_demo_start(args) and not args.eval_only:
         demo_pretrained(args, rank, world, device)
-    return tokenizer(args)
-
-
-def tokenizer(args):
-    """The tokenizer of the preset's backbone, from its file (--spm, --vocab; else beside --init or in --data_dir)."""
-    path = data.tokenizer_file(backbone(args), args.data_dir, args.spm, args.vocab, args.init)[0]
+    path = data.tokenizer_file(backbone(args), args.data_dir, args.spm, args.vocab, args.init)[0]  # --spm, --vocab
     return data.tokenizer(backbone(args), path, args.qa_case == 'lower', args.dict)
 
 

@@ -279,3 +279,14 @@ def one_line(argv, message):
     with pytest.raises(SystemExit) as err:
         train.main(argv)
     assert str(err.value).startswith('error: ') and '\n' not in str(err.value) and message in str(err.value)
+
+
+def doc(path, title=None):
+    """A page of the repository (README.md, docs/...), or its section `title` (to the next '## ' heading)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(root, path), encoding='utf-8').read()
+    if title is None:
+        return text
+    start = text.index(f'\n## {title}\n')
+    end = text.find('\n## ', start + 1)
+    return text[start:end if end > 0 else None]

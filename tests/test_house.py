@@ -10,6 +10,7 @@ import pytest
 
 import train
 import xlt
+from conftest import doc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULES = ('layers', 'data', 'eval', 'xlt', 'train')
@@ -39,16 +40,6 @@ def definitions(module):
                 end = n.body[1].lineno - 1 if isinstance(n, ast.ClassDef) and len(n.body) > 1 else n.end_lineno
                 out[name] = (start, [line for line in lines[start - 1:end] if line.strip()])
     return out
-
-
-def doc(path, title=None):
-    """A page, or its section `title` (to the next heading of its level or above)."""
-    text = open(os.path.join(ROOT, path), encoding='utf-8').read()
-    if title is None:
-        return text
-    start = text.index(f'\n## {title}\n')
-    end = text.find('\n## ', start + 1)
-    return text[start:end if end > 0 else None]
 
 
 def tour_names():

@@ -18,10 +18,9 @@ import eval as ev
 import layers
 import train
 import xlt
-from conftest import demo_run, write_bert_vocab
+from conftest import demo_run, doc, write_bert_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = os.path.join(ROOT, 'docs')
 
 
 @pytest.fixture(scope='module')
@@ -198,12 +197,7 @@ def test_plot_without_matplotlib_says_how_to_install_it(runs, monkeypatch, tmp_p
 
 def section(page, title=None):
     """A page of docs/, or its section `title` (to the next '## ' heading)."""
-    text = open(os.path.join(DOCS, page), encoding='utf-8').read()
-    if title is None:
-        return text
-    start = text.index(f'\n## {title}')
-    end = text.find('\n## ', start + 1)
-    return text[start:end if end > 0 else None]
+    return doc(os.path.join('docs', page), title)
 
 
 def reproduction_commands():
