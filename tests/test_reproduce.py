@@ -20,7 +20,6 @@ import train
 import xlt
 from conftest import demo_run, doc, write_bert_vocab
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope='module')
