@@ -2,6 +2,7 @@
 tour, docs/reading.md's flagship path and its equation index name all above it; the line budgets; one mechanism
 for what an option changes, --group_by_length too."""
 import ast
+import functools
 import json
 import os
 import re
@@ -17,10 +18,12 @@ MODULES = ('layers', 'data', 'eval', 'xlt', 'train')
 DIVIDER = re.compile(r'# === Machinery: .+ ===')
 
 
+@functools.lru_cache
 def lines_of(module):
     return open(os.path.join(ROOT, f'{module}.py'), encoding='utf-8').read().splitlines()
 
 
+@functools.lru_cache
 def divider(module):
     """The line number of the module's one divider."""
     found = [n for n, line in enumerate(lines_of(module), 1) if DIVIDER.fullmatch(line)]
@@ -28,6 +31,7 @@ def divider(module):
     return found[0]
 
 
+@functools.lru_cache
 def definitions(module):
     """{name or Class.name: (first line, its non-blank lines)} of a module's functions and classes (a class's own:
     its line and docstring)."""
