@@ -557,7 +557,7 @@ def unlabelled_set(spec, lang, share):
             english = read_split(data_dir, task, 'train')
             pairs = share_of(read_translations(data_dir, task, 'train', lang, english), share, part=1)
             yield lang, [dict(t, label=None) for _, t in pairs if t is not None], None
-    return feature_set(spec, files, ['unlabelled', task, lang, share, spec.max_len], sources, 1)
+    return feature_set(spec, files, ['unlabelled', task, lang, share, spec.max_len, spec.stride], sources, 1)
 
 
 def evaluation_sets(data_dir, task, translate_test=False, paired=False, chosen=None):
@@ -1855,7 +1855,7 @@ def largest_batch(lengths_of, batches, parts):
 # Work shared out over the processes (DDP), the results passed through files.
 
 class Ragged:
-    """Results of different lengths one after another (Run.map's): item i's are
+    """Results of different lengths one after another (Run.sharded's): item i's are
     values[ends[i]:ends[i + 1]]; kept on disk as the pair (values, ends)."""
 
     def __init__(self, values, ends):
@@ -1907,7 +1907,7 @@ def shared_out(fn, lengths, processes, batch_size, desc, fields=1, everywhere=Tr
     processes: (rank, world, folder), under DDP the blocks pass through files in folder. -> a Ragged per field of every
     position's results, alike for any number of processes, on every process (everywhere=False: on process 0)."""
     rank, world, folder = processes
-    path = lambda r: os.path.join(folder, f'.map-{r}.pt')
+    path = lambda r: os.path.join(folder, f'.sharded-{r}.pt')
     block = range(len(lengths) * rank // world, len(lengths) * (rank + 1) // world)
     blocks = in_windows(fn, lengths, block, batch_size, desc)
     if world > 1:

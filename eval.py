@@ -553,13 +553,13 @@ def seed_table(runs):
     return '\n'.join(lines)
 
 
-def results(run, dev, test, selected_by=None, runs=None, name=None):
+def results(settings, dev, test, selected_by=None, runs=None, name=None):
     """A run's results.json (dev and test per language with average and transfer gap, the kept
-    checkpoint's selection rule) and its table; run: its settings {'task', 'method', 'stage', 'langs': the target
+    checkpoint's selection rule) and its table; settings: the run's {'task', 'method', 'stage', 'langs': the target
     languages --langs chose}; runs: other rows {name: {'dev': summary, 'test': summary}} (XLA's models), listed
     first, the run's row then named `name`; QA adds rows of EM and F1."""
-    task, stage, langs = run['task'], run.get('stage'), run.get('langs')
-    out = {'task': task, 'method': run['method'], 'selected_by': selected_by, 'dev': summary(dev),
+    task, stage, langs = settings['task'], settings.get('stage'), settings.get('langs')
+    out = {'task': task, 'method': settings['method'], 'selected_by': selected_by, 'dev': summary(dev),
            'test': summary(test), 'test_metrics': test, 'dev_metrics': dev, **({'runs': runs} if runs else {}),
            **({'langs': list(langs)} if langs else {})}
     rows = {f'{split} {name}': r[split] for split in ('dev', 'test') for name, r in (runs or {}).items() if r[split]}
@@ -863,7 +863,7 @@ def collect_main(args):
     groups = {}  # runs of one command differ in --seed and in options that leave results alike (--out, ...)
     for run in args.collect:
         config = json.loads(read_text(f'{run}/config.json')) if os.path.isfile(f'{run}/config.json') else {}
-        same = set(config.get('changes_nothing', ['out'])) | {'seed', 'changes_nothing'}  # recorded by Run.begin
+        same = set(config.get('changes_nothing', ['out'])) | {'seed', 'changes_nothing'}  # recorded by Folder.begin
         command = json.dumps({k: v for k, v in config.items() if k not in same}, sort_keys=True)
         groups.setdefault((finished_task(run), command), []).append((run, config.get('seed')))
     for (task, command), runs in ((k, r) for k, r in groups.items() if len(r) > 1):  # the papers' ± std over seeds

@@ -252,7 +252,7 @@ class Run:
         return Run(args, self.rank, self.world, self.device, self.tok, self.sets, self.cache)
 
     def path(self, name):
-        return os.path.join(self.out, name)
+        return self.folder.path(name)
 
     def say(self, message):
         if self.rank == 0:
@@ -371,8 +371,8 @@ def log_line(t, bar, since, started, points):
 def end_epoch(t, started, within=None):
     """An epoch's end (or, with --eval_steps, a point `within` it, in epochs): the weights kept for
     averaging, validate(), best.pt when the selection score is the best so far, the printed line and the log's."""
-    run, method, state = t.run, t.method, t.state
-    if t.keep_last:  # fairseq's --save-interval-updates and --keep-interval-updates
+    run, method, state, seconds = t.run, t.method, t.state, time.time() - started
+    if t.keep_last and within is None:  # fairseq's --save-interval-updates and --keep-interval-updates, each epoch's
         save(run, f'checkpoints/step{state["step"]:07d}.pt', {'method': method.state_dict()}, keep=t.keep_last)
     dev = t.validate()
     score = xlt.selection(method.select, dev)[0]
@@ -382,7 +382,7 @@ def end_epoch(t, started, within=None):
         save(run, 'best.pt', {**layers.encoder_parts(method.encoder, method.mlm), 'method': method.state_dict()})
     if run.rank == 0:
         at = {**state, 'epoch': within or state['epoch']}
-        print(ev.epoch_line(at, run.args.epochs, t.epoch_loss, dev, method.select, time.time() - started), flush=True)
+        print(ev.epoch_line(at, run.args.epochs, t.epoch_loss, dev, method.select, seconds), flush=True)
     if t.log:
         scores = {k: v if method.select == 'loss' else v['score'] for k, v in dev.items()}  # the held-out losses whole
         t.log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': scores, 'dev_avg': float(score),
@@ -1119,13 +1119,13 @@ class ResumePoints(AbstractContextManager):
     def __init__(self, t):
         self.t, self.saved, self.signalled, self.writer = t, time.time(), False, layers.Writer()
         self.asked = (False, False)  # (a resume point, a stop): what the processes agreed on at the last log line
-        self.default = signal.signal(signal.SIGTERM, lambda number, frame: setattr(self, 'signalled', True))
 
     def __enter__(self):
         t = self.t
         t.state = t.run.args.resume and resumed(t) or t.state  # a new run, or nothing to resume: from the start
         t.log = open_log(t.run.path('log.jsonl'), t.state['step']) if t.run.rank == 0 else None
         t.method.step = t.state['step']  # read by schedules (X-Mixup's p*, frozen phases)
+        self.default = signal.signal(signal.SIGTERM, lambda number, frame: setattr(self, 'signalled', True))
         return self
 
     def agree(self, loss):

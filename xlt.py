@@ -127,7 +127,6 @@ class Method(nn.Module):
 
     # hooks: settings
     RUN, RUN_BERT, ADAM, DEMO = {}, {}, {}, {}
-    NOT_ON_BERT, pretrained_start = None, False
 
     @classmethod
     def configure(cls, args, demo=None):
@@ -237,6 +236,9 @@ class Method(nn.Module):
         blocks its loss makes, layers.Pass; the bytes its head and loss keep beyond them: logits over the vocabulary
         where a method makes them; a head's few floats a token are left out)."""
         return [Pass(rows, lengths[0], self.encoder.cfg.n_layer)], 0
+
+    # hooks: BERT, the demo
+    NOT_ON_BERT, pretrained_start = None, False
 
 
 SELECTED_BY = {'en': 'best English dev score', 'average': 'best average dev score over languages',
@@ -1283,7 +1285,7 @@ class VecoTranslate(Method):
 
     @classmethod
     def decoded(cls, run, method, test):
-        """The test sources' translations (token ids), shared out over the processes (run.map)."""
+        """The test sources' translations (token ids), shared out over the processes (run.sharded)."""
         args = run.args
         method.eval()
 
@@ -1692,7 +1694,7 @@ def distil(run, model, unlabelled, eta):
     its samples' labels one after another (a class, or a tag per word), 'ends': where each sample's
     end (from a first 0), 'confidence', 'keep': bool per sample}}, keeping the top eta by
     confidence, or the samples whose posterior of the low-loss GMM component is at least
-    --posterior; computed by every process (run.map), returned by process 0 (None elsewhere)."""
+    --posterior; computed by every process (run.sharded), returned by process 0 (None elsewhere)."""
     method, out = run.restore(run.path(model), XLA).eval(), {}
 
     def scored(items, index):  # a batch -> each sample's labels and scores
