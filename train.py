@@ -274,6 +274,7 @@ class Training:
         self.precision = layers.Precision(run.args.precision, run.device)
         self.collate = data.collate_items(method.paired, run.tok.pad)
         self.state, self.log = {'step': 0, 'epoch': 0, 'best': -math.inf}, None  # log: log.jsonl, process 0's
+        self.epoch_loss, self.padding = [], 0.0  # the epoch's (mean loss, steps) a log line, its padding share
 
 
 def train(run, method, items, validate, batches_of, keep_last=0):

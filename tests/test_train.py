@@ -425,7 +425,7 @@ def test_a_score_within_an_epoch_is_kept_when_it_is_the_best(tmp_path):
     scores = iter([70.0, 60.0, 70.0])
     validate = lambda: {'en': {'score': next(scores)}, 'de': {'score': 50.0}}
     t = train.Training(run, method, [], validate, 20)
-    state, t.epoch_loss, t.padding = t.state, [], 0.0
+    state = t.state
     state['step'] = 5
     train.end_epoch(t, time.time(), within=0.5)  # 70 at half an epoch: kept
     kept = torch.load(tmp_path / 'best.pt', weights_only=True)['method']
