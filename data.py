@@ -117,11 +117,14 @@ class Tokenizer:
         return tuple(self.symbols[f'[{lang}]'] if self.symbols else self.vocab_size + k for k, lang in enumerate(langs))
 
     def model_text(self, text):
-        """The text as the model reads it: lowercased where the run asks (a tokenizer made with
-        transformers 2.x's do_lower_case, as XTREME's and FILTER's QA scripts made XLM-R's), a
-        character whose lower case is longer kept as it is, so that character positions stay."""
+        """The text as the model reads it: lowercased where the run asks, one character at a time as transformers
+        2.x's tokenize lowered it for do_lower_case (XTREME's and FILTER's QA scripts on XLM-R), so a word-final Σ
+        becomes σ, not ς; a character whose lower case is longer is kept as it is, so that character positions
+        stay."""
         low = text.lower() if self.lower else text
-        return low if len(low) == len(text) else ''.join(c if len(c.lower()) > 1 else c.lower() for c in text)
+        if len(low) == len(text) and 'Σ' not in text:  # str.lower's one rule of context is the final sigma
+            return low
+        return ''.join(c if len(c.lower()) > 1 else c.lower() for c in text)
 
     def encode(self, text):
         """Ids of `text`, no special tokens."""
@@ -256,11 +259,10 @@ class WordPiece:
 
     def split(self, chars, at):
         """A whitespace token -> its words: lowercased without accents (Unicode Mn after NFD) where the tokenizer
-        lowers, the whole token at once (a final sigma stays one), then cut around each punctuation mark."""
+        lowers, one character at a time as transformers 2.x's and 4.x's tokenize did before BERT's own lowering (so
+        a final Σ becomes σ, not ς), then cut around each punctuation mark."""
         if self.lower and chars:
-            token = ''.join(chars).lower()
-            lowered = token if len(token) == len(chars) else [c.lower() for c in chars]  # 'İ' lowers to two
-            kept = [(x, a) for low, a in zip(lowered, at) for x in unicodedata.normalize('NFD', low)
+            kept = [(x, a) for c, a in zip(chars, at) for x in unicodedata.normalize('NFD', c.lower())
                     if unicodedata.category(x) != 'Mn']
             chars, at = [x for x, _ in kept], [a for _, a in kept]
         words, start = [], 0

@@ -48,6 +48,24 @@ def test_same_ids_as_huggingface(spm_path, name, text):
     assert tok.mask == ref.mask_token_id
 
 
+def test_qa_case_lower_lowers_one_character_at_a_time(spm_path):
+    """--qa_case lower reads QA text as XTREME's and FILTER's scripts made XLM-R's tokenizer read it with
+    do_lower_case: transformers 2.x's tokenize lowered the text one character at a time (a final Σ becomes σ), then
+    sentencepiece; transformers 5 has no such step, so its tokenizer is given the text lowered so by hand."""
+    transformers = pytest.importorskip('transformers')
+    pytest.importorskip('google.protobuf')
+    import os
+    ref = transformers.XLMRobertaTokenizer.from_pretrained(os.path.dirname(spm_path))
+    text = 'ΚΑΝΕΙΣ ΚΟΣΜΟΣ, ΣΗΜΕΡΑ Σ'
+    by_hand = ''.join(c.lower() for c in text)
+    assert by_hand != text.lower() and 'ς' in text.lower()
+    tok = Tokenizer(spm_path, lower=True)
+    assert tok.encode(text) == ref.encode(by_hand, add_special_tokens=False)
+    assert tok.encode(text) != ref.encode(text.lower(), add_special_tokens=False)  # the whole text at once differs
+    ids, spans = tok.encode_with_spans(text)
+    assert ids == tok.encode(text) and spans[-1][1] == len(text)
+
+
 @pytest.mark.parametrize('name,text', TEXTS)
 def test_spans_point_back_into_the_text(spm_path, name, text):
     tok = Tokenizer(spm_path)
