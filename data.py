@@ -1443,7 +1443,8 @@ def feature_set(spec, files, key, sources, width, train=True):
     index_of = lambda done, total: training_index(done, total, kept, width, train)
     meta = {'family': TASKS[spec.task].family}
     build = lambda path: write_items(path, spec.tok, jobs(), feature_arrays, index_of, meta)
-    return stored(build, files, key + ['lowered by character'] * spec.tok.lower, spec.data_dir, spec.cache, quiet=not train)
+    key += ['lowered by character'] * spec.tok.lower
+    return stored(build, files, key, spec.data_dir, spec.cache, quiet=not train)
 
 
 def stored(build, files, key, data_dir, cache=True, quiet=False):
