@@ -1443,7 +1443,7 @@ def feature_set(spec, files, key, sources, width, train=True):
     index_of = lambda done, total: training_index(done, total, kept, width, train)
     meta = {'family': TASKS[spec.task].family}
     build = lambda path: write_items(path, spec.tok, jobs(), feature_arrays, index_of, meta)
-    key += ['lowered by character'] * spec.tok.lower
+    key = key + ['lowered by character'] * spec.tok.lower  # not the caller's list
     return stored(build, files, key, spec.data_dir, spec.cache, quiet=not train)
 
 
