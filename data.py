@@ -1796,11 +1796,12 @@ def pretraining_table(counts):
 # Batch machinery: runs counted in steps, batches in tokens, padding and the largest micro-batch.
 
 def stepped(cut, steps, eval_every, batch_size):
-    """A run counted in steps (pre-training, translation): the global batches of passes cut(p) one after another,
-    an 'epoch' being eval_every of them. -> batches_of(epoch)."""
+    """A run counted in steps (--steps): the global batches of passes cut(p) one after another, an 'epoch' being
+    eval_every of them (None: a pass). -> batches_of(epoch)."""
     per_pass = len(cut(0))
     if not per_pass:
         raise DataError(f'{batch_size} is larger than the training items: lower it')
+    eval_every = eval_every or per_pass
     steps_of = lambda epoch: range(epoch * eval_every, min((epoch + 1) * eval_every, steps))
     return lambda epoch: [cut(s // per_pass)[s % per_pass] for s in steps_of(epoch)]
 

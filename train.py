@@ -267,8 +267,9 @@ class Training:
     items and how a batch of them is made (collate), AdamW and its schedule, the precision (autocast, fp16's loss
     scaler), validate(), and the state: step, epoch, best dev score (ResumePoints reads it from last.pt)."""
 
-    def __init__(self, run, method, items, validate, total_steps, keep_last=0):
+    def __init__(self, run, method, items, validate, total_steps, epochs, keep_last=0):
         self.run, self.method, self.items, self.validate, self.keep_last = run, method, items, validate, keep_last
+        self.epochs = epochs  # --epochs, or the 'epochs' of --eval_every steps (or passes) that make --steps
         self.opt, self.sched = optimizer_and_schedule(method, run.args, total_steps)
         self.model = wrapped(method, run.device) if run.world > 1 else method
         self.precision = layers.Precision(run.args.precision, run.device)
@@ -278,18 +279,19 @@ class Training:
 
 
 def train(run, method, items, validate, batches_of, keep_last=0):
-    """--epochs epochs of batches_of(epoch), each step cut over the processes and micro-batches (train_step); after
-    each epoch validate() and best.pt kept by the method's selection rule (end_epoch). --resume goes on from last.pt,
-    written every --save_minutes, at each epoch's end and at SIGTERM (ResumePoints)."""
-    args, per_epoch = run.args, len(batches_of(0))
-    t = Training(run, method, items, validate, args.steps or per_epoch * args.epochs, keep_last)
+    """--epochs epochs of batches_of(epoch) (or --steps steps), each step cut over the processes and micro-batches
+    (train_step); after each epoch validate() and best.pt kept by the method's selection rule (end_epoch). --resume
+    goes on from last.pt, written every --save_minutes, at each epoch's end and at SIGTERM (ResumePoints)."""
+    args, per_epoch = run.args, len(batches_of(0))  # with --steps, an 'epoch' is --eval_every steps, or a pass
+    epochs = args.epochs or math.ceil(args.steps / per_epoch)
+    t = Training(run, method, items, validate, args.steps or per_epoch * epochs, epochs, keep_last)
     with ResumePoints(t) as points:  # --resume: t.state from last.pt; SIGTERM's handler given back however it ends
         first, started = t.state['step'], time.time()  # first: this process's
-        while t.state['epoch'] < args.epochs:
+        while t.state['epoch'] < epochs:
             batches, since, t.epoch_loss = batches_of(t.state['epoch']), [], []  # since: the logs since the last line
             t.padding = data.pad_share(functools.partial(data.item_lengths, items), batches, run.chunks)
             start = t.state['step'] % per_epoch  # a resumed epoch goes on where it stopped
-            bar = data.bar(total=len(batches), initial=start, desc=f'epoch {t.state["epoch"] + 1}/{args.epochs}')
+            bar = data.bar(total=len(batches), initial=start, desc=f'epoch {t.state["epoch"] + 1}/{epochs}')
             for batch in batches[start:]:
                 if t.state['step'] == first:
                     probe(t, batches)  # on a GPU the epoch's largest batch first: out of memory now, not hours in
@@ -305,7 +307,7 @@ def train(run, method, items, validate, batches_of, keep_last=0):
             bar.close()
             t.state['epoch'] += 1
             end_epoch(t, started)
-            points.after_epoch(last=t.state['epoch'] == args.epochs)
+            points.after_epoch(last=t.state['epoch'] == epochs)
         points.trained()  # trained.json says so; last.pt, the optimiser's state too, goes
     del t, points  # the DDP wrapper and the optimiser hold reference cycles: a GPU's memory is collected now
     collect(run.device)
@@ -383,7 +385,7 @@ def end_epoch(t, started, within=None):
         save(run, 'best.pt', {**layers.encoder_parts(method.encoder, method.mlm), 'method': method.state_dict()})
     if run.rank == 0:
         at = {**state, 'epoch': within or state['epoch']}
-        print(ev.epoch_line(at, run.args.epochs, t.epoch_loss, dev, method.select, seconds), flush=True)
+        print(ev.epoch_line(at, t.epochs, t.epoch_loss, dev, method.select, seconds), flush=True)
     if t.log:
         scores = {k: v if method.select == 'loss' else v['score'] for k, v in dev.items()}  # the held-out losses whole
         t.log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': scores, 'dev_avg': float(score),
@@ -443,6 +445,10 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
            changes='nothing'),
     Option('lr', help='peak learning rate (default: per task, from the papers)', valid=POSITIVE),
     Option('epochs', int, 'default 4 (2 for xquad and mlqa)', AT_LEAST_1),
+    Option('steps', int, 'train this many optimiser steps instead, the data read pass after pass (XLA\'s warm-ups '
+           '3000, Table 8; pre-training 240000, Table 5; translation 100000)', AT_LEAST_1),
+    Option('eval_every', int, 'with --steps: steps between evaluations (default: a pass over the training data; '
+           'pre-training 2000; translation 5000, each saving a checkpoint to average)', AT_LEAST_1),
     Option('batch_size', int, 'global batch size, over all processes (default 64)', AT_LEAST_1),
     Option('group_by_length', bool, 'training batches of similar lengths, little padding (the default but in the demo)',
            negated='random training batches, as the papers\' scripts (the demo\'s default)'),

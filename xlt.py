@@ -141,12 +141,17 @@ class Method(nn.Module):
         papers = {'lr': lr, 'epochs': epochs, 'warmup': 0.1, 'group_by_length': True, 'clip': 1.0, 'weight_decay': 0.01,
                   'batch_size': 64, 'doc_stride': 128, 'max_len': 384 if qa else 128,
                   'precision': default_precision('cuda' if torch.cuda.is_available() else 'cpu')}
+        if args.steps and args.epochs:
+            raise ValueError('--steps counts the training in optimiser steps, --epochs in passes: give one')
         own = {o.name: o.default for o in cls.OPTIONS}
-        for option, value in {**own, **papers, **(cls.released(args) if demo is None else demo)}.items():
+        settings = {**own, **papers, **(cls.released(args) if demo is None else demo)}
+        if args.epochs:  # counted in passes as asked, where the scripts count steps
+            settings = {k: v for k, v in settings.items() if k not in ('steps', 'eval_every')}
+        for option, value in settings.items():
             if getattr(args, option, None) is None:
                 setattr(args, option, value)
-        if args.steps:  # a run counted in steps: an 'epoch' is eval_every of them
-            args.epochs = math.ceil(args.steps / args.eval_every)
+        if args.steps:  # a run counted in steps: an 'epoch' is --eval_every of them, or a pass over the data (train)
+            args.epochs = math.ceil(args.steps / args.eval_every) if args.eval_every else None
         if getattr(args, 'qa_case', None) == 'lower' and not qa:
             raise ValueError(f'--qa_case lower lowercases the text of QA tasks, not of {args.task}: drop it')
 
@@ -801,14 +806,10 @@ def concat_pairs(a, a_mask, b, b_mask, eos=2):
     return torch.cat([a, b], 1).gather(1, order), mask.gather(1, order), order
 
 
-STEPPED = (Option('steps', int, 'pre-training and translation: optimiser steps (default 240000, Table 5; translation '
-                  '100000)', AT_LEAST_1),
-           Option('eval_every', int, 'pre-training and translation: steps between held-out evaluations (default 2000; '
-                  'translation 5000, each saving a checkpoint to average)', AT_LEAST_1),
-           Option('max_tokens', int, 'pre-training and translation: batches in tokens (fairseq\'s --max-tokens): each '
-                  'process\'s micro-batch holds at most this many, padding included (a translation pair counts its '
-                  'longer side, a pre-training pair both), processes x --grad_accum of them a step, in place of the '
-                  'batch sizes', AT_LEAST_1))
+IN_TOKENS = (Option('max_tokens', int, 'pre-training and translation: batches in tokens (fairseq\'s --max-tokens): '
+                     'each process\'s micro-batch holds at most this many, padding included (a translation pair counts '
+                     'its longer side, a pre-training pair both), processes x --grad_accum of them a step, in place '
+                     'of the batch sizes', AT_LEAST_1),)
 
 
 class VecoPretrain(Method):
@@ -827,7 +828,7 @@ class VecoPretrain(Method):
     ADAM = {m: ((0.9, 0.98 if m == 'large' else 0.999), 1e-6) for m in CONFIGS}  # Table 5
     # the demo: about a minute on a laptop CPU; segments of a sentence or two
     DEMO = {'steps': 2000, 'eval_every': 500, 'max_len': 32, 'lr': 3e-3}
-    OPTIONS = STEPPED + (
+    OPTIONS = IN_TOKENS + (
         Option('cross_only_steps', int, 'phase 1: the first steps, which train only the cross-attention, the rest '
                'frozen; phase 2 trains everything for the rest of --steps; each phase warms up (default from --init: '
                'the --warmup share of --steps; 0 from scratch)', NON_NEGATIVE),
@@ -842,6 +843,8 @@ class VecoPretrain(Method):
 
     @classmethod
     def configure(cls, args, demo=None):
+        if args.epochs:
+            raise ValueError('pre-training is counted in --steps (Table 5: 240000), not --epochs: give --steps')
         super().configure(args, demo)
         if args.cross_only_steps is None:  # phase 1 trains the new cross-attention, which XLM has not
             args.cross_only_steps = int(args.warmup * args.steps) if args.init and not args.no_cs_mlm else 0
@@ -1180,7 +1183,7 @@ class VecoTranslate(Method):
     # the demo: the tiny model's 2 layers make the decoder
     DEMO = {'steps': 500, 'eval_every': 125, 'lr': 1e-3, 'batch_size': 32, 'warmup': 0.1, 'dropout': 0.1,
             'attn_dropout': 0.0, 'label_smoothing': 0.1, 'average_last': 2, 'max_len': 64}
-    OPTIONS = STEPPED + (
+    OPTIONS = IN_TOKENS + (
         Option('src', str, 'source language (default en; the layout of docs/veco.md)', changes='scores'),
         Option('tgt', str, 'target language (default de)', changes='scores'),
         Option('dec_layers', int, 'decoder layers (default 6, at most the model\'s depth)', AT_LEAST_1),
@@ -1200,6 +1203,8 @@ class VecoTranslate(Method):
         args.src, args.tgt = args.src or 'en', args.tgt or 'de'  # before the defaults: the pair chooses some (PAIRS)
         if args.src == args.tgt:
             raise ValueError(f'--src and --tgt are both {args.src}: translation needs two languages')
+        if args.epochs:
+            raise ValueError('translation is counted in --steps (the scripts\' 100000), not --epochs: give --steps')
         super().configure(args, demo)
         args.dec_layers = args.dec_layers or min(6, CONFIGS[args.model].n_layer)
 
@@ -1376,7 +1381,7 @@ class XLA(Baseline):
     # Table 8 (XNER: CoNLL NER, also for panx and udpos). The warm-up (--lr, --batch_size, --epochs) and the XLA
     # epochs (--xla_lr, --xla_batch_size); eta: the share kept per epoch in percent; share: P;
     # delta: samples per sentence (one number) or per part of a pair (successive cross).
-    TAGGING = {'lr': 3e-5, 'batch_size': 20, 'epochs': 3, 'warmup': 0.07, 'max_len': 280, 'eval_steps': 50,
+    TAGGING = {'lr': 3e-5, 'batch_size': 20, 'steps': 3000, 'warmup': 0.07, 'max_len': 280, 'eval_steps': 50,
                'xla_lr': 5e-6, 'xla_batch_size': 16, 'xla_weight_decay': 0.01, 'xla_eval_steps': 50,
                'eta': [80, 100, 100], 'aug_share': 0.3, 'delta': [3], 'train_share': 1.0}
     PAIR = {'lr': 1e-6, 'batch_size': 32, 'weight_decay': 0.0, 'eval_steps': 50, 'xla_lr': 1e-6, 'xla_batch_size': 32,
@@ -1796,8 +1801,9 @@ def co_train(run, epoch, l, pair, parts, start):
     `start` (the model goes on as it was)."""
     (k, j), args = pair, run.args
     folder = f'epoch{epoch}/model{l + 1}-by{k + 1}{j + 1}'
-    sub = run.sub(folder, epochs=1, lr=args.xla_lr, batch_size=args.xla_batch_size, warmup=0.1, seed=3 * args.seed + l,
-                  eval_steps=args.xla_eval_steps, weight_decay=args.xla_weight_decay)
+    sub = run.sub(folder, epochs=1, steps=None, eval_every=None, lr=args.xla_lr, batch_size=args.xla_batch_size,
+                  warmup=0.1, seed=3 * args.seed + l, eval_steps=args.xla_eval_steps,
+                  weight_decay=args.xla_weight_decay)  # one pass of Eq. 2's draws, whatever the warm-ups counted
     target_dev = lambda method: sub.evaluate(method, 'dev', [args.train_lang])[0]  # the paper's selection: the target
     score = lambda dev: dev[args.train_lang]['score'] if args.train_lang in dev else None
 

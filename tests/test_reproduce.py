@@ -364,8 +364,8 @@ def test_the_dry_run_checks_exactly_the_files_a_run_reads(tmp_path, monkeypatch,
     cache of tokenized training sets, .cache, aside: made from them)."""
     import builtins
     demo = data.make_demo(str(tmp_path / 'data'), n_train=40, n_eval=8)
-    argv = [*argv, '--data_dir', demo, '--model', 'tiny', '--from_scratch', '--epochs', '1', '--out', str(tmp_path / 'run'),
-            '--batch_size', '16', '--max_len', '64']  # small steps: the files read are the same
+    argv = [*argv, '--data_dir', demo, '--model', 'tiny', '--from_scratch', '--out', str(tmp_path / 'run'),
+            '--batch_size', '16', '--max_len', '64'] + ['--epochs', '1'] * ('--steps' not in argv)  # small steps
     args = train.parse_args(argv)
     planned = {os.path.realpath(p): needed for p, _, needed in train.planned_files(args, xlt.method_class(args))}
     opened, real_open = set(), builtins.open

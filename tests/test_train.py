@@ -172,6 +172,25 @@ def test_killed_run_resumes_exactly(tmp_path, demo_data):
     assert whole['dev']['en'] == pytest.approx(max(r['dev_avg'] for r in dev)) and len(set(r['dev_avg'] for r in dev)) > 1
 
 
+def test_a_run_counted_in_steps_reads_pass_after_pass_and_ends_at_its_step(tmp_path, small_demo):
+    """--steps N: N optimiser steps over passes of the data, the dev set scored at each pass's end and at step N, the
+    learning rate's linear decay reaching 0 at step N (the demo has no warm-up)."""
+    run(tmp_path / 'pass', small_demo, '--task', 'pawsx', '--epochs', '1')
+    per_pass = json.loads(open(tmp_path / 'pass' / 'log.jsonl').readlines()[-1])['step']
+    steps = per_pass + 3
+    run(tmp_path / 'steps', small_demo, '--task', 'pawsx', '--steps', str(steps), '--log_every', '1')
+    logged = [json.loads(line) for line in open(tmp_path / 'steps' / 'log.jsonl')]
+    trained = [r for r in logged if 'loss' in r]
+    assert [r['step'] for r in trained] == list(range(1, steps + 1))
+    assert [r['step'] for r in logged if 'dev' in r] == [per_pass, steps]
+    assert [r['lr'] for r in trained] == pytest.approx([1e-3 * (steps - k) / (steps - 1) for k in range(1, steps + 1)])
+    xla = lambda *more: train.parse_args(['--method', 'xla', '--task', 'panx', '--train_lang', 'de', *more])
+    assert (xla().steps, xla().epochs, xla().batch_size) == (3000, None, 20)  # Table 8's warm-up: 3,000 steps of 20
+    assert (xla('--epochs', '3').steps, xla('--epochs', '3').epochs) == (None, 3)  # counted in passes, as asked
+    with pytest.raises(SystemExit, match='--steps counts the training in optimiser steps, --epochs in passes'):
+        train.parse_args(['--task', 'xnli', '--steps', '10', '--epochs', '2'])
+
+
 def one_line_failure(capsys, argv, message):
     with pytest.raises(SystemExit) as err:
         train.main(argv)
@@ -424,7 +443,7 @@ def test_a_score_within_an_epoch_is_kept_when_it_is_the_best(tmp_path):
     method = run.build(encoder=layers.Encoder(layers.CONFIGS['tiny']))
     scores = iter([70.0, 60.0, 70.0])
     validate = lambda: {'en': {'score': next(scores)}, 'de': {'score': 50.0}}
-    t = train.Training(run, method, [], validate, 20)
+    t = train.Training(run, method, [], validate, 20, args.epochs)
     state = t.state
     state['step'] = 5
     train.end_epoch(t, time.time(), within=0.5)  # 70 at half an epoch: kept
@@ -463,7 +482,7 @@ def test_a_resume_point_is_written_from_a_copy_while_the_training_goes_on(tmp_pa
     method = run.build(encoder=layers.Encoder(layers.CONFIGS['tiny']))
     weight = method.state_dict()['encoder.tok.weight']
     before = weight.clone()
-    t = train.Training(run, method, [], lambda: {}, 10)
+    t = train.Training(run, method, [], lambda: {}, 10, args.epochs)
     t.state['step'] = 7
     with train.ResumePoints(t) as points:
         points.save()

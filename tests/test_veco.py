@@ -353,7 +353,8 @@ def test_each_phase_warms_up_and_phase_2_trains_everything(tmp_path, demo_data):
 
 def test_pretraining_set_up_errors_are_one_line(tmp_path, demo_data):
     one_line(['--method', 'filter', '--task', 'pretrain', '--demo'], 'pass --method veco')
-    one_line(['--method', 'veco', '--task', 'xnli', '--steps', '10', '--demo'], '--steps belongs to --method veco --task pretrain or veco --task translate')
+    one_line(['--method', 'veco', '--task', 'pretrain', '--epochs', '2', '--demo'], 'pre-training is counted in --steps')
+    one_line(['--method', 'veco', '--task', 'translate', '--epochs', '2', '--demo'], 'translation is counted in --steps')
     one_line(['--method', 'zeroshot', '--task', 'xnli', '--translate_train_all', '--demo'], '--translate_train_all belongs to --method veco, not to zeroshot')
     one_line(['--method', 'veco', '--task', 'pretrain', '--demo', '--cross_only_steps', '2000'], 'leaves no step of phase 2')
     one_line(['--method', 'veco', '--task', 'pretrain', '--data_dir', str(tmp_path / 'none'), '--from_scratch',

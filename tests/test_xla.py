@@ -279,7 +279,7 @@ def test_an_xla_epoch_trains_with_table_8s_optimiser_settings():
     run = Recording()
     assert xlt.co_train(run, 2, 1, (0, 2), {}, 'warmup-2/best.pt') == 'warmup-2/best.pt'  # not better: the model as it was
     assert run.dropped == 'best.pt'  # and the training's own is not kept
-    assert run.made == ('epoch2/model2-by13', {'epochs': 1, 'lr': 5e-6, 'batch_size': 16, 'warmup': 0.1, 'seed': 10,
+    assert run.made == ('epoch2/model2-by13', {'epochs': 1, 'steps': None, 'eval_every': None, 'lr': 5e-6, 'batch_size': 16, 'warmup': 0.1, 'seed': 10,
                                                'eval_steps': 50, 'weight_decay': 0.01})
 
 
