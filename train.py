@@ -44,7 +44,7 @@ def main(argv=None):
         int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1)), None)
     data.VERBOSE = rank == 0  # warnings about skipped data, once
     try:
-        (predict if args.predict else execute)(args, rank, world, device)
+        (predict if args.predict else over_seeds if args.seeds else execute)(args, rank, world, device)
     except (data.DataError, ev.EvalError, layers.CheckpointError, OSError) as e:  # once under way, maybe one's own
         fail(f'{e.filename}: {e.strerror}' if isinstance(e, OSError) and e.strerror else str(e), own=UNDER_WAY)
     except KeyboardInterrupt:
@@ -464,6 +464,9 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('dropout', help='override the model\'s dropout', valid=SHARE),
     Option('attn_dropout', help='override the attention dropout (default: --dropout\'s value)', valid=SHARE),
     Option('seed', int, 'seed of the head, the batches and dropout (default 1)', NON_NEGATIVE, default=1),
+    Option('seeds', lambda text: [int(seed) for seed in text.split(',') if seed], 'a,b,c: the run once a seed, one '
+           'after another, in --out/seed<s>, then the mean and standard deviation over them (--out/seeds.txt)',
+           NON_NEGATIVE, changes='nothing'),
     Option('precision', str, 'bf16, fp16 (with a loss scaler) or fp32 (default: bf16 on a GPU that has it, fp16 on one '
            'that has not, fp32 on the CPU)', choices=('bf16', 'fp16', 'fp32')),
     Option('translate_test', bool, 'evaluate on the test sets translated into English', changes='scores'),
@@ -1066,6 +1069,34 @@ def predict(args, rank, world, device):
     if rank == 0:
         print(f'{len(examples)} predictions in {stem}.{data.suffix(settings.task)}, each with its probability in '
               f'{stem}.scores.json' + (f'; score {scores["score"]:.1f}' if scores else ''))
+
+
+# ----------------------------------------------------------------------------------------
+# --seeds a,b,c: the command once a seed, one after another, then their mean and standard deviation.
+
+def over_seeds(args, rank, world, device):
+    """--seeds: the run of each seed in --out/seed<s>, as --seed s --out --out/seed<s> makes it (a finished run of these
+    settings reused, one that began resumed with --resume), then --out/seeds.json and seeds.txt: each language's mean
+    and standard deviation (np.std) over the seeds, as the papers report their rows (eval.seed_table)."""
+    folders, say = [], print if rank == 0 else (lambda message: None)
+    for seed in args.seeds:
+        out = os.path.join(args.out, f'seed{seed}')
+        settings = argparse.Namespace(**{**vars(args), 'seeds': None, 'seed': seed, 'out': out})
+        if is_finished(out) and not differences(read_config(out), settings):
+            say(f'seed {seed}: reused, the finished run in {out} has these settings')
+        elif not args.dry_run or not folders:  # a dry run plans the first seed's run: the others' read the same
+            settings.resume = args.resume and began(out)
+            execute(settings, rank, world, device)
+        folders.append(out)
+    if args.dry_run:
+        return say(f'--seeds: the same run for seed {", ".join(map(str, args.seeds[1:]))} too')
+    results = [json.loads(data.read_text(os.path.join(f, 'results.json'))) for f in folders]
+    summary = {'seeds': args.seeds, 'runs': folders, 'mean': ev.statistic(results), 'std': ev.statistic(results, 'std')}
+    table = f'test, mean ± std over --seeds {",".join(map(str, args.seeds))}:\n{ev.seed_table(folders)}'
+    if rank == 0:
+        layers.atomic_write(os.path.join(args.out, 'seeds.json'), json.dumps(summary, indent=2))
+        layers.atomic_write(os.path.join(args.out, 'seeds.txt'), table + '\n')
+    say(f'{table}\nin {args.out}/seeds.json and seeds.txt')
 
 
 # ----------------------------------------------------------------------------------------

@@ -94,13 +94,13 @@ def test_the_flagship_path_is_the_code_s_own_and_names_no_other_method():
 
 def test_the_budgets_hold():
     """Non-blank lines (no statement joined to save one, lines of at most 120 characters: tests of their own): above
-    the dividers at most 3,300, train.py's part at most 400, the flagship path at most 450, the package 6,800."""
+    the dividers at most 3,450, train.py's part at most 400, the flagship path at most 450, the package 7,600."""
     above = {m: sum(1 for line in lines_of(m)[:divider(m) - 1] if line.strip()) for m in MODULES}
     whole = sum(1 for m in MODULES for line in lines_of(m) if line.strip())
-    assert sum(above.values()) <= 3300, above
+    assert sum(above.values()) <= 3450, above
     assert above['train'] <= 400
     assert sum(c for _, _, c in flagship_rows()) <= 450
-    assert whole <= 6800, whole
+    assert whole <= 7600, whole
 
 
 def test_every_trainer_option_says_what_it_changes():

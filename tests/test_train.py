@@ -191,6 +191,36 @@ def test_a_run_counted_in_steps_reads_pass_after_pass_and_ends_at_its_step(tmp_p
         train.parse_args(['--task', 'xnli', '--steps', '10', '--epochs', '2'])
 
 
+@pytest.mark.slow
+def test_seeds_run_as_the_separate_runs_and_report_their_mean_and_std(tmp_path, small_demo, capsys):
+    """--seeds 1,2 gives each seed's run exactly as --seed s does alone, and seeds.json their mean and np.std (of two
+    numbers: half their distance), written out here by hand; run again, it reuses both."""
+    common = ['--task', 'udpos', '--epochs', '2']
+    for seed in (1, 2):
+        for folder in (tmp_path / 'seeds' / f'seed{seed}', tmp_path / 'alone' / f'seed{seed}'):
+            os.makedirs(folder)
+            os.symlink(small_demo, folder / 'demo-data')
+        run(tmp_path / 'alone' / f'seed{seed}', small_demo, *common, '--seed', str(seed))
+    train.main(['--demo', '--out', str(tmp_path / 'seeds'), *common, '--seeds', '1,2'])
+    results = lambda folder: json.load(open(folder / 'results.json'))
+    for seed in (1, 2):
+        together, alone = results(tmp_path / 'seeds' / f'seed{seed}'), results(tmp_path / 'alone' / f'seed{seed}')
+        assert (together['dev'], together['test']) == (alone['dev'], alone['test'])
+        assert (tmp_path / 'seeds' / f'seed{seed}' / 'predictions' / 'udpos' / 'test-de.tsv').read_bytes() == (
+            tmp_path / 'alone' / f'seed{seed}' / 'predictions' / 'udpos' / 'test-de.tsv').read_bytes()
+    a, b = (results(tmp_path / 'alone' / f'seed{seed}') for seed in (1, 2))
+    summary = json.load(open(tmp_path / 'seeds' / 'seeds.json'))
+    assert a['test']['de'] != b['test']['de'] and summary['seeds'] == [1, 2]
+    for split in ('dev', 'test'):
+        for lang in a[split]:
+            assert summary['mean'][split][lang] == pytest.approx((a[split][lang] + b[split][lang]) / 2, abs=1e-9)
+            assert summary['std'][split][lang] == pytest.approx(abs(a[split][lang] - b[split][lang]) / 2, abs=1e-9)
+    capsys.readouterr()
+    train.main(['--demo', '--out', str(tmp_path / 'seeds'), *common, '--seeds', '1,2'])
+    said = capsys.readouterr().out
+    assert said.count(': reused, the finished run in') == 2 and 'epoch 1/2' not in said
+
+
 def one_line_failure(capsys, argv, message):
     with pytest.raises(SystemExit) as err:
         train.main(argv)
