@@ -19,6 +19,7 @@ import sys
 import threading
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
+from typing import NamedTuple
 
 import sentencepiece
 import torch
@@ -558,8 +559,9 @@ def read_checkpoint(path):
         with open(cfg_file) as f:
             meta = json.load(f)
         bert = meta.get('model_type') == 'bert' or any(k.startswith(('bert.', 'cls.predictions.')) for k in obj)
+        obj, fusion = unfused(obj, meta, path)  # FILTER's released models: their layers back in XLM-R's order
         sd, unknown = rename(obj, *((BERT_NAMES, ('bert.',)) if bert else (HF_NAMES, ('roberta.',))))
-        head, unknown = task_head(meta, 'bert' if bert else 'xlmr', obj, unknown)
+        head, unknown = task_head(meta, 'bert' if bert else 'filter' if fusion else 'xlmr', obj, unknown, fusion)
         if bert:
             return config_from(sd, meta, sep_id=vocab_index(os.path.dirname(path), '[SEP]', 102)), sd, unknown, head
     if 'enc.tok.weight' not in sd:
@@ -567,9 +569,43 @@ def read_checkpoint(path):
     return config_from(sd, meta, translation), sd, unknown, head
 
 
-def task_head(meta, backbone, obj, unknown):
+class TaskHead(NamedTuple):
+    """A transformers task model's head: its kind (a key of HF_CLASSES' backbones), its labels in the order of its
+    rows, its tensors in Head's names, and for FILTER's released models their (m, k)."""
+    kind: str
+    labels: list
+    tensors: dict
+    fusion: tuple = None
+
+
+# FILTER's classification runs (run_xcls.py) leave config.json's id2label at LABEL_0, ...: the rows are in the order
+# of its processors' get_labels() (xglue.py, yuwfan/FILTER 6dac390)
+FILTER_LABELS = {'xnli': ['contradiction', 'entailment', 'neutral'], 'pawsx': ['0', '1']}
+
+
+def unfused(sd, meta, path):
+    """FILTER's released models (transformers 2.5.1's FilterFor* classes, yuwfan/FILTER modeling_xlm_roberta.py): one
+    XLM-R whose m local layers are filter.encoder.layer.i, its k fusion layers filter.fusion.j and the rest
+    filter.domain.j -> (XLM-R's names, its layers in order; (m, k)). Any other checkpoint -> (sd, None)."""
+    if not any(key.startswith('filter.') for key in sd):
+        return sd, None
+    if meta.get('filter_m') is None or meta.get('filter_k') is None:
+        raise CheckpointError(f'{path}: a FILTER model whose config.json has no filter_m and filter_k: give the '
+                              'released folder with its config.json')
+    m, k = meta['filter_m'], meta['filter_k']
+    first = {'encoder.layer': 0, 'fusion': m, 'domain': m + k}  # each group's first layer in XLM-R's order
+    parts = [re.match(r'filter\.(encoder\.layer|fusion|domain)\.(\d+)\.', key) for key in sd]
+    for group, n in (('encoder.layer', m), ('fusion', k)):
+        found = len({p[2] for p in parts if p and p[1] == group})
+        if found != n:
+            raise CheckpointError(f'{path} holds {found} filter.{group} layers where its config.json says {n}')
+    return {(f'encoder.layer.{first[p[1]] + int(p[2])}.{key[p.end():]}' if p else key.removeprefix('filter.')): t
+            for p, (key, t) in zip(parts, sd.items())}, (m, k)
+
+
+def task_head(meta, backbone, obj, unknown, fusion=None):
     """A transformers task model's head (its config's architectures, its tensors named as HF_CLASSES names them)
-    -> ((kind, its labels in id2label's order, {Head's name: tensor}) or None, the keys still unknown)."""
+    -> (TaskHead or None, the keys still unknown)."""
     arch = (meta.get('architectures') or [None])[0]
     kind = next((k for k, (name, _) in HF_CLASSES[backbone].items() if name == arch and k in TASK_HEADS), None)
     if kind is None:
@@ -581,7 +617,9 @@ def task_head(meta, backbone, obj, unknown):
     if not all(str(i).isdigit() for i in ids):
         raise CheckpointError(f'config.json\'s id2label has keys that are not class numbers ({", ".join(ids)})')
     labels = [name for _, name in sorted((int(i), name) for i, name in ids.items())]
-    return (kind, labels, tensors), [k for k in unknown if module(k) not in ours]
+    if fusion and kind == 'classification':
+        labels = FILTER_LABELS.get(meta.get('finetuning_task'), labels)
+    return TaskHead(kind, labels, tensors, fusion), [k for k in unknown if module(k) not in ours]
 
 
 def vocab_index(folder, token, default):
@@ -904,6 +942,11 @@ HF_CLASSES = {  # a backbone's export, by what a checkpoint exports as -> (Huggi
              'tagging': ('BertForTokenClassification', {'head.out': 'classifier'}),
              'qa': ('BertForQuestionAnswering', {'head.out': 'qa_outputs'}),
              'encoder': ('BertModel', {})},
+    # read, not written: FILTER's released models (--init); its head dropout, dense, ReLU, dropout, dense
+    'filter': {'classification': ('FilterForSequenceClassification',
+                                  {'head.dense': 'output.1', 'head.out': 'output.4'}),
+               'tagging': ('FilterForTokenClassification', {'head.out': 'classifier'}),
+               'qa': ('FilterForQuestionAnswering', {'head.out': 'qa_outputs'})},
 }
 SPECIAL_TOKENS = {'xlmr': {'bos_token': '<s>', 'eos_token': '</s>', 'unk_token': '<unk>', 'sep_token': '</s>',
                            'cls_token': '<s>', 'pad_token': '<pad>', 'mask_token': '<mask>'},

@@ -1032,6 +1032,8 @@ class Folder:
         """results.json, results.txt and files {name: text} by process 0, the table printed; every process waits."""
         if self.rank == 0:
             files = {**(files or {}), 'results.json': json.dumps(results, indent=2), 'results.txt': table + '\n'}
+            if self.args.eval_only and not os.path.exists(self.path('config.json')):  # --init's evaluation: its
+                files['config.json'] = json.dumps({**vars(self.args), 'changes_nothing': changing('nothing')}, indent=2)
             for name, text in files.items():
                 layers.atomic_write(self.path(name), text)
             print(f'{table}\n{where}; {ev.clock(time.time() - START)} in all')
@@ -1054,8 +1056,8 @@ def predict(args, rank, world, device):
         fail(f'--predict is for the runs of a task with labels to predict, not {settings.task}')
     if len(args.predict) > 1 + (xlt.task_family(settings) == 'qa' and cls.paired):
         fail('--predict takes FILE, and for a paired method on QA its TRANSLATION; a TSV holds its translation')
-    if not os.path.exists(os.path.join(args.out, cls.KEEPS)):
-        fail(f'{args.out} keeps no {cls.KEEPS} (an --eval_only run of --init): predict with the run that trained it')
+    if not os.path.exists(os.path.join(args.out, cls.KEEPS)) and not (settings.init and cls.KEEPS == 'best.pt'):
+        fail(f'{args.out} keeps no {cls.KEEPS}: predict with the run that trained it')
     if settings.demo and not data.is_demo(demo, current=True):
         fail(f'{args.out} is a run of an older demo, whose tokenizer has changed since: run it again')
     tok = prepare(settings, rank, world, device)

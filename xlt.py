@@ -9,6 +9,7 @@ nothing: the run object train.py hands to a procedure keeps what must survive a 
 import itertools
 import json
 import math
+import os
 from contextlib import nullcontext
 from dataclasses import replace
 from typing import NamedTuple
@@ -194,7 +195,8 @@ class Method(nn.Module):
 
     @classmethod
     def predictor(cls, run):
-        return run.restore(run.path('best.pt'))
+        """best.pt, or in an --eval_only run of --init (a released model's) the --init weights as it evaluated them."""
+        return run.restore(run.path('best.pt')) if os.path.exists(run.path('best.pt')) else run.build()
 
     @classmethod
     def exported(cls, args, tok):
@@ -285,30 +287,34 @@ def task_family(args):
 # Task heads and losses, shared by the methods.
 
 class Head(nn.Module):
-    """classification: <s> -> dense -> tanh -> classes (RoBERTa's head; BERT's: the encoder's pre-trained pooler
-    as the dense layer's start, and no dropout before it, unless pooled=False); tagging: a class per token (labels,
-    the task's); QA: a start and an end score per token. A transformers task model that --init read (the encoder's
-    task_head) is its start."""
+    """classification: <s> -> dense -> tanh -> classes (RoBERTa's head; act=torch.relu: FILTER's released one; BERT's:
+    the encoder's pre-trained pooler as the dense layer's start, and no dropout before it, unless pooled=False);
+    tagging: a class per token (labels, the task's); QA: a start and an end score per token. A transformers task model
+    that --init read (the encoder's task_head) is its start."""
 
-    def __init__(self, family, encoder, labels, pooled=True):
+    def __init__(self, family, encoder, labels, pooled=True, act=torch.tanh):
         super().__init__()
         dim, pooler = encoder.cfg.dim, encoder.pooler if pooled else None
-        self.family = family
+        self.family, self.act = family, act
         self.drop = nn.Dropout(encoder.cfg.dropout)
         self.dense = nn.Linear(dim, dim) if family == 'classification' else None
         self.out = nn.Linear(dim, 2 if family == 'qa' else len(labels))
         self.apply(init_weights)  # N(0, 0.02) weights, zero biases, as the encoder's
-        self.pooled = pooler is not None and self.dense is not None
+        self.pooled = pooler is not None and self.dense is not None and act is torch.tanh
         if self.pooled:  # BertForSequenceClassification: the pooler is part of the model that is fine-tuned
             self.dense.load_state_dict(pooler.state_dict())
         if encoder.task_head:
-            self.start_from(*encoder.task_head, labels)
+            self.start_from(*encoder.task_head[:3], labels, encoder.task_head.fusion is not None)
 
-    def start_from(self, kind, theirs, tensors, labels):
-        """A transformers task model's head (layers.task_head): of this head's kind, its classes the task's (its
-        id2label), its rows put in the task's order; BERT's pooler came with the encoder."""
+    def start_from(self, kind, theirs, tensors, labels, filters=False):
+        """A transformers task model's head (layers.TaskHead): of this head's kind, its classes the task's (its
+        id2label), its rows put in the task's order; BERT's pooler came with the encoder. filters: FILTER's."""
         if kind != self.family:
             raise ValueError(f'--init is a {kind} model and the task a {self.family} one: give a model of the task')
+        if kind == 'classification' and filters != (self.act is torch.relu):
+            raise ValueError('--init\'s classification head is ' + ('FILTER\'s released one: run it with --method '
+                             'filter' if filters else 'RoBERTa\'s, and FILTER\'s head is its released one: start '
+                             'it from the encoder alone (python layers.py convert)'))
         if self.family != 'qa' and sorted(theirs) != sorted(labels):
             raise ValueError(f'--init predicts {", ".join(theirs)} (its id2label), not the task\'s '
                              f'{", ".join(labels)}: give a model fine-tuned on the task')
@@ -324,7 +330,7 @@ class Head(nn.Module):
         if self.pooled:
             return self.out(self.drop(torch.tanh(self.dense(h[:, 0]))))
         if self.dense is not None:
-            return self.out(self.drop(torch.tanh(self.dense(self.drop(h[:, 0])))))
+            return self.out(self.drop(self.act(self.dense(self.drop(h[:, 0])))))
         if self.family == 'tagging':
             return self.out(self.drop(h))
         # QA: no dropout before the span layer (XTREME, FILTER and X-Mixup have none); padding
@@ -566,11 +572,15 @@ class Filter(Taught):
         L = encoder.cfg.n_layer
         self.m = m if getattr(args, 'm', None) is None else args.m
         self.k = min(scale_depth(k, L), L - self.m) if getattr(args, 'k', None) is None else args.k
+        released = encoder.task_head and encoder.task_head.fusion  # a released FILTER model's (m, k)
+        if released and released != (self.m, self.k):
+            raise ValueError(f'--init is FILTER fine-tuned with m = {released[0]}, k = {released[1]}: give --m '
+                             f'{released[0]} --k {released[1]}')
         self.kl_weight = kl_weight if getattr(args, 'kl_weight', None) is None else args.kl_weight
         self.T = getattr(args, 'temperature', None) or 1.0  # softens both sides of the KL (the paper: none)
         if self.k + self.m > L or min(self.k, self.m) < 0:
             raise ValueError(f'--k {self.k} + --m {self.m} does not fit the model\'s {L} layers: choose k + m <= {L}')
-        self.head = Head(self.family, encoder, TASKS[task].labels)
+        self.head = Head(self.family, encoder, TASKS[task].labels, act=torch.relu)  # its released head's ReLU
 
     def encode(self, src, tgt, source_side=True):
         enc, m, k = self.encoder, self.m, self.k
