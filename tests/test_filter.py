@@ -188,3 +188,111 @@ def test_filter_loss_is_eq_6_by_hand(task, T):
         student = f.loss(data.Pair(src, tgt))[0]
     assert teacher.item() == pytest.approx(float(L_s + L_t), rel=1e-4)
     assert student.item() == pytest.approx(float(L_s + lam * L_t + (1 - lam) * KL), rel=1e-4)
+
+
+# ---------------------------------------------------------------------------------------
+# FILTER's released models (its download_data.sh's phase1/ and phase2/ folders), in their layout.
+
+LAYER = (('attention.self.query', 'DD'), ('attention.self.key', 'DD'), ('attention.self.value', 'DD'),
+         ('attention.output.dense', 'DD'), ('attention.output.LayerNorm', 'D'), ('intermediate.dense', 'FD'),
+         ('output.dense', 'DF'), ('output.LayerNorm', 'D'))  # transformers 2.5.1's BertLayer, a weight and a bias each
+
+
+def filter_release(folder, vocab, m, k, n_layer=4, dim=32, ffn=64, heads=4, kind='classification', labels=3,
+                   task='xnli'):
+    """A random FILTER model as FILTER's runners save it (yuwfan/FILTER 6dac390, modeling_xlm_roberta.py): FilterModel
+    is RobertaModel's embeddings, m local layers filter.encoder.layer.i, k fusion layers filter.fusion.j, the rest
+    filter.domain.j, and its pooler; FilterForSequenceClassification's output = Sequential(Dropout, Linear, ReLU,
+    Dropout, Linear), the tagging model's classifier, the QA model's qa_outputs. config.json as run_xcls.py leaves it
+    (num_hidden_layers = m, filter_m, filter_k, id2label LABEL_i); pytorch_model.bin in torch's legacy format."""
+    g = torch.Generator().manual_seed(3)
+    r = lambda *shape: torch.randn(*shape, generator=g) * 0.1
+    size = {'D': dim, 'F': ffn}
+    sd = {'filter.embeddings.word_embeddings.weight': r(vocab, dim), 'filter.embeddings.position_embeddings.weight':
+          r(514, dim), 'filter.embeddings.token_type_embeddings.weight': r(1, dim),
+          'filter.embeddings.LayerNorm.weight': 1 + r(dim), 'filter.embeddings.LayerNorm.bias': r(dim),
+          'filter.pooler.dense.weight': r(dim, dim), 'filter.pooler.dense.bias': r(dim)}
+    groups = [('filter.encoder.layer', m), ('filter.fusion', k), ('filter.domain', n_layer - m - k)]
+    for group, n in groups:
+        for i in range(n):
+            for name, shape in LAYER:
+                sd[f'{group}.{i}.{name}.weight'] = r(*(size[c] for c in shape))
+                sd[f'{group}.{i}.{name}.bias'] = r(size[shape[0]])
+    head = {'classification': {'output.1': (dim, dim), 'output.4': (labels, dim)}, 'tagging': {'classifier': (labels, dim)},
+            'qa': {'qa_outputs': (2, dim)}}[kind]
+    for name, shape in head.items():
+        sd[f'{name}.weight'], sd[f'{name}.bias'] = r(*shape), r(shape[0])
+    arch = {'classification': 'FilterForSequenceClassification', 'tagging': 'FilterForTokenClassification',
+            'qa': 'FilterForQuestionAnswering'}[kind]
+    config = {'architectures': [arch], 'model_type': 'xlm-roberta', 'vocab_size': vocab, 'hidden_size': dim,
+              'num_hidden_layers': m, 'num_attention_heads': heads, 'intermediate_size': ffn, 'hidden_act': 'gelu',
+              'max_position_embeddings': 514, 'type_vocab_size': 1, 'layer_norm_eps': 1e-5, 'pad_token_id': 1,
+              'filter_m': m, 'filter_k': k, 'alpha': 0.0, 'temperature': 0.1, 'output_hidden_states': True,
+              'finetuning_task': task, 'num_labels': labels, 'id2label': {str(i): f'LABEL_{i}' for i in range(labels)}}
+    os.makedirs(folder, exist_ok=True)
+    (folder / 'config.json').write_text(json.dumps(config))
+    torch.save(sd, folder / 'pytorch_model.bin', _use_new_zipfile_serialization=False)
+    return sd
+
+
+def test_filters_released_model_loads_every_tensor_in_its_place_and_its_head_is_dense_relu_dense(tmp_path):
+    sd = filter_release(tmp_path / 'phase1', vocab=50, m=1, k=2)
+    enc, mlm = layers.load_pretrained(str(tmp_path / 'phase1'))  # strict: every tensor of the file accounted for
+    assert mlm is None and enc.cfg.n_layer == 4 and enc.task_head.fusion == (1, 2)
+    blocks = enc.state_dict()
+    for ours, theirs in ((0, 'filter.encoder.layer.0'), (1, 'filter.fusion.0'), (2, 'filter.fusion.1'),
+                         (3, 'filter.domain.0')):  # the local, fusion and domain layers in XLM-R's order
+        assert torch.equal(blocks[f'blocks.{ours}.ffn.fc1.weight'], sd[f'{theirs}.intermediate.dense.weight'])
+        assert torch.equal(blocks[f'blocks.{ours}.attn.qkv.weight'], torch.cat(
+            [sd[f'{theirs}.attention.self.{x}.weight'] for x in ('query', 'key', 'value')]))
+    assert torch.equal(blocks['pos.weight'], sd['filter.embeddings.position_embeddings.weight']
+                       + sd['filter.embeddings.token_type_embeddings.weight'][0])
+    f = xlt.Filter(enc, 'xnli', argparse.Namespace(m=None, k=2, kl_weight=None)).eval()
+    p = pair_batch()
+    p = data.Pair(data.Batch(p.src.ids % 50, p.src.mask), data.Batch(p.tgt.ids % 50, p.tgt.mask))
+    with torch.no_grad():
+        h_t = f.encode(p.src, p.tgt, source_side=False)[1][:, 0]  # the target's <s>, where FILTER's runners read
+        relu = (h_t @ sd['output.1.weight'].T + sd['output.1.bias']).clamp(min=0)
+        by_hand = relu @ sd['output.4.weight'].T + sd['output.4.bias']  # LABEL_i: xglue.py's XNLI order, ours too
+        assert (f.predict(p) - by_hand).abs().max() <= 1e-5
+        tanh = torch.tanh(h_t @ sd['output.1.weight'].T + sd['output.1.bias']) @ sd['output.4.weight'].T
+        assert (f.predict(p) - tanh - sd['output.4.bias']).abs().max() > 1e-3  # RoBERTa's head would differ
+    with pytest.raises(ValueError, match='--init is FILTER fine-tuned with m = 1, k = 2: give --m 1 --k 2'):
+        xlt.Filter(enc, 'xnli', argparse.Namespace(m=None, k=None, kl_weight=None))
+    with pytest.raises(ValueError, match='FILTER\'s released one: run it with --method filter'):
+        xlt.Baseline(enc, 'xnli')
+
+
+def test_filters_released_tagging_and_qa_models_load_and_a_short_file_is_refused(tmp_path):
+    for kind, task, labels in (('tagging', 'panx', len(data.TASKS['panx'].labels)), ('qa', 'xquad', 2)):
+        sd = filter_release(tmp_path / kind, vocab=50, m=1, k=1, kind=kind, labels=labels, task=task)
+        config = json.loads((tmp_path / kind / 'config.json').read_text())
+        config['id2label'] = dict(enumerate(data.TASKS[task].labels)) if kind == 'tagging' else {}
+        (tmp_path / kind / 'config.json').write_text(json.dumps(config))
+        enc, _ = layers.load_pretrained(str(tmp_path / kind))
+        f = xlt.Filter(enc, task, argparse.Namespace(m=None, k=1, kl_weight=None))  # QA's 20 scaled to 4 layers: 3
+        out = 'classifier' if kind == 'tagging' else 'qa_outputs'
+        assert torch.equal(f.head.out.weight, sd[f'{out}.weight']) and torch.equal(f.head.out.bias, sd[f'{out}.bias'])
+    config = json.loads((tmp_path / 'qa' / 'config.json').read_text())
+    (tmp_path / 'qa' / 'config.json').write_text(json.dumps({**config, 'filter_k': 2}))  # a fusion layer short
+    with pytest.raises(layers.CheckpointError, match='holds 1 filter.fusion layers where its config.json says 2'):
+        layers.load_pretrained(str(tmp_path / 'qa'))
+
+
+def test_a_released_filter_model_evaluates_and_predicts_from_the_command_line(tmp_path):
+    """--init FILTER's released folder with --eval_only scores it in every language, and --predict then predicts a
+    file with the same model: the released tables by inference alone."""
+    demo = data.make_demo(str(tmp_path / 'demo-data'), n_train=20, n_eval=8)
+    vocab = data.Tokenizer(os.path.join(demo, 'sentencepiece.bpe.model')).vocab_size
+    filter_release(tmp_path / 'phase2', vocab=vocab, m=1, k=1, n_layer=2, dim=64, ffn=128, heads=2)  # the tiny preset
+    os.makedirs(tmp_path / 'run')
+    os.symlink(demo, tmp_path / 'run' / 'demo-data')
+    train.main(['--demo', '--method', 'filter', '--task', 'xnli', '--init', str(tmp_path / 'phase2'), '--eval_only',
+                '--out', str(tmp_path / 'run')])
+    results = json.load(open(tmp_path / 'run' / 'results.json'))
+    assert set(results['test']) >= {'en', 'de'} and not os.path.exists(tmp_path / 'run' / 'best.pt')
+    paired = os.path.join(demo, 'xnli', 'translate-test', 'test-de-en-translated.tsv')  # a, b, their English, label
+    train.main(['--out', str(tmp_path / 'run'), '--predict', paired])
+    predicted = open(tmp_path / 'run' / 'predicted' / 'test-de-en-translated.tsv').read().split()
+    assert predicted == open(tmp_path / 'run' / 'predictions' / 'xnli' / 'test-de.tsv').read().split()
+    assert len(predicted) == len(open(paired).readlines())
