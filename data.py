@@ -2454,18 +2454,21 @@ def write_tagged(out, task, split, lang, rows):
         atomic_write(os.path.join(out, 'labels', task, f'test-{lang}.tsv'), text(lambda w, t: t))
 
 
-def download(task, out, source=None, translations=False):
-    """Fetch a task from its official sources (PAN-X: convert the archive the user holds, source; translations:
-    XTREME's translations of it instead) and write it in the layout this package reads."""
+def download(task, out, sources=(), translations=None):
+    """Fetch a task from its official sources (PAN-X, CoNLL: convert the archive the user holds, sources; UD's
+    archive too; translations: 'xtreme' or 'filter', those translations of it instead) and write it in the layout
+    this package reads."""
     if translations:
-        return download_translations(task, out)
-    if task in HELD or source:
-        return convert_held(task, source, out)
+        return download_filter(task, out, sources) if translations == 'filter' else download_translations(task, out)
+    if task in HELD or sources and task != 'udpos':
+        return convert_held(task, sources[0] if sources else None, out)
     raw = os.path.join(out, 'downloads', task)
     made = [p for p in (out, os.path.dirname(raw), raw) if not os.path.exists(p)]
     os.makedirs(raw, exist_ok=True)
     try:
-        files = [fetch(url, raw) for url in SOURCES[task]]
+        if sources:  # ud-treebanks-v2.5.tgz, held
+            unpack(sources[0], raw)
+        files = [] if sources else [fetch(url, raw) for url in SOURCES[task]]
     except DataError:
         for folder in reversed(made):  # a failed download leaves no empty folders behind
             if not os.listdir(folder):
@@ -2508,6 +2511,157 @@ def download(task, out, source=None, translations=False):
     more = (f'; translate-train(-all), FILTER and X-Mixup also read XTREME\'s translations: python data.py download '
             f'--task {task} --translations --out {out}') if task in TRANSLATED else ''
     print(f'{task} is ready in {out}{more}')
+
+
+# FILTER's data as its download_data.sh gathers it (yuwfan/FILTER 6dac390): the datasets' own translations of the
+# training sets (XNLI-MT-1.0, PAWS-X's translated_train.tsv) and its own archives (its Microsoft Translator
+# translations of every test set; of POS and NER training data too), made into a data folder of their own beside
+# XTREME's, OUT/filter, which train.py --translations filter reads: its translations, and links to the rest of OUT.
+FILTER_ARCHIVES = 'https://convaisharables.blob.core.windows.net/filter/data/translations/{task}.zip'
+XNLI_MT = 'https://dl.fbaipublicfiles.com/XNLI/XNLI-MT-1.0.zip'
+
+
+def download_filter(task, out, sources=()):
+    """OUT/filter, a data folder: FILTER's translations of task (from the archives or folders in sources, else
+    downloaded), everything else of task and OUT linked (XTREME's QA translate-train among it, which FILTER read)."""
+    if not os.path.isdir(os.path.join(out, task)) or task in ('xquad', 'mlqa') and not os.path.isdir(out + '/squad'):
+        raise DataError(f'{out} has no {task} data to pair FILTER\'s translations with: first python data.py '
+                        f'download --task {task} --out {out}')
+    urls = {'xnli': [XNLI_MT, FILTER_ARCHIVES], 'pawsx': [SOURCES['pawsx'][0], FILTER_ARCHIVES],
+            'udpos': [FILTER_ARCHIVES], 'panx': [FILTER_ARCHIVES], 'tydiqa': [FILTER_ARCHIVES]}.get(task, [])
+    raw = os.path.join(out, 'downloads', 'filter', task)
+    for source in sources:
+        unpack(source, raw)
+    for url in [] if sources else urls:
+        fetch(url.format(task=task), raw)  # unpacked into raw/raw
+    ours = os.path.join(out, 'filter', task)
+    tmp = ours + '.part'
+    shutil.rmtree(tmp, ignore_errors=True)
+    files = filter_translations(task, out, os.path.join(raw, 'raw'))
+    for name, text in files.items():
+        atomic_write(os.path.join(tmp, name), text)
+    for name in os.listdir(os.path.join(out, task)):  # the rest of the task's folder: links to XTREME's
+        if not os.path.exists(os.path.join(tmp, name)):
+            os.symlink(os.path.abspath(os.path.join(out, task, name)), os.path.join(tmp, name))
+    if os.path.islink(ours):  # linked by another task's conversion
+        os.remove(ours)
+    shutil.rmtree(ours, ignore_errors=True)
+    os.replace(tmp, ours)
+    for name in os.listdir(out):  # the other tasks, labels/, the tokenizer's files
+        if name not in ('filter', 'downloads', '.cache') and not os.path.lexists(os.path.join(out, 'filter', name)):
+            os.symlink(os.path.abspath(os.path.join(out, name)), os.path.join(out, 'filter', name))
+    print(f'FILTER\'s translations of {task} are in {os.path.join(out, "filter")}: train.py --translations filter')
+
+
+def unpack(source, raw):
+    """An archive (zip, tar) unpacked into raw/raw, a folder linked there."""
+    if not os.path.exists(source):
+        raise DataError(f'{source} not found: give XNLI-MT-1.0.zip, x-final.tar.gz or FILTER\'s <task>.zip, '
+                        'or their folders')
+    os.makedirs(os.path.join(raw, 'raw'), exist_ok=True)
+    if os.path.isdir(source):
+        link = os.path.join(raw, 'raw', os.path.basename(os.path.normpath(source)))
+        if not os.path.lexists(link):
+            os.symlink(os.path.abspath(source), link)
+    else:
+        shutil.unpack_archive(source, os.path.join(raw, 'raw'))
+
+
+def filter_translations(task, out, unpacked):
+    """{file of the task's folder in the layout: its text}: FILTER's translations of task."""
+    family, files = TASKS[task].family, {}
+    if task == 'xnli':
+        files.update(xnli_mt(unpacked))
+    elif task == 'pawsx':
+        files.update(pawsx_translated(unpacked))
+    for lang in TASKS[task].langs if task in ('xnli', 'pawsx', 'udpos', 'panx', 'tydiqa') else ():
+        for split in ('train', 'dev', 'test') if family == 'tagging' else ('dev', 'test'):
+            name = {'train': f'train-en-{lang}.tsv', 'dev': f'dev-{lang}-en.tsv', 'test': f'test-{lang}-en.tsv',
+                    }[split] if family == 'tagging' else f'xtreme.msft.{lang}-en.{split}' if family != 'qa' else (
+                f'tydiqa.translate.test.{lang}-en.json' if split == 'test' else None)
+            skipped = task == 'udpos' and split == 'train' and lang in ('ja', 'th', 'zh')  # run_xtag.py leaves them
+            found = glob_files(unpacked, name) if name and lang != 'en' and not skipped else []
+            if found:
+                text = filter_file(task, out, split, lang, found[0])
+                files[os.path.relpath(split_path('', task, f'translate-{split}', lang), task)] = text
+    if task in ('xquad', 'mlqa'):  # FILTER pairs each question with the benchmark's own English one, by id
+        for lang in (lang for lang in TASKS[task].langs if lang != 'en'):
+            for split in ('dev', 'test') if task == 'mlqa' else ('test',):
+                english = read_text(split_path(out, task, split, 'en'))
+                files[os.path.relpath(split_path('', task, f'translate-{split}', lang), task)] = english
+    if not files:
+        raise DataError(f'no FILTER translations of {task} in {unpacked}: give its archive ({task}.zip) with --from')
+    return files
+
+
+def xnli_mt(unpacked):
+    """XNLI-MT-1.0's multinli.train.{lang}.tsv, line i translating line i of multinli.train.en.tsv (a header
+    premise, hypo, label; 'contradictory' for contradiction) -> translate-train files."""
+    rows = {lang: mt_rows(unpacked, f'multinli.train.{lang}.tsv', ['premise', 'hypo', 'label'])
+            for lang in TASKS['xnli'].langs}
+    fix = lambda label: 'contradiction' if label == 'contradictory' else label
+    pairs = lambda lang: line_aligned(rows['en'], rows[lang], lambda r: r[:2], fix, lang)
+    return {f'translate-train/en-{lang}-translated.tsv': pairs(lang)
+            for lang in TASKS['xnli'].langs if lang != 'en'}
+
+
+def pawsx_translated(unpacked):
+    """PAWS-X's {lang}/translated_train.tsv (a header id, sentence1, sentence2, label), each row the translation of
+    the English train.tsv row of its id -> translate-train files."""
+    english_header = ['id', 'sentence1', 'sentence2', 'label']
+    english = {r[0]: r for r in mt_rows(unpacked, os.path.join('en', 'train.tsv'), english_header)}
+    files = {}
+    for lang in TASKS['pawsx'].langs:
+        if lang != 'en':
+            rows = mt_rows(unpacked, os.path.join(lang, 'translated_train.tsv'), english_header)
+            pairs = [(english[r[0]][1:3], r[1:3], r[3]) for r in rows if r[0] in english]
+            files[f'translate-train/en-{lang}-translated.tsv'] = ''.join(
+                '\t'.join([*a, *b, label]) + '\n' for a, b, label in pairs)
+    return files
+
+
+def mt_rows(unpacked, name, header):
+    """The rows of the one file under unpacked named name, its header checked and dropped."""
+    found = glob_files(unpacked, name)
+    if not found:
+        raise DataError(f'{name} not found in {unpacked}: give the archive or folder that holds it with --from')
+    rows = [line.split('\t') for line in read_lines(found[0])]
+    if not rows or [c.strip() for c in rows[0]] != header:
+        raise DataError(f'{found[0]} does not begin with the header {" ".join(header)}: not the released file')
+    bad = next((n for n, r in enumerate(rows, 1) if len(r) != len(header)), None)
+    if bad:
+        raise DataError(f'{found[0]}, line {bad}: {len(rows[bad - 1])} columns, expected {len(header)}')
+    return rows[1:]
+
+
+def line_aligned(english, translated, text, fix, lang):
+    """Translation file text: each English row with the row of the same line of translated."""
+    if len(english) != len(translated):
+        raise DataError(f'the {lang} translations have {len(translated)} rows for {len(english)} English ones: '
+                        'they must be aligned line by line')
+    return ''.join('\t'.join([*text(e), *text(t), fix(e[2])]) + '\n' for e, t in zip(english, translated))
+
+
+def filter_file(task, out, split, lang, path):
+    """One of FILTER's archive files in our layout, aligned with the original split of OUT: XNLI's and PAWS-X's
+    xtreme.msft.{lang}-en.{dev,test} (a b [label]; PAWS-X: a header, id a b label), the target split's rows in
+    order; tagging's sentences a line, words split at spaces (an empty line: FILTER reads the original's words);
+    TyDiQA's translate-test JSON as it is."""
+    family = TASKS[task].family
+    if family == 'qa':
+        return read_text(path)
+    originals = read_split(out, task, 'train' if split == 'train' else split, 'en' if split == 'train' else lang)
+    lines = list(read_lines(path))[task == 'pawsx':]
+    if len(lines) != len(originals):
+        raise DataError(f'{path} has {len(lines)} lines for the {len(originals)} examples of {task} {split} '
+                        f'{"en" if split == "train" else lang} in {out}: they must be aligned line by line')
+    if family == 'tagging':
+        words = [line.split() if line.strip() else ex['words'] for line, ex in zip(lines, originals)]
+        return '\n'.join(''.join(word + '\n' for word in sentence) for sentence in words)
+    cols = [line.split('\t')[1:3] if task == 'pawsx' else line.split('\t')[:2] for line in lines]
+    labels = [ex['label'] or '' for ex in originals]
+    return ''.join('\t'.join([ex['a'], ex['b'], *c] + [label] * bool(label)) + '\n'
+                   for ex, c, label in zip(originals, cols, labels))
 
 
 HELD = {  # the tasks without a download: converted from the files a user holds
@@ -2655,11 +2809,14 @@ def main(argv=None):
                          description=DOWNLOAD_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     get.add_argument('--task', required=True, choices=list(TASKS), help=f'one of {", ".join(TASKS)}')
     get.add_argument('--out', required=True, help='the data folder (train.py --data_dir), e.g. data/')
-    get.add_argument('--from', dest='source', metavar='PATH',
+    get.add_argument('--from', dest='sources', metavar='PATH', action='append', default=[],
                      help='PAN-X: AmazonPhotos.zip, its panx_dataset folder or one {lang}.tar.gz; CoNLL NER: the '
-                          'folder of its files')
-    get.add_argument('--translations', action='store_true', help='XTREME\'s published translations of the task '
-                     '(translate-train, -dev, -test) instead of the task')
+                          'folder of its files; UD-POS: ud-treebanks-v2.5.tgz; with --translations filter: '
+                          'XNLI-MT-1.0.zip, x-final.tar.gz and FILTER\'s <task>.zip (or their folders), once each')
+    get.add_argument('--translations', nargs='?', const='xtreme', choices=('xtreme', 'filter'),
+                     help='translations of the task instead of the task: XTREME\'s published ones (translate-train, '
+                          '-dev, -test; the default), or FILTER\'s data into OUT/filter (train.py --translations '
+                          'filter)')
     demo = sub.add_parser('demo', help='write the generated demo data of every task',
                           description='Write the demo\'s generated data of all nine tasks, with its sentencepiece '
                                       'model, in the same layout (train.py --demo makes it in the run folder by '
@@ -2669,7 +2826,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         if args.cmd == 'download':
-            download(args.task, args.out, args.source, args.translations)
+            download(args.task, args.out, args.sources, args.translations)
         else:
             print(make_demo(args.out, args.seed))
     except (DataError, OSError) as e:

@@ -561,7 +561,8 @@ def results(settings, dev, test, selected_by=None, runs=None, name=None):
     task, stage, langs = settings['task'], settings.get('stage'), settings.get('langs')
     out = {'task': task, 'method': settings['method'], 'selected_by': selected_by, 'dev': summary(dev),
            'test': summary(test), 'test_metrics': test, 'dev_metrics': dev, **({'runs': runs} if runs else {}),
-           **({'langs': list(langs)} if langs else {})}
+           **({'langs': list(langs)} if langs else {}),
+           **({'translations': settings['translations']} if settings.get('translations', 'xtreme') != 'xtreme' else {})}
     rows = {f'{split} {name}': r[split] for split in ('dev', 'test') for name, r in (runs or {}).items() if r[split]}
     label = ', '.join([task] + [part for part in (stage, name) if part])
     rows.update({f'{split} ({label})': out[split] for split in ('dev', 'test') if out[split]})

@@ -441,6 +441,10 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('dict', str, 'fairseq dict.txt --init was trained with (default: one beside it, as VECO\'s NLG model)',
            changes='scores'),
     Option('data_dir', str, 'XTREME data in the layout of docs/data.md', default='data', changes='nothing'),
+    Option('translations', str, 'xtreme: --data_dir\'s translations (XTREME\'s; the default); filter: '
+           '--data_dir/filter, FILTER\'s data (python data.py download --translations filter); or a data folder of '
+           'other translations',
+           default='xtreme', changes='scores'),
     Option('out', str, 'run folder (default runs/<task>-<method>-<each choice that changes the result>)',
            changes='nothing'),
     Option('lr', help='peak learning rate (default: per task, from the papers)', valid=POSITIVE),
@@ -559,6 +563,11 @@ def configure(args, owners):
         cls.configure(args, demo)
     except ValueError as e:
         fail(str(e))
+    if args.translations != 'xtreme':  # a data folder of its own: other translations, the rest linked to XTREME's
+        if args.demo:
+            fail('--translations reads a data folder that python data.py download makes; the demo has XTREME\'s '
+                 'shapes alone: drop --translations')
+        args.data_dir = os.path.join(args.data_dir, 'filter') if args.translations == 'filter' else args.translations
     args.out = args.out or os.path.join('runs', '-'.join(cls.folder(args) + default_folder(args)))
     args.dict = args.dict or data.beside(args.init, 'dict.txt')
     if args.demo and not args.init and not args.from_scratch and cls.pretrained_start and args.model == demo['model']:
@@ -567,8 +576,11 @@ def configure(args, owners):
 
 
 def default_folder(args):
-    """The rest of a default folder's name: translate-test, a preset or seed not the default, the demo."""
-    return (['translate-test'] * args.translate_test + [args.model] * (args.model != ('tiny' if args.demo else 'base'))
+    """The rest of a default folder's name: translate-test, translations not XTREME's, a preset or seed not the
+    default, the demo."""
+    other = os.path.basename(os.path.normpath(args.translations))  # filter, or the folder's name
+    return (['translate-test'] * args.translate_test + [f'{other}-translations'] * (args.translations != 'xtreme')
+            + [args.model] * (args.model != ('tiny' if args.demo else 'base'))
             + [f'seed{args.seed}'] * (args.seed != 1) + ['demo'] * args.demo)
 
 
@@ -734,7 +746,8 @@ def plan(args, world, files, model):
     made = ' (the demo\'s pre-trained model, made first)' if makes_demo_start(args) else ''
     return {'model': f'{args.model}, from {args.init or "random weights"}{made}',
             'data': 'generated into the run folder (--demo)' if args.demo else
-                    f'{args.data_dir}: {len(found)} files found, {len(files) - len(found)} optional ones missing',
+                    f'{args.data_dir}: {len(found)} files found, {len(files) - len(found)} optional ones missing'
+                    + (f'; {args.translations}\'s translations' if args.translations != 'xtreme' else ''),
             'training': training_plan(args, world), 'memory': memory_plan(args, world, model),
             'method': ', '.join(f'{o} {" ".join(map(str, v)) if isinstance(v, list) else v}' for o, v in options
                                 if v not in (None, False)) or 'its defaults',

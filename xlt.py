@@ -551,9 +551,9 @@ class Filter(Taught):
     NAME, trains_on, paired, teacher_method = 'filter', 'every_lang', True, 'filter'
     EXPORT = 'FILTER predicts from a text fused with its English translation in the middle layers'
     select = 'average'  # the best average over the dev languages (Section 4.1)
-    # train.sh: the learning rates; --max_seq_length 256 for XNLI and PAWS-X; QA --do_lower_case
+    # train.sh: the learning rates; --max_seq_length 256 for XNLI and PAWS-X; tagging 20 epochs; QA --do_lower_case
     LR = {'xnli': 3e-6, 'pawsx': 1e-5, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 1e-5}
-    RUN = {'xnli': {'max_len': 256}, 'pawsx': {'max_len': 256},
+    RUN = {'xnli': {'max_len': 256}, 'pawsx': {'max_len': 256}, 'udpos': {'epochs': 20}, 'panx': {'epochs': 20},
            **{task: {'qa_case': 'lower'} for task in ('xquad', 'mlqa', 'tydiqa')}}
     # m, k and the KL weight 1 - lambda of the paper for XLM-R large (24 layers); k is scaled to
     # other depths (QA on XLM-R base: m = 1, k = 10) unless --k is given

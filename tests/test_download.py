@@ -3,6 +3,7 @@ official files, tested on small archives in their real layout placed where the d
 import io
 import json
 import os
+import shutil
 import tarfile
 import zipfile
 
@@ -271,3 +272,119 @@ def test_retrieval_conversions(tmp_path):
     src, eng, _ = data.read_retrieval(out, 'tatoeba', 'test', 'fa')
     assert src == ['one', 'two', 'three'] and eng == ['a', 'b', 'c']
     assert open(tmp_path / 'labels' / 'tatoeba' / 'test-fa.tsv').read() == '1\n2\n0\n'  # source line of each sorted English line
+
+
+# ---------------------------------------------------------------------------------------
+# FILTER's data (its download_data.sh): XNLI-MT-1.0, PAWS-X's translated_train.tsv and FILTER's own archives, into
+# OUT/filter (train.py --translations filter), built here in the shapes its runners read (yuwfan/FILTER 6dac390).
+
+def xtreme_xnli(tmp_path):
+    out = str(tmp_path / 'data')
+    rows = ''.join(f'{lang}\t{label}\tx\tx\tx\tx\tP {n} {lang}\tH {lang}\n' for lang in data.TASKS['xnli'].langs
+                   for n, label in enumerate(('neutral', 'entailment')))
+    place(out, 'xnli', 'XNLI-1.0.zip', {f'XNLI-1.0/xnli.{s}.tsv': 'language\tgold_label\t...\n' + rows for s in ('dev', 'test')})
+    place(out, 'xnli', 'XNLI-MT-1.0.zip', {'XNLI-MT-1.0/multinli/multinli.train.en.tsv': MNLI['en']})
+    data.download('xnli', out)
+    return out
+
+
+MNLI = {lang: 'premise\thypo\tlabel\n' + (f'A {lang}\tB {lang}\tcontradictory\nC {lang}\tD {lang}\tneutral\n'
+                                           if lang != 'en' else 'A\tB\tcontradictory\nC\tD\tneutral\n')
+        for lang in data.TASKS['xnli'].langs}
+
+
+def test_filters_xnli_data_into_a_folder_of_its_own(tmp_path):
+    """XNLI-MT-1.0's multinli.train.{lang}.tsv, line i translating line i of the English file (a header; 'contradictory'
+    read as contradiction, as FILTER's XnliProcessor does), and FILTER's xnli.zip: xtreme.msft.{lang}-en.{dev,test},
+    the target's rows in the order of XTREME's dev and test files, 'a b [label]', no header."""
+    out = xtreme_xnli(tmp_path)
+    archive(str(tmp_path / 'XNLI-MT-1.0.zip'), {f'XNLI-MT-1.0/multinli/multinli.train.{lang}.tsv': text
+                                                for lang, text in MNLI.items()})
+    msft = lambda lang, split: ''.join(f'P{n} in English\tH in English' + (f'\t{label}' if split == 'dev' else '')
+                                       + '\n' for n, label in enumerate(('neutral', 'entailment')))
+    archive(str(tmp_path / 'xnli.zip'), {f'xnli/xtreme.msft.{lang}-en.{split}': msft(lang, split)
+                                         for lang in data.TASKS['xnli'].langs if lang != 'en' for split in ('dev', 'test')})
+    data.main(['download', '--task', 'xnli', '--translations', 'filter', '--from', str(tmp_path / 'XNLI-MT-1.0.zip'),
+               '--from', str(tmp_path / 'xnli.zip'), '--out', out])
+    theirs = os.path.join(out, 'filter')
+    pairs = data.read_translations(theirs, 'xnli', 'train', 'de')
+    assert [(e['a'], t['a'], t['b'], t['label']) for e, t in pairs] == [('A', 'A de', 'B de', 'contradiction'),
+                                                                         ('C', 'C de', 'D de', 'neutral')]
+    test = data.read_translations(theirs, 'xnli', 'test', 'sw')  # XTREME's test rows, each with FILTER's English
+    assert [(e['a'], t['a'], t['b']) for e, t in test] == [('P 0 sw', 'P0 in English', 'H in English'),
+                                                           ('P 1 sw', 'P1 in English', 'H in English')]
+    assert [t['label'] for _, t in data.read_translations(theirs, 'xnli', 'dev', 'sw')] == ['neutral', 'entailment']
+    assert data.read_split(theirs, 'xnli', 'dev', 'de') == data.read_split(out, 'xnli', 'dev', 'de')  # the rest linked
+    assert os.path.isdir(os.path.join(theirs, 'labels', 'xnli'))
+    args = train_args(['--task', 'xnli', '--translations', 'filter', '--data_dir', out])
+    assert args.data_dir == theirs and args.out.endswith('xnli-zeroshot-filter-translations')
+    for planted, message in (({'de': MNLI['de'].split('\n', 1)[1]}, 'does not begin with the header premise hypo label'),
+                             ({'fr': MNLI['fr'].replace('premise\thypo', 'hypo\tpremise')}, 'header premise hypo'),
+                             ({'ar': MNLI['ar'] + 'E ar\tF ar\tneutral\n'}, '3 rows for 2 English ones')):
+        archive(str(tmp_path / 'bad.zip'), {f'XNLI-MT-1.0/multinli/multinli.train.{lang}.tsv': planted.get(lang, text)
+                                            for lang, text in MNLI.items()})
+        shutil.rmtree(os.path.join(out, 'downloads', 'filter'))
+        with pytest.raises(SystemExit, match=message):
+            data.main(['download', '--task', 'xnli', '--translations', 'filter', '--from', str(tmp_path / 'bad.zip'),
+                       '--out', out])
+
+
+def train_args(argv):
+    import train
+    return train.parse_args(argv)
+
+
+def test_filters_pawsx_tagging_and_qa_data(tmp_path):
+    """PAWS-X's translated_train.tsv matched to English by id; FILTER's pawsx.zip (a header, id a b label); its
+    tagging archive (a sentence a line, words at spaces; an empty line: the original's words, as utils_tag.py reads
+    it); its TyDiQA translate-test JSON; and for XQuAD and MLQA the benchmark's own English, paired by question id."""
+    out, header = str(tmp_path / 'data'), 'id\tsentence1\tsentence2\tlabel\n'
+    members = {f'x-final/{lang}/{name}.tsv': header + f'1\tA {lang}\tB {lang}\t1\n2\tC {lang}\tD {lang}\t0\n'
+               for lang in data.TASKS['pawsx'].langs for name in ('train', 'dev_2k', 'test_2k')}
+    members.update({f'x-final/{lang}/translated_train.tsv': header + f'2\tC {lang}\tD {lang}\t0\n1\tA {lang}\tB {lang}\t1\n'
+                    for lang in data.TASKS['pawsx'].langs if lang != 'en'})
+    place(out, 'pawsx', 'x-final.tar.gz', members)
+    data.download('pawsx', out)
+    archive(str(tmp_path / 'x-final.tar.gz'), members)
+    archive(str(tmp_path / 'pawsx.zip'), {f'pawsx/xtreme.msft.{lang}-en.test': header + f'1\tA in en\tB in en\t1\n'
+                                          f'2\tC in en\tD in en\t0\n' for lang in data.TASKS['pawsx'].langs})
+    data.main(['download', '--task', 'pawsx', '--translations', 'filter', '--from', str(tmp_path / 'x-final.tar.gz'),
+               '--from', str(tmp_path / 'pawsx.zip'), '--out', out])
+    theirs = os.path.join(out, 'filter')
+    assert [(e['a'], t['a']) for e, t in data.read_translations(theirs, 'pawsx', 'train', 'ko')] == [
+        ('A en', 'A ko'), ('C en', 'C ko')]  # by id, whatever the order
+    assert [(e['a'], t['a']) for e, t in data.read_translations(theirs, 'pawsx', 'test', 'ja')] == [
+        ('A ja', 'A in en'), ('C ja', 'C in en')]
+    # tagging: XTREME's files (here by hand), FILTER's udpos.zip
+    for name, text in (('train-en.tsv', 'I\tPRON\nrun\tVERB\n\nGo\tVERB\n'), ('test-de.tsv', 'Ich\nlaufe\n\nGeh\n')):
+        os.makedirs(os.path.join(out, 'udpos'), exist_ok=True)
+        open(os.path.join(out, 'udpos', name), 'w').write(text)
+    archive(str(tmp_path / 'udpos.zip'), {'udpos/train-en-de.tsv': 'Ich laufe\n\n', 'udpos/test-de-en.tsv': 'I run\nGo\n'})
+    data.main(['download', '--task', 'udpos', '--translations', 'filter', '--from', str(tmp_path / 'udpos.zip'),
+               '--out', out])
+    assert [t['words'] for _, t in data.read_translations(theirs, 'udpos', 'train', 'de')] == [['Ich', 'laufe'], ['Go']]
+    assert [t['words'] for _, t in data.read_translations(theirs, 'udpos', 'test', 'de')] == [['I', 'run'], ['Go']]
+    archive(str(tmp_path / 'short.zip'), {'udpos/train-en-de.tsv': 'Ich laufe\n'})
+    with pytest.raises(SystemExit, match='has 1 lines for the 2 examples of udpos train en'):
+        data.main(['download', '--task', 'udpos', '--translations', 'filter', '--from', str(tmp_path / 'short.zip'),
+                   '--out', out])
+    # MLQA: each question paired by id with the benchmark's English one
+    for lang, text in (('en', 'Paris is big.'), ('de', 'Paris ist groß.')):
+        for split in ('dev', 'test'):
+            path = data.split_path(out, 'mlqa', split, lang)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            json.dump(json.loads(squad('q1', text, 'Paris')), open(path, 'w'))
+    os.makedirs(os.path.join(out, 'squad'), exist_ok=True)
+    data.main(['download', '--task', 'mlqa', '--translations', 'filter', '--out', out])
+    (english, translation), = data.read_translations(theirs, 'mlqa', 'test', 'de')
+    assert (english['context'], translation['context']) == ('Paris ist groß.', 'Paris is big.')
+
+
+def test_udpos_converts_the_archive_a_user_holds(tmp_path):
+    """--from ud-treebanks-v2.5.tgz (or its folder) reads the archive in place of the download."""
+    archive(str(tmp_path / 'ud-treebanks-v2.5.tgz'), {
+        'ud-treebanks-v2.5/UD_German-GSD/de_gsd-ud-test.conllu': conllu([(1, 'Haus', 'NOUN', 0, '_')])})
+    data.main(['download', '--task', 'udpos', '--from', str(tmp_path / 'ud-treebanks-v2.5.tgz'),
+               '--out', str(tmp_path / 'out')])
+    assert (tmp_path / 'out' / 'udpos' / 'test-de.tsv').read_text() == 'Haus\n'
+    assert (tmp_path / 'out' / 'labels' / 'udpos' / 'test-de.tsv').read_text() == 'NOUN\n'
