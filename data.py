@@ -464,13 +464,14 @@ class Features:
     cache: bool = True
 
 
-def training_set(spec, langs, trains_on='en', paired=False, round_trip=False, share=None, first=None):
+def training_set(spec, langs, trains_on='en', paired=False, round_trip=False, share=None, first=None, squad=False):
     """The training items of a method (Items), made as spec (Features) says: features of English ('en'; a share of
     it), of its translations into langs without English ('train_lang') or with it ('every_lang'), of the
     languages' own training data ('own_lang'; 'every_own': English's too, each its first examples);
     for a paired method tuples (English, translation[, round trip]), English also paired with itself,
-    as both released codes do. Tokenized once into <data_dir>/.cache (build_once), or with cache
-    False into a temporary folder."""
+    as both released codes do; squad: SQuAD v1.1's English training set too, after TyDiQA's (FILTER's
+    --use_squad_for_tydiqa). Tokenized once into <data_dir>/.cache (build_once), or with cache False into a
+    temporary folder."""
     tok, data_dir, task = spec.tok, spec.data_dir, spec.task
     if trains_on == 'every_own':  # English and the languages with training data of their own
         langs = ['en'] + [lang for lang in langs if has_training_data(data_dir, task, lang)]
@@ -480,8 +481,10 @@ def training_set(spec, langs, trains_on='en', paired=False, round_trip=False, sh
         kinds = ('translate-train', 'round-trip')[:1 + round_trip]
         files = tok.files + [split_path(data_dir, task, 'train')] + [
             split_path(data_dir, task, kind, lang) for lang in langs for kind in kinds]
+        files += [split_path(data_dir, 'xquad', 'train')] * squad
     key = [task, langs, trains_on, paired, round_trip, spec.max_len, share, spec.stride] + [first] * bool(first)
-    sources = lambda: training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first)
+    key += ['with squad'] * squad
+    sources = lambda: training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first, squad)
     items = feature_set(spec, files, key, sources, (2 + round_trip) if paired else 1)
     if not paired and not items.labelled.all():  # a single-text method learns every feature's own label
         unlabelled = len(items) - int(items.labelled.sum())
@@ -491,7 +494,7 @@ def training_set(spec, langs, trains_on='en', paired=False, round_trip=False, sh
     return items
 
 
-def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first=None):
+def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first=None, squad=False):
     """-> (name, examples, positions of their English examples) a source at a time: each language's
     own first examples (in-language), or English (not for a single-text method on 'train_lang'),
     then each language's translations and their round trips where there are (write_items pairs the
@@ -503,8 +506,8 @@ def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share
     english = read_split(data_dir, task, 'train')
     if share:  # XLA's warm-up on the 5% setting: its share of English
         english = share_of(english, share, part=0)
-    if paired or trains_on != 'train_lang':
-        yield 'en', english, None
+    if paired or trains_on != 'train_lang':  # SQuAD's after the task's, whose positions the translations keep
+        yield 'en', english + (read_split(data_dir, 'xquad', 'train') if squad else []), None
     missing = []
     for lang in langs:
         pairs = read_translations(data_dir, task, 'train', lang, english)

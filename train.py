@@ -135,7 +135,7 @@ class Run:
             return None
         langs = method.train_langs(args, target_langs(args))
         items = data.training_set(self.features, langs, method.trains_on, method.paired, method.round_trip,
-                                  args.train_share, args.few_shot)
+                                  args.train_share, args.few_shot, args.with_squad)
         if not items:
             fail(f'no training examples for {args.task} in {args.data_dir}')
         return items
@@ -474,6 +474,7 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('precision', str, 'bf16, fp16 (with a loss scaler) or fp32 (default: bf16 on a GPU that has it, fp16 on one '
            'that has not, fp32 on the CPU)', choices=('bf16', 'fp16', 'fp32')),
     Option('translate_test', bool, 'evaluate on the test sets translated into English', changes='scores'),
+    Option('with_squad', bool, 'tydiqa: SQuAD v1.1\'s English training set too (FILTER\'s leaderboard runs)'),
     Option('langs', lambda text: [lang for lang in text.split(',') if lang], 'the target languages to run, e.g. de,sw '
            '(XTREME\'s --predict_languages): the others\' files are not read; English, the source, runs too'),
     Option('layer', int, 'retrieval: layer pooled (default XTREME\'s: BUCC 20, Tatoeba 14 of 24; 8 of 12)', AT_LEAST_1,
@@ -551,6 +552,8 @@ def configure(args, owners):
     for name, classes in owners.items():
         if getattr(args, name) is not None and getattr(args, name) is not False and cls not in classes:  # 0 is given
             fail(f'--{name} belongs to {xlt.called(classes)}, not to {args.method} on {args.task}')
+    if args.with_squad and args.task != 'tydiqa':
+        fail(f'--with_squad adds SQuAD to TyDiQA\'s training set, not to {args.task}\'s: drop it')
     if args.translate_test and (xlt.task_family(args) not in ('classification', 'qa') or cls.paired):
         fail('--translate_test needs a method that reads one text and a task whose labels survive translation '
              '(tags would need a word alignment): drop --translate_test')
@@ -711,6 +714,8 @@ def planned_files(args, cls):
         langs = cls.train_langs(args, target_langs(args))
         files = data.task_files(args.data_dir, args.task, langs, cls.round_trip, cls.paired or args.translate_test,
                                 not args.eval_only, args.method, cls.trains_on, args.langs)
+    squad = [(data.split_path(args.data_dir, 'xquad', 'train'), 'SQuAD\'s English training set (--with_squad)', True)]
+    files += squad * (args.with_squad and not args.eval_only)
     return files + cls.reads(args) + [data.tokenizer_file(backbone(args), args.data_dir, args.spm, args.vocab,
                                                           args.init)]
 

@@ -723,3 +723,22 @@ def test_a_file_to_predict_on_is_read_in_the_tasks_columns_and_every_bad_line_na
         with pytest.raises(data.DataError, match=f'mine.tsv, {re.escape(bad)} with labels of {task}; fix') as err:
             data.read_input(str(path), task)
         assert '\n' not in str(err.value)
+
+
+def test_tydiqa_with_squad_adds_squads_english_after_tydiqas_each_with_itself(demo_dir):
+    """--with_squad (FILTER's --use_squad_for_tydiqa): SQuAD's English training examples after TyDiQA's, a paired
+    method's each with itself; TyDiQA's translations still pair with their own English."""
+    tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
+    spec = data.Features(tok, demo_dir, 'tydiqa', 64, cache=False)
+    without = data.training_set(spec, ['de'], 'every_lang', paired=True)
+    with_squad = data.training_set(spec, ['de'], 'every_lang', paired=True, squad=True)
+    squad = data.make_features(tok, 'tydiqa', data.read_split(demo_dir, 'xquad', 'train'), 64, train=True)
+    assert len(with_squad) == len(without) + len(squad) and len(squad) > 0
+    ids = lambda item: [f.ids for f in item]
+    english = [tuple(f.ids) for i in range(len(without)) for f in without[i][:1]]
+    tydiqa_english = len([1 for i in range(len(without)) if ids(without[i])[0] == ids(without[i])[1]])
+    added = [with_squad[i] for i in range(tydiqa_english, tydiqa_english + len(squad))]
+    assert [tuple(src.ids) for src, _ in added] == [tuple(f.ids) for f in squad]
+    assert all(src.ids == tgt.ids for src, tgt in added)  # SQuAD's English with itself
+    assert [tuple(f.ids) for i in range(len(with_squad)) for f in with_squad[i][:1]
+            if i < tydiqa_english or i >= tydiqa_english + len(squad)] == english  # TyDiQA's items as without
