@@ -455,13 +455,15 @@ def make_features(tok, task, examples, max_len=None, train=False, stride=128):
 @dataclass(frozen=True)
 class Features:
     """How a run makes the features of a task's examples: its tokenizer, its data folder (whose .cache keeps every
-    set tokenized once; cache False: a temporary folder), the task, tokens per input, QA's stride between windows."""
+    set tokenized once; cache False: a temporary folder), the task, tokens per input, QA's stride between windows,
+    the seed of a share's draw (training_set's and unlabelled_set's share)."""
     tok: object
     data_dir: str
     task: str
     max_len: int = None
     stride: int = 128
     cache: bool = True
+    draw: int = 0
 
 
 def training_set(spec, langs, trains_on='en', paired=False, round_trip=False, share=None, first=None, squad=False):
@@ -483,8 +485,9 @@ def training_set(spec, langs, trains_on='en', paired=False, round_trip=False, sh
             split_path(data_dir, task, kind, lang) for lang in langs for kind in kinds]
         files += [split_path(data_dir, 'xquad', 'train')] * squad
     key = [task, langs, trains_on, paired, round_trip, spec.max_len, share, spec.stride] + [first] * bool(first)
-    key += ['with squad'] * squad
-    sources = lambda: training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first, squad)
+    key += ['with squad'] * squad + [f'draw {spec.draw}'] * bool(spec.draw and share and share < 1)
+    sources = lambda: training_sources(data_dir, task, langs, trains_on, paired, round_trip, (share, spec.draw), first,
+                                       squad)
     items = feature_set(spec, files, key, sources, (2 + round_trip) if paired else 1)
     if not paired and not items.labelled.all():  # a single-text method learns every feature's own label
         unlabelled = len(items) - int(items.labelled.sum())
@@ -503,9 +506,9 @@ def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share
         for lang in langs:
             yield lang, read_split(data_dir, task, 'train', lang)[:first], None
         return
-    english = read_split(data_dir, task, 'train')
+    english, (share, draw) = read_split(data_dir, task, 'train'), share
     if share:  # XLA's warm-up on the 5% setting: its share of English
-        english = share_of(english, share, part=0)
+        english = share_of(english, share, part=0, seed=draw)
     if paired or trains_on != 'train_lang':  # SQuAD's after the task's, whose positions the translations keep
         yield 'en', english + (read_split(data_dir, 'xquad', 'train') if squad else []), None
     missing = []
@@ -523,7 +526,7 @@ def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share
 
 
 def share_of(examples, share, part=0, seed=0):
-    """A random share of the examples, in order, the same draw for every run (seed 0): part 0
+    """A random share of the examples, in order, the same draw for every run of one seed: part 0
     and part 1 are disjoint draws while two shares fit in the list (XLA's 5% setting: English
     and target text that are not each other's translations); share 1 keeps them all."""
     if share >= 1:
@@ -557,12 +560,13 @@ def unlabelled_set(spec, lang, share):
     def sources():
         if tagging:  # the two languages' own training sets: each its own draw
             own = [dict(ex, tags=None) for ex in read_split(data_dir, task, 'train', lang)]
-            yield lang, share_of(own, share, part=1), None
+            yield lang, share_of(own, share, part=1, seed=spec.draw), None
         else:  # drawn from the pairs, so that the draw is disjoint from English's where translations are missing
             english = read_split(data_dir, task, 'train')
-            pairs = share_of(read_translations(data_dir, task, 'train', lang, english), share, part=1)
+            pairs = share_of(read_translations(data_dir, task, 'train', lang, english), share, part=1, seed=spec.draw)
             yield lang, [dict(t, label=None) for _, t in pairs if t is not None], None
-    return feature_set(spec, files, ['unlabelled', task, lang, share, spec.max_len, spec.stride], sources, 1)
+    key = ['unlabelled', task, lang, share, spec.max_len, spec.stride] + [f'draw {spec.draw}'] * bool(spec.draw)
+    return feature_set(spec, files, key, sources, 1)
 
 
 def evaluation_sets(data_dir, task, translate_test=False, paired=False, chosen=None):

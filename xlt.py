@@ -140,7 +140,7 @@ class Method(nn.Module):
         epochs = (15 if qa else 8) if demo else 2 if args.task in ('xquad', 'mlqa') else 4  # the demo's QA needs longer
         lr = {**cls.LR, **(cls.LR_LARGE if args.model == 'large' else {})}.get(args.task, 2e-5)
         papers = {'lr': lr, 'epochs': epochs, 'warmup': 0.1, 'group_by_length': True, 'clip': 1.0, 'weight_decay': 0.01,
-                  'batch_size': 64, 'doc_stride': 128, 'max_len': 384 if qa else 128,
+                  'batch_size': 64, 'doc_stride': 128, 'max_len': 384 if qa else 128, 'share_seed': 0,
                   'precision': default_precision('cuda' if torch.cuda.is_available() else 'cpu')}
         if args.steps and args.epochs:
             raise ValueError('--steps counts the training in optimiser steps, --epochs in passes: give one')
@@ -1453,6 +1453,7 @@ class XLA(Baseline):
             demo = {**{k: v for k, v in cls.released(args).items() if k in {o.name for o in cls.OPTIONS}}, **demo}
         if args.posterior is not None and args.distil != 'gmm':
             raise ValueError('--posterior is the threshold of --distil gmm: add --distil gmm or drop --posterior')
+        args.share_seed = args.seed if args.share_seed is None else args.share_seed  # the 5% drawn anew each seed
         super().configure(args, demo)
         args.posterior = 0.5 if args.posterior is None and args.distil == 'gmm' else args.posterior
         pair = TASKS[args.task].family == 'classification'

@@ -742,3 +742,20 @@ def test_tydiqa_with_squad_adds_squads_english_after_tydiqas_each_with_itself(de
     assert all(src.ids == tgt.ids for src, tgt in added)  # SQuAD's English with itself
     assert [tuple(f.ids) for i in range(len(with_squad)) for f in with_squad[i][:1]
             if i < tydiqa_english or i >= tydiqa_english + len(squad)] == english  # TyDiQA's items as without
+
+
+def test_a_share_is_drawn_by_its_seed_and_xla_draws_anew_for_each_seed(demo_dir):
+    """--share_seed: the draw of --train_share (XLA's 5%: English and the target text disjoint) follows its seed;
+    XLA takes its --seed, so that each seed draws anew, as the paper; every other run draws with 0."""
+    examples = list(range(100))
+    draws = {seed: (data.share_of(examples, 0.05, 0, seed), data.share_of(examples, 0.05, 1, seed)) for seed in (0, 1, 2)}
+    assert len({tuple(english) for english, _ in draws.values()}) == 3
+    assert all(not set(english) & set(target) and len(english) == len(target) == 5 for english, target in draws.values())
+    import train
+    xla = train.parse_args(['--method', 'xla', '--task', 'xnli', '--train_lang', 'de', '--seed', '3'])
+    assert (xla.share_seed, train.parse_args(['--task', 'xnli', '--seed', '3']).share_seed) == (3, 0)
+    tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
+    sets = [data.training_set(data.Features(tok, demo_dir, 'xnli', cache=False, draw=seed), [], share=0.2)
+            for seed in (1, 2)]
+    ids = lambda items: sorted(tuple(items[i].ids) for i in range(len(items)))
+    assert len(sets[0]) == len(sets[1]) and ids(sets[0]) != ids(sets[1])
