@@ -81,8 +81,9 @@ class Run:
         self.sets = sets if sets is not None else data.evaluation_sets(args.data_dir, args.task, args.translate_test,
                                                                      self.cls.paired, args.langs) if evaluated else {}
         self.cache = cache if cache is not None else {'dev': {}, 'test': {}}  # features, made once per language
+        draw = args.seed if args.share_seed is None else args.share_seed  # of a share (--train_share)
         self.features = data.Features(tok, args.data_dir, args.task, args.max_len, args.doc_stride, not args.no_cache,
-                                      args.share_seed)
+                                      draw)
 
     def build(self, cls=None, encoder=None, settings=None):
         """The method (the run's class, or cls) on the device: its encoder from --init (from random
@@ -469,8 +470,8 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('dropout', help='override the model\'s dropout', valid=SHARE),
     Option('attn_dropout', help='override the attention dropout (default: --dropout\'s value)', valid=SHARE),
     Option('seed', int, 'seed of the head, the batches and dropout (default 1)', NON_NEGATIVE, default=1),
-    Option('share_seed', int, 'seed of --train_share\'s draw (default 0: one draw for every run; XLA: its --seed, a '
-           'new draw for each seed, as its paper)', NON_NEGATIVE),
+    Option('share_seed', int, 'seed of --train_share\'s draw (default: --seed, a new draw for each seed, as XLA\'s '
+           'paper; XLA\'s warm-ups read its run\'s)', NON_NEGATIVE),
     Option('seeds', lambda text: [int(seed) for seed in text.split(',') if seed], 'a,b,c: the run once a seed, one '
            'after another, in --out/seed<s>, then the mean and standard deviation over them (--out/seeds.txt)',
            NON_NEGATIVE, changes='nothing'),

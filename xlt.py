@@ -140,7 +140,7 @@ class Method(nn.Module):
         epochs = (15 if qa else 8) if demo else 2 if args.task in ('xquad', 'mlqa') else 4  # the demo's QA needs longer
         lr = {**cls.LR, **(cls.LR_LARGE if args.model == 'large' else {})}.get(args.task, 2e-5)
         papers = {'lr': lr, 'epochs': epochs, 'warmup': 0.1, 'group_by_length': True, 'clip': 1.0, 'weight_decay': 0.01,
-                  'batch_size': 64, 'doc_stride': 128, 'max_len': 384 if qa else 128, 'share_seed': 0,
+                  'batch_size': 64, 'doc_stride': 128, 'max_len': 384 if qa else 128,
                   'precision': default_precision('cuda' if torch.cuda.is_available() else 'cpu')}
         if args.steps and args.epochs:
             raise ValueError('--steps counts the training in optimiser steps, --epochs in passes: give one')
@@ -1453,7 +1453,6 @@ class XLA(Baseline):
             demo = {**{k: v for k, v in cls.released(args).items() if k in {o.name for o in cls.OPTIONS}}, **demo}
         if args.posterior is not None and args.distil != 'gmm':
             raise ValueError('--posterior is the threshold of --distil gmm: add --distil gmm or drop --posterior')
-        args.share_seed = args.seed if args.share_seed is None else args.share_seed  # the 5% drawn anew each seed
         super().configure(args, demo)
         args.posterior = 0.5 if args.posterior is None and args.distil == 'gmm' else args.posterior
         pair = TASKS[args.task].family == 'classification'
@@ -1487,8 +1486,9 @@ class XLA(Baseline):
         share no model."""
         shared = lambda m: {'out': f'{args.warmup_dir}/warmup-{m + 1}'} if args.warmup_dir else {}  # for other runs
         penalty = 1.0 if args.conf_penalty is None else args.conf_penalty
+        draw = args.seed if args.share_seed is None else args.share_seed  # the run's share, whatever their seeds
         return {f'warmup-{m + 1}': {'method': 'zeroshot', 'seed': 3 * args.seed + m, 'stage': f'warm-up {m + 1} of 3',
-                                    'conf_penalty': penalty, **shared(m)}
+                                    'conf_penalty': penalty, 'share_seed': draw, **shared(m)}
                 for m in range(1 if args.single else 3)}
 
     @classmethod

@@ -745,15 +745,17 @@ def test_tydiqa_with_squad_adds_squads_english_after_tydiqas_each_with_itself(de
 
 
 def test_a_share_is_drawn_by_its_seed_and_xla_draws_anew_for_each_seed(demo_dir):
-    """--share_seed: the draw of --train_share (XLA's 5%: English and the target text disjoint) follows its seed;
-    XLA takes its --seed, so that each seed draws anew, as the paper; every other run draws with 0."""
+    """--share_seed: the draw of --train_share (XLA's 5%: English and the target text disjoint) follows its seed, by
+    default the run's --seed, so that each seed draws anew, as XLA's paper; XLA's warm-ups draw as their run."""
     examples = list(range(100))
     draws = {seed: (data.share_of(examples, 0.05, 0, seed), data.share_of(examples, 0.05, 1, seed)) for seed in (0, 1, 2)}
     assert len({tuple(english) for english, _ in draws.values()}) == 3
     assert all(not set(english) & set(target) and len(english) == len(target) == 5 for english, target in draws.values())
     import train
+    import xlt
     xla = train.parse_args(['--method', 'xla', '--task', 'xnli', '--train_lang', 'de', '--seed', '3'])
-    assert (xla.share_seed, train.parse_args(['--task', 'xnli', '--seed', '3']).share_seed) == (3, 0)
+    assert {stage['share_seed'] for stage in xlt.XLA.stages(xla).values()} == {3}  # the warm-ups, seeds 9-11: the run's
+    assert {stage['seed'] for stage in xlt.XLA.stages(xla).values()} == {9, 10, 11}
     tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
     sets = [data.training_set(data.Features(tok, demo_dir, 'xnli', cache=False, draw=seed), [], share=0.2)
             for seed in (1, 2)]
