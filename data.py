@@ -2581,16 +2581,15 @@ def filter_translations(task, out, unpacked):
         files.update(xnli_mt(unpacked))
     elif task == 'pawsx':
         files.update(pawsx_translated(unpacked))
-    for lang in TASKS[task].langs if task in ('xnli', 'pawsx', 'udpos', 'panx', 'tydiqa') else ():
+    for lang in (lang for lang in TASKS[task].langs if lang != 'en') if task not in ('xquad', 'mlqa') else ():
         for split in ('train', 'dev', 'test') if family == 'tagging' else ('dev', 'test'):
-            name = {'train': f'train-en-{lang}.tsv', 'dev': f'dev-{lang}-en.tsv', 'test': f'test-{lang}-en.tsv',
-                    }[split] if family == 'tagging' else f'xtreme.msft.{lang}-en.{split}' if family != 'qa' else (
-                f'tydiqa.translate.test.{lang}-en.json' if split == 'test' else None)
+            name, target = archive_name(task, split, lang), split_path('', task, f'translate-{split}', lang)
             skipped = task == 'udpos' and split == 'train' and lang in ('ja', 'th', 'zh')  # run_xtag.py leaves them
-            found = glob_files(unpacked, name) if name and lang != 'en' and not skipped else []
+            found = glob_files(unpacked, name) if name and not skipped else []
             if found:
-                text = filter_file(task, out, split, lang, found[0])
-                files[os.path.relpath(split_path('', task, f'translate-{split}', lang), task)] = text
+                files[os.path.relpath(target, task)] = filter_file(task, out, split, lang, found[0])
+            elif split != 'train' and family != 'qa' and os.path.exists(split_path(out, task, split, lang)):
+                files[os.path.relpath(target, task)] = untranslated(task, out, split, lang)
     if task in ('xquad', 'mlqa'):  # FILTER pairs each question with the benchmark's own English one, by id
         for lang in (lang for lang in TASKS[task].langs if lang != 'en'):
             for split in ('dev', 'test') if task == 'mlqa' else ('test',):
@@ -2599,6 +2598,24 @@ def filter_translations(task, out, unpacked):
     if not files:
         raise DataError(f'no FILTER translations of {task} in {unpacked}: give its archive ({task}.zip) with --from')
     return files
+
+
+def archive_name(task, split, lang):
+    """The file of FILTER's archive that translates lang's split, as its runners name it (None: none)."""
+    family = TASKS[task].family
+    if family == 'tagging':
+        return f'train-en-{lang}.tsv' if split == 'train' else f'{split}-{lang}-en.tsv'
+    if family == 'qa':
+        return f'tydiqa.translate.test.{lang}-en.json' if split == 'test' else None
+    return f'xtreme.msft.{lang}-en.{split}'
+
+
+def untranslated(task, out, split, lang):
+    """A split FILTER left untranslated (eu, jv, ka, my, tl, yo): its runners pair each input with itself."""
+    originals = read_split(out, task, split, lang)
+    if TASKS[task].family == 'tagging':
+        return '\n'.join(''.join(word + '\n' for word in ex['words']) for ex in originals)
+    return ''.join('\t'.join([ex['a'], ex['b']] * 2 + [ex['label']] * bool(ex['label'])) + '\n' for ex in originals)
 
 
 def xnli_mt(unpacked):

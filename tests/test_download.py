@@ -356,7 +356,8 @@ def test_filters_pawsx_tagging_and_qa_data(tmp_path):
     assert [(e['a'], t['a']) for e, t in data.read_translations(theirs, 'pawsx', 'test', 'ja')] == [
         ('A ja', 'A in en'), ('C ja', 'C in en')]
     # tagging: XTREME's files (here by hand), FILTER's udpos.zip
-    for name, text in (('train-en.tsv', 'I\tPRON\nrun\tVERB\n\nGo\tVERB\n'), ('test-de.tsv', 'Ich\nlaufe\n\nGeh\n')):
+    for name, text in (('train-en.tsv', 'I\tPRON\nrun\tVERB\n\nGo\tVERB\n'), ('test-de.tsv', 'Ich\nlaufe\n\nGeh\n'),
+                       ('test-eu.tsv', 'Etxea\n')):  # Basque: FILTER left it untranslated
         os.makedirs(os.path.join(out, 'udpos'), exist_ok=True)
         open(os.path.join(out, 'udpos', name), 'w').write(text)
     archive(str(tmp_path / 'udpos.zip'), {'udpos/train-en-de.tsv': 'Ich laufe\n\n', 'udpos/test-de-en.tsv': 'I run\nGo\n'})
@@ -364,6 +365,8 @@ def test_filters_pawsx_tagging_and_qa_data(tmp_path):
                '--out', out])
     assert [t['words'] for _, t in data.read_translations(theirs, 'udpos', 'train', 'de')] == [['Ich', 'laufe'], ['Go']]
     assert [t['words'] for _, t in data.read_translations(theirs, 'udpos', 'test', 'de')] == [['I', 'run'], ['Go']]
+    assert [t['words'] for _, t in data.read_translations(theirs, 'udpos', 'test', 'eu')] == [['Etxea']]  # itself
+    assert not os.path.exists(data.split_path(theirs, 'udpos', 'translate-train', 'eu'))  # trained without
     archive(str(tmp_path / 'short.zip'), {'udpos/train-en-de.tsv': 'Ich laufe\n'})
     with pytest.raises(SystemExit, match='has 1 lines for the 2 examples of udpos train en'):
         data.main(['download', '--task', 'udpos', '--translations', 'filter', '--from', str(tmp_path / 'short.zip'),

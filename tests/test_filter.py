@@ -296,3 +296,14 @@ def test_a_released_filter_model_evaluates_and_predicts_from_the_command_line(tm
     predicted = open(tmp_path / 'run' / 'predicted' / 'test-de-en-translated.tsv').read().split()
     assert predicted == open(tmp_path / 'run' / 'predictions' / 'xnli' / 'test-de.tsv').read().split()
     assert len(predicted) == len(open(paired).readlines())
+
+
+def test_with_filters_data_the_languages_it_left_untranslated_are_not_trained_on(tmp_path, capsys):
+    path = data.split_path(str(tmp_path), 'udpos', 'translate-train', 'de')
+    os.makedirs(os.path.dirname(path))
+    open(path, 'w').write('Haus\n')
+    args = argparse.Namespace(translations='filter', data_dir=str(tmp_path), task='udpos')
+    assert xlt.Filter.train_langs(args, ['de', 'eu']) == ['de']
+    assert 'translates no udpos training data into eu: FILTER trains without them' in capsys.readouterr().out
+    assert xlt.Filter.train_langs(argparse.Namespace(**{**vars(args), 'translations': 'xtreme'}), ['de', 'eu']) == [
+        'de', 'eu']  # XTREME's: every language, each file needed
