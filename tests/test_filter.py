@@ -302,7 +302,7 @@ def test_with_filters_data_the_languages_it_left_untranslated_are_not_trained_on
     path = data.split_path(str(tmp_path), 'udpos', 'translate-train', 'de')
     os.makedirs(os.path.dirname(path))
     open(path, 'w').write('Haus\n')
-    args = argparse.Namespace(translations='filter', data_dir=str(tmp_path), task='udpos')
+    args = argparse.Namespace(translations='filter', data_dir=str(tmp_path), task='udpos', train_lang=None)
     assert xlt.Filter.train_langs(args, ['de', 'eu']) == ['de']
     assert 'translates no udpos training data into eu: FILTER trains without them' in capsys.readouterr().out
     assert xlt.Filter.train_langs(argparse.Namespace(**{**vars(args), 'translations': 'xtreme'}), ['de', 'eu']) == [
