@@ -263,15 +263,20 @@ def decode_qa(windows, start_logits, end_logits, examples, max_answer_len=30, pr
 # Retrieval (BUCC, Tatoeba): mean-pooled states, nearest neighbours and XTREME's margin mining; CKA (X-Mixup Eq. 1).
 
 @torch.no_grad()
-def embed_texts(encoder, tok, texts, layer, batch_size, device):
-    """Mean-pooled hidden states after `layer` blocks (0: the embeddings) of each text (<s> text </s>), on the
-    device: the nearest neighbours are searched there (knn)."""
+def embed_texts(encoder, tok, texts, layers, batch_size, device, pool='mean'):
+    """Mean-pooled hidden states after layers = (l,) blocks (0: the embeddings) of each text (<s> text </s>), or with
+    layers = (a, b) those after a, ..., b blocks side by side, or pool 'cls' the first token's (XTREME's Table 14),
+    on the device: the nearest neighbours are searched there (knn)."""
     feats = [Feature(tok.encode_pair(ids[:encoder.longest - 2])) for ids in (tok.encode(t) for t in texts)]
-    out = torch.zeros(len(texts), encoder.cfg.dim, device=device)
+    first, last = layers[0], layers[-1]
+    out = torch.zeros(len(texts), encoder.cfg.dim * (last - first + 1), device=device)
     encoder.eval()
     for index in length_batches(item_lengths(feats)[:, 0], batch_size):
         b = collate([feats[i] for i in index], pad_id=tok.pad).to(device)
-        out[index] = mean_pool(encoder.run(encoder.embed(b.ids), b.mask, 0, layer), b.mask).float()
+        states = [encoder.run(encoder.embed(b.ids), b.mask, 0, first)]
+        for k in range(first, last):
+            states.append(encoder.run(states[-1], b.mask, k, k + 1))
+        out[index] = torch.cat([h[:, 0] if pool == 'cls' else mean_pool(h, b.mask) for h in states], -1).float()
     return out
 
 

@@ -481,8 +481,11 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('with_squad', bool, 'tydiqa: SQuAD v1.1\'s English training set too (FILTER\'s leaderboard runs)'),
     Option('langs', lambda text: [lang for lang in text.split(',') if lang], 'the target languages to run, e.g. de,sw '
            '(XTREME\'s --predict_languages): the others\' files are not read; English, the source, runs too'),
-    Option('layer', int, 'retrieval: layer pooled (default XTREME\'s: BUCC 20, Tatoeba 14 of 24; 8 of 12)', AT_LEAST_1,
-           changes='scores'),
+    Option('layer', lambda text: tuple(int(n) for n in text.split('-')), 'retrieval: layer pooled (default XTREME\'s: '
+           'BUCC 20, Tatoeba 14 of 24; 8 of 12), or A-B: layers A to B\'s, side by side (XTREME\'s Table 14)',
+           (lambda v: v >= 1, 'a layer, at least 1'), changes='scores'),
+    Option('pool', str, 'retrieval: the mean of a text\'s states, or its first token\'s (<s>, [CLS])',
+           choices=('mean', 'cls'), default='mean', changes='scores'),
     Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute',
            changes='nothing'),
     Option('gpu_memory', help='GiB of the GPU to plan for (default: the GPU found): the plan estimates a process\'s '

@@ -213,11 +213,15 @@ class Method(nn.Module):
     @classmethod
     def retrieval(cls, run):
         """bucc2018 / tatoeba: nothing is trained; the mean-pooled states of the method's layer
-        (retrieval_layer), mined as --mining says (eval.retrieve)."""
+        (retrieval_layer; --layer, --pool), mined as --mining says (eval.retrieve)."""
         args, encoder = run.args, run.encoder()[0].to(run.device)
         run.folder.begin()
-        layer = args.layer or cls.retrieval_layer(args.task, encoder.cfg.n_layer)
-        embed = lambda texts: ev.embed_texts(encoder, run.tok, texts, layer, args.eval_batch_size, run.device)
+        layers = args.layer or (cls.retrieval_layer(args.task, encoder.cfg.n_layer),)
+        if not layers[0] <= layers[-1] <= encoder.cfg.n_layer or len(layers) > 2:
+            run.fail(f'--layer {"-".join(map(str, layers))} is not a layer or range A-B of the model\'s 1 to '
+                     f'{encoder.cfg.n_layer}')
+        embed = lambda texts: ev.embed_texts(encoder, run.tok, texts, layers, args.eval_batch_size, run.device,
+                                             args.pool)
         preds = ev.retrieve(args.data_dir, args.task, embed, args.mining, args.langs) if run.rank == 0 else {}
         run.finish({}, run.test_scores(preds))
 

@@ -256,3 +256,29 @@ def test_summary_and_table():
     assert out['avg'] == pytest.approx(70.0) and out['gap'] == pytest.approx(15.0)
     table = ev.format_table({'dev': out})
     assert 'gap' in table and '15.0' in table
+
+
+def test_retrieval_embeds_a_layer_a_range_of_layers_side_by_side_or_the_first_token(spm_path):
+    """XTREME's Table 14: the mean over a text's tokens of one layer's states, of layers a..b side by side, or the
+    first token's state; each written out here block by block."""
+    import data
+    import layers as L
+    tok = data.Tokenizer(spm_path)
+    torch.manual_seed(0)
+    enc = L.Encoder(L.Config(vocab_size=tok.vocab_size, n_layer=3, n_head=2, dim=16, ffn_dim=32)).eval()
+    texts = ['Привет, как дела?', 'Café crème brûlée à São Paulo, naïve façade déjà vu.']
+    with torch.no_grad():
+        by_hand = []
+        for text in texts:
+            ids = torch.tensor([tok.encode_pair(text)])
+            h, states = enc.embed(ids), []
+            for block in enc.blocks:
+                h = block(h, torch.ones_like(ids, dtype=torch.bool))
+                states.append(h[0])
+            by_hand.append(states)  # after blocks 1, 2, 3
+        one = ev.embed_texts(enc, tok, texts, (2,), 8, 'cpu')
+        assert torch.allclose(one, torch.stack([s[1].mean(0) for s in by_hand]), atol=1e-5)
+        both = ev.embed_texts(enc, tok, texts, (2, 3), 8, 'cpu')
+        assert torch.allclose(both, torch.stack([torch.cat([s[1].mean(0), s[2].mean(0)]) for s in by_hand]), atol=1e-5)
+        first = ev.embed_texts(enc, tok, texts, (3,), 8, 'cpu', pool='cls')
+        assert torch.allclose(first, torch.stack([s[2][0] for s in by_hand]), atol=1e-5)
