@@ -667,9 +667,16 @@ class XMixup(Taught):
     DEFAULTS = {'classification': (1, 0.4, 1000), 'tagging': (4, 0.8, 1000), 'qa': (16, 0.2, 2000)}
     OPTIONS = Taught.OPTIONS + (
         Option('mixup_layer', int, 'the layer that mixes (default 1 / 4 / 16 of 24, scaled)', AT_LEAST_1),
+        Option('mixup_alpha', help='Eq. 8\'s weight alpha of the source\'s task loss (0.4 / 0.8 / 0.2, Table 10; '
+               'the paper searched 0.2 to 0.8)', valid=UNIT),
         Option('fixed_lambda', bool, 'ablation: lambda = lambda_0'),
         Option('p_k', help='scheduled sampling decay rate (1000 / 1000 / 2000; demo 50)', valid=POSITIVE),
-        Option('no_mixup_inference', bool, 'ablation: predict from the target alone', changes='scores'))
+        Option('no_mixup_inference', bool, 'ablation: predict from the target alone', changes='scores'),
+        Option('no_mixup', bool, 'ablation (Table 5): no mixup layer, each side through the plain encoder in training '
+               'and inference, the losses kept'),
+        Option('no_scheduled_sampling', bool, 'ablation (Table 5): the real English source always (p* = 1)'),
+        Option('no_mse', bool, 'ablation (Tables 5, 9): no representation consistency, Eq. 7\'s MSE'),
+        Option('no_kl', bool, 'ablation (Tables 5, 9): no prediction consistency, Eq. 7\'s KL (classification)'))
 
     @classmethod
     def configure(cls, args, demo=None):
@@ -691,10 +698,13 @@ class XMixup(Taught):
             self.layer = scale_depth(layer, L) if self.family == 'qa' else min(layer, L)
         if not 1 <= self.layer <= L:
             raise ValueError(f'--mixup_layer {self.layer} is not a layer of the model (1 to {L})')
-        self.alpha, self.p_k, self.lambda_0 = alpha, getattr(args, 'p_k', None) or p_k, 0.5
-        self.fixed_lambda = getattr(args, 'fixed_lambda', False)
-        self.mixup_inference = not getattr(args, 'no_mixup_inference', False)
-        if not self.fixed_lambda:  # Eq. 5's W and b (none to train with a fixed ratio)
+        self.p_k, self.lambda_0 = getattr(args, 'p_k', None) or p_k, 0.5
+        self.alpha = alpha if getattr(args, 'mixup_alpha', None) is None else args.mixup_alpha
+        self.fixed_lambda, self.mixes = getattr(args, 'fixed_lambda', False), not getattr(args, 'no_mixup', False)
+        self.mixup_inference = self.mixes and not getattr(args, 'no_mixup_inference', False)
+        self.round_trip = not getattr(args, 'no_scheduled_sampling', False)  # the real English alone without
+        self.mse, self.kl = not getattr(args, 'no_mse', False), not getattr(args, 'no_kl', False)
+        if self.mixes and not self.fixed_lambda:  # Eq. 5's W and b (none to train with a fixed ratio, or no mixup)
             self.w, self.b = nn.Parameter(torch.ones(1)), nn.Parameter(torch.zeros(1))
         # X-Mixup's released mBERT code (xmixup/tasks/mbert/sequence_classification.py) classifies with a new
         # RoBERTa-style head, not from BERT's pooler
@@ -725,6 +735,9 @@ class XMixup(Taught):
 
     def encode(self, src, tgt):
         enc, l = self.encoder, self.layer
+        if not self.mixes:  # the ablation: each side through the plain encoder
+            lam = torch.zeros(src.ids.size(0), 1, 1, device=src.ids.device)
+            return enc(src.ids, src.mask), enc(tgt.ids, tgt.mask), lam
         x_s = enc.run(enc.embed(src.ids), src.mask, 0, l - 1)
         x_t = enc.run(enc.embed(tgt.ids), tgt.mask, 0, l - 1)
         x_s, x_t, lam = self.mix(enc.blocks[l - 1], x_s, src.mask, x_t, tgt.mask)
@@ -733,7 +746,7 @@ class XMixup(Taught):
     def scheduled_source(self, pair):
         """Eq. 6: each example's source is the real English with probability p*, else its round
         trip -> (source batch, (B,) True where the source is real)."""
-        if pair.alt is None:
+        if pair.alt is None or not self.round_trip:
             return pair.src, torch.ones(pair.src.ids.size(0), dtype=torch.bool, device=pair.src.ids.device)
         real = torch.rand(pair.src.ids.size(0)) < self.p_star()  # drawn on the CPU: the same draws on any device
         real = data.moved(real, pair.src.ids.device)
@@ -779,8 +792,8 @@ class XMixup(Taught):
             task = torch.where(real, task, loss_t)
         mse = F.mse_loss(self.representation(h_s, src.mask), self.representation(h_t, pair.tgt.mask),
                          reduction='none').float().mean(-1)
-        loss = task + mse  # Eq. 7's representation consistency
-        if self.family == 'classification':  # Eq. 7's prediction consistency, KL(p_S || p_T)
+        loss = task + mse * self.mse  # Eq. 7's representation consistency
+        if self.family == 'classification' and self.kl:  # Eq. 7's prediction consistency, KL(p_S || p_T)
             loss = loss + kl_per_example(self.family, p_s.float().softmax(-1), p_t)
         return loss.mean(), {'loss': loss.mean().detach(), 'lambda': lam.mean().detach(), 'p_star': self.p_star(),
                              'real_source': real.float().mean(), 'mse': mse.mean().detach()}

@@ -186,13 +186,16 @@ def kl(p, q):  # sum p log(p / q) over the last dimension
     return (p * (p.log() - q.log())).sum(-1)
 
 
-@pytest.mark.parametrize('task', ['xnli', 'panx', 'mlqa'])
-def test_xmixup_loss_is_eq_7_and_8_by_hand(task):
+@pytest.mark.parametrize('task, ablation', [('xnli', {}), ('panx', {}), ('mlqa', {}), ('xnli', {'no_mse': True}),
+                                            ('xnli', {'no_kl': True}), ('mlqa', {'mixup_alpha': 0.7}),
+                                            ('panx', {'no_mse': True, 'mixup_alpha': 0.3})])
+def test_xmixup_loss_is_eq_7_and_8_by_hand(task, ablation):
     """The whole training loss from the heads' outputs, example by example: Eq. 8's alpha mix for a
     real source; for QA and tagging, the target's loss alone (weight 1) for a round-trip source;
-    Eq. 7's MSE on <s> (classification) or the mean of the tokens between <s> and </s>, and KL(p_S || p_T)."""
+    Eq. 7's MSE on <s> (classification) or the mean of the tokens between <s> and </s>, and KL(p_S || p_T);
+    the ablations of Tables 5 and 9 without the MSE (--no_mse) or the KL (--no_kl), and another alpha."""
     family, n_labels = data.TASKS[task].family, max(2, len(data.TASKS[task].labels))
-    m = model(task)
+    m = model(task, **ablation)
     with torch.no_grad():
         for linear in (m.head.dense, m.head.out):  # distributions far from uniform: KL(p_S || p_T) is not KL(p_T || p_S)
             linear is None or linear.weight.mul_(20)
@@ -233,7 +236,9 @@ def test_xmixup_loss_is_eq_7_and_8_by_hand(task):
                           int(t.first.sum()) if family == 'tagging' else 1))
         if family == 'classification':
             assert sum(p[3] for p in parts) > 0.1  # a KL that matters in the total
-        a = m.alpha
+        a = ablation.get('mixup_alpha', {'classification': 0.4, 'tagging': 0.8, 'qa': 0.2}[family])
+        parts = [(p[0], p[1], 0.0 if ablation.get('no_mse') else p[2], 0.0 if ablation.get('no_kl') else p[3], *p[4:])
+                 for p in parts]
         if family == 'tagging':  # token means over the batch, each token weighted by its example's weight
             n_s, n_t = sum(p[4] for p in parts), sum(p[5] for p in parts)
             expected = (sum(a * p[0] for p, r in zip(parts, real) if r) / n_s
@@ -255,3 +260,22 @@ def test_only_qa_mixup_layer_depends_on_depth(n_layer, expected):
     enc = layers.Encoder(layers.Config(vocab_size=60, n_layer=n_layer, n_head=2, dim=8, ffn_dim=8))
     got = tuple(xlt.XMixup(enc, task, argparse.Namespace()).layer for task in ('xnli', 'panx', 'mlqa'))
     assert got == expected
+
+
+def test_the_ablations_without_mixup_and_without_scheduled_sampling():
+    """--no_mixup: each side through the plain encoder, no lambda to learn, the target alone predicts; without
+    scheduled sampling the real English is the source whatever p*."""
+    m, p = model('xnli', no_mixup=True), pair()
+    with torch.no_grad():
+        h_s, h_t, lam = m.encode(p.src, p.tgt)
+        assert torch.equal(h_s, m.encoder(p.src.ids, p.src.mask)) and torch.equal(h_t, m.encoder(p.tgt.ids, p.tgt.mask))
+        assert not hasattr(m, 'w') and lam.abs().sum() == 0
+        assert torch.equal(m.predict(p), m.head(m.encoder(p.tgt.ids, p.tgt.mask), p.tgt.mask))
+    m = model('xnli', no_scheduled_sampling=True)
+    m.p_k, m.step = 10, 100  # p* near 0: every source would be the round trip
+    alt = data.Batch(p.tgt.ids, p.tgt.mask)
+    source, real = m.scheduled_source(data.Pair(p.src, p.tgt, alt))
+    assert source is p.src and real.all()
+    m = model('xnli')
+    m.p_k, m.step = 10, 100
+    assert not m.scheduled_source(data.Pair(p.src, p.tgt, alt))[1].any()  # with it: the round trips
