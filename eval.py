@@ -24,9 +24,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import data
+import layers
 from data import (GROUPS, TASKS, XTREME, DataError, Feature, collate, is_demo, item_lengths, languages,
                   length_batches, read_labels, read_lines, read_qa_file, read_retrieval, read_tag_file, read_text,
-                  suffix, word_predictions)
+                  suffix, truncate_pair, word_predictions)
 from layers import Parser, atomic_write, mean_pool
 
 
@@ -816,13 +818,19 @@ def main(argv=None):
     parser.add_argument('--bleu', metavar='HYP', help='BLEU of this text file (one sentence per line) against --ref')
     parser.add_argument('--ref', help='the references of --bleu, one per line')
     parser.add_argument('--tokenized', action='store_true', help='--bleu of tokenised files as multi-bleu.perl -lc')
+    parser.add_argument('--cka', metavar='RUN', help='X-Mixup\'s CKA of a finished XNLI or PAWS-X run\'s English and '
+                                                     'target representations, per language, and its Spearman\'s rho '
+                                                     'with the run\'s test scores (--out: optional, a JSON)')
+    parser.add_argument('--eval_batch_size', type=int, default=64, help='--cka: examples a batch')
     args = parser.parse_args(argv)
-    modes = [name for name in ('bleu', 'collect', 'plot', 'predictions') if getattr(args, name)]
+    modes = [name for name in ('bleu', 'cka', 'collect', 'plot', 'predictions') if getattr(args, name)]
     if len(modes) > 1:
         sys.exit(f'error: --{" and --".join(modes)} are different modes: give one')
     try:
         if args.bleu or args.ref or args.tokenized:
             return bleu_main(args)
+        if args.cka:
+            return cka_main(args)
         if args.plot:
             for path in plot(args.plot, args.out or os.path.join(args.plot[0], 'plots')):
                 print(f'wrote {path}')
@@ -841,6 +849,59 @@ def main(argv=None):
     except (EvalError, DataError, OSError) as e:
         sys.exit(f'error: {e}')
     print(xtreme_table(scores, args.demo))
+
+
+def cka_main(args):
+    """--cka RUN: X-Mixup's linear CKA (Eq. 1, Tables 2 and 7, Fig. 3) between English's and each language's
+    representations of the task's parallel test sets (row i of each translates row i of English's: XNLI, PAWS-X)
+    with RUN's fine-tuned encoder (best.pt), a text pair's <s> after the last layer (Eq. 7's r for classification;
+    the paper does not say which), and Spearman's rho between the languages' CKA and RUN's test scores."""
+    ckpt = layers.load_checkpoint(os.path.join(args.cka, 'best.pt'))
+    meta, settings = ckpt['meta'], ckpt['meta']['settings']
+    task, data_dir = settings['task'], settings['data_dir']
+    if task not in TASKS or TASKS[task].family != 'classification':
+        raise EvalError(f'--cka compares the parallel test sets of XNLI and PAWS-X, not {task}\'s: give such a run')
+    tok = data.tokenizer(layers.stored_config(ckpt['config']).backbone, meta['tokenizer'][0], meta['lower'],
+                         (meta['tokenizer'][1:] or [None])[0])
+    encoder = layers.Encoder(layers.stored_config(ckpt['config']))
+    encoder.load_state_dict(ckpt['encoder'])
+    embed = lambda lang: states(encoder, tok, data.read_split(data_dir, task, 'test', lang), args.eval_batch_size)
+    english, scores, ckas = embed('en'), json.loads(read_text(os.path.join(args.cka, 'results.json')))['test'], {}
+    for lang in (lang for lang in languages(task, is_demo(data_dir)) if lang != 'en'):
+        target = embed(lang)
+        if len(target) != len(english):
+            raise EvalError(f'{task}\'s test set has {len(target)} examples in {lang} and {len(english)} in English: '
+                            '--cka needs the parallel test sets as XTREME ships them')
+        ckas[lang] = linear_cka(english, target)
+    rho = spearman([ckas[lang] for lang in ckas], [scores[lang] for lang in ckas]) if set(ckas) <= set(scores) else None
+    out = {'run': args.cka, 'task': task, 'cka': ckas, 'test': {lang: scores.get(lang) for lang in ckas}, 'rho': rho}
+    if args.out:
+        atomic_write(args.out, json.dumps(out, indent=2))
+    print(format_table({'CKA with English': {k: 100 * v for k, v in ckas.items()}, 'test': out['test']}))
+    print(f'Spearman\'s rho of CKA and test score over {len(ckas)} languages: ' + ('no test scores (no labels)'
+                                                                                  if rho is None else f'{rho:.3f}'))
+
+
+@torch.no_grad()
+def states(encoder, tok, examples, batch_size):
+    """Each example's text pair encoded (<s> a </s></s> b </s>, 128 tokens) -> its <s> after the last layer."""
+    feats = [Feature(tok.encode_pair(*truncate_pair(tok.encode(ex['a']), tok.encode(ex['b']), 124))) for ex in examples]
+    out = torch.zeros(len(feats), encoder.cfg.dim)
+    for index in length_batches(item_lengths(feats)[:, 0], batch_size):
+        b = collate([feats[i] for i in index], pad_id=tok.pad)
+        out[index] = encoder.eval()(b.ids, b.mask)[:, 0].float()
+    return out
+
+
+def spearman(x, y):
+    """Spearman's rank correlation: Pearson's of the ranks, tied values given their mean rank."""
+    def ranks(v):
+        v = np.asarray(v, float)
+        order = np.argsort(v, kind='stable')
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v), dtype=float)
+        return np.array([r[v == value].mean() for value in v])
+    return float(np.corrcoef(ranks(x), ranks(y))[0, 1])
 
 
 def bleu_main(args):

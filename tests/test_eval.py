@@ -282,3 +282,39 @@ def test_retrieval_embeds_a_layer_a_range_of_layers_side_by_side_or_the_first_to
         assert torch.allclose(both, torch.stack([torch.cat([s[1].mean(0), s[2].mean(0)]) for s in by_hand]), atol=1e-5)
         first = ev.embed_texts(enc, tok, texts, (3,), 8, 'cpu', pool='cls')
         assert torch.allclose(first, torch.stack([s[2][0] for s in by_hand]), atol=1e-5)
+
+
+def test_spearman_by_hand_with_a_tie():
+    # ranks (0, 1.5, 1.5, 3) and (0, 2, 1, 3): covariance 4.5, variances 4.5 and 5
+    assert ev.spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(4.5 / (4.5 * 5) ** 0.5)
+    assert ev.spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1)
+
+
+def test_cka_of_a_run_is_eq_1_on_its_encoders_s_states_by_hand(tmp_path, capsys):
+    """eval.py --cka RUN: per language, linear CKA between the <s> states (last layer) of English's and the
+    language's test pairs under RUN's encoder, each computed here one example at a time."""
+    import data
+    import layers
+    import train
+    demo = data.make_demo(str(tmp_path / 'run' / 'demo-data'), n_train=200, n_eval=30)
+    train.main(['--demo', '--task', 'xnli', '--epochs', '2', '--out', str(tmp_path / 'run')])
+    results = json.load(open(tmp_path / 'run' / 'results.json'))
+    results['test'].update(de=70.0, zh=30.0)  # scores that rank the languages (the demo's may tie)
+    json.dump(results, open(tmp_path / 'run' / 'results.json', 'w'))
+    ev.main(['--cka', str(tmp_path / 'run'), '--out', str(tmp_path / 'cka.json')])
+    out = json.load(open(tmp_path / 'cka.json'))
+    ckpt = layers.load_checkpoint(str(tmp_path / 'run' / 'best.pt'))
+    enc = layers.Encoder(layers.stored_config(ckpt['config'])).eval()
+    enc.load_state_dict(ckpt['encoder'])
+    tok = data.Tokenizer(os.path.join(demo, 'sentencepiece.bpe.model'))
+    with torch.no_grad():
+        reps = lambda lang: torch.stack([enc(torch.tensor([tok.encode_pair(ex['a'], ex['b'])]))[0, 0]
+                                         for ex in data.read_split(demo, 'xnli', 'test', lang)])
+        english = reps('en')
+        for lang in ('de', 'zh'):
+            x, y = english.double() - english.double().mean(0), reps(lang).double() - reps(lang).double().mean(0)
+            by_hand = float((y.T @ x).norm() ** 2 / ((x.T @ x).norm() * (y.T @ y).norm()))
+            assert out['cka'][lang] == pytest.approx(by_hand, rel=1e-4)
+    assert out['test'] == {'de': 70.0, 'zh': 30.0} and out['cka']['de'] != out['cka']['zh']
+    assert out['rho'] == pytest.approx(1.0 if out['cka']['de'] > out['cka']['zh'] else -1.0)
+    assert 'Spearman\'s rho of CKA and test score over 2 languages' in capsys.readouterr().out
