@@ -1514,7 +1514,8 @@ class XLA(Baseline):
         """The warm-up (Section 3.1, lines 1-3): three zero-shot runs on English with the
         confidence penalty (weight 1, or --conf_penalty), seeds 3 x --seed + m: runs of other seeds
         share no model."""
-        shared = lambda m: {'out': f'{args.warmup_dir}/warmup-{m + 1}'} if args.warmup_dir else {}  # for other runs
+        seed = '' if args.seed == 1 else f'seed{args.seed}/'  # --seeds: each seed's warm-ups apart
+        shared = lambda m: {'out': f'{args.warmup_dir}/{seed}warmup-{m + 1}'} if args.warmup_dir else {}  # other runs'
         penalty = 1.0 if args.conf_penalty is None else args.conf_penalty
         draw = args.seed if args.share_seed is None else args.share_seed  # the run's share, whatever their seeds
         return {f'warmup-{m + 1}': {'method': 'zeroshot', 'seed': 3 * args.seed + m, 'stage': f'warm-up {m + 1} of 3',

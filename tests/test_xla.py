@@ -603,3 +603,11 @@ def test_xla_under_two_processes_makes_the_samples_one_process_makes(demo_data, 
     sharded = torch.load(out / 'epoch1' / 'labels-warmup-1.pt', weights_only=True)['target']
     assert [torch.equal(labels[key], sharded[key]) for key in ('label', 'ends', 'keep')] == [True] * 3
     assert torch.allclose(labels['confidence'], sharded['confidence'], atol=1e-5) and 0 < labels['keep'].sum() < len(target)
+
+
+def test_each_seed_keeps_its_warm_ups_apart_in_the_shared_folder():
+    import train
+    out = lambda seed: [s['out'] for s in xlt.XLA.stages(train.parse_args(
+        ['--method', 'xla', '--task', 'conll', '--train_lang', 'es', '--warmup_dir', 'w', '--seed', str(seed)])).values()]
+    assert out(1) == ['w/warmup-1', 'w/warmup-2', 'w/warmup-3']  # the first seed's where they always were
+    assert out(1000) == ['w/seed1000/warmup-1', 'w/seed1000/warmup-2', 'w/seed1000/warmup-3']
