@@ -1435,8 +1435,8 @@ class XLA(Baseline):
     OPTIONS = TranslateTrain.OPTIONS + (
         Option('xla_lr', help='learning rate of the XLA epochs (--lr: the warm-up\'s; Table 8)', valid=POSITIVE),
         Option('xla_batch_size', int, 'batch size of the XLA epochs (Table 8: 16, 32)', AT_LEAST_1),
-        Option('xla_epochs', int, 'epochs of co-teaching after the warm-up (Algorithm 1: 3; Table 8: PAWS-X 6)',
-               AT_LEAST_1, default=3),
+        Option('xla_epochs', int, 'epochs of co-teaching after the warm-up (Algorithm 1: 3; Table 8: PAWS-X 6); 0: the '
+               'three warm-ups alone, their mean and ensemble (the papers\' zero-shot rows)', NON_NEGATIVE, default=3),
         Option('xla_weight_decay', help='weight decay of the XLA epochs (Table 8: 0.01; XNLI, PAWS-X none)',
                valid=NON_NEGATIVE),
         Option('xla_eval_steps', int, 'select on the --train_lang dev score every N steps of an XLA epoch (Table 8: '
@@ -1501,7 +1501,7 @@ class XLA(Baseline):
     @classmethod
     def reads(cls, args):
         lang, task = args.train_lang, args.task
-        if args.eval_only:
+        if args.eval_only or not args.xla_epochs:  # --xla_epochs 0: the warm-ups read English alone
             return []
         if TASKS[task].family == 'tagging':
             return [(data.split_path(args.data_dir, task, 'train', lang), f'XLA reads the unlabelled {lang} training '
@@ -1535,6 +1535,8 @@ class XLA(Baseline):
         of English too; GEN-LM, lines 6-7), each model's labels and DISTIL's choice (lines 8-10),
         and co-teaching (lines 3-22). -> the three final models' checkpoints."""
         args = run.args
+        if not args.xla_epochs:  # the warm-ups alone: the zero-shot rows (with --conf_penalty 0) and their ensemble
+            return [f'{run.stage(name)}/best.pt' for name in cls.stages(args)]
         english = data.training_set(run.features, [], share=args.train_share)  # D_s: the warm-ups' set
         target = data.unlabelled_set(run.features, args.train_lang, args.train_share)  # D_t
         if not (args.mlm or args.init):
@@ -1544,8 +1546,8 @@ class XLA(Baseline):
         if mlm is None:
             run.fail(f'{args.mlm or args.init} has no MLM head: pass --mlm a converted XLM-R checkpoint '
                      '(python layers.py convert keeps it)')
-        vicinity = encoder.eval(), mlm.eval()  # frozen, on the CPU until GEN-LM runs
         models = [f'{run.stage(name)}/best.pt' for name in cls.stages(args)]
+        vicinity = encoder.eval(), mlm.eval()  # frozen, on the CPU until GEN-LM runs
         for e in range(1, args.xla_epochs + 1):
             names = cls.SETS[min(e, 3)]
             names = tuple(dict.fromkeys(n.removesuffix(' vicinal') for n in names)) if args.no_vicinal else names

@@ -521,6 +521,13 @@ def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages
     (out / 'results.json').unlink()
     demo_run(out, demo_data, argv + ['--eval_only'])  # the models the run ended with, evaluated again
     assert json.loads((out / 'results.json').read_text())['runs'] == first['runs']
+    # --xla_epochs 0: the three warm-ups alone (reused from --warmup_dir), their mean and their ensemble
+    demo_run(tmp_path / 'zero', demo_data, argv + ['--xla_epochs', '0', '--warmup_dir', str(out)])
+    zero = json.loads((tmp_path / 'zero' / 'results.json').read_text())
+    for m in (1, 2, 3):
+        assert zero['runs'][f'XLA model {m}']['test'] == json.loads((out / f'warmup-{m}' / 'results.json').read_text())['test']
+    assert zero['runs']['XLA mean of the models']['test'] == zero['runs']['warm-up (zero-shot + penalty), mean']['test']
+    assert not list((tmp_path / 'zero').glob('epoch*')) and zero['test'] != zero['runs']['XLA model 1']['test']
     # warm-ups kept for other runs are reused only with the same settings
     one_line(['--demo', '--out', str(out), *argv, '--warmup_dir', str(out), '--conf_penalty', '0.5'],
              'holds a finished warmup-1 with --conf_penalty 1.0 (this run: 0.5)')
