@@ -205,7 +205,7 @@ def reproduction_commands():
     text = section('reproducing.md').replace('\\\n', ' ')
     commands, loop = [], None
     for line in text.splitlines():
-        if m := re.match(r'\s*for (\w+) in ([\w ]+); do$', line):
+        if m := re.match(r'\s*for (\w+) in ([\w .-]+); do$', line):
             loop = m.group(1), m.group(2).split()
         elif line.strip() == 'done':
             loop = None
@@ -253,12 +253,14 @@ def write_layout(root, langs_of):
         open(os.path.join(root, name), 'w').write('x\n')
 
 
+@pytest.mark.slow  # about 500 commands
 def test_every_reproduction_command_passes_dry_run(tmp_path, monkeypatch, capsys, spm_path):
     commands = reproduction_commands()
     assert len(commands) >= 80  # every method and task of the table, loops unrolled
     monkeypatch.chdir(tmp_path)
-    write_layout('data', lambda task: data.TASKS[task].langs)
-    shutil.copy(spm_path, 'data/sentencepiece.bpe.model')  # the dry run reads it
+    for folder in ('data', 'data/filter'):  # XTREME's data, and FILTER's (--translations filter)
+        write_layout(folder, lambda task: data.TASKS[task].langs)
+        shutil.copy(spm_path, f'{folder}/sentencepiece.bpe.model')  # the dry run reads it
     made = set()  # what the runs before a command would have left: the checkpoints and teachers it reads
     for name in {arg for _, argv in commands for arg in argv if arg.endswith('.pt')}:
         os.makedirs(os.path.dirname(name) or '.', exist_ok=True)
@@ -285,6 +287,44 @@ def test_every_reproduction_command_passes_dry_run(tmp_path, monkeypatch, capsys
         assert out.splitlines()[0].endswith(': dry run, nothing is trained or written'), argv
         assert 'fits the 40.00 GiB GPU' in out or 'memory    none trained' in out, (argv, out)
     assert {os.path.join(d, f) for d, _, names in os.walk('runs') for f in names} == {p for p in made if p.startswith('runs')}
+
+
+LEDGER_STATUS = ('as run', 'departure', 'none')
+
+
+def ledger_rows():
+    """The ledger's rows: (paper, row, status, the command groups it cites)."""
+    rows, paper = [], None
+    for line in section('reproducing.md', 'The ledger').splitlines():
+        if line.startswith('### '):
+            paper = line[4:]
+        elif line.startswith('| ') and not line.startswith(('| row', '|---')):
+            cells = [cell.strip() for cell in line.strip('|').split('|')]
+            rows.append((paper, cells[0], cells[2], re.findall(r'\[(\w+)\]', cells[3])))
+    return rows
+
+
+def test_the_ledger_counts_its_rows_and_cites_commands_that_exist():
+    """Every row of the ledger says how its command runs it (as run, a departure, none), a row with a command cites
+    labelled groups of the commands' page, a row without says why; the counts stated are the rows'."""
+    rows, page = ledger_rows(), section('reproducing.md')
+    labels = set(re.findall(r'^# \[(\w+)\]', page, flags=re.M))
+    assert {paper for paper, *_ in rows} == {'XTREME (Hu et al., 2020)', 'FILTER (Fang et al., 2021)',
+                                            'X-Mixup (Yang et al., 2022)', 'VECO (Luo et al., 2020)',
+                                            'XLA (Bari et al., 2021)'}
+    counts = dict.fromkeys(LEDGER_STATUS, 0)
+    for paper, row, status, cited in rows:
+        kind = next((k for k in LEDGER_STATUS if status.startswith(k)), None)
+        assert kind, (paper, row, status)
+        counts[kind] += 1
+        assert (kind == 'none') == (not cited), (paper, row)  # a command, or why none
+        assert kind != 'none' or len(status) > len('none: '), (paper, row)
+        assert set(cited) <= labels, (paper, row, set(cited) - labels)
+    stated = re.search(r'Counts: (\d+) rows; (\d+) as run, (\d+) with a departure, (\d+) without a command', page)
+    assert tuple(map(int, stated.groups())) == (len(rows), counts['as run'], counts['departure'], counts['none'])
+    assert counts['as run'] >= 60
+    print(f'ledger: {len(rows)} rows; {counts["as run"]} as run, {counts["departure"]} with a departure, '
+          f'{counts["none"]} without a command')
 
 
 def test_dry_run_names_a_missing_file_in_one_line(tmp_path, monkeypatch, capsys, spm_path):
