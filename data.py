@@ -121,7 +121,9 @@ class Tokenizer:
         2.x's tokenize lowered it for do_lower_case (XTREME's and FILTER's QA scripts on XLM-R), so a word-final Σ
         becomes σ, not ς; a character whose lower case is longer is kept as it is, so that character positions
         stay."""
-        low = text.lower() if self.lower else text
+        if not self.lower:
+            return text
+        low = text.lower()
         if len(low) == len(text) and 'Σ' not in text:  # str.lower's one rule of context is the final sigma
             return low
         return ''.join(c if len(c.lower()) > 1 else c.lower() for c in text)

@@ -64,6 +64,8 @@ def test_qa_case_lower_lowers_one_character_at_a_time(spm_path):
     assert tok.encode(text) != ref.encode(text.lower(), add_special_tokens=False)  # the whole text at once differs
     ids, spans = tok.encode_with_spans(text)
     assert ids == tok.encode(text) and spans[-1][1] == len(text)
+    cased = Tokenizer(spm_path)  # a cased run reads a capital sigma as it is
+    assert cased.model_text(text) == text and cased.encode(text) == ref.encode(text, add_special_tokens=False)
 
 
 @pytest.mark.parametrize('name,text', TEXTS)
