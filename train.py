@@ -1074,15 +1074,17 @@ def predict(args, rank, world, device):
     leaderboard's format, and .scores.json: each prediction's probability, the scores where FILE has labels."""
     if not is_finished(args.out):
         fail(f'--predict FILE predicts with a finished run: {args.out} has no results.json; give the run\'s folder')
-    settings = argparse.Namespace(**{**read_config(args.out), 'out': args.out, 'eval_only': True, 'resume': False,
+    found = read_config(args.out)
+    settings = argparse.Namespace(**{**{o.name: o.default for o in OPTIONS}, **found,  # an older run's: the defaults
+                                     'out': args.out, 'eval_only': True, 'resume': False,
                                      'precision': args.precision, 'eval_batch_size': args.eval_batch_size})
     cls, demo = xlt.method_class(settings), os.path.join(args.out, 'demo-data')
     if settings.task not in data.TASKS or xlt.task_family(settings) == 'retrieval':
         fail(f'--predict is for the runs of a task with labels to predict, not {settings.task}')
     if len(args.predict) > 1 + (xlt.task_family(settings) == 'qa' and cls.paired):
         fail('--predict takes FILE, and for a paired method on QA its TRANSLATION; a TSV holds its translation')
-    if not os.path.exists(os.path.join(args.out, cls.KEEPS)) and not (settings.init and cls.KEEPS == 'best.pt'):
-        fail(f'{args.out} keeps no {cls.KEEPS}: predict with the run that trained it')
+    if not os.path.exists(os.path.join(args.out, cls.KEEPS)) and not (found.get('eval_only') and settings.init):
+        fail(f'{args.out} keeps no {cls.KEEPS}: predict with the run that trained it')  # but an --eval_only of --init
     if settings.demo and not data.is_demo(demo, current=True):
         fail(f'{args.out} is a run of an older demo, whose tokenizer has changed since: run it again')
     tok = prepare(settings, rank, world, device)

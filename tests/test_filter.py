@@ -296,6 +296,13 @@ def test_a_released_filter_model_evaluates_and_predicts_from_the_command_line(tm
     predicted = open(tmp_path / 'run' / 'predicted' / 'test-de-en-translated.tsv').read().split()
     assert predicted == open(tmp_path / 'run' / 'predictions' / 'xnli' / 'test-de.tsv').read().split()
     assert len(predicted) == len(open(paired).readlines())
+    config = json.load(open(tmp_path / 'run' / 'config.json'))
+    del config['share_seed']  # a run's config of before the option: its default
+    json.dump(config, open(tmp_path / 'run' / 'config.json', 'w'))
+    train.main(['--out', str(tmp_path / 'run'), '--predict', paired])
+    json.dump({**config, 'eval_only': False}, open(tmp_path / 'run' / 'config.json', 'w'))  # a run that trained
+    with pytest.raises(SystemExit, match='keeps no best.pt: predict with the run that trained it'):
+        train.main(['--out', str(tmp_path / 'run'), '--predict', paired])
 
 
 def test_with_filters_data_the_languages_it_left_untranslated_are_not_trained_on(tmp_path, capsys):
