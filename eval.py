@@ -265,12 +265,12 @@ def decode_qa(windows, start_logits, end_logits, examples, max_answer_len=30, pr
 # Retrieval (BUCC, Tatoeba): mean-pooled states, nearest neighbours and XTREME's margin mining; CKA (X-Mixup Eq. 1).
 
 @torch.no_grad()
-def embed_texts(encoder, tok, texts, layers, batch_size, device, pool='mean'):
-    """Mean-pooled hidden states after layers = (l,) blocks (0: the embeddings) of each text (<s> text </s>), or with
-    layers = (a, b) those after a, ..., b blocks side by side, or pool 'cls' the first token's (XTREME's Table 14),
+def embed_texts(encoder, tok, texts, which, batch_size, device, pool='mean'):
+    """Mean-pooled hidden states after which = (l,) blocks (0: the embeddings) of each text (<s> text </s>), or with
+    which = (a, b) those after a, ..., b blocks side by side, or pool 'cls' the first token's (XTREME's Table 14),
     on the device: the nearest neighbours are searched there (knn)."""
     feats = [Feature(tok.encode_pair(ids[:encoder.longest - 2])) for ids in (tok.encode(t) for t in texts)]
-    first, last = layers[0], layers[-1]
+    first, last = which[0], which[-1]
     out = torch.zeros(len(texts), encoder.cfg.dim * (last - first + 1), device=device)
     encoder.eval()
     for index in length_batches(item_lengths(feats)[:, 0], batch_size):

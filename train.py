@@ -559,8 +559,11 @@ def configure(args, owners):
     for name, classes in owners.items():
         if getattr(args, name) is not None and getattr(args, name) is not False and cls not in classes:  # 0 is given
             fail(f'--{name} belongs to {xlt.called(classes)}, not to {args.method} on {args.task}')
-    if args.with_squad and args.task != 'tydiqa':
-        fail(f'--with_squad adds SQuAD to TyDiQA\'s training set, not to {args.task}\'s: drop it')
+    if args.layer and (len(args.layer) > 2 or args.layer[0] > args.layer[-1]):
+        fail(f'--layer {"-".join(map(str, args.layer))}: give a layer N or a range A-B with A at most B')
+    if args.with_squad and (args.task != 'tydiqa' or not (cls.paired or cls.trains_on in ('en', 'every_lang'))):
+        fail(f'--with_squad adds SQuAD to the English of TyDiQA\'s training set, which {args.method} on {args.task} '
+             'does not train on: drop it')
     if args.translate_test and (xlt.task_family(args) not in ('classification', 'qa') or cls.paired):
         fail('--translate_test needs a method that reads one text and a task whose labels survive translation '
              '(tags would need a word alignment): drop --translate_test')

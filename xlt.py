@@ -215,12 +215,11 @@ class Method(nn.Module):
         """bucc2018 / tatoeba: nothing is trained; the mean-pooled states of the method's layer
         (retrieval_layer; --layer, --pool), mined as --mining says (eval.retrieve)."""
         args, encoder = run.args, run.encoder()[0].to(run.device)
+        which = args.layer or (cls.retrieval_layer(args.task, encoder.cfg.n_layer),)
+        if which[-1] > encoder.cfg.n_layer:  # before the folder is begun: an earlier run's results stay
+            run.fail(f'--layer {"-".join(map(str, which))}: the model has layers 1 to {encoder.cfg.n_layer}')
         run.folder.begin()
-        layers = args.layer or (cls.retrieval_layer(args.task, encoder.cfg.n_layer),)
-        if not layers[0] <= layers[-1] <= encoder.cfg.n_layer or len(layers) > 2:
-            run.fail(f'--layer {"-".join(map(str, layers))} is not a layer or range A-B of the model\'s 1 to '
-                     f'{encoder.cfg.n_layer}')
-        embed = lambda texts: ev.embed_texts(encoder, run.tok, texts, layers, args.eval_batch_size, run.device,
+        embed = lambda texts: ev.embed_texts(encoder, run.tok, texts, which, args.eval_batch_size, run.device,
                                              args.pool)
         preds = ev.retrieve(args.data_dir, args.task, embed, args.mining, args.langs) if run.rank == 0 else {}
         run.finish({}, run.test_scores(preds))

@@ -761,3 +761,12 @@ def test_a_share_is_drawn_by_its_seed_and_xla_draws_anew_for_each_seed(demo_dir)
             for seed in (1, 2)]
     ids = lambda items: sorted(tuple(items[i].ids) for i in range(len(items)))
     assert len(sets[0]) == len(sets[1]) and ids(sets[0]) != ids(sets[1])
+
+
+def test_with_squad_is_refused_where_no_english_tydiqa_is_trained_on(capsys):
+    import train
+    for argv in (['--task', 'xnli'], ['--method', 'translate-train', '--task', 'tydiqa', '--train_lang', 'ko'],
+                 ['--method', 'in-language', '--task', 'tydiqa', '--train_lang', 'ko']):
+        with pytest.raises(SystemExit, match='--with_squad adds SQuAD to the English of TyDiQA'):
+            train.parse_args(argv + ['--with_squad'])
+    assert train.parse_args(['--method', 'filter', '--task', 'tydiqa', '--with_squad']).with_squad

@@ -318,3 +318,16 @@ def test_cka_of_a_run_is_eq_1_on_its_encoders_s_states_by_hand(tmp_path, capsys)
     assert out['test'] == {'de': 70.0, 'zh': 30.0} and out['cka']['de'] != out['cka']['zh']
     assert out['rho'] == pytest.approx(1.0 if out['cka']['de'] > out['cka']['zh'] else -1.0)
     assert 'Spearman\'s rho of CKA and test score over 2 languages' in capsys.readouterr().out
+
+
+def test_a_layer_the_model_lacks_is_refused_before_the_folder_changes(tmp_path):
+    import data
+    import train
+    demo = data.make_demo(str(tmp_path / 'run' / 'demo-data'), n_train=20, n_eval=8)
+    (tmp_path / 'run' / 'results.json').write_text('{}')  # an earlier run's, which must stay
+    with pytest.raises(SystemExit, match='--layer 3: the model has layers 1 to 2'):
+        train.main(['--demo', '--task', 'tatoeba', '--layer', '3', '--out', str(tmp_path / 'run')])
+    assert (tmp_path / 'run' / 'results.json').read_text() == '{}' and demo
+    for bad in ('2-1', '1-2-3'):
+        with pytest.raises(SystemExit, match=f'--layer {bad}: give a layer N or a range A-B with A at most B'):
+            train.parse_args(['--task', 'tatoeba', '--layer', bad])
