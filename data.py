@@ -2476,7 +2476,7 @@ def download(task, out, sources=(), translations=None):
     os.makedirs(raw, exist_ok=True)
     try:
         if sources:  # ud-treebanks-v2.5.tgz, held
-            unpack(sources[0], raw)
+            unpack(sources[0], raw, 'ud-treebanks-v2.5.tgz or its folder')
         files = [] if sources else [fetch(url, raw) for url in SOURCES[task]]
     except DataError:
         for folder in reversed(made):  # a failed download leaves no empty folders behind
@@ -2530,48 +2530,59 @@ FILTER_ARCHIVES = 'https://convaisharables.blob.core.windows.net/filter/data/tra
 XNLI_MT = 'https://dl.fbaipublicfiles.com/XNLI/XNLI-MT-1.0.zip'
 
 
+FILTER_URLS = {'xnli': [XNLI_MT, FILTER_ARCHIVES], 'pawsx': [SOURCES['pawsx'][0], FILTER_ARCHIVES],
+               'udpos': [FILTER_ARCHIVES], 'panx': [FILTER_ARCHIVES], 'tydiqa': [FILTER_ARCHIVES], 'xquad': [],
+               'mlqa': []}  # XQuAD and MLQA: the benchmarks' own English
+
+
 def download_filter(task, out, sources=()):
     """OUT/filter, a data folder: FILTER's translations of task (from the archives or folders in sources, else
-    downloaded), everything else of task and OUT linked (XTREME's QA translate-train among it, which FILTER read)."""
+    downloaded), everything else of task and OUT linked (XTREME's QA translate-train among it, which FILTER read).
+    The links are made now: a task downloaded into OUT later is linked by the next conversion."""
+    if task not in FILTER_URLS:
+        raise DataError(f'FILTER has no data of {task} (its runners read {", ".join(FILTER_URLS)}): '
+                        'drop --translations')
     if not os.path.isdir(os.path.join(out, task)) or task in ('xquad', 'mlqa') and not os.path.isdir(out + '/squad'):
         raise DataError(f'{out} has no {task} data to pair FILTER\'s translations with: first python data.py '
                         f'download --task {task} --out {out}')
-    urls = {'xnli': [XNLI_MT, FILTER_ARCHIVES], 'pawsx': [SOURCES['pawsx'][0], FILTER_ARCHIVES],
-            'udpos': [FILTER_ARCHIVES], 'panx': [FILTER_ARCHIVES], 'tydiqa': [FILTER_ARCHIVES]}.get(task, [])
     raw = os.path.join(out, 'downloads', 'filter', task)
+    if sources:  # what other archives left unpacked there is not read
+        shutil.rmtree(os.path.join(raw, 'raw'), ignore_errors=True)
     for source in sources:
-        unpack(source, raw)
-    for url in [] if sources else urls:
+        unpack(source, raw, 'XNLI-MT-1.0.zip, x-final.tar.gz or FILTER\'s <task>.zip, or their folders')
+    for url in [] if sources else FILTER_URLS[task]:
         fetch(url.format(task=task), raw)  # unpacked into raw/raw
-    ours = os.path.join(out, 'filter', task)
+    ours, theirs = os.path.join(out, 'filter', task), os.path.join(out, task)
     tmp = ours + '.part'
     shutil.rmtree(tmp, ignore_errors=True)
-    files = filter_translations(task, out, os.path.join(raw, 'raw'))
-    for name, text in files.items():
+    for name, text in filter_translations(task, out, os.path.join(raw, 'raw')).items():
         atomic_write(os.path.join(tmp, name), text)
-    for name in os.listdir(os.path.join(out, task)):  # the rest of the task's folder: links to XTREME's
-        if not os.path.exists(os.path.join(tmp, name)):
-            os.symlink(os.path.abspath(os.path.join(out, task, name)), os.path.join(tmp, name))
+    for name in (name for name in os.listdir(theirs) if not os.path.exists(os.path.join(tmp, name))):
+        link(os.path.join(theirs, name), os.path.join(tmp, name))  # the rest of the task's folder: XTREME's
     if os.path.islink(ours):  # linked by another task's conversion
         os.remove(ours)
     shutil.rmtree(ours, ignore_errors=True)
     os.replace(tmp, ours)
     for name in os.listdir(out):  # the other tasks, labels/, the tokenizer's files
         if name not in ('filter', 'downloads', '.cache') and not os.path.lexists(os.path.join(out, 'filter', name)):
-            os.symlink(os.path.abspath(os.path.join(out, name)), os.path.join(out, 'filter', name))
+            link(os.path.join(out, name), os.path.join(out, 'filter', name))
     print(f'FILTER\'s translations of {task} are in {os.path.join(out, "filter")}: train.py --translations filter')
 
 
-def unpack(source, raw):
-    """An archive (zip, tar) unpacked into raw/raw, a folder linked there."""
+def link(target, at):
+    """A relative symbolic link at `at` to target: the data folder can move."""
+    os.symlink(os.path.relpath(target, os.path.dirname(at)), at)
+
+
+def unpack(source, raw, what):
+    """An archive (zip, tar) unpacked into raw/raw, a folder linked there; what: the sources expected."""
     if not os.path.exists(source):
-        raise DataError(f'{source} not found: give XNLI-MT-1.0.zip, x-final.tar.gz or FILTER\'s <task>.zip, '
-                        'or their folders')
+        raise DataError(f'{source} not found: give {what}')
     os.makedirs(os.path.join(raw, 'raw'), exist_ok=True)
     if os.path.isdir(source):
-        link = os.path.join(raw, 'raw', os.path.basename(os.path.normpath(source)))
-        if not os.path.lexists(link):
-            os.symlink(os.path.abspath(source), link)
+        at = os.path.join(raw, 'raw', os.path.basename(os.path.normpath(source)))
+        if not os.path.lexists(at):
+            link(os.path.abspath(source), at)
     else:
         shutil.unpack_archive(source, os.path.join(raw, 'raw'))
 

@@ -381,6 +381,13 @@ def test_filters_pawsx_tagging_and_qa_data(tmp_path):
     data.main(['download', '--task', 'mlqa', '--translations', 'filter', '--out', out])
     (english, translation), = data.read_translations(theirs, 'mlqa', 'test', 'de')
     assert (english['context'], translation['context']) == ('Paris ist groß.', 'Paris is big.')
+    links = [os.path.join(d, n) for d, dirs, names in os.walk(theirs) for n in dirs + names]
+    assert all(not os.path.isabs(os.readlink(p)) for p in links if os.path.islink(p))  # relative: the folder moves
+    shutil.move(out, str(tmp_path / 'moved'))
+    assert [t['words'] for _, t in data.read_translations(str(tmp_path / 'moved' / 'filter'), 'udpos', 'test', 'de')] == [
+        ['I', 'run'], ['Go']]
+    with pytest.raises(SystemExit, match='FILTER has no data of bucc2018'):
+        data.main(['download', '--task', 'bucc2018', '--translations', 'filter', '--out', str(tmp_path / 'moved')])
 
 
 def test_udpos_converts_the_archive_a_user_holds(tmp_path):
