@@ -488,8 +488,8 @@ def training_set(spec, langs, trains_on='en', paired=False, round_trip=False, sh
         files += [split_path(data_dir, 'xquad', 'train')] * squad
     key = [task, langs, trains_on, paired, round_trip, spec.max_len, share, spec.stride] + [first] * bool(first)
     key += ['with squad'] * squad + [f'draw {spec.draw}'] * bool(spec.draw and share and share < 1)
-    sources = lambda: training_sources(data_dir, task, langs, trains_on, paired, round_trip, (share, spec.draw), first,
-                                       squad)
+    sources = lambda: training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first, squad,
+                                       spec.draw)
     items = feature_set(spec, files, key, sources, (2 + round_trip) if paired else 1)
     if not paired and not items.labelled.all():  # a single-text method learns every feature's own label
         unlabelled = len(items) - int(items.labelled.sum())
@@ -499,7 +499,7 @@ def training_set(spec, langs, trains_on='en', paired=False, round_trip=False, sh
     return items
 
 
-def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first=None, squad=False):
+def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first=None, squad=False, draw=0):
     """-> (name, examples, positions of their English examples) a source at a time: each language's
     own first examples (in-language), or English (not for a single-text method on 'train_lang'),
     then each language's translations and their round trips where there are (write_items pairs the
@@ -508,7 +508,7 @@ def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share
         for lang in langs:
             yield lang, read_split(data_dir, task, 'train', lang)[:first], None
         return
-    english, (share, draw) = read_split(data_dir, task, 'train'), share
+    english = read_split(data_dir, task, 'train')
     if share:  # XLA's warm-up on the 5% setting: its share of English
         english = share_of(english, share, part=0, seed=draw)
     if paired or trains_on != 'train_lang':  # SQuAD's after the task's, whose positions the translations keep
@@ -567,7 +567,8 @@ def unlabelled_set(spec, lang, share):
             english = read_split(data_dir, task, 'train')
             pairs = share_of(read_translations(data_dir, task, 'train', lang, english), share, part=1, seed=spec.draw)
             yield lang, [dict(t, label=None) for _, t in pairs if t is not None], None
-    key = ['unlabelled', task, lang, share, spec.max_len, spec.stride] + [f'draw {spec.draw}'] * bool(spec.draw)
+    drawn = bool(spec.draw and share < 1)  # a share is drawn (at 100% nothing is)
+    key = ['unlabelled', task, lang, share, spec.max_len, spec.stride] + [f'draw {spec.draw}'] * drawn
     return feature_set(spec, files, key, sources, 1)
 
 

@@ -28,7 +28,7 @@ import data
 import layers
 from data import (GROUPS, TASKS, XTREME, DataError, Feature, collate, is_demo, item_lengths, languages,
                   length_batches, read_labels, read_lines, read_qa_file, read_retrieval, read_tag_file, read_text,
-                  suffix, truncate_pair, word_predictions)
+                  suffix, word_predictions)
 from layers import Parser, atomic_write, mean_pool
 
 
@@ -865,7 +865,11 @@ def cka_main(args):
                          (meta['tokenizer'][1:] or [None])[0])
     encoder = layers.Encoder(layers.stored_config(ckpt['config']))
     encoder.load_state_dict(ckpt['encoder'])
-    embed = lambda lang: states(encoder, tok, data.read_split(data_dir, task, 'test', lang), args.eval_batch_size)
+    device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    encoder = encoder.to(device)
+    examples = lambda lang: data.read_split(data_dir, task, 'test', lang)
+    embed = lambda lang: states(encoder, data.make_features(tok, task, examples(lang), settings.get('max_len')),
+                                tok.pad, args.eval_batch_size, device)
     english, scores, ckas = embed('en'), json.loads(read_text(os.path.join(args.cka, 'results.json')))['test'], {}
     for lang in (lang for lang in languages(task, is_demo(data_dir)) if lang != 'en'):
         target = embed(lang)
@@ -883,13 +887,12 @@ def cka_main(args):
 
 
 @torch.no_grad()
-def states(encoder, tok, examples, batch_size):
-    """Each example's text pair encoded (<s> a </s></s> b </s>, 128 tokens) -> its <s> after the last layer."""
-    feats = [Feature(tok.encode_pair(*truncate_pair(tok.encode(ex['a']), tok.encode(ex['b']), 124))) for ex in examples]
+def states(encoder, feats, pad, batch_size, device):
+    """Each feature's (a text pair as the run read it) <s> after the last layer, on the CPU."""
     out = torch.zeros(len(feats), encoder.cfg.dim)
     for index in length_batches(item_lengths(feats)[:, 0], batch_size):
-        b = collate([feats[i] for i in index], pad_id=tok.pad)
-        out[index] = encoder.eval()(b.ids, b.mask)[:, 0].float()
+        b = collate([feats[i] for i in index], pad_id=pad).to(device)
+        out[index] = encoder.eval()(b.ids, b.mask)[:, 0].float().cpu()
     return out
 
 

@@ -81,9 +81,8 @@ class Run:
         self.sets = sets if sets is not None else data.evaluation_sets(args.data_dir, args.task, args.translate_test,
                                                                      self.cls.paired, args.langs) if evaluated else {}
         self.cache = cache if cache is not None else {'dev': {}, 'test': {}}  # features, made once per language
-        draw = args.seed if args.share_seed is None else args.share_seed  # of a share (--train_share)
         self.features = data.Features(tok, args.data_dir, args.task, args.max_len, args.doc_stride, not args.no_cache,
-                                      draw)
+                                      xlt.share_draw(args))
 
     def build(self, cls=None, encoder=None, settings=None):
         """The method (the run's class, or cls) on the device: its encoder from --init (from random
@@ -1018,9 +1017,13 @@ class Folder:
             new = not self.args.resume
             kept = list(data.read_lines(self.path('kept.txt'))) if new and os.path.exists(self.path('kept.txt')) else []
             self.drop('results.json', 'results.txt', *['last.pt', 'best.pt', 'kept.txt', 'trained.json'] * new, *kept)
-            config = {**vars(self.args), 'changes_nothing': changing('nothing')}  # eval.py --collect groups by the rest
-            layers.atomic_write(self.path('config.json'), json.dumps(config, indent=2))
+            layers.atomic_write(self.path('config.json'), self.config())
         self.begun = True
+
+    def config(self):
+        """config.json: the run's settings, and which of them leave results alike (eval.py --collect groups by the
+        rest)."""
+        return json.dumps({**vars(self.args), 'changes_nothing': changing('nothing')}, indent=2)
 
     def keep(self, name):
         """Record a file or folder the run computed for itself (kept.txt): --resume reads it back, and
@@ -1061,7 +1064,7 @@ class Folder:
         if self.rank == 0:
             files = {**(files or {}), 'results.json': json.dumps(results, indent=2), 'results.txt': table + '\n'}
             if self.args.eval_only and not os.path.exists(self.path('config.json')):  # --init's evaluation: its
-                files['config.json'] = json.dumps({**vars(self.args), 'changes_nothing': changing('nothing')}, indent=2)
+                files['config.json'] = self.config()
             for name, text in files.items():
                 layers.atomic_write(self.path(name), text)
             print(f'{table}\n{where}; {ev.clock(time.time() - START)} in all')

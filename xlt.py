@@ -151,8 +151,11 @@ class Method(nn.Module):
         for option, value in settings.items():
             if getattr(args, option, None) is None:
                 setattr(args, option, value)
-        if args.steps:  # a run counted in steps: an 'epoch' is --eval_every of them, or a pass over the data (train)
-            args.epochs = math.ceil(args.steps / args.eval_every) if args.eval_every else None
+        if args.steps:  # a run counted in steps: train.train counts its 'epochs', --eval_every steps or passes
+            args.epochs = None
+        elif args.eval_every:
+            raise ValueError('--eval_every counts the steps between evaluations of a run counted in --steps: add '
+                             '--steps, or drop it')
         if getattr(args, 'qa_case', None) == 'lower' and not qa:
             raise ValueError(f'--qa_case lower lowercases the text of QA tasks, not of {args.task}: drop it')
 
@@ -274,6 +277,11 @@ def warmup_then_decay(warm, start, end):
     steps, then a linear decay to 0 at end."""
     warm = max(1, warm)
     return lambda step: min((step - start + 1) / warm, max(0.0, (end - step) / max(1, end - start - warm)))
+
+
+def share_draw(args):
+    """The seed of --train_share's draw: --share_seed, else the run's --seed (a new draw for each seed)."""
+    return args.seed if args.share_seed is None else args.share_seed
 
 
 def method_class(args):
@@ -1516,9 +1524,8 @@ class XLA(Baseline):
         seed = '' if args.seed == 1 else f'seed{args.seed}/'  # --seeds: each seed's warm-ups apart
         shared = lambda m: {'out': f'{args.warmup_dir}/{seed}warmup-{m + 1}'} if args.warmup_dir else {}  # other runs'
         penalty = 1.0 if args.conf_penalty is None else args.conf_penalty
-        draw = args.seed if args.share_seed is None else args.share_seed  # the run's share, whatever their seeds
         return {f'warmup-{m + 1}': {'method': 'zeroshot', 'seed': 3 * args.seed + m, 'stage': f'warm-up {m + 1} of 3',
-                                    'conf_penalty': penalty, 'share_seed': draw, **shared(m)}
+                                    'conf_penalty': penalty, 'share_seed': share_draw(args), **shared(m)}
                 for m in range(1 if args.single else 3)}
 
     @classmethod

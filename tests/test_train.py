@@ -189,6 +189,8 @@ def test_a_run_counted_in_steps_reads_pass_after_pass_and_ends_at_its_step(tmp_p
     assert (xla('--epochs', '3').steps, xla('--epochs', '3').epochs) == (None, 3)  # counted in passes, as asked
     with pytest.raises(SystemExit, match='--steps counts the training in optimiser steps, --epochs in passes'):
         train.parse_args(['--task', 'xnli', '--steps', '10', '--epochs', '2'])
+    with pytest.raises(SystemExit, match='--eval_every counts the steps between evaluations of a run counted in'):
+        train.parse_args(['--task', 'xnli', '--eval_every', '10'])
 
 
 @pytest.mark.slow
