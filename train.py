@@ -1114,12 +1114,17 @@ def over_seeds(args, rank, world, device):
     settings reused, one that began resumed with --resume), then --out/seeds.json and seeds.txt: each language's mean
     and standard deviation (np.std) over the seeds, as the papers report their rows (eval.seed_table)."""
     folders, say = [], print if rank == 0 else (lambda message: None)
+    if len(set(args.seeds)) < len(args.seeds):
+        fail(f'--seeds {",".join(map(str, args.seeds))} repeats a seed: give each once')
     for seed in args.seeds:
         out = os.path.join(args.out, f'seed{seed}')
         settings = argparse.Namespace(**{**vars(args), 'seeds': None, 'seed': seed, 'out': out})
-        if is_finished(out) and not differences(read_config(out), settings):
+        if args.dry_run:
+            if not folders:  # the plan of the first seed's run: the others' read the same
+                execute(settings, rank, world, device)
+        elif is_finished(out) and not differences(read_config(out), settings):
             say(f'seed {seed}: reused, the finished run in {out} has these settings')
-        elif not args.dry_run or not folders:  # a dry run plans the first seed's run: the others' read the same
+        else:
             settings.resume = args.resume and began(out)
             execute(settings, rank, world, device)
         folders.append(out)

@@ -322,10 +322,11 @@ class Head(nn.Module):
         id2label), its rows put in the task's order; BERT's pooler came with the encoder. filters: FILTER's."""
         if kind != self.family:
             raise ValueError(f'--init is a {kind} model and the task a {self.family} one: give a model of the task')
-        if kind == 'classification' and filters != (self.act is torch.relu):
-            raise ValueError('--init\'s classification head is ' + ('FILTER\'s released one: run it with --method '
-                             'filter' if filters else 'RoBERTa\'s, and FILTER\'s head is its released one: start '
-                             'it from the encoder alone (python layers.py convert)'))
+        if filters and self.act is not torch.relu:  # its layers were fine-tuned fused
+            raise ValueError('--init is FILTER\'s released model: run it with --method filter')
+        if kind == 'classification' and not filters and self.act is torch.relu:
+            raise ValueError('--init\'s classification head is RoBERTa\'s, and FILTER\'s is its released one: start '
+                             'it from the encoder alone (python layers.py convert)')
         if self.family != 'qa' and sorted(theirs) != sorted(labels):
             raise ValueError(f'--init predicts {", ".join(theirs)} (its id2label), not the task\'s '
                              f'{", ".join(labels)}: give a model fine-tuned on the task')
@@ -709,7 +710,7 @@ class XMixup(Taught):
         self.alpha = alpha if getattr(args, 'mixup_alpha', None) is None else args.mixup_alpha
         self.fixed_lambda, self.mixes = getattr(args, 'fixed_lambda', False), not getattr(args, 'no_mixup', False)
         self.mixup_inference = self.mixes and not getattr(args, 'no_mixup_inference', False)
-        self.round_trip = not getattr(args, 'no_scheduled_sampling', False)  # the real English alone without
+        self.sampled = not getattr(args, 'no_scheduled_sampling', False)  # Eq. 6 (else the real English alone)
         self.mse, self.kl = not getattr(args, 'no_mse', False), not getattr(args, 'no_kl', False)
         if self.mixes and not self.fixed_lambda:  # Eq. 5's W and b (none to train with a fixed ratio, or no mixup)
             self.w, self.b = nn.Parameter(torch.ones(1)), nn.Parameter(torch.zeros(1))
@@ -753,7 +754,7 @@ class XMixup(Taught):
     def scheduled_source(self, pair):
         """Eq. 6: each example's source is the real English with probability p*, else its round
         trip -> (source batch, (B,) True where the source is real)."""
-        if pair.alt is None or not self.round_trip:
+        if pair.alt is None or not self.sampled:
             return pair.src, torch.ones(pair.src.ids.size(0), dtype=torch.bool, device=pair.src.ids.device)
         real = torch.rand(pair.src.ids.size(0)) < self.p_star()  # drawn on the CPU: the same draws on any device
         real = data.moved(real, pair.src.ids.device)
@@ -1595,19 +1596,21 @@ class XLA(Baseline):
 
     @classmethod
     def report(cls, run, models):
-        ensemble = cls.predictor(run)  # the models kept in final-models.json, as --predict reads them
+        ensemble, trained = cls.predictor(run), run.args.xla_epochs > 0  # the models in final-models.json
         warm = [run.results_of(name) for name in cls.stages(run.args)]
-        rows = {'warm-up (zero-shot + penalty), mean': ev.statistic(warm)} if all(warm) else {}
+        rows = {'warm-up (zero-shot + penalty), mean': ev.statistic(warm)} if all(warm) and trained else {}
+        kind = 'XLA' if trained else 'warm-up'  # --xla_epochs 0: the warm-ups are the models
         for m, (method, path) in enumerate(zip(ensemble.models, models)):  # each model's test predictions in model<m>/
             dev = run.evaluate(method, 'dev')[0]
             test = run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1])
-            rows[f'XLA model {m + 1}'] = {'dev': ev.summary(dev), 'test': ev.summary(test), 'checkpoint': path}
-        each = [rows[f'XLA model {m + 1}'] for m in range(len(models))]
+            rows[f'{kind} model {m + 1}'] = {'dev': ev.summary(dev), 'test': ev.summary(test), 'checkpoint': path}
+        each = [rows[f'{kind} model {m + 1}'] for m in range(len(models))]
         for stat in ('mean', 'std'):  # the paper reports the mean of the three models, ± std over seeds (Section E.4)
-            rows[f'XLA {stat} of the models'] = ev.statistic(each, stat)
+            rows[f'{kind} {stat} of the models'] = ev.statistic(each, stat)
+        kept = ('each model\'s last XLA epoch that kept the --train_lang dev score (or its warm-up: the best English '
+                'dev)' if trained else 'each warm-up\'s best English dev')
         run.finish(run.evaluate(ensemble, 'dev')[0], run.test_scores(run.evaluate(ensemble, 'test')[1]),
-                   'each model\'s last XLA epoch that kept the --train_lang dev score (or its warm-up: the best '
-                   'English dev); the ensemble averages the models\' probabilities', rows, 'ensemble')
+                   f'{kept}; the ensemble averages the models\' probabilities', rows, 'ensemble')
 
 
 def vicinal_samples(run, feats, vicinity, epoch, name):

@@ -259,7 +259,7 @@ def test_filters_released_model_loads_every_tensor_in_its_place_and_its_head_is_
         assert (f.predict(p) - tanh - sd['output.4.bias']).abs().max() > 1e-3  # RoBERTa's head would differ
     with pytest.raises(ValueError, match='--init is FILTER fine-tuned with m = 1, k = 2: give --m 1 --k 2'):
         xlt.Filter(enc, 'xnli', argparse.Namespace(m=None, k=None, kl_weight=None))
-    with pytest.raises(ValueError, match='FILTER\'s released one: run it with --method filter'):
+    with pytest.raises(ValueError, match='--init is FILTER\'s released model: run it with --method filter'):
         xlt.Baseline(enc, 'xnli')
 
 
@@ -273,6 +273,8 @@ def test_filters_released_tagging_and_qa_models_load_and_a_short_file_is_refused
         f = xlt.Filter(enc, task, argparse.Namespace(m=None, k=1, kl_weight=None))  # QA's 20 scaled to 4 layers: 3
         out = 'classifier' if kind == 'tagging' else 'qa_outputs'
         assert torch.equal(f.head.out.weight, sd[f'{out}.weight']) and torch.equal(f.head.out.bias, sd[f'{out}.bias'])
+        with pytest.raises(ValueError, match='--init is FILTER\'s released model: run it with --method filter'):
+            xlt.Baseline(enc, task)  # its layers were fine-tuned fused
     config = json.loads((tmp_path / 'qa' / 'config.json').read_text())
     (tmp_path / 'qa' / 'config.json').write_text(json.dumps({**config, 'filter_k': 2}))  # a fusion layer short
     with pytest.raises(layers.CheckpointError, match='holds 1 filter.fusion layers where its config.json says 2'):

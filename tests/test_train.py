@@ -221,6 +221,11 @@ def test_seeds_run_as_the_separate_runs_and_report_their_mean_and_std(tmp_path, 
     train.main(['--demo', '--out', str(tmp_path / 'seeds'), *common, '--seeds', '1,2'])
     said = capsys.readouterr().out
     assert said.count(': reused, the finished run in') == 2 and 'epoch 1/2' not in said
+    train.main(['--demo', '--out', str(tmp_path / 'seeds'), *common, '--seeds', '1,2', '--dry_run'])
+    said = capsys.readouterr().out  # finished or not, the first seed's run is planned
+    assert 'dry run, nothing is trained or written' in said and '--seeds: the same run for seed 2 too' in said
+    with pytest.raises(SystemExit, match='--seeds 1,2,1 repeats a seed: give each once'):
+        train.main(['--demo', '--out', str(tmp_path / 'seeds'), *common, '--seeds', '1,2,1'])
 
 
 def one_line_failure(capsys, argv, message):

@@ -525,9 +525,11 @@ def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages
     demo_run(tmp_path / 'zero', demo_data, argv + ['--xla_epochs', '0', '--warmup_dir', str(out)])
     zero = json.loads((tmp_path / 'zero' / 'results.json').read_text())
     for m in (1, 2, 3):
-        assert zero['runs'][f'XLA model {m}']['test'] == json.loads((out / f'warmup-{m}' / 'results.json').read_text())['test']
-    assert zero['runs']['XLA mean of the models']['test'] == zero['runs']['warm-up (zero-shot + penalty), mean']['test']
-    assert not list((tmp_path / 'zero').glob('epoch*')) and zero['test'] != zero['runs']['XLA model 1']['test']
+        assert zero['runs'][f'warm-up model {m}']['test'] == json.loads((out / f'warmup-{m}' / 'results.json').read_text())['test']
+    assert zero['runs']['warm-up mean of the models']['test'] == first['runs']['warm-up (zero-shot + penalty), mean']['test']
+    assert not list((tmp_path / 'zero').glob('epoch*')) and zero['test'] != zero['runs']['warm-up model 1']['test']
+    assert set(zero['runs']) == {'warm-up model 1', 'warm-up model 2', 'warm-up model 3', 'warm-up mean of the models',
+                                 'warm-up std of the models'}
     # warm-ups kept for other runs are reused only with the same settings
     one_line(['--demo', '--out', str(out), *argv, '--warmup_dir', str(out), '--conf_penalty', '0.5'],
              'holds a finished warmup-1 with --conf_penalty 1.0 (this run: 0.5)')
