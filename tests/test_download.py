@@ -355,6 +355,17 @@ def test_filters_pawsx_tagging_and_qa_data(tmp_path):
         ('A en', 'A ko'), ('C en', 'C ko')]  # by id, whatever the order
     assert [(e['a'], t['a']) for e, t in data.read_translations(theirs, 'pawsx', 'test', 'ja')] == [
         ('A ja', 'A in en'), ('C ja', 'C in en')]
+    swapped = {**members, 'x-final/de/translated_train.tsv': 'sentence1\tid\tsentence2\tlabel\nC de\t2\tD de\t0\n'}
+    archive(str(tmp_path / 'swapped.tar.gz'), swapped)
+    with pytest.raises(SystemExit, match='translated_train.tsv does not begin with the header id sentence1'):
+        data.main(['download', '--task', 'pawsx', '--translations', 'filter', '--from', str(tmp_path / 'swapped.tar.gz'),
+                   '--out', out])
+    archive(str(tmp_path / 'short.zip'), {'pawsx/xtreme.msft.de-en.test': header + '1\tA in en\tB in en\t1\n'})
+    with pytest.raises(SystemExit, match='xtreme.msft.de-en.test has 1 lines for the 2 examples of pawsx test de'):
+        data.main(['download', '--task', 'pawsx', '--translations', 'filter', '--from', str(tmp_path / 'x-final.tar.gz'),
+                   '--from', str(tmp_path / 'short.zip'), '--out', out])
+    assert [(e['a'], t['a']) for e, t in data.read_translations(theirs, 'pawsx', 'test', 'de')] == [
+        ('A de', 'A in en'), ('C de', 'C in en')]  # the refused conversions left the folder as it was
     # tagging: XTREME's files (here by hand), FILTER's udpos.zip
     for name, text in (('train-en.tsv', 'I\tPRON\nrun\tVERB\n\nGo\tVERB\n'), ('test-de.tsv', 'Ich\nlaufe\n\nGeh\n'),
                        ('test-eu.tsv', 'Etxea\n')):  # Basque: FILTER left it untranslated
