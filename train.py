@@ -17,9 +17,12 @@ import gc
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import time
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
@@ -44,7 +47,10 @@ def main(argv=None):
         int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1)), None)
     data.VERBOSE = rank == 0  # warnings about skipped data, once
     try:
-        (predict if args.predict else over_seeds if args.seeds else execute)(args, rank, world, device)
+        if args.seeds:
+            over_seeds(args, rank, world, device, list(sys.argv[1:] if argv is None else argv))
+        else:
+            (predict if args.predict else execute)(args, rank, world, device)
     except (data.DataError, ev.EvalError, layers.CheckpointError, OSError) as e:  # once under way, maybe one's own
         fail(f'{e.filename}: {e.strerror}' if isinstance(e, OSError) and e.strerror else str(e), own=UNDER_WAY)
     except KeyboardInterrupt:
@@ -474,6 +480,10 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('seeds', lambda text: [int(seed) for seed in text.split(',') if seed], 'a,b,c: the run once a seed, one '
            'after another, in --out/seed<s>, then the mean and standard deviation over them (--out/seeds.txt)',
            NON_NEGATIVE, changes='nothing'),
+    Option('gpus', int, 'with --seeds: N runs at once, each a process on a GPU of its own (on a CPU, its share of the '
+           'cores)', AT_LEAST_1, default=1, changes='nothing'),
+    Option('commands', bool, 'with --seeds: print each run\'s command line, one a line (a job array\'s), and run none',
+           changes='nothing'),
     Option('precision', str, 'bf16, fp16 (with a loss scaler) or fp32 (default: bf16 on a GPU that has it, fp16 on one '
            'that has not, fp32 on the CPU)', choices=('bf16', 'fp16', 'fp32')),
     Option('translate_test', bool, 'evaluate on the test sets translated into English', changes='scores'),
@@ -558,6 +568,8 @@ def configure(args, owners):
     for name, classes in owners.items():
         if getattr(args, name) is not None and getattr(args, name) is not False and cls not in classes:  # 0 is given
             fail(f'--{name} belongs to {xlt.called(classes)}, not to {args.method} on {args.task}')
+    if (args.gpus > 1 or args.commands) and not args.seeds:
+        fail('--gpus and --commands spread the runs of a sweep: add --seeds a,b,c, or drop them')
     if args.layer and (len(args.layer) > 2 or args.layer[0] > args.layer[-1]):
         fail(f'--layer {"-".join(map(str, args.layer))}: give a layer N or a range A-B with A at most B')
     if args.with_squad and (args.task != 'tydiqa' or not (cls.paired or cls.trains_on in ('en', 'every_lang'))):
@@ -1107,29 +1119,36 @@ def predict(args, rank, world, device):
 
 
 # ----------------------------------------------------------------------------------------
-# --seeds a,b,c: the command once a seed, one after another, then their mean and standard deviation.
+# --seeds a,b,c: the command once a seed (one after another, or --gpus N at once), then their mean and std.
 
-def over_seeds(args, rank, world, device):
+def over_seeds(args, rank, world, device, argv):
     """--seeds: the run of each seed in --out/seed<s>, as --seed s --out --out/seed<s> makes it (a finished run of these
-    settings reused, one that began resumed with --resume), then --out/seeds.json and seeds.txt: each language's mean
-    and standard deviation (np.std) over the seeds, as the papers report their rows (eval.seed_table)."""
-    folders, say = [], print if rank == 0 else (lambda message: None)
+    settings reused, one that began resumed with --resume), one after another or with --gpus N as N processes at once
+    (fan_out), or with --commands each its command line alone; then --out/seeds.json and seeds.txt: each language's
+    mean and standard deviation (np.std) over the seeds, as the papers report their rows (eval.seed_table)."""
+    say = print if rank == 0 else (lambda message: None)
     if len(set(args.seeds)) < len(args.seeds):
         fail(f'--seeds {",".join(map(str, args.seeds))} repeats a seed: give each once')
-    for seed in args.seeds:
-        out = os.path.join(args.out, f'seed{seed}')
-        settings = argparse.Namespace(**{**vars(args), 'seeds': None, 'seed': seed, 'out': out})
-        if args.dry_run:
-            if not folders:  # the plan of the first seed's run: the others' read the same
-                execute(settings, rank, world, device)
-        elif is_finished(out) and not differences(read_config(out), settings):
-            say(f'seed {seed}: reused, the finished run in {out} has these settings')
-        else:
-            settings.resume = args.resume and began(out)
-            execute(settings, rank, world, device)
-        folders.append(out)
-    if args.dry_run:
+    if args.gpus > 1 and world > 1:
+        fail('--gpus runs a sweep\'s runs side by side, each in processes of its own: not under torchrun')
+    runs = {seed: argparse.Namespace(**{**vars(args), 'seeds': None, 'seed': seed, 'gpus': 1, 'commands': False,
+                                        'out': os.path.join(args.out, f'seed{seed}')}) for seed in args.seeds}
+    if args.commands:  # a job array's lines: nothing runs here
+        return say('\n'.join(shlex.join(command(argv, seed, settings.out)) for seed, settings in runs.items()))
+    if args.dry_run:  # the plan of the first seed's run: the others' read the same
+        execute(runs[args.seeds[0]], rank, world, device)
         return say(f'--seeds: the same run for seed {", ".join(map(str, args.seeds[1:]))} too')
+    todo = []
+    for seed, settings in runs.items():
+        if is_finished(settings.out) and not differences(read_config(settings.out), settings):
+            say(f'seed {seed}: reused, the finished run in {settings.out} has these settings')
+        elif args.gpus > 1:
+            todo.append((seed, settings.out))
+        else:
+            settings.resume = args.resume and began(settings.out)
+            execute(settings, rank, world, device)
+    fan_out(argv, todo, args.gpus)
+    folders = [settings.out for settings in runs.values()]
     results = [json.loads(data.read_text(os.path.join(f, 'results.json'))) for f in folders]
     summary = {'seeds': args.seeds, 'runs': folders, 'mean': ev.statistic(results), 'std': ev.statistic(results, 'std')}
     table = f'test, mean ± std over --seeds {",".join(map(str, args.seeds))}:\n{ev.seed_table(folders)}'
@@ -1137,6 +1156,46 @@ def over_seeds(args, rank, world, device):
         layers.atomic_write(os.path.join(args.out, 'seeds.json'), json.dumps(summary, indent=2))
         layers.atomic_write(os.path.join(args.out, 'seeds.txt'), table + '\n')
     say(f'{table}\nin {args.out}/seeds.json and seeds.txt')
+
+
+def command(argv, seed, out):
+    """train.py's command line for one run of a sweep: the sweep's own, its --seeds, --gpus and --commands (and --seed
+    and --out) replaced by the run's --seed and --out."""
+    dropped, flags, kept, skip = ('--seeds', '--gpus', '--seed', '--out'), ('--commands',), [], False
+    for word in argv:
+        name = word.split('=', 1)[0]
+        if skip or name in flags:
+            skip = False
+        elif name in dropped:
+            skip = '=' not in word  # its value follows
+        else:
+            kept.append(word)
+    return [sys.executable, os.path.abspath(__file__), *kept, '--seed', str(seed), '--out', out]
+
+
+def fan_out(argv, runs, gpus):
+    """The runs [(seed, out)] as processes of train.py, gpus of them at a time, each on a GPU of its own
+    (CUDA_VISIBLE_DEVICES) or on a CPU with its share of the cores; each one's output in out/sweep.log."""
+    cuda, free, running, failed = torch.cuda.is_available(), list(range(gpus)), {}, []
+    threads = str(max(1, (os.cpu_count() or 1) // gpus))
+    while runs or running:
+        while runs and free:
+            (seed, out), slot = runs.pop(0), free.pop(0)
+            env = {**os.environ, **({'CUDA_VISIBLE_DEVICES': str(slot)} if cuda else {'OMP_NUM_THREADS': threads})}
+            os.makedirs(out, exist_ok=True)
+            with open(os.path.join(out, 'sweep.log'), 'w') as log:
+                process = subprocess.Popen(command(argv, seed, out), stdout=log, stderr=subprocess.STDOUT, env=env)
+            running[process.pid] = process, slot, seed, out
+            print(f'seed {seed}: running in {out} ({f"GPU {slot}" if cuda else f"{threads} CPU threads"})')
+        pid, status = os.wait()  # the next run to end
+        if pid in running:
+            process, slot, seed, out = running.pop(pid)
+            free.append(slot)
+            if os.waitstatus_to_exitcode(status):
+                failed.append(f'{out}/sweep.log')
+            print(f'seed {seed}: {"failed" if os.waitstatus_to_exitcode(status) else "finished"} in {out}')
+    if failed:
+        fail(f'{len(failed)} run(s) of the sweep failed: see {", ".join(failed)}')
 
 
 # ----------------------------------------------------------------------------------------

@@ -228,6 +228,42 @@ def test_seeds_run_as_the_separate_runs_and_report_their_mean_and_std(tmp_path, 
         train.main(['--demo', '--out', str(tmp_path / 'seeds'), *common, '--seeds', '1,2,1'])
 
 
+@pytest.mark.slow
+def test_seeds_fan_out_over_processes_and_make_the_table_of_the_runs_one_after_another(tmp_path, small_demo, capsys):
+    """--seeds 1,2,3 --gpus 2 on a CPU: three train.py processes, two at a time, each with one thread; the table,
+    each seed's results and predictions equal the same runs one after another in this process (one thread too).
+    --commands prints the three command lines and runs none."""
+    common = ['--task', 'udpos', '--epochs', '2', '--seeds', '1,2,3']
+    for sweep in ('apart', 'together'):
+        for seed in (1, 2, 3):
+            os.makedirs(tmp_path / sweep / f'seed{seed}')
+            os.symlink(small_demo, tmp_path / sweep / f'seed{seed}' / 'demo-data')
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train.main(['--demo', '--out', str(tmp_path / 'together'), *common])
+    finally:
+        torch.set_num_threads(threads)
+    capsys.readouterr()
+    train.main(['--demo', '--out', str(tmp_path / 'apart'), *common, '--gpus', '2'])
+    said = capsys.readouterr().out
+    assert said.count(': running in') == 3 and said.count(': finished in') == 3 and '1 CPU threads' in said
+    summary = lambda sweep: json.load(open(tmp_path / sweep / 'seeds.json'))
+    for stat in ('mean', 'std'):
+        for split in ('dev', 'test'):
+            assert summary('apart')[stat][split] == pytest.approx(summary('together')[stat][split], abs=1e-6)
+    for seed in (1, 2, 3):
+        files = lambda sweep: (tmp_path / sweep / f'seed{seed}' / 'predictions' / 'udpos' / 'test-de.tsv').read_bytes()
+        assert files('apart') == files('together')
+    train.main(['--demo', '--out', str(tmp_path / 'listed'), *common, '--commands'])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[-4:] for line in lines] == [['--seed', str(s), '--out', str(tmp_path / 'listed' / f'seed{s}')]
+                                                     for s in (1, 2, 3)]
+    assert '--seeds' not in lines[0] and not os.path.exists(tmp_path / 'listed')
+    with pytest.raises(SystemExit, match='--gpus and --commands spread the runs of a sweep: add --seeds'):
+        train.parse_args(['--task', 'udpos', '--gpus', '2'])
+
+
 def one_line_failure(capsys, argv, message):
     with pytest.raises(SystemExit) as err:
         train.main(argv)
