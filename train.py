@@ -47,10 +47,8 @@ def main(argv=None):
         int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1)), None)
     data.VERBOSE = rank == 0  # warnings about skipped data, once
     try:
-        if args.seeds:
-            over_seeds(args, rank, world, device, list(sys.argv[1:] if argv is None else argv))
-        else:
-            (predict if args.predict else execute)(args, rank, world, device)
+        sweep = functools.partial(over_seeds, argv=list(sys.argv[1:] if argv is None else argv))
+        (predict if args.predict else sweep if args.seeds else execute)(args, rank, world, device)
     except (data.DataError, ev.EvalError, layers.CheckpointError, OSError) as e:  # once under way, maybe one's own
         fail(f'{e.filename}: {e.strerror}' if isinstance(e, OSError) and e.strerror else str(e), own=UNDER_WAY)
     except KeyboardInterrupt:
