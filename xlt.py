@@ -784,7 +784,7 @@ class XMixup(Taught):
             return h[:, 0]
         inner = mask.clone()
         inner[:, 0] = False
-        inner[torch.arange(mask.size(0)), mask.sum(1) - 1] = False
+        inner[torch.arange(mask.size(0), device=mask.device), mask.sum(1) - 1] = False  # no host copy, no sync
         return mean_pool(h, inner)
 
     def loss(self, pair):
