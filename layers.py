@@ -845,30 +845,49 @@ class Precision:
 # The writer: checkpoints written by a thread while training goes on.
 
 class Writer:
-    """Checkpoints written one at a time by a thread, from a copy in host memory: the training goes on (and changes
-    the weights) while the disk writes."""
+    """Checkpoints written one at a time by a thread, from a copy in host memory made without waiting for the GPU
+    (pinned, queued on the stream before the next step's kernels): the training goes on (and changes the weights)
+    while the copy and the disk write. One write in flight: a second waits for the first. after: run once written."""
 
     def __init__(self):
         self.thread = None
 
-    def save(self, path, meta, **parts):
+    def save(self, path, meta, after=None, **parts):
         self.wait()
-        parts = host_copy(parts)
-        self.thread = threading.Thread(target=save_checkpoint, args=(path, meta), kwargs=parts)
+        copies = []  # (device tensor, its host copy), copied in the thread's wait
+        parts = host_copy(parts, copies)
+        done = torch.cuda.Event() if copies else None
+        if done is not None:
+            done.record()
+        self.thread = threading.Thread(target=self.write, args=(path, meta, parts, done, after))
         self.thread.start()
+
+    @staticmethod
+    def write(path, meta, parts, done, after):
+        if done is not None:
+            done.synchronize()  # this thread waits for the copies, the training does not
+        save_checkpoint(path, meta, **parts)
+        if after:
+            after()
 
     def wait(self):
         if self.thread:
             self.thread.join()
 
 
-def host_copy(value):
-    """A copy in host memory of a checkpoint's tensors, nested in dicts and lists."""
+def host_copy(value, copies=None):
+    """A copy in host memory of a checkpoint's tensors, nested in dicts and lists: a GPU tensor's into pinned memory
+    without waiting (its pair in copies), a CPU tensor's at once."""
     if isinstance(value, torch.Tensor):
-        return value.detach().to('cpu', copy=True)
+        if value.device.type != 'cuda' or copies is None:
+            return value.detach().to('cpu', copy=True)
+        host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+        host.copy_(value.detach(), non_blocking=True)
+        copies.append((value, host))
+        return host
     if isinstance(value, dict):
-        return {k: host_copy(v) for k, v in value.items()}
-    return type(value)(map(host_copy, value)) if isinstance(value, (list, tuple)) else value
+        return {k: host_copy(v, copies) for k, v in value.items()}
+    return type(value)(host_copy(v, copies) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 # ---------------------------------------------------------------------------

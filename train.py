@@ -281,6 +281,7 @@ class Training:
         self.collate = data.collate_items(method.paired, run.tok.pad)
         self.state, self.log = {'step': 0, 'epoch': 0, 'best': -math.inf}, None  # log: log.jsonl, process 0's
         self.epoch_loss, self.padding = [], 0.0  # the epoch's (mean loss, steps) a log line, its padding share
+        self.writer = layers.Writer()  # every checkpoint of the training, off the steps' path
 
 
 def train(run, method, items, validate, batches_of, keep_last=0):
@@ -381,13 +382,14 @@ def end_epoch(t, started, within=None):
     averaging, validate(), best.pt when the selection score is the best so far, the printed line and the log's."""
     run, method, state, seconds = t.run, t.method, t.state, time.time() - started
     if t.keep_last and within is None:  # fairseq's --save-interval-updates and --keep-interval-updates, each epoch's
-        save(run, f'checkpoints/step{state["step"]:07d}.pt', {'method': method.state_dict()}, keep=t.keep_last)
+        save(run, f'checkpoints/step{state["step"]:07d}.pt', {'method': method.state_dict()}, t.writer, t.keep_last)
     dev = t.validate()
     score = xlt.selection(method.select, dev)[0]
     score = state['epoch'] if score is None else score  # no dev set: keep the last
     if score > state['best']:
         state['best'] = float(score)
-        save(run, 'best.pt', {**layers.encoder_parts(method.encoder, method.mlm), 'method': method.state_dict()})
+        kept = {**layers.encoder_parts(method.encoder, method.mlm), 'method': method.state_dict()}
+        save(run, 'best.pt', kept, t.writer)
     if run.rank == 0:
         at = {**state, 'epoch': within or state['epoch']}
         print(ev.epoch_line(at, t.epochs, t.epoch_loss, dev, method.select, seconds), flush=True)
@@ -1252,7 +1254,7 @@ class ResumePoints(AbstractContextManager):
     layers.Writer's thread; the processes agree on a resume point or a stop at a log line (agree)."""
 
     def __init__(self, t):
-        self.t, self.saved, self.signalled, self.writer = t, time.time(), False, layers.Writer()
+        self.t, self.saved, self.signalled, self.writer = t, time.time(), False, t.writer
         self.asked = (False, False)  # (a resume point, a stop): what the processes agreed on at the last log line
 
     def __enter__(self):
@@ -1348,15 +1350,15 @@ def planted_stops(args, step, points):
         os._exit(3)
 
 
-def save(run, name, parts, writer=None, keep=0):
-    """A checkpoint (layers.save_checkpoint: atomic), from the first process, by a writer's thread when given one;
-    keep: the last `keep` of its folder."""
+def save(run, name, parts, writer, keep=0):
+    """A checkpoint (layers.save_checkpoint: atomic), from the first process, by the training's writer (its thread);
+    keep: the last `keep` of its folder, once it is written."""
     if run.rank == 0:
         args = run.args
         exported = xlt.method_class(args).exported(args, run.tok)  # what python layers.py export reads
         meta = {**identity(args), 'settings': json.loads(json.dumps(vars(args))), **exported}
-        (writer.save if writer else layers.save_checkpoint)(run.path(name), meta, **parts)
-        layers.keep_last(os.path.dirname(run.path(name)), keep)
+        folder = os.path.dirname(run.path(name))
+        writer.save(run.path(name), meta, lambda: layers.keep_last(folder, keep), **parts)
 
 
 def open_log(path, step):

@@ -178,11 +178,15 @@ def test_one_run_per_folder_the_other_stops_in_one_line_and_touches_nothing(tmp_
     os.makedirs(out)
     os.symlink(data.make_demo(str(tmp_path / 'demo-data'), n_train=200, n_eval=30), out / 'demo-data')  # small: quick epochs
     command = ['train.py', '--demo', '--task', 'pawsx', '--epochs', '2', '--out', str(out)]
+    os.makedirs(tmp_path / 'other')
+    os.symlink(out / 'demo-data', tmp_path / 'other' / 'demo-data')
+    train.main(['--demo', '--task', 'pawsx', '--epochs', '1', '--out', str(tmp_path / 'other')])  # weights to evaluate
     first = start(command, 'epoch 1/2 ')
     first.send_signal(signal.SIGSTOP)  # it holds the folder, and keeps still while the others try
     try:
-        before = tree(out)
-        for extra in ([], ['--resume'], ['--eval_only']):  # in this process: the lock is another process's
+        before = tree(out)  # (its best.pt may be half written: the writer's thread stopped with it)
+        evaluated = ['--eval_only', '--init', str(tmp_path / 'other' / 'best.pt')]
+        for extra in ([], ['--resume'], evaluated):  # in this process: the lock is another process's
             with pytest.raises(SystemExit) as other:
                 train.main(command[1:] + extra)
             assert str(other.value) == f'error: {out} is in use by another run (pid {first.pid} on {socket.gethostname()}): wait for it to end, or give another --out'

@@ -264,6 +264,31 @@ def test_seeds_fan_out_over_processes_and_make_the_table_of_the_runs_one_after_a
         train.parse_args(['--task', 'udpos', '--gpus', '2'])
 
 
+def test_the_step_loop_does_not_wait_for_a_slow_writer(tmp_path, small_demo, monkeypatch):
+    """best.pt goes through the training's writer thread: its write within an epoch (--eval_steps), made to wait until
+    the loop has taken another step, completes; were the loop waiting for the write, that step would never come (the
+    wait times out). One write is in flight at a time: the next checkpoint waits for it."""
+    import threading
+    writing, stepped, waited = threading.Event(), threading.Event(), []
+    real_save, real_step = layers.save_checkpoint, train.train_step
+
+    def step(t, batch, probe=False):
+        out = real_step(t, batch, probe)
+        if writing.is_set():  # a step taken while best.pt is being written
+            stepped.set()
+        return out
+
+    def slow_save(path, meta, **parts):
+        if os.path.basename(path) == 'best.pt' and not stepped.is_set():
+            writing.set()
+            waited.append(stepped.wait(timeout=20))
+        real_save(path, meta, **parts)
+    monkeypatch.setattr(train, 'train_step', step)
+    monkeypatch.setattr(layers, 'save_checkpoint', slow_save)
+    results = run(tmp_path, small_demo, '--task', 'pawsx', '--epochs', '1', '--eval_steps', '2', '--save_minutes', '1000')
+    assert waited == [True] and (tmp_path / 'best.pt').exists() and results['test']
+
+
 def one_line_failure(capsys, argv, message):
     with pytest.raises(SystemExit) as err:
         train.main(argv)
@@ -520,6 +545,7 @@ def test_a_score_within_an_epoch_is_kept_when_it_is_the_best(tmp_path):
     state = t.state
     state['step'] = 5
     train.end_epoch(t, time.time(), within=0.5)  # 70 at half an epoch: kept
+    t.writer.wait()  # written by the training's writer thread
     kept = torch.load(tmp_path / 'best.pt', weights_only=True)['method']
     for score_step in (10, 15):  # the epoch's end (60) and later an equal 70: neither replaces it
         with torch.no_grad():
@@ -527,6 +553,7 @@ def test_a_score_within_an_epoch_is_kept_when_it_is_the_best(tmp_path):
         state['step'] = score_step
         train.end_epoch(t, time.time())
     assert state['best'] == 70.0
+    t.writer.wait()
     now = torch.load(tmp_path / 'best.pt', weights_only=True)['method']
     assert all(torch.equal(now[k], v) for k, v in kept.items())
 
