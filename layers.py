@@ -829,16 +829,17 @@ class Precision:
 
     def step(self, opt, params, clip):
         """Clip the unscaled gradients to norm `clip`, then the optimiser's step unless they overflowed. -> {} or,
-        scaling, {'skipped': 1.0 or 0.0} for the log (fp16's scaler reads its overflow check on the host)."""
+        scaling, {'skipped': 1.0 or 0.0, a tensor on the device} for the log: the scale is compared where it lives
+        (GradScaler's _scale; get_scale() would wait for the GPU), and the fused AdamW reads the overflow there too."""
         self.scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(params, clip)
         if not self.scaler.is_enabled():
             opt.step()
             return {}
-        scale = self.scaler.get_scale()
+        scale = self.scaler._scale.clone()  # the scale as unscale_ left it; update() halves it after an overflow
         self.scaler.step(opt)
         self.scaler.update()
-        return {'skipped': float(self.scaler.get_scale() < scale)}
+        return {'skipped': (self.scaler._scale < scale).float().squeeze()}
 
 
 # ---------------------------------------------------------------------------
