@@ -102,7 +102,7 @@ class Attention(nn.Module):
         allowed = None if causal_only else attention_mask(mask, causal, T, k.size(2), x.device)
         p = self.p if self.training else 0.0
         if return_scores:  # slow path: a method wants the attention itself (X-Mixup's entropy)
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, heads, T, S), before masking
+            scores = (q / math.sqrt(q.size(-1))) @ k.transpose(-2, -1)  # (B, heads, T, S); scaled first: fp16's range
             masked = scores if allowed is None else scores.masked_fill(~allowed, float('-inf'))
             y = F.dropout(masked.softmax(dim=-1), p, self.training) @ v
         else:
