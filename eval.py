@@ -861,9 +861,9 @@ def cka_main(args):
     task, data_dir = settings['task'], settings['data_dir']
     if task not in TASKS or TASKS[task].family != 'classification':
         raise EvalError(f'--cka compares the parallel test sets of XNLI and PAWS-X, not {task}\'s: give such a run')
-    tok = data.tokenizer(layers.stored_config(ckpt['config']).backbone, meta['tokenizer'][0], meta['lower'],
-                         (meta['tokenizer'][1:] or [None])[0])
-    encoder = layers.Encoder(layers.stored_config(ckpt['config']))
+    cfg = layers.stored_config(ckpt['config'])
+    tok = data.tokenizer(cfg.backbone, meta['tokenizer'][0], meta['lower'], (meta['tokenizer'][1:] or [None])[0])
+    encoder = layers.Encoder(cfg)
     encoder.load_state_dict(ckpt['encoder'])
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     encoder = encoder.to(device)

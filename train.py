@@ -1185,15 +1185,15 @@ def fan_out(argv, runs, gpus):
             os.makedirs(out, exist_ok=True)
             with open(os.path.join(out, 'sweep.log'), 'w') as log:
                 process = subprocess.Popen(command(argv, seed, out), stdout=log, stderr=subprocess.STDOUT, env=env)
-            running[process.pid] = process, slot, seed, out
+            running[process.pid] = slot, seed, out
             print(f'seed {seed}: running in {out} ({f"GPU {slot}" if cuda else f"{threads} CPU threads"})')
         pid, status = os.wait()  # the next run to end
         if pid in running:
-            process, slot, seed, out = running.pop(pid)
+            slot, seed, out = running.pop(pid)
             free.append(slot)
-            if os.waitstatus_to_exitcode(status):
-                failed.append(f'{out}/sweep.log')
-            print(f'seed {seed}: {"failed" if os.waitstatus_to_exitcode(status) else "finished"} in {out}')
+            code = os.waitstatus_to_exitcode(status)
+            failed += [f'{out}/sweep.log'] * bool(code)
+            print(f'seed {seed}: {"failed" if code else "finished"} in {out}')
     if failed:
         fail(f'{len(failed)} run(s) of the sweep failed: see {", ".join(failed)}')
 
@@ -1254,7 +1254,7 @@ class ResumePoints(AbstractContextManager):
     layers.Writer's thread; the processes agree on a resume point or a stop at a log line (agree)."""
 
     def __init__(self, t):
-        self.t, self.saved, self.signalled, self.writer = t, time.time(), False, t.writer
+        self.t, self.saved, self.signalled = t, time.time(), False
         self.asked = (False, False)  # (a resume point, a stop): what the processes agreed on at the last log line
 
     def __enter__(self):
@@ -1292,26 +1292,26 @@ class ResumePoints(AbstractContextManager):
 
     def save(self, stop=False):
         self.saved = time.time()
-        save(self.t.run, 'last.pt', resume_point(self.t), self.writer)
+        save(self.t.run, 'last.pt', resume_point(self.t), self.t.writer)
         if stop:
             self.stop(self.t.state['step'])
 
     def trained(self):
         """The training is over and best.pt holds what it kept: trained.json says so (--resume reads it), and the
         resume point, the optimiser's state too, goes once written; every process waits for both."""
-        self.writer.wait()
+        self.t.writer.wait()
         if self.t.run.rank == 0:
             layers.atomic_write(self.t.run.path('trained.json'), json.dumps(self.t.state))
             self.t.run.folder.drop('last.pt')
         data.barrier()  # every process reads best.pt (and the kept checkpoints) only once they are written
 
     def __exit__(self, *exception):
-        self.writer.wait()
+        self.t.writer.wait()
         signal.signal(signal.SIGTERM, self.default)
 
     def stop(self, step):
         """SIGTERM's end, once its resume point is saved: one line, and the signal's exit status."""
-        self.writer.wait()
+        self.t.writer.wait()
         self.t.run.say(f'stopped by SIGTERM at step {step}: {self.t.run.path("last.pt")} holds it; run the same '
                        'command with --resume to go on')
         raise SystemExit(128 + signal.SIGTERM)
@@ -1346,7 +1346,7 @@ def planted_stops(args, step, points):
     if args.term_after and step == args.term_after:
         os.kill(os.getpid(), signal.SIGTERM)
     if args.halt_after and step == args.halt_after:
-        points.writer.wait()
+        points.t.writer.wait()
         os._exit(3)
 
 
