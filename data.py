@@ -2605,9 +2605,9 @@ def filter_translations(task, out, unpacked):
             elif split != 'train' and family != 'qa' and os.path.exists(split_path(out, task, split, lang)):
                 files[os.path.relpath(target, task)] = untranslated(task, out, split, lang)
     if task in ('xquad', 'mlqa'):  # FILTER pairs each question with the benchmark's own English one, by id
-        for lang in (lang for lang in TASKS[task].langs if lang != 'en'):
-            for split in ('dev', 'test') if task == 'mlqa' else ('test',):
-                english = read_text(split_path(out, task, split, 'en'))
+        for split in ('dev', 'test') if task == 'mlqa' else ('test',):
+            english = read_text(split_path(out, task, split, 'en'))  # read once, every language's translation
+            for lang in (lang for lang in TASKS[task].langs if lang != 'en'):
                 files[os.path.relpath(split_path('', task, f'translate-{split}', lang), task)] = english
     if not files:
         raise DataError(f'no FILTER translations of {task} in {unpacked}: give its archive ({task}.zip) with --from')
