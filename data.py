@@ -1,6 +1,7 @@
 """Text to tensors: XLM-R's and BERT's tokenizers, the XTREME tasks, their files and batches."""
 import argparse
 import csv
+import datetime
 import errno
 import fcntl
 import functools
@@ -1471,12 +1472,13 @@ def stored(build, files, key, data_dir, cache=True, quiet=False):
 
 def build_once(build, files, key, folder, quiet=False):
     """folder/<digest_of(files, key)> (key: the settings the set depends on; under DDP hashed by the first process),
-    made by build(path) unless there. One process builds, under a lock,
-    while the others wait and then read what it wrote (on a filesystem without locks, under DDP, process 0 builds
-    and the others wait at a barrier); what builds killed halfway left behind is removed first."""
+    made by build(path) unless there. One process builds while the others wait, then read what it wrote: under DDP
+    the first process of those that share the folder (builder), at a barrier, as flock may succeed on every node of
+    a cluster's filesystem; apart from that, and between runs, the process that holds the folder's lock. What
+    builds killed halfway left behind is removed first."""
     shared = [None if torch.distributed.is_initialized() and torch.distributed.get_rank() else digest_of(files, key)]
     if torch.distributed.is_initialized():  # hashed by the first process alone (terabytes of pre-training text)
-        torch.distributed.broadcast_object_list(shared)
+        torch.distributed.broadcast_object_list(shared, group=WAITS)
     path = os.path.join(folder, shared[0])
     if os.path.isdir(path) and not torn(path):  # moved into place whole: read without waiting for other builds
         return path
@@ -1487,13 +1489,26 @@ def build_once(build, files, key, folder, quiet=False):
         raise DataError(f'cannot write the feature cache in {folder} ({e.strerror}): '
                         'make it writable or pass --no_cache')
     with lock:
-        if not locked(lock) and torch.distributed.is_initialized():  # the first process builds, the others wait
-            if torch.distributed.get_rank() == 0:
-                built(build, path, folder, quiet)
-            barrier()
-        else:
+        if not torch.distributed.is_initialized() or builder(folder) == torch.distributed.get_rank():
+            locked(lock)  # another run's build of it (on a filesystem without locks, a note)
             built(build, path, folder, quiet)
+        barrier()
     return path
+
+
+def builder(folder):
+    """Under DDP, the first process that sees folder as this one does: each leaves a mark there named by a tag of
+    this call, then looks its lower ranks' marks up by name (never looked up before, so no filesystem's cache of
+    what is absent answers): the first process of all if the folder is shared, else the first of this node."""
+    tag, rank = [os.urandom(8).hex()], torch.distributed.get_rank()
+    torch.distributed.broadcast_object_list(tag, group=WAITS)
+    mark = lambda r: os.path.join(folder, f'.builder-{tag[0]}-{r}')
+    open(mark(rank), 'w').close()
+    barrier()
+    first = next((r for r in range(rank) if os.path.exists(mark(r))), rank)
+    barrier()
+    os.remove(mark(rank))
+    return first
 
 
 def digest_of(files, key):
@@ -1910,10 +1925,14 @@ def in_windows(fn, lengths, positions, batch_size, desc):
     return blocks
 
 
+WAITS, PATIENCE = None, datetime.timedelta(hours=2)  # under DDP a gloo group for waits of up to PATIENCE (made by
+# train.setup_distributed): one process may tokenize, hash or score long while the others wait, and a stuck one is named
+
+
 def barrier():
     """Every process waits here for the others (under DDP; alone, nothing to wait for)."""
     if torch.distributed.is_initialized():
-        torch.distributed.barrier()
+        torch.distributed.monitored_barrier(WAITS, PATIENCE, wait_all_ranks=True)
 
 
 def shared_out(fn, lengths, processes, batch_size, desc, fields=1, everywhere=True):

@@ -11,7 +11,6 @@ A run writes to --out: config.json, log.jsonl, last.pt (resume point), best.pt (
 and .txt, and the test predictions in the leaderboard layout (predictions/<task>/test-<lang>.<ext>).
 """
 import argparse
-import datetime
 import functools
 import gc
 import json
@@ -625,8 +624,10 @@ def setup_distributed():
     cuda, local = torch.cuda.is_available(), int(os.environ.get('LOCAL_RANK', 0))
     if cuda:
         torch.cuda.set_device(local)
-    dist.init_process_group('nccl' if cuda else 'gloo', timeout=datetime.timedelta(hours=2),  # not NCCL's 10 minutes:
-                            device_id=torch.device('cuda', local) if cuda else None)  # one process may tokenize long
+    dist.init_process_group('nccl' if cuda else 'gloo', device_id=torch.device('cuda', local) if cuda else None)
+    # the waits on data (data.barrier) in a group of their own, so that the training's collectives keep torch's
+    # timeout (NCCL's 10 minutes): a stuck process fails the run in that time, not in two hours
+    data.WAITS = dist.new_group(backend='gloo', timeout=data.PATIENCE)
     return dist.get_rank(), dist.get_world_size(), torch.device(f'cuda:{local}' if cuda else 'cpu')
 
 

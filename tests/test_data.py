@@ -5,6 +5,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -646,6 +647,38 @@ def test_a_build_killed_halfway_is_never_read_and_two_processes_build_once(tmp_p
     tok = data.Tokenizer(f'{demo}/sentencepiece.bpe.model')
     same_features(data.training_set(data.Features(tok, demo, 'xnli'), ['de', 'zh'], 'every_lang'),
                   features_by_hand(tok, demo, 'xnli', False, False))
+
+
+FLOCK_SUCCEEDS = """import fcntl, os, sys
+sys.path.insert(0, {root!r})
+import data, train
+fcntl.flock = lambda *args: None  # NFS local_lock=flock, Lustre localflock: every node gets the lock
+rank, world, device = train.setup_distributed()
+demo = {folders!r}[rank]
+write = data.write_items
+data.write_items = lambda path, *args: print('built by process', rank, flush=True) or write(path, *args)
+tok = data.Tokenizer(os.path.join(demo, 'sentencepiece.bpe.model'))
+print('features', len(data.training_set(data.Features(tok, demo, 'xnli'), ['de', 'zh'], 'every_lang')), flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('shared', [True, False])
+def test_under_ddp_one_process_of_those_sharing_the_folder_builds_though_flock_succeeds_everywhere(tmp_path, shared):
+    """Two processes under torchrun, flock made to succeed in both: with one data folder (a filesystem every node
+    mounts) process 0 builds and process 1 waits and reads; with a folder each (each node's own disk) each builds."""
+    demo = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=5)
+    folders = [demo, demo if shared else shutil.copytree(demo, str(tmp_path / 'other'))]
+    script = tmp_path / 'build.py'
+    script.write_text(FLOCK_SUCCEEDS.format(root=ROOT, folders=folders))
+    out = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2',
+                          str(script)], capture_output=True, text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert out.returncode == 0, out.stderr[-2000:]
+    builds = sorted(line for line in out.stdout.splitlines() if line.startswith('built by'))
+    assert builds == (['built by process 0'] if shared else ['built by process 0', 'built by process 1'])
+    assert len({line for line in out.stdout.splitlines() if line.startswith('features')}) == 1
+    for folder in set(folders):  # one set in each, the lock beside it, and no mark of the choice of builder left
+        assert len(os.listdir(os.path.join(folder, '.cache'))) == 2
 
 
 def test_in_windows_gives_every_positions_results_in_order(monkeypatch):
