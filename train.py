@@ -38,16 +38,16 @@ from xlt import AT_LEAST_1, NON_NEGATIVE, POSITIVE, SHARE, Option
 
 def main(argv=None):
     """The command line (parse_args), the processes (one per GPU under torchrun), the run; any mistake, one line."""
-    global START
-    START = time.time()
+    global START, COMMAND
+    START, COMMAND = time.time(), list(sys.argv[1:] if argv is None else argv)  # a sweep's runs: this line, changed
     args = parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.precision != 'fp32'  # off autocast
     rank, world, device = setup_distributed() if not args.dry_run else (  # a dry run starts no process group
         int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1)), None)
     data.VERBOSE = rank == 0  # warnings about skipped data, once
     try:
-        sweep = functools.partial(over_seeds, argv=list(sys.argv[1:] if argv is None else argv))
-        (predict if args.predict else sweep if args.seeds else execute)(args, rank, world, device)
+        sweep = over_seeds if args.seeds else one_stage if args.only_stage else stage_commands if args.commands else None
+        (predict if args.predict else sweep or execute)(args, rank, world, device)
     except (data.DataError, ev.EvalError, layers.CheckpointError, OSError) as e:  # once under way, maybe one's own
         fail(f'{e.filename}: {e.strerror}' if isinstance(e, OSError) and e.strerror else str(e), own=UNDER_WAY)
     except KeyboardInterrupt:
@@ -237,12 +237,21 @@ class Run:
         """Run the method's stage `name` (its stages()) unless it finished with these settings;
         --resume goes on with one that began. -> its folder, relative to this run's."""
         self.folder.begin()
+        if self.args.gpus > 1:  # the first stage asked for: every stage at once
+            self.stages_at_once()
         settings = stage_settings(self.args, self.cls, name)
-        if is_finished(settings.out) and not differences(read_config(settings.out), settings):
+        if finished_alike(settings):
             self.say(f'{name}: reused, the finished run in {settings.out} has these settings')
         else:
             execute(settings, self.rank, self.world, self.device)
         return os.path.relpath(settings.out, self.out)
+
+    def stages_at_once(self):
+        """--gpus N: the method's stages that have not finished with these settings (a --search's grid points, XLA's
+        warm-ups), N at a time, each a train.py process of its own (fan_out), which stage() then reuses."""
+        todo = [(name, settings.out, command(only_stage=name)) for name in self.cls.stages(self.args)
+                if not finished_alike(settings := stage_settings(self.args, self.cls, name))]
+        fan_out(todo, self.args.gpus)
 
     def results_of(self, name):
         """The results of the stage `name`, or None when it has not finished."""
@@ -479,10 +488,10 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('seeds', lambda text: [int(seed) for seed in text.split(',') if seed], 'a,b,c: the run once a seed, one '
            'after another, in --out/seed<s>, then the mean and standard deviation over them (--out/seeds.txt)',
            NON_NEGATIVE, changes='nothing'),
-    Option('gpus', int, 'with --seeds: N runs at once, each a process on a GPU of its own (on a CPU, its share of the '
-           'cores)', AT_LEAST_1, default=1, changes='nothing'),
-    Option('commands', bool, 'with --seeds: print each run\'s command line, one a line (a job array\'s), and run none',
-           changes='nothing'),
+    Option('gpus', int, 'with --seeds or a method\'s stages (--search, XLA\'s warm-ups): N runs at once, each a '
+           'process on a GPU of its own (on a CPU, its share of the cores)', AT_LEAST_1, default=1, changes='nothing'),
+    Option('commands', bool, 'with --seeds or stages: print each run\'s command line, one a line (a job array\'s), and '
+           'run none; the same command without it then reuses them', changes='nothing'),
     Option('precision', str, 'bf16, fp16 (with a loss scaler) or fp32 (default: bf16 on a GPU that has it, fp16 on one '
            'that has not, fp32 on the CPU)', choices=('bf16', 'fp16', 'fp32')),
     Option('translate_test', bool, 'evaluate on the test sets translated into English', changes='scores'),
@@ -518,7 +527,8 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('dry_run', bool, 'check the options and every file the run reads, print the plan, stop (writes nothing)',
            changes='nothing'),
     Option('halt_after', int, argparse.SUPPRESS, changes='nothing'),  # tests: die abruptly after this many steps
-    Option('term_after', int, argparse.SUPPRESS, changes='nothing'))  # tests: a SIGTERM to itself after this many steps
+    Option('term_after', int, argparse.SUPPRESS, changes='nothing'),  # tests: a SIGTERM to itself after this many steps
+    Option('only_stage', str, argparse.SUPPRESS, changes='nothing'))  # a sweep's process (fan_out): one stage alone
 
 
 def parse_args(argv=None):
@@ -567,8 +577,6 @@ def configure(args, owners):
     for name, classes in owners.items():
         if getattr(args, name) is not None and getattr(args, name) is not False and cls not in classes:  # 0 is given
             fail(f'--{name} belongs to {xlt.called(classes)}, not to {args.method} on {args.task}')
-    if (args.gpus > 1 or args.commands) and not args.seeds:
-        fail('--gpus and --commands spread the runs of a sweep: add --seeds a,b,c, or drop them')
     if args.layer and (len(args.layer) > 2 or args.layer[0] > args.layer[-1]):
         fail(f'--layer {"-".join(map(str, args.layer))}: give a layer N or a range A-B with A at most B')
     if args.with_squad and (args.task != 'tydiqa' or not (cls.paired or cls.trains_on in ('en', 'every_lang'))):
@@ -593,6 +601,10 @@ def configure(args, owners):
         args.data_dir = os.path.join(args.data_dir, 'filter') if args.translations == 'filter' else args.translations
     args.out = args.out or os.path.join('runs', '-'.join(cls.folder(args) + default_folder(args)))
     args.dict = args.dict or data.beside(args.init, 'dict.txt')
+    if (args.gpus > 1 or args.commands) and not (args.seeds or cls.stages(args)):
+        fail('--gpus and --commands spread the runs of a sweep: add --seeds a,b,c (or --search), or drop them')
+    if args.gpus > 1 and 'RANK' in os.environ:
+        fail('--gpus runs a sweep\'s runs side by side, each in processes of its own: not under torchrun')
     if args.demo and not args.init and not args.from_scratch and cls.pretrained_start and args.model == demo['model']:
         args.init = demo_start(args.out)  # made by the run when missing; recorded alike by every run of the folder
     return args
@@ -970,6 +982,11 @@ def read_config(folder):
         fail(f'{path} is not a run\'s config (not valid JSON): remove it, or give another folder')
 
 
+def finished_alike(settings):
+    """Has a run finished in settings.out with these settings (a stage's or a seed's, then reused)?"""
+    return is_finished(settings.out) and not differences(read_config(settings.out), settings)
+
+
 def differences(found, args, keys=None):
     """The settings of args that differ from a run's config.json (found), paths compared as files: the
     trainer's options and the run's method's (keys: only those), but for those that leave results alike."""
@@ -1122,7 +1139,7 @@ def predict(args, rank, world, device):
 # ----------------------------------------------------------------------------------------
 # --seeds a,b,c: the command once a seed (one after another, or --gpus N at once), then their mean and std.
 
-def over_seeds(args, rank, world, device, argv):
+def over_seeds(args, rank, world, device):
     """--seeds: the run of each seed in --out/seed<s>, as --seed s --out --out/seed<s> makes it (a finished run of these
     settings reused, one that began resumed with --resume), one after another or with --gpus N as N processes at once
     (fan_out), or with --commands each its command line alone; then --out/seeds.json and seeds.txt: each language's
@@ -1130,25 +1147,23 @@ def over_seeds(args, rank, world, device, argv):
     say = print if rank == 0 else (lambda message: None)
     if len(set(args.seeds)) < len(args.seeds):
         fail(f'--seeds {",".join(map(str, args.seeds))} repeats a seed: give each once')
-    if args.gpus > 1 and world > 1:
-        fail('--gpus runs a sweep\'s runs side by side, each in processes of its own: not under torchrun')
     runs = {seed: argparse.Namespace(**{**vars(args), 'seeds': None, 'seed': seed, 'gpus': 1, 'commands': False,
                                         'out': os.path.join(args.out, f'seed{seed}')}) for seed in args.seeds}
     if args.commands:  # a job array's lines: nothing runs here
-        return say('\n'.join(shlex.join(command(argv, seed, settings.out)) for seed, settings in runs.items()))
+        return say('\n'.join(shlex.join(command(seed=seed, out=settings.out)) for seed, settings in runs.items()))
     if args.dry_run:  # the plan of the first seed's run: the others' read the same
         execute(runs[args.seeds[0]], rank, world, device)
         return say(f'--seeds: the same run for seed {", ".join(map(str, args.seeds[1:]))} too')
     todo = []
     for seed, settings in runs.items():
-        if is_finished(settings.out) and not differences(read_config(settings.out), settings):
+        if finished_alike(settings):
             say(f'seed {seed}: reused, the finished run in {settings.out} has these settings')
         elif args.gpus > 1:
-            todo.append((seed, settings.out))
+            todo.append((f'seed {seed}', settings.out, command(seed=seed, out=settings.out)))
         else:
             settings.resume = args.resume and began(settings.out)
             execute(settings, rank, world, device)
-    fan_out(argv, todo, args.gpus)
+    fan_out(todo, args.gpus)
     folders = [settings.out for settings in runs.values()]
     results = [json.loads(data.read_text(os.path.join(f, 'results.json'))) for f in folders]
     summary = {'seeds': args.seeds, 'runs': folders, 'mean': ev.statistic(results), 'std': ev.statistic(results, 'std')}
@@ -1159,11 +1174,24 @@ def over_seeds(args, rank, world, device, argv):
     say(f'{table}\nin {args.out}/seeds.json and seeds.txt')
 
 
-def command(argv, seed, out):
-    """train.py's command line for one run of a sweep: the sweep's own, its --seeds, --gpus and --commands (and --seed
-    and --out) replaced by the run's --seed and --out."""
-    dropped, flags, kept, skip = ('--seeds', '--gpus', '--seed', '--out'), ('--commands',), [], False
-    for word in argv:
+def stage_commands(args, rank, world, device):
+    """--commands without --seeds: each of the method's stages' command lines, one a line (a job array's); nothing runs
+    here, and the same command without --commands then reuses the stages and finishes the run."""
+    check(args, world)
+    print('\n'.join(shlex.join(command(only_stage=name)) for name in xlt.method_class(args).stages(args)))
+
+
+def one_stage(args, rank, world, device):
+    """--only_stage NAME, a sweep's process (fan_out): the stage NAME of the run args describe, alone, in its folder."""
+    prepare(args, rank, world, device)  # the demo's data folder: the run's
+    execute(stage_settings(args, xlt.method_class(args), args.only_stage), rank, world, device)
+
+
+def command(**changes):
+    """train.py's command line for one run of a sweep: this one's (COMMAND), its --seeds, --gpus and --commands
+    dropped, and each option of changes given its value (--seed and --out, or --only_stage)."""
+    dropped, flags, kept, skip = ('--seeds', '--gpus', *(f'--{name}' for name in changes)), ('--commands',), [], False
+    for word in COMMAND:
         name = word.split('=', 1)[0]
         if skip or name in flags:
             skip = False
@@ -1171,30 +1199,30 @@ def command(argv, seed, out):
             skip = '=' not in word  # its value follows
         else:
             kept.append(word)
-    return [sys.executable, os.path.abspath(__file__), *kept, '--seed', str(seed), '--out', out]
+    return [sys.executable, os.path.abspath(__file__), *kept, *(w for o, v in changes.items() for w in (f'--{o}', str(v)))]
 
 
-def fan_out(argv, runs, gpus):
-    """The runs [(seed, out)] as processes of train.py, gpus of them at a time, each on a GPU of its own
+def fan_out(runs, gpus):
+    """The runs [(label, out, command)] as processes, gpus of them at a time, each on a GPU of its own
     (CUDA_VISIBLE_DEVICES) or on a CPU with its share of the cores; each one's output in out/sweep.log."""
     cuda, free, running, failed = torch.cuda.is_available(), list(range(gpus)), {}, []
     threads = str(max(1, (os.cpu_count() or 1) // gpus))
     while runs or running:
         while runs and free:
-            (seed, out), slot = runs.pop(0), free.pop(0)
+            (label, out, line), slot = runs.pop(0), free.pop(0)
             env = {**os.environ, **({'CUDA_VISIBLE_DEVICES': str(slot)} if cuda else {'OMP_NUM_THREADS': threads})}
             os.makedirs(out, exist_ok=True)
             with open(os.path.join(out, 'sweep.log'), 'w') as log:
-                process = subprocess.Popen(command(argv, seed, out), stdout=log, stderr=subprocess.STDOUT, env=env)
-            running[process.pid] = slot, seed, out
-            print(f'seed {seed}: running in {out} ({f"GPU {slot}" if cuda else f"{threads} CPU threads"})')
+                process = subprocess.Popen(line, stdout=log, stderr=subprocess.STDOUT, env=env)
+            running[process.pid] = slot, label, out
+            print(f'{label}: running in {out} ({f"GPU {slot}" if cuda else f"{threads} CPU threads"})')
         pid, status = os.wait()  # the next run to end
         if pid in running:
-            slot, seed, out = running.pop(pid)
+            slot, label, out = running.pop(pid)
             free.append(slot)
             code = os.waitstatus_to_exitcode(status)
             failed += [f'{out}/sweep.log'] * bool(code)
-            print(f'seed {seed}: {"failed" if code else "finished"} in {out}')
+            print(f'{label}: {"failed" if code else "finished"} in {out}')
     if failed:
         fail(f'{len(failed)} run(s) of the sweep failed: see {", ".join(failed)}')
 

@@ -636,3 +636,39 @@ def test_search_runs_the_grid_and_keeps_the_best_average_dev_score(tmp_path, dem
     full = train.parse_args(['--method', 'veco', '--task', 'xnli', '--search'])
     assert len(xlt.method_class(full).stages(full)) == 27
     one_line(['--method', 'veco', '--task', 'xnli', '--demo', '--search', 'dropout=0.1'], 'NAME one of lr, epochs')
+
+
+@pytest.mark.slow
+def test_search_fans_out_over_processes_and_makes_the_table_of_its_points_one_after_another(tmp_path, demo_data,
+                                                                                            capsys):
+    """--search of 3 points with --gpus 2 on a CPU: three train.py processes (--only_stage), two at a time, one thread
+    each; the run's table, its results and each point's equal the grid run one after another in this process (one
+    thread too). --commands prints each point's command line and runs none."""
+    argv = ['--method', 'veco', '--task', 'pawsx', '--from_scratch', '--search', 'lr=1e-3,3e-4,1e-4', 'epochs=2',
+            'batch_size=32']
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        demo_run(tmp_path / 'together', demo_data, argv)
+    finally:
+        torch.set_num_threads(threads)
+    capsys.readouterr()
+    demo_run(tmp_path / 'apart', demo_data, [*argv, '--gpus', '2'])
+    said = capsys.readouterr().out
+    names = ['lr0.001-epochs2-batch_size32', 'lr0.0003-epochs2-batch_size32', 'lr0.0001-epochs2-batch_size32']
+    assert [line.split(':')[0] for line in said.splitlines() if ': running in' in line] == names
+    assert said.count(': finished in') == 3 and all(f'{name}: reused' in said for name in names)
+    results = lambda run: json.load(open(tmp_path / run / 'results.json'))
+    together, apart = results('together'), results('apart')
+    flat = lambda scores: {(point, split, lang): v for point, r in scores.items() for split in ('dev', 'test')
+                           for lang, v in r[split].items()}
+    assert set(apart['runs']) == set(names) and flat({'run': apart, **apart['runs']}) == pytest.approx(
+        flat({'run': together, **together['runs']}), abs=1e-6)
+    for name in names:  # each point's kept model, the same weights
+        a, b = (torch.load(tmp_path / run / name / 'best.pt', weights_only=True)['method'] for run in ('apart', 'together'))
+        assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+    assert (tmp_path / 'apart' / 'results.txt').read_text() == (tmp_path / 'together' / 'results.txt').read_text()
+    demo_run(tmp_path / 'listed', demo_data, [*argv, '--commands'])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[-2:] for line in lines] == [['--only_stage', name] for name in names]
+    assert '--commands' not in lines[0] and os.listdir(tmp_path / 'listed') == ['demo-data']
