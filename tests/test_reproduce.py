@@ -361,6 +361,21 @@ def test_the_plan_says_whether_a_run_fits_the_gpu_and_what_would(tmp_path, capsy
                                          'a smaller model')
 
 
+def test_the_plan_warns_when_ddp_puts_fewer_than_16_rows_on_a_gpu(tmp_path, capsys, monkeypatch):
+    """A dry run as torchrun's process 0 of 8: XNLI's batch of 32 is 4 rows a GPU, and the plan says so and what to do
+    instead; 128 rows (16 a GPU) and one process are not warned."""
+    def training(batch, world):
+        monkeypatch.setenv('RANK', '0')
+        monkeypatch.setenv('WORLD_SIZE', str(world))
+        train.main(['--demo', '--task', 'xnli', '--batch_size', str(batch), '--out', str(tmp_path), '--dry_run'])
+        return next(line for line in capsys.readouterr().out.splitlines() if line.startswith('  training'))
+    assert training(32, 8).endswith('; warning: DDP puts 4 rows on a GPU (fewer than 16), so each step\'s all-reduce '
+                                    'of every gradient (4 bytes a parameter) outweighs its compute: run one '
+                                    'configuration a GPU instead (--gpus N with --seeds or --search, or a job array of '
+                                    '--commands)')
+    assert 'warning' not in training(128, 8) and 'warning' not in training(8, 1)
+
+
 # ----------------------------------------------------------------------------------------
 # The equation index: every numbered equation the code implements, and only real code.
 
