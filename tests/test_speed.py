@@ -1,8 +1,8 @@
 """Length-grouped batches, the padding they save, activation checkpointing and compiled blocks (speed itself is
 measured in tests/bench.py, never in a test); the memory estimate against the profiler, and the GPU check's script."""
+import json
 import random
 import shutil
-import sys
 
 import numpy as np
 import pytest
@@ -10,6 +10,7 @@ import torch
 
 import data
 import layers
+import xlt
 
 
 def batches_of(n, epoch, chunks, lengths, group=True, batch_size=8, seed=3):
@@ -145,7 +146,6 @@ def test_the_memory_estimate_is_within_10_percent_of_the_profiled_peak_for_every
     settings and a micro-batch of rows x lengths: the peak layers.peak_bytes estimates from the method's passes against
     the one the profiler measures (the issue asks for 20%)."""
     import train
-    import xlt
     for method, task, more in ESTIMATED:
         args = train.parse_args(['--method', method, '--task', task, '--demo', '--model', preset, *more])
         cls = xlt.method_class(args)
@@ -168,11 +168,30 @@ def test_the_memory_estimate_is_within_10_percent_of_the_profiled_peak_for_every
         assert abs(estimate / measured - 1) < 0.10, (method, task, more, estimate, measured)
 
 
-def test_the_gpu_check_runs_and_says_it_checked_nothing_without_a_gpu(capsys, monkeypatch):
-    """tests/gpu_check.py imports what it uses and, where there is no GPU, says so in one line and exits 0."""
-    if torch.cuda.is_available():
-        pytest.skip('a GPU is here: run python tests/gpu_check.py')
-    monkeypatch.setattr(sys, 'argv', ['gpu_check.py'])
+@pytest.mark.slow
+def test_the_gpu_check_walks_every_case_on_the_cpu_and_a_broken_case_fails_it(tmp_path, monkeypatch):
+    """python tests/gpu_check.py --cpu: every case to its JSON line in --out, in order, none raising, each with its
+    measurements; then X-Mixup's loss broken on purpose: its steps are error lines, the others go on, and it exits 1."""
     import gpu_check
-    assert (gpu_check.main(), capsys.readouterr().out) == (0, 'no CUDA device here: nothing checked (this script is '
-                                                               'for a machine with a GPU)\n')
+    out = tmp_path / 'cpu.jsonl'
+    assert gpu_check.main(['--cpu', '--out', str(out)]) == 0
+    lines = [json.loads(line) for line in open(out)]
+    steps = [[method, task, kind, 'tiny', at] for method, task, kind in gpu_check.STEPS for at in ('recipe', 'most')]
+    assert [(line['case'], line.get('args')) for line in lines] == [('start', None), ('matmul', None)] + [
+        ('step', args) for args in steps] + [('precision', ['tiny']), ('loop', ['bf16']), ('loop', ['fp16']),
+                                             ('compile', ['tiny'])]
+    assert not [line for line in lines if {'error', 'oom', 'skipped'} & set(line)]
+    for line in lines[2:12]:
+        assert line['step_s'] > 0 and line['real_tokens_per_s'] > 0 and 0 < line['mfu'] and line['sdpa']
+        assert line['estimate_gib'] > 0 and line['rows'] == 8
+    assert lines[12]['grad_cosine'] > 0.99 and abs(lines[12]['gap']) < 0.05
+    assert all(line['finished'] and line['steps'] == 8 and line['kept'] == ['best.pt'] for line in lines[13:15])
+    assert 1 <= lines[15]['graphs'] <= 3  # dynamic shapes: not one graph a length
+    broken = lambda self, batch: (_ for _ in ()).throw(RuntimeError('planted'))
+    monkeypatch.setattr(xlt.XMixup, 'loss', broken)
+    every = gpu_check.cases
+    monkeypatch.setattr(gpu_check, 'cases', lambda check: [c for c in every(check) if c[0] in ('matmul', 'step')])
+    assert gpu_check.main(['--cpu', '--out', str(tmp_path / 'broken.jsonl')]) == 1
+    lines = [json.loads(line) for line in open(tmp_path / 'broken.jsonl')]
+    assert [line['args'][0] for line in lines if 'error' in line] == ['xmixup', 'xmixup'] and len(lines) == 12
+    assert all(line['error'] == 'RuntimeError: planted' for line in lines if 'error' in line)
