@@ -4,6 +4,7 @@ against the dense matmul rate measured on the same device.
     python tests/bench.py                       # base preset, batch 8 x 128, current device
     python tests/bench.py --compare             # side by side with Hugging Face's XLM-R (same weights)
     python tests/bench.py --model tiny --steps 3
+    python tests/bench.py --precision fp16          # autocast to fp16 with train.py's loss scaler (V100, T4)
     python tests/bench.py --filter              # a FILTER step (k = m = 1) against encoding S and T apart
     python tests/bench.py --generate            # beam search with cached keys and values against re-running the prefix
     python tests/bench.py --pipeline --compare  # a pass of training steps on XNLI-like lengths: ours against the released way
@@ -29,9 +30,12 @@ import layers  # noqa: E402
 import xlt  # noqa: E402
 
 
-def matmul_flops(device, n=2048, reps=10):
-    """Measured dense fp32 (bf16 on CUDA) matmul rate, FLOP/s: the ceiling MFU is measured against."""
-    dtype = torch.bfloat16 if device.type == 'cuda' else torch.float32
+DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}
+
+
+def matmul_flops(device, precision, n=2048, reps=10):
+    """Measured dense matmul rate in the precision's type, FLOP/s: the ceiling MFU is measured against."""
+    dtype = DTYPES[precision]
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(2):
         a @ b
@@ -82,24 +86,31 @@ def optimizer(model, head, name):
     return torch.optim.AdamW(list(model.parameters()) + list(head.parameters()), lr=1e-5, fused=name.startswith('ours'))
 
 
-def timed_steps(model, ids, mask, steps, train, device, amp, name='ours'):
+def scaled_step(loss, opt, scaler):
+    """backward and the optimiser's step, through fp16's loss scaler (a no-op for bf16 and fp32), as train.py."""
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+
+
+def timed_steps(model, ids, mask, steps, train, device, precision, name='ours'):
     """Seconds per step over `steps` steps after two warm-up steps."""
     head = torch.nn.Linear(model_dim(model), 3).to(device)
     opt = optimizer(model, head, name) if train else None
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == 'fp16')
     labels = torch.randint(0, 3, (ids.size(0),), device=device)
     model.train(train)
     times = []
     for i in range(steps + 2):
         sync(device)
         t = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp), torch.set_grad_enabled(train):
+        with layers.autocast(device, precision), torch.set_grad_enabled(train):
             h = model(ids, mask)
             if train:
                 loss = F.cross_entropy(head(h[:, 0]).float(), labels)
         if train:
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            scaled_step(loss, opt, scaler)
         sync(device)
         times.append(time.perf_counter() - t)
     return sum(times[2:]) / steps
@@ -126,6 +137,7 @@ def filter_bench(cfg, args, device):
 
     steps = {'separate S, T': apart, 'FILTER k=m=1': lambda: model.loss(pair)[0]}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    scaler = torch.amp.GradScaler(device.type, enabled=args.precision == 'fp16')
     model.train()
     times = {name: {'step': [], 'fwd+bwd': []} for name in steps}
     for _ in range(args.rounds):
@@ -133,12 +145,13 @@ def filter_bench(cfg, args, device):
             for i in range(args.steps + 2):
                 sync(device)
                 t = time.perf_counter()
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == 'cuda'):
+                with layers.autocast(device, args.precision):
                     loss = fn()
-                loss.backward()
+                scaler.scale(loss).backward()
                 sync(device)
                 mid = time.perf_counter()
-                opt.step()
+                scaler.step(opt)
+                scaler.update()
                 opt.zero_grad(set_to_none=True)
                 sync(device)
                 if i >= 2:
@@ -166,7 +179,7 @@ def generate_bench(cfg, args, device):
         for name in times:
             sync(device)
             t = time.perf_counter()
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == 'cuda'):
+            with layers.autocast(device, args.precision):
                 out = model.generate(src, beam=5, max_new=args.new, min_len=args.new, cache=name == 'cached')
             sync(device)
             times[name].append(time.perf_counter() - t)
@@ -212,6 +225,7 @@ def pipeline_bench(models, cfg, args, device):
             model = models[names[way]]
             head = torch.nn.Linear(model_dim(model), 3).to(device)
             opt, labels = optimizer(model, head, names[way]), torch.zeros(args.batch, dtype=torch.long, device=device)
+            scaler = torch.amp.GradScaler(device.type, enabled=args.precision == 'fp16')
             model.train()
             sync(device)
             t = time.perf_counter()
@@ -220,11 +234,9 @@ def pipeline_bench(models, cfg, args, device):
                 if pad_to:
                     x = F.pad(x, (0, pad_to - x.size(1)), value=1)
                 x = x.to(device)
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == 'cuda'):
+                with layers.autocast(device, args.precision):
                     loss = F.cross_entropy(head(model(x, x.ne(1))[:, 0]).float(), labels[:len(batch)])
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+                scaled_step(loss, opt, scaler)
             sync(device)
             times[way].append(time.perf_counter() - t)
     real = sum(lengths)
@@ -427,7 +439,7 @@ def generated_text(folder, megabytes, seed=0):
     return sample
 
 
-def timed_steps(argv):
+def run_steps(argv):
     """In this process: train.py's run of argv -> (seconds from its first training step to its
     last, steps, peak resident MB, the most private and mapped MB seen at a step)."""
     import resource
@@ -570,6 +582,8 @@ def main():
     parser.add_argument('--seq', type=int, default=128)
     parser.add_argument('--steps', type=int, default=5)
     parser.add_argument('--rounds', type=int, default=2, help='alternate the models this many times')
+    parser.add_argument('--precision', choices=('bf16', 'fp16', 'fp32'), help='autocast, and fp16\'s loss scaler '
+                        '(default: train.py\'s, bf16 on a GPU that has it, fp16 on one that has not, fp32 on a CPU)')
     parser.add_argument('--compare', action='store_true', help='also time Hugging Face XLM-R on the same weights')
     parser.add_argument('--filter', action='store_true', help='FILTER k = m = 1 against encoding S and T apart')
     parser.add_argument('--generate', action='store_true', help='beam search: cached keys and values against the whole prefix')
@@ -605,7 +619,7 @@ def main():
         return print(json.dumps(first_step(json.loads(args.first_step))))
     if args.timed_steps:
         import json
-        return print(json.dumps(timed_steps(json.loads(args.timed_steps))))
+        return print(json.dumps(run_steps(json.loads(args.timed_steps))))
     if args.xla_prepare:
         import json
         return print(json.dumps(xla_prepare(json.loads(args.xla_prepare))))
@@ -623,6 +637,7 @@ def main():
         args.examples = args.examples if args.examples != 256 else 39270  # a tenth of XNLI's 392,702
         return data_bench(args)
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    args.precision = args.precision or layers.default_precision(device.type)
     if args.filter:
         return filter_bench(layers.CONFIGS[args.model], args, device)
     if args.generate:
@@ -631,7 +646,6 @@ def main():
         return peak_memory(args)
     if args.optimizer:
         return optimizer_bench(layers.CONFIGS[args.model], args)
-    amp = device.type == 'cuda'
     torch.manual_seed(0)
     cfg = layers.CONFIGS[args.model]
     ids = torch.randint(4, cfg.vocab_size, (args.batch, args.seq), device=device)
@@ -657,14 +671,14 @@ def main():
             models['ours, compiled'].load_state_dict(models['ours'].state_dict())
     if args.pipeline:
         return pipeline_bench(models, cfg, args, device)
-    peak = matmul_flops(device)
+    peak = matmul_flops(device, args.precision)
     fpt = flops_per_token(cfg, args.seq)
     tokens = args.batch * args.seq
     results = {name: {'train': [], 'infer': []} for name in models}
     for _ in range(args.rounds):  # interleaved, so that both see the same machine
         for name, model in models.items():
-            results[name]['train'].append(timed_steps(model, ids, mask, args.steps, True, device, amp, name))
-            results[name]['infer'].append(timed_steps(model, ids, mask, args.steps, False, device, amp, name))
+            results[name]['train'].append(timed_steps(model, ids, mask, args.steps, True, device, args.precision, name))
+            results[name]['infer'].append(timed_steps(model, ids, mask, args.steps, False, device, args.precision, name))
     print(f'{args.model} preset, batch {args.batch} x {args.seq} on {device}, {torch.get_num_threads()} threads; '
           f'measured matmul rate {peak / 1e9:.1f} GFLOP/s')
     print(f'{"model":<16} {"train tok/s":>12} {"train MFU":>10} {"infer tok/s":>12} {"infer MFU":>10}')
