@@ -935,14 +935,18 @@ def pass_bytes(cfg, p, s, device_type, checkpointed=False):
 
 
 def peak_bytes(cfg, passes, head, params, device_type, precision, ddp=False, checkpointed=False):
-    """A training step's peak on one process: fp32 weights and AdamW's moments (12 bytes a parameter); DDP's
-    gradient buckets (4 more, made with it); autocast's 16-bit copies of the blocks' weights; every Pass's saved
-    tensors and `head` bytes (the head's and the loss's); then backward's first gradients, the last block's."""
+    """A training step's peak on one process, the larger of two moments. The forward's end: fp32 weights and AdamW's
+    moments (12 bytes a parameter); DDP's gradient buckets (4 more, made with it); autocast's 16-bit copies of the
+    blocks' weights; every Pass's saved tensors and `head` bytes (the head's and the loss's); then backward's first
+    gradients, the last block's. The backward's end, where it is larger at a few rows: the activations gone, every
+    gradient there (4 bytes a parameter), and under DDP the word embeddings' gradient twice, the one backward made
+    whole beside its bucket until it is added in (the last and largest)."""
     s = 2 if precision in ('bf16', 'fp16') else 4
     block = 4 * cfg.dim ** 2 + 2 * cfg.dim * cfg.ffn_dim + cfg.ffn_dim + 9 * cfg.dim  # its parameters, biases, LNs
     kept = [pass_bytes(cfg, p, s, device_type, checkpointed) for p in passes]
     static = (16 if ddp else 12) * params + (s < 4) * 2 * cfg.n_layer * block
-    return static + sum(k for k, _ in kept) + max(r for _, r in kept) + head + (not ddp) * 4 * block
+    forward = static + sum(k for k, _ in kept) + max(r for _, r in kept) + head + (not ddp) * 4 * block
+    return max(forward, 16 * params + ddp * 4 * cfg.vocab_size * cfg.dim)
 
 
 # ---------------------------------------------------------------------------

@@ -359,7 +359,10 @@ def optimizer_step(t, bar):
         p.grad = None  # AdamW leaves a parameter without a gradient as it is
     logs = t.precision.step(t.opt, t.method.parameters(), t.run.args.clip)
     t.sched.step()
-    t.opt.zero_grad(set_to_none=True)
+    # under DDP every gradient stays a view of its bucket (each parameter has one after backward: zeroed, not
+    # dropped, which would make backward allocate it anew and DDP copy it in); alone, a parameter no loss reached
+    # keeps none, and AdamW leaves it as it is (no weight decay)
+    t.opt.zero_grad(set_to_none=not isinstance(t.model, DDP))
     t.state['step'] += 1
     t.method.step = t.state['step']  # does the method's frozen phase end here?
     if frozen and not t.method.frozen() and t.log:  # log: the first process's

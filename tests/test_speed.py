@@ -140,7 +140,7 @@ ESTIMATED = [('zeroshot', 'xquad', ()), ('translate-train-all', 'pawsx', ()), ('
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('preset,rows,length', [('tiny', 16, 40), ('small', 4, 48)])
+@pytest.mark.parametrize('preset,rows,length', [('tiny', 16, 40), ('small', 4, 48), ('small', 1, 16)])
 def test_the_memory_estimate_is_within_10_percent_of_the_profiled_peak_for_every_method(preset, rows, length):
     """A training step of each method (its second: AdamW's moments there), on its model as a run builds it at the demo's
     settings and a micro-batch of rows x lengths: the peak layers.peak_bytes estimates from the method's passes against
