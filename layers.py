@@ -17,6 +17,7 @@ import shutil
 import struct
 import sys
 import threading
+import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
@@ -851,7 +852,7 @@ class Writer:
     while the copy and the disk write. One write in flight: a second waits for the first. after: run once written."""
 
     def __init__(self):
-        self.thread = None
+        self.thread, self.rate = None, None  # rate: the last write's bytes a second (SIGTERM's grace reads it)
 
     def save(self, path, meta, after=None, **parts):
         self.wait()
@@ -863,11 +864,12 @@ class Writer:
         self.thread = threading.Thread(target=self.write, args=(path, meta, parts, done, after))
         self.thread.start()
 
-    @staticmethod
-    def write(path, meta, parts, done, after):
+    def write(self, path, meta, parts, done, after):
         if done is not None:
             done.synchronize()  # this thread waits for the copies, the training does not
+        start = time.perf_counter()
         save_checkpoint(path, meta, **parts)
+        self.rate = os.path.getsize(path) / max(time.perf_counter() - start, 1e-6)
         if after:
             after()
 

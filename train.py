@@ -46,7 +46,7 @@ def main(argv=None):
         int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1)), None)
     data.VERBOSE = rank == 0  # warnings about skipped data, once
     try:
-        sweep = over_seeds if args.seeds else one_stage if args.only_stage else stage_commands if args.commands else None
+        sweep = over_seeds if args.seeds else one_stage if args.only_stage else stage_commands if args.commands else 0
         (predict if args.predict else sweep or execute)(args, rank, world, device)
     except (data.DataError, ev.EvalError, layers.CheckpointError, OSError) as e:  # once under way, maybe one's own
         fail(f'{e.filename}: {e.strerror}' if isinstance(e, OSError) and e.strerror else str(e), own=UNDER_WAY)
@@ -341,7 +341,7 @@ def train_step(t, batch, probe=False):
             c = a * run.world + run.rank
             torch.manual_seed(run.args.seed * 1_000_003 + step * 1009 + c)
             sync = a == accum - 1 or not isinstance(t.model, DDP)
-            micro = t.collate([t.items[i] for i in chunks[c]], chunks[c].tolist()).to(run.device)
+            micro = t.method.host(t.collate([t.items[i] for i in chunks[c]], chunks[c].tolist())).to(run.device)
             with (nullcontext() if sync else t.model.no_sync()), t.precision.autocast():
                 loss, chunk_logs = t.model(micro)
             t.precision.backward(loss * len(chunks[c]) * run.world / len(batch))
@@ -359,10 +359,7 @@ def optimizer_step(t, bar):
         p.grad = None  # AdamW leaves a parameter without a gradient as it is
     logs = t.precision.step(t.opt, t.method.parameters(), t.run.args.clip)
     t.sched.step()
-    # under DDP every gradient stays a view of its bucket (each parameter has one after backward: zeroed, not
-    # dropped, which would make backward allocate it anew and DDP copy it in); alone, a parameter no loss reached
-    # keeps none, and AdamW leaves it as it is (no weight decay)
-    t.opt.zero_grad(set_to_none=not isinstance(t.model, DDP))
+    t.opt.zero_grad(set_to_none=not isinstance(t.model, DDP))  # under DDP zeroed views of its buckets (wrapped)
     t.state['step'] += 1
     t.method.step = t.state['step']  # does the method's frozen phase end here?
     if frozen and not t.method.frozen() and t.log:  # log: the first process's
@@ -513,6 +510,9 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64, changes='nothing'),
     Option('save_minutes', help='minutes between resume checkpoints (last.pt; also at each epoch\'s end and when '
            'SIGTERM asks); 0: at every log line', valid=NON_NEGATIVE, default=30.0, changes='nothing'),
+    Option('term_grace', help='seconds a SIGTERM\'s last.pt may take, by the writer\'s last measured rate (default 60; '
+           'a scheduler\'s grace less the log interval): beyond it, or with 0, the run stops at its last resume point',
+           valid=NON_NEGATIVE, default=60.0, changes='nothing'),
     Option('no_cache', bool, 'tokenize the data into a temporary folder, not once into <data_dir>/.cache',
            changes='nothing'),
     Option('eval_steps', int, 'also select within an epoch, every N steps (VECO: XNLI 500, SQuAD 200)', AT_LEAST_1),
@@ -806,9 +806,10 @@ def training_plan(args, world):
     split = f' ({world} processes x {args.grad_accum} micro-batches)' if world * args.grad_accum > 1 else ''
     warmup = f'{args.warmup_steps} steps' if args.warmup_steps else f'{args.warmup:g}'
     rows = args.batch_size // world
+    crowded = world > 1 and not tokens and rows < 16
     crowded = (f'; warning: DDP puts {rows} rows on a GPU (fewer than 16), so each step\'s all-reduce of every '
                'gradient (4 bytes a parameter) outweighs its compute: run one configuration a GPU instead (--gpus N '
-               'with --seeds or --search, or a job array of --commands)') if world > 1 and not tokens and rows < 16 else ''
+               'with --seeds or --search, or a job array of --commands)') if crowded else ''
     return (f'{length}, {tokens or f"global batch {args.batch_size}"}{split}, lr {args.lr:g}, warm-up {warmup}, '
             f'weight decay {args.weight_decay:g}, up to {args.max_len} tokens, seed {args.seed}{crowded}')
 
@@ -1206,7 +1207,8 @@ def command(**changes):
             skip = '=' not in word  # its value follows
         else:
             kept.append(word)
-    return [sys.executable, os.path.abspath(__file__), *kept, *(w for o, v in changes.items() for w in (f'--{o}', str(v)))]
+    given = [word for option, value in changes.items() for word in (f'--{option}', str(value))]
+    return [sys.executable, os.path.abspath(__file__), *kept, *given]
 
 
 def fan_out(runs, gpus):
@@ -1238,7 +1240,10 @@ def fan_out(runs, gpus):
 # The training's machinery: DDP, the probe, out of memory, divergence, resume points and SIGTERM, checkpoints.
 
 def wrapped(method, device):
-    """The method in DDP, its gradients in DDP's communication buckets (no copies)."""
+    """The method in DDP, its gradients views of DDP's communication buckets, no copies: the loop zeroes them rather
+    than dropping them (dropped, backward would make each anew and DDP copy it in, the embeddings' 1 GB among them);
+    every parameter has one after a DDP backward. Alone, a parameter no loss reached keeps none, and AdamW leaves it
+    as it is (no weight decay)."""
     return DDP(method, device_ids=[device.index] if device.type == 'cuda' else None, gradient_as_bucket_view=True)
 
 
@@ -1290,12 +1295,13 @@ class ResumePoints(AbstractContextManager):
     layers.Writer's thread; the processes agree on a resume point or a stop at a log line (agree)."""
 
     def __init__(self, t):
-        self.t, self.saved, self.signalled = t, time.time(), False
+        self.t, self.saved, self.signalled, self.point = t, time.time(), False, None  # point: last.pt's step
         self.asked = (False, False)  # (a resume point, a stop): what the processes agreed on at the last log line
 
     def __enter__(self):
         t = self.t
         t.state = t.run.args.resume and resumed(t) or t.state  # a new run, or nothing to resume: from the start
+        self.point = t.state['step'] if os.path.exists(t.run.path('last.pt')) and t.run.args.resume else None
         t.log = open_log(t.run.path('log.jsonl'), t.state['step']) if t.run.rank == 0 else None
         t.method.step = t.state['step']  # read by schedules (X-Mixup's p*, frozen phases)
         self.default = signal.signal(signal.SIGTERM, lambda number, frame: setattr(self, 'signalled', True))
@@ -1327,10 +1333,19 @@ class ResumePoints(AbstractContextManager):
         self.asked = (False, False)
 
     def save(self, stop=False):
-        self.saved = time.time()
+        if stop and not self.in_grace():
+            self.stop(self.t.state['step'], self.point)
+        self.saved, self.point = time.time(), self.t.state['step']
         save(self.t.run, 'last.pt', resume_point(self.t), self.t.writer)
         if stop:
             self.stop(self.t.state['step'])
+
+    def in_grace(self):
+        """Would SIGTERM's last.pt (weights and AdamW's moments, 12 bytes a parameter) be written within --term_grace
+        seconds, at the rate the writer last measured (unmeasured yet: yes), once the write in flight is done?"""
+        grace, rate = self.t.run.args.term_grace, self.t.writer.rate
+        size = 12 * sum(p.numel() for p in self.t.method.parameters())
+        return grace > 0 and (rate is None or size / rate <= grace)
 
     def trained(self):
         """The training is over and best.pt holds what it kept: trained.json says so (--resume reads it), and the
@@ -1345,11 +1360,14 @@ class ResumePoints(AbstractContextManager):
         self.t.writer.wait()
         signal.signal(signal.SIGTERM, self.default)
 
-    def stop(self, step):
-        """SIGTERM's end, once its resume point is saved: one line, and the signal's exit status."""
+    def stop(self, step, kept='it'):
+        """SIGTERM's end, once its resume point is saved (or, beyond --term_grace, at the last one, kept): one line,
+        and the signal's exit status."""
         self.t.writer.wait()
-        self.t.run.say(f'stopped by SIGTERM at step {step}: {self.t.run.path("last.pt")} holds it; run the same '
-                       'command with --resume to go on')
+        last = self.t.run.path('last.pt')
+        where = (f'{last} holds it' if kept == 'it' else f'a new last.pt would outlast --term_grace, so the run stops '
+                 f'at its last resume point, ' + (f'step {kept} in {last}' if kept else 'none: --resume starts again'))
+        self.t.run.say(f'stopped by SIGTERM at step {step}: {where}; run the same command with --resume to go on')
         raise SystemExit(128 + signal.SIGTERM)
 
 

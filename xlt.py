@@ -11,7 +11,7 @@ import json
 import math
 import os
 from contextlib import nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -91,7 +91,8 @@ class Method(nn.Module):
                   files; folder(args): the default run folder's name, in parts; resolve(args), variants(): the
                   class that runs (VECO's pre-training, translation, translate-train-all)
       training    frozen(): the parameters the optimiser leaves alone this step; schedule(args, total): the
-                  learning rate's factor at each step; `step`, the optimiser step, is set by the loop
+                  learning rate's factor at each step; `step`, the optimiser step, is set by the loop;
+                  host(batch): a micro-batch as loss() reads it, made on the host before it goes to the device
       prediction  predictor(run): the model a finished run predicts with (train.py --predict); KEEPS: what
                   --eval_only evaluates in a finished run's folder
       export      EXPORT: what python layers.py export makes of its checkpoints ('head': XLM-R and its Head on
@@ -189,6 +190,9 @@ class Method(nn.Module):
     # hooks: training
     def frozen(self):
         return []
+
+    def host(self, batch):
+        return batch
 
     def schedule(self, args, total):
         return warmup_then_decay(args.warmup_steps or int(args.warmup * total), 0, total)
@@ -836,12 +840,57 @@ def bert_mask(ids, share, mask_id, first_piece=4):
 MLM_KEPT = 4  # (dim,) tensors the MLM head keeps per masked token: its input, dense's output, GELU's, LayerNorm's
 
 
-def mlm_loss(mlm, h, targets):
-    """-log P(original | masked) averaged over the chosen tokens (0 when none is). The head runs
-    on the chosen positions only: the projection onto the vocabulary is the costly part."""
-    chosen = targets.ne(IGNORE)
-    logits = mlm(h[chosen]).float()
-    return F.cross_entropy(logits, targets[chosen], reduction='sum') / chosen.sum().clamp(min=1)
+def mlm_loss(mlm, h, predicted):
+    """-log P(original | masked) averaged over the chosen tokens (0 when none is). The head runs on the chosen
+    positions only (predicted: Predicted), the projection onto the vocabulary being the costly part."""
+    logits = mlm(h.flatten(0, 1)[predicted.at]).float()
+    return F.cross_entropy(logits, predicted.targets, reduction='sum') / max(len(predicted.targets), 1)
+
+
+@dataclass
+class Predicted:
+    """The tokens an MLM term predicts, found on the host: their positions in the flattened (B * T) states (at),
+    and the original ids there (targets); the device then indexes with them and never counts them."""
+    at: torch.Tensor
+    targets: torch.Tensor
+
+    @classmethod
+    def of(cls, targets):
+        flat = targets.flatten()
+        at = flat.ne(IGNORE).nonzero().squeeze(1)
+        return cls(at, flat[at])
+
+    def to(self, device):
+        return Predicted(data.moved(self.at, device), data.moved(self.targets, device))
+
+
+@dataclass
+class Masked:
+    """A pre-training micro-batch as VecoPretrain's step reads it, made on the host (VecoPretrain.host): x^ and y^
+    with their attention masks (None: no row padded), the tokens each term predicts, and TLM's rows, the parallel
+    pairs joined (None: no parallel pair). Nothing the step does then needs to ask the device a size."""
+    x: torch.Tensor
+    x_keys: torch.Tensor
+    x_predicted: Predicted
+    y: torch.Tensor
+    y_keys: torch.Tensor
+    y_predicted: Predicted
+    tlm: tuple = None  # (ids, mask, Predicted)
+
+    @classmethod
+    def of(cls, x, x_mask, x_bar, y, y_mask, y_bar, parallel):
+        """From masked ids, their masks (None: unpadded) and targets, and the parallel rows (bool, (B,))."""
+        rows, tlm = parallel.nonzero().squeeze(1), None
+        if len(rows):  # TLM (XLM): the pair as one sequence
+            real = lambda ids, mask: torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
+            ids, mask, order = concat_pairs(x[rows], real(x, x_mask)[rows], y[rows], real(y, y_mask)[rows])
+            tlm = ids, mask, Predicted.of(torch.cat([x_bar[rows], y_bar[rows]], 1).gather(1, order))
+        return cls(x, x_mask, Predicted.of(x_bar), y, y_mask, Predicted.of(y_bar), tlm)
+
+    def to(self, device):
+        move = lambda t: None if t is None else t.to(device) if isinstance(t, Predicted) else data.moved(t, device)
+        fields = self.x, self.x_keys, self.x_predicted, self.y, self.y_keys, self.y_predicted
+        return Masked(*(move(t) for t in fields), self.tlm and tuple(move(t) for t in self.tlm))
 
 
 def concat_pairs(a, a_mask, b, b_mask, eos=2):
@@ -964,21 +1013,18 @@ class VecoPretrain(Method):
     def cross_only(self):
         return self.step < self.cross_only_steps
 
-    def terms(self, x, x_mask, x_bar, y, y_mask, y_bar, parallel):
-        """The loss terms of masked pairs {name: mean over the chosen tokens}: Eq. 8's four and,
-        on the parallel rows, TLM. x, y: masked ids; x_bar, y_bar: their targets; masks None: unpadded."""
+    def terms(self, m):
+        """The loss terms of a Masked batch m {name: mean over the chosen tokens}: Eq. 8's four and, on the parallel
+        rows, TLM."""
         with torch.no_grad() if self.cross_only() else nullcontext():  # phase 1 trains CS-MLM alone
-            X, Y = self.inner(x, x_mask), self.inner(y, y_mask)
-        terms = {'is_x': mlm_loss(self.mlm, X, x_bar), 'is_y': mlm_loss(self.mlm, Y, y_bar)}  # Eq. 5
+            X, Y = self.inner(m.x, m.x_keys), self.inner(m.y, m.y_keys)
+        terms = {'is_x': mlm_loss(self.mlm, X, m.x_predicted), 'is_y': mlm_loss(self.mlm, Y, m.y_predicted)}  # Eq. 5
         if self.cs_mlm:
-            terms['cs_xy'] = mlm_loss(self.mlm, self.crossed(y, y_mask, X, x_mask), y_bar)  # Eq. 7: y from x
-            terms['cs_yx'] = mlm_loss(self.mlm, self.crossed(x, x_mask, Y, y_mask), x_bar)  # and x from y
-        rows = parallel.nonzero().squeeze(1)
-        if len(rows) and not (self.training and self.cross_only()):  # TLM (XLM): the pair as one sequence
-            real = lambda ids, mask: ids.ne(self.encoder.cfg.pad_id) if mask is None else mask
-            ids, mask, order = concat_pairs(x[rows], real(x, x_mask)[rows], y[rows], real(y, y_mask)[rows])
-            targets = torch.cat([x_bar[rows], y_bar[rows]], 1).gather(1, order)
-            terms['tlm'] = mlm_loss(self.mlm, self.inner(ids, mask), targets)
+            terms['cs_xy'] = mlm_loss(self.mlm, self.crossed(m.y, m.y_keys, X, m.x_keys), m.y_predicted)  # Eq. 7: y|x
+            terms['cs_yx'] = mlm_loss(self.mlm, self.crossed(m.x, m.x_keys, Y, m.y_keys), m.x_predicted)  # and x|y
+        if m.tlm and not (self.training and self.cross_only()):  # TLM (XLM): the pair as one sequence
+            ids, mask, predicted = m.tlm
+            terms['tlm'] = mlm_loss(self.mlm, self.inner(ids, mask), predicted)
         return terms
 
     def masked(self, batch, parallel):
@@ -986,10 +1032,14 @@ class VecoPretrain(Method):
         share = share.view(-1, 1).to(batch.ids.device)
         return bert_mask(batch.ids, share, self.mask_id)
 
-    def loss(self, pair):
+    def host(self, pair):
+        """The pair masked on the host (BERT's masking at Table 5's shares), before it goes to the device."""
         parallel = pair.src.labels.bool()
         (x, x_bar), (y, y_bar) = self.masked(pair.src, parallel), self.masked(pair.tgt, parallel)
-        terms = self.terms(x, pair.src.keys, x_bar, y, pair.tgt.keys, y_bar, parallel)
+        return Masked.of(x, pair.src.keys, x_bar, y, pair.tgt.keys, y_bar, parallel)
+
+    def loss(self, masked):
+        terms = self.terms(masked)
         counted = ('cs_xy', 'cs_yx') if self.cross_only() else tuple(terms)
         loss = sum(terms[name] for name in counted)
         return loss, {'loss': loss.detach(), **{name: t.detach() for name, t in terms.items()}}
@@ -1022,8 +1072,8 @@ class VecoPretrain(Method):
             for kind in ('mono', 'para'):
                 part = [item for item in items if item[0].label == (kind == 'para')]
                 for index in data.length_batches(data.item_lengths(part)[:, 0], batch_size):
-                    pair = data.collate_pairs([part[i][0] for i in index], [part[i][1] for i in index]).to(device)
-                    for name, t in self.held_out_terms(pair, precision).items():  # a mean over the kind's pairs
+                    pair = data.collate_pairs([part[i][0] for i in index], [part[i][1] for i in index])
+                    for name, t in self.held_out_terms(self.host(pair).to(device), precision).items():  # a mean
                         total, count = sums.setdefault(kind, {}), counts.setdefault(kind, {})
                         total[name] = total.get(name, 0.0) + t.item() * len(index)
                         count[name] = count.get(name, 0) + len(index)
@@ -1032,16 +1082,14 @@ class VecoPretrain(Method):
             row['score'] = -sum(v for n, v in row.items() if n != 'cs_shuffled')
         return out
 
-    def held_out_terms(self, pair, precision):
-        """A held-out batch's loss terms, and CS-MLM once more with each row reading another row's X^N."""
-        parallel = pair.src.labels.bool()
-        (x, x_bar), (y, y_bar) = self.masked(pair.src, parallel), self.masked(pair.tgt, parallel)
-        with autocast(x.device, precision):
-            terms = self.terms(x, pair.src.keys, x_bar, y, pair.tgt.keys, y_bar, parallel)
-            if len(x) > 1 and self.cs_mlm:
-                X, x_mask = self.inner(x, pair.src.keys), pair.src.keys
-                shuffled = self.crossed(y, pair.tgt.keys, X.roll(1, 0), None if x_mask is None else x_mask.roll(1, 0))
-                terms['cs_shuffled'] = mlm_loss(self.mlm, shuffled, y_bar)
+    def held_out_terms(self, m, precision):
+        """A held-out Masked batch's loss terms, and CS-MLM once more with each row reading another row's X^N."""
+        with autocast(m.x.device, precision):
+            terms = self.terms(m)
+            if len(m.x) > 1 and self.cs_mlm:
+                X, x_mask = self.inner(m.x, m.x_keys), m.x_keys
+                shuffled = self.crossed(m.y, m.y_keys, X.roll(1, 0), None if x_mask is None else x_mask.roll(1, 0))
+                terms['cs_shuffled'] = mlm_loss(self.mlm, shuffled, m.y_predicted)
         return terms
 
     # memory hooks: what the plan's estimate counts (Method's)

@@ -189,7 +189,7 @@ def step_case(check, method, task, kind, model_name, at):
     most = most_rows(model, lengths, precision_name, room)
     rows, cut = (most, False) if at == 'most' else (min(rows, most), rows > most)
     sides = lengths_drawn(rows, kind, args.max_len, seed=rows)
-    batch = batch_of(sides, kind, model.encoder.cfg.vocab_size, seed=rows).to(check.device)
+    batch = model.host(batch_of(sides, kind, model.encoder.cfg.vocab_size, seed=rows)).to(check.device)
     step = stepper(model, batch, layers.Precision(precision_name, check.device))
     step()  # AdamW's moments
     measured = peak_of(check, step)

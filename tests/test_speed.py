@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import data
 import layers
@@ -154,6 +155,7 @@ def test_the_memory_estimate_is_within_10_percent_of_the_profiled_peak_for_every
         torch.manual_seed(0)
         model = cls.sketch(args, train.planned_config(args)).train()
         model.step = 10 ** 6  # VECO past its cross-attention-only phase, X-Mixup's p* decayed
+        batch = model.host(batch)  # VECO's masks
         opt = torch.optim.AdamW(model.parameters(), fused=True)
 
         def step():
@@ -166,6 +168,50 @@ def test_the_memory_estimate_is_within_10_percent_of_the_profiled_peak_for_every
         params = sum(p.numel() for p in model.parameters())
         estimate = layers.peak_bytes(model.encoder.cfg, *model.passes(rows, lengths), params, 'cpu', 'fp32')
         assert abs(estimate / measured - 1) < 0.10, (method, task, more, estimate, measured)
+
+
+class HostSyncs(TorchDispatchMode):
+    """The operations that make a GPU's host wait for it, counted on the CPU by their aten names: a scalar read
+    (.item(), int(), bool(), a tensor in an if), nonzero and the boolean indexing and masked_select built on it, unique
+    and repeat_interleave (sizes known only once computed); and, patched, .tolist(), .cpu() and .numpy()."""
+    WAITS = {'aten::_local_scalar_dense', 'aten::nonzero', 'aten::masked_select', 'aten::is_nonzero', 'aten::equal',
+             'aten::_unique2', 'aten::unique_consecutive', 'aten::unique_dim', 'aten::repeat_interleave'}
+
+    def __init__(self, monkeypatch):
+        super().__init__()
+        self.found = []
+        for name in ('tolist', 'cpu', 'numpy'):
+            method = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, lambda t, *a, m=method, n=name, **k: self.found.append(n) or m(
+                t, *a, **k))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        boolean = name == 'aten::index' and any(i is not None and i.dtype == torch.bool for i in args[1])
+        if name in self.WAITS or boolean:
+            self.found.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize('method,task,more', [*ESTIMATED, ('xmixup', 'udpos', ('--self_teach',)), ('xmixup', 'xquad', ())])
+def test_a_training_step_asks_the_device_nothing(method, task, more, monkeypatch):
+    """Forward and backward of every method's step (VECO's pre-training masked on the host first, its host hook; X-Mixup
+    on tagging and QA too) run no operation that would make a GPU's host wait."""
+    import train
+    args = train.parse_args(['--method', method, '--task', task, '--demo', '--model', 'tiny', *more])
+    cls = xlt.method_class(args)
+    torch.manual_seed(0)
+    model = cls.sketch(args, train.planned_config(args)).train()
+    model.step = 10 ** 6  # VECO with TLM, X-Mixup past its sampling
+    lengths = (20, 14, 17)[:1 + cls.paired + cls.round_trip]
+    if '--self_teach' in more:  # X-Mixup on tagging learns T from a teacher's stored tag distributions
+        model.p_teacher = [torch.rand(lengths[1], len(data.TASKS[task].labels)).softmax(-1) for _ in range(4)]
+    batch = model.host(micro_batch(cls, task, 4, lengths))
+    if '--self_teach' in more:
+        batch.tgt.index = [0, 1, 2, 3]  # the items' positions, as the trainer's collate gives them
+    with HostSyncs(monkeypatch) as syncs:
+        model.loss(batch)[0].backward()
+    assert syncs.found == []
 
 
 @pytest.mark.slow

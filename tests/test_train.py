@@ -156,6 +156,13 @@ def test_killed_run_resumes_exactly(tmp_path, demo_data):
                               '--term_after', '50'], cwd=ROOT, capture_output=True, text=True)
     assert stopped.returncode == 128 + signal.SIGTERM and last_step() == 51, stopped.stderr
     assert f'stopped by SIGTERM at step 51: {tmp_path / "cut" / "last.pt"} holds it' in stopped.stdout
+    # --term_grace 0: no time for a new last.pt, the run stops at its last resume point (51, none since), named
+    stopped = subprocess.run([sys.executable, 'train.py', '--demo', '--out', str(tmp_path / 'cut'), *common, '--resume',
+                              '--term_after', '55', '--term_grace', '0', '--save_minutes', '30'], cwd=ROOT,
+                             capture_output=True, text=True)
+    assert stopped.returncode == 128 + signal.SIGTERM and last_step() == 51, stopped.stderr
+    assert ('stopped by SIGTERM at step 57: a new last.pt would outlast --term_grace, so the run stops at its last '
+            f'resume point, step 51 in {tmp_path / "cut" / "last.pt"}') in stopped.stdout
     resumed = run(tmp_path / 'cut', demo_data, *common, '--resume')
     a, b = final_weights(tmp_path / 'whole'), final_weights(tmp_path / 'cut')
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6

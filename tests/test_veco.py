@@ -72,7 +72,7 @@ def embeddings_of(m):
 def test_cs_mlm_leaves_x_alone_and_is_mlm_leaves_the_cross_attention_alone():
     m = model()
     seen = embeddings_of(m)
-    terms = m.terms(*masked_pair())
+    terms = m.terms(xlt.Masked.of(*masked_pair()))
     e_x, e_y, e_y_cs = seen[0], seen[1], seen[2]
     cross = [p for n, p in m.named_parameters() if '.cross.' in n or '.ln_cross.' in n]
     grads = torch.autograd.grad(terms['cs_xy'], [e_x, e_y, e_y_cs] + cross, allow_unused=True, retain_graph=True)
@@ -117,19 +117,19 @@ def test_eq8_is_the_sum_of_its_terms_by_hand_and_symmetric():
     m = model()
     batch = masked_pair()
     with torch.no_grad():
-        terms, hand = m.terms(*batch), by_hand(m, *batch)
+        terms, hand = m.terms(xlt.Masked.of(*batch)), by_hand(m, *batch)
         assert terms.keys() == hand.keys()
         for name in hand:
             assert torch.allclose(terms[name], hand[name], atol=1e-5), name
         x, xm, x_bar, y, ym, y_bar, parallel = batch
-        swapped = m.terms(y, ym, y_bar, x, xm, x_bar, parallel)
+        swapped = m.terms(xlt.Masked.of(y, ym, y_bar, x, xm, x_bar, parallel))
         eq8 = lambda t: t['is_x'] + t['is_y'] + t['cs_xy'] + t['cs_yx']
         assert torch.allclose(eq8(swapped), eq8(terms), atol=1e-6)  # Eq. 8 (TLM's order of x and y is not)
         assert torch.allclose(swapped['cs_xy'], terms['cs_yx'], atol=1e-6)
         # loss(): the same masks drawn again from the same seed give the sum of the terms
         pair = data.Pair(data.Batch(batch[0], xm, parallel.long()), data.Batch(batch[3], ym, parallel.long()))
         torch.manual_seed(5)
-        loss, logs = m.loss(pair)
+        loss, logs = m.loss(m.host(pair))
         torch.manual_seed(5)
         (x2, xb2), (y2, yb2) = m.masked(pair.src, parallel), m.masked(pair.tgt, parallel)
         expected = by_hand(m, x2, xm, xb2, y2, ym, yb2, parallel)
@@ -146,7 +146,7 @@ def test_without_cs_mlm_it_is_xlm_mlm_and_tlm():
     xlm.load_state_dict({k: v for k, v in m.state_dict().items() if 'cross' not in k})
     batch = masked_pair()
     with torch.no_grad():
-        terms, hand = xlm.terms(*batch), by_hand(m, *batch)
+        terms, hand = xlm.terms(xlt.Masked.of(*batch)), by_hand(m, *batch)
     assert terms.keys() == {'is_x', 'is_y', 'tlm'} and all(torch.allclose(t, hand[k], atol=1e-5) for k, t in terms.items())
     pre = lambda *more: train.parse_args(['--method', 'veco', '--task', 'pretrain', '--model', 'veco_small', *more])
     small = pre('--init', 'x.pt', '--no_cs_mlm')
@@ -158,13 +158,13 @@ def test_without_cs_mlm_it_is_xlm_mlm_and_tlm():
 def test_cross_only_phase_trains_the_cross_attention_alone():
     m = model(cross_only_steps=10).train()
     pair = data.Pair(data.Batch(*masked_pair()[0:2], torch.tensor([0, 1, 1])), data.Batch(*masked_pair()[3:5], torch.tensor([0, 1, 1])))
-    loss, logs = m.loss(pair)
+    loss, logs = m.loss(m.host(pair))
     assert 'tlm' not in logs and loss.item() == pytest.approx((logs['cs_xy'] + logs['cs_yx']).item(), rel=1e-6)
     frozen = {id(p) for p in m.frozen()}
     names = [n for n, p in m.named_parameters() if id(p) not in frozen]
     assert names and all('.cross.' in n or '.ln_cross.' in n for n in names)
     m.step = 10
-    assert m.frozen() == [] and 'tlm' in m.loss(pair)[1]
+    assert m.frozen() == [] and 'tlm' in m.loss(m.host(pair))[1]
 
 
 def test_evaluation_builds_no_graph_in_either_phase():
@@ -172,7 +172,7 @@ def test_evaluation_builds_no_graph_in_either_phase():
     def saved_for_backward(m, grad):
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t), torch.set_grad_enabled(grad):
-            m.terms(*masked_pair())
+            m.terms(xlt.Masked.of(*masked_pair()))
         return len(saved)
     for cross_only_steps in (0, 10):  # phase 2, then phase 1
         m = model(cross_only_steps=cross_only_steps)
