@@ -1930,9 +1930,13 @@ WAITS, PATIENCE = None, datetime.timedelta(hours=2)  # under DDP a gloo group fo
 
 
 def barrier():
-    """Every process waits here for the others (under DDP; alone, nothing to wait for)."""
+    """Every process waits here for the others (under DDP; alone, nothing to wait for); those that do not come within
+    PATIENCE are named."""
     if torch.distributed.is_initialized():
-        torch.distributed.monitored_barrier(WAITS, PATIENCE, wait_all_ranks=True)
+        try:
+            torch.distributed.monitored_barrier(WAITS, PATIENCE, wait_all_ranks=True)
+        except RuntimeError as e:  # '[Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 7200000 ms'
+            raise DataError(f'{str(e).split("]: ")[-1]}: stuck, or stopped by an error of its own') from None
 
 
 def shared_out(fn, lengths, processes, batch_size, desc, fields=1, everywhere=True):

@@ -681,6 +681,33 @@ def test_under_ddp_one_process_of_those_sharing_the_folder_builds_though_flock_s
         assert len(os.listdir(os.path.join(folder, '.cache'))) == 2
 
 
+STUCK = """import datetime, os, sys, threading
+sys.path.insert(0, {root!r})
+import data, train
+data.PATIENCE = datetime.timedelta(seconds=3)
+rank, world, device = train.setup_distributed()
+if rank == 1:
+    threading.Event().wait()  # stuck for good: never at the barrier
+try:
+    data.barrier()
+except data.DataError as e:
+    print(e, flush=True)
+    raise SystemExit(1)
+"""
+
+
+@pytest.mark.slow
+def test_under_ddp_a_stuck_process_fails_the_wait_on_data_in_its_patience_and_is_named(tmp_path):
+    """Process 1 never reaches data.barrier: process 0 stops once PATIENCE (here 3 s) has passed, naming it."""
+    script = tmp_path / 'stuck.py'
+    script.write_text(STUCK.format(root=ROOT))
+    out = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2',
+                          str(script)], capture_output=True, text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert out.returncode != 0
+    assert out.stdout.splitlines() == ['Ranks 1 failed to pass monitoredBarrier in 3000 ms: stuck, or stopped by an '
+                                       'error of its own'], out.stdout + out.stderr[-2000:]
+
+
 def test_in_windows_gives_every_positions_results_in_order(monkeypatch):
     """Batches sorted by length within windows of WINDOW batches, each position's results (of
     several lengths, none for some) joined back in position order, one field apart from another."""
