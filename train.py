@@ -284,7 +284,7 @@ class Training:
         self.run, self.method, self.items, self.validate, self.keep_last = run, method, items, validate, keep_last
         self.epochs = epochs  # --epochs, or the 'epochs' of --eval_every steps (or passes) that make --steps
         self.opt, self.sched = optimizer_and_schedule(method, run.args, total_steps)
-        self.model = wrapped(method, run.device) if run.world > 1 else method
+        self.model = wrapped(method, run.device, run.args.ddp_bf16_grads) if run.world > 1 else method
         self.precision = layers.Precision(run.args.precision, run.device)
         self.collate = data.collate_items(method.paired, run.tok.pad)
         self.state, self.log = {'step': 0, 'epoch': 0, 'best': -math.inf}, None  # log: log.jsonl, process 0's
@@ -510,6 +510,8 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64, changes='nothing'),
     Option('save_minutes', help='minutes between resume checkpoints (last.pt; also at each epoch\'s end and when '
            'SIGTERM asks); 0: at every log line', valid=NON_NEGATIVE, default=30.0, changes='nothing'),
+    Option('ddp_bf16_grads', bool, 'under DDP, all-reduce the gradients in bf16: half the bytes between GPUs, each '
+           'gradient\'s mean rounded to bf16 (a communication hook)'),
     Option('term_grace', help='seconds a SIGTERM\'s last.pt may take, by the writer\'s last measured rate (default 60; '
            'a scheduler\'s grace less the log interval): beyond it, or with 0, the run stops at its last resume point',
            valid=NON_NEGATIVE, default=60.0, changes='nothing'),
@@ -1239,12 +1241,27 @@ def fan_out(runs, gpus):
 # ----------------------------------------------------------------------------------------
 # The training's machinery: DDP, the probe, out of memory, divergence, resume points and SIGTERM, checkpoints.
 
-def wrapped(method, device):
+def wrapped(method, device, bf16=False):
     """The method in DDP, its gradients views of DDP's communication buckets, no copies: the loop zeroes them rather
     than dropping them (dropped, backward would make each anew and DDP copy it in, the embeddings' 1 GB among them);
     every parameter has one after a DDP backward. Alone, a parameter no loss reached keeps none, and AdamW leaves it
-    as it is (no weight decay)."""
-    return DDP(method, device_ids=[device.index] if device.type == 'cuda' else None, gradient_as_bucket_view=True)
+    as it is (no weight decay). bf16 (--ddp_bf16_grads): the buckets all-reduced in bf16 (bf16_gradients)."""
+    model = DDP(method, device_ids=[device.index] if device.type == 'cuda' else None, gradient_as_bucket_view=True)
+    if bf16:
+        model.register_comm_hook(None, bf16_gradients)
+    return model
+
+
+def bf16_gradients(state, bucket):
+    """A DDP comm hook: the bucket's mean over the processes all-reduced in bf16, half the bytes of fp32 on the wire
+    (torch's bf16_compress_hook does the same on NCCL alone), written back into the fp32 gradients."""
+    buffer = bucket.buffer()
+    half = buffer.to(torch.bfloat16).div_(dist.get_world_size())
+
+    def written_back(future):
+        buffer.copy_(future.value()[0])
+        return buffer
+    return dist.all_reduce(half, async_op=True).get_future().then(written_back)
 
 
 SCARCE = ('cuda',)  # devices whose memory a run watches: the largest batch tried before step 1 (probe), a finished

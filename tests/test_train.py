@@ -99,6 +99,31 @@ train.main(sys.argv[1:])
 """
 
 
+def test_ddp_bf16_grads_leave_each_gradient_rounded_to_bf16_in_the_buckets(tmp_path):
+    """--ddp_bf16_grads: DDP with its hook (train.bf16_gradients) on a gloo group of one process, two steps: every
+    gradient is the plain one rounded to bf16 (the mean over one process is itself), some of them changed by it."""
+    torch.distributed.init_process_group('gloo', init_method=f'file://{tmp_path}/store', rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        cfg = layers.Config(**{**layers.CONFIGS['tiny'].__dict__, 'vocab_size': 60, 'dropout': 0.0, 'attn_dropout': 0.0})
+        method = xlt.Baseline(layers.Encoder(cfg), 'pawsx')
+        plain = xlt.Baseline(layers.Encoder(cfg), 'pawsx')
+        plain.load_state_dict(method.state_dict())
+        model = train.wrapped(method, torch.device('cpu'), bf16=True)
+        for step in range(2):
+            ids = torch.randint(4, 60, (3, 9), generator=torch.Generator().manual_seed(step))
+            batch = data.Batch(ids, torch.ones_like(ids, dtype=torch.bool), torch.tensor([0, 1, 1]))
+            model(batch)[0].backward()
+            plain(batch)[0].backward()
+            pairs = [(p.grad, q.grad) for p, q in zip(method.parameters(), plain.parameters())]
+            assert all(torch.equal(g, h.bfloat16().float()) for g, h in pairs)
+            assert sum(not torch.equal(g, h) for g, h in pairs) > len(pairs) // 2
+            method.zero_grad(set_to_none=False)  # as the loop does under DDP
+            plain.zero_grad(set_to_none=True)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 @pytest.mark.slow
 def test_ddp_on_two_processes_equals_one_process(tmp_path, small_demo):
     """Same global batch (16) and seed: 2 processes x 1 micro-batch against 1 process x 2 micro-batches."""
