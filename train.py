@@ -46,8 +46,7 @@ def main(argv=None):
         int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1)), None)
     data.VERBOSE = rank == 0  # warnings about skipped data, once
     try:
-        sweep = over_seeds if args.seeds else one_stage if args.only_stage else stage_commands if args.commands else 0
-        (predict if args.predict else sweep or execute)(args, rank, world, device)
+        asked(args)(args, rank, world, device)
     except (data.DataError, ev.EvalError, layers.CheckpointError, OSError) as e:  # once under way, maybe one's own
         fail(f'{e.filename}: {e.strerror}' if isinstance(e, OSError) and e.strerror else str(e), own=UNDER_WAY)
     except KeyboardInterrupt:
@@ -488,6 +487,9 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('seeds', lambda text: [int(seed) for seed in text.split(',') if seed], 'a,b,c: the run once a seed, one '
            'after another, in --out/seed<s>, then the mean and standard deviation over them (--out/seeds.txt)',
            NON_NEGATIVE, changes='nothing'),
+    Option('train_langs', lambda text: [lang for lang in text.split(',') if lang], 'a,b,c: with a method of '
+           '--train_lang (translate-train, in-language, XLA), the run once a language, in --out/<lang>, then the row '
+           'of each language\'s score from its own run (--out/langs.txt)', changes='nothing'),
     Option('gpus', int, 'with --seeds or a method\'s stages (--search, XLA\'s warm-ups): N runs at once, each a '
            'process on a GPU of its own (on a CPU, its share of the cores)', AT_LEAST_1, default=1, changes='nothing'),
     Option('commands', bool, 'with --seeds or stages: print each run\'s command line, one a line (a job array\'s), and '
@@ -595,6 +597,11 @@ def configure(args, owners):
     if args.model not in layers.CONFIGS:
         fail(f'unknown model {args.model!r}: choose one of {", ".join(layers.CONFIGS)}')
     args.stage = None  # a stage's own run says which it is; a method may name its run's (xlt)
+    if args.train_langs:  # a sweep, checked as its first run; its folder named without a language
+        if args.train_lang or args.seeds or 'train_lang' not in {o.name for o in cls.OPTIONS}:
+            of_a_language = [c for c in xlt.classes() if 'train_lang' in {o.name for o in c.OPTIONS}]
+            fail(f'--train_langs runs {xlt.called(of_a_language)} once a language: drop --train_lang and --seeds')
+        args.train_lang = args.train_langs[0]
     try:
         cls.configure(args, demo)
     except ValueError as e:
@@ -604,10 +611,12 @@ def configure(args, owners):
             fail('--translations reads a data folder that python data.py download makes; the demo has XTREME\'s '
                  'shapes alone: drop --translations')
         args.data_dir = os.path.join(args.data_dir, 'filter') if args.translations == 'filter' else args.translations
-    args.out = args.out or os.path.join('runs', '-'.join(cls.folder(args) + default_folder(args)))
+    named = argparse.Namespace(**{**vars(args), 'train_lang': None}) if args.train_langs else args
+    args.out = args.out or os.path.join('runs', '-'.join(cls.folder(named) + default_folder(args)))
     args.dict = args.dict or data.beside(args.init, 'dict.txt')
-    if (args.gpus > 1 or args.commands) and not (args.seeds or cls.stages(args)):
-        fail('--gpus and --commands spread the runs of a sweep: add --seeds a,b,c (or --search), or drop them')
+    if (args.gpus > 1 or args.commands) and not (args.seeds or args.train_langs or cls.stages(args)):
+        fail('--gpus and --commands spread the runs of a sweep: add --seeds a,b,c (--train_langs, --search), or drop '
+             'them')
     if args.gpus > 1 and 'RANK' in os.environ:
         fail('--gpus runs a sweep\'s runs side by side, each in processes of its own: not under torchrun')
     if args.demo and not args.init and not args.from_scratch and cls.pretrained_start and args.model == demo['model']:
@@ -708,8 +717,9 @@ def check_options(args, cls):
     own layer counts, tried on its model on the meta device (no memory, no time) -> that model (retrieval: None)."""
     langs = target_langs(args) if args.task in data.TASKS or args.langs else ()  # --langs checked
     if cls.trains_on in ('train_lang', 'own_lang') and xlt.task_family(args) != 'retrieval':
-        if args.train_lang not in langs:
-            fail(f'{args.method} needs --train_lang, one of {", ".join(langs)}')
+        for lang in args.train_langs or [args.train_lang]:
+            if lang not in langs:
+                fail(f'{args.method} needs --train_lang, one of {", ".join(langs)}' + f' (not {lang})' * bool(lang))
     if xlt.task_family(args) != 'retrieval':
         try:
             with torch.device('meta'):
@@ -1147,41 +1157,77 @@ def predict(args, rank, world, device):
 
 
 # ----------------------------------------------------------------------------------------
-# --seeds a,b,c: the command once a seed (one after another, or --gpus N at once), then their mean and std.
+# A sweep, --seeds a,b,c or --train_langs a,b,c: the command once a value (one after another, or --gpus N at once),
+# then its table: the mean and std over the seeds, or each language's score from its own run.
 
-def over_seeds(args, rank, world, device):
-    """--seeds: the run of each seed in --out/seed<s>, as --seed s --out --out/seed<s> makes it (a finished run of these
-    settings reused, one that began resumed with --resume), one after another or with --gpus N as N processes at once
-    (fan_out), or with --commands each its command line alone; then --out/seeds.json and seeds.txt: each language's
-    mean and standard deviation (np.std) over the seeds, as the papers report their rows (eval.seed_table)."""
+SWEPT = {'seeds': ('seed', 'seed{}', 'seed'), 'train_langs': ('train_lang', '{}', 'language')}  # each run's option,
+# folder, and what a value is called
+
+
+def asked(args):
+    """What the command asks for: a prediction, a sweep, one stage of a sweep, the stages' command lines, or the run."""
+    return (predict if args.predict else sweep if args.seeds or args.train_langs else one_stage if args.only_stage
+            else stage_commands if args.commands else execute)
+
+
+def sweep(args, rank, world, device):
+    """--seeds or --train_langs: the run of each value in --out/seed<s> (--out/<lang>), as --seed s (--train_lang l)
+    --out there makes it (a finished run of these settings reused, one that began resumed with --resume), one after
+    another or with --gpus N as N processes at once (fan_out), or with --commands each its command line alone; then
+    the sweep's table in --out (seeds_table, langs_table)."""
+    name = 'seeds' if args.seeds else 'train_langs'
+    (option, folder, word), values = SWEPT[name], getattr(args, name)
     say = print if rank == 0 else (lambda message: None)
-    if len(set(args.seeds)) < len(args.seeds):
-        fail(f'--seeds {",".join(map(str, args.seeds))} repeats a seed: give each once')
-    runs = {seed: argparse.Namespace(**{**vars(args), 'seeds': None, 'seed': seed, 'gpus': 1, 'commands': False,
-                                        'out': os.path.join(args.out, f'seed{seed}')}) for seed in args.seeds}
+    if len(set(values)) < len(values):
+        fail(f'--{name} {",".join(map(str, values))} repeats a {word}: give each once')
+    check_options(args, xlt.method_class(args))  # every language of --train_langs, before any run
+    runs = {v: argparse.Namespace(**{**vars(args), 'seeds': None, 'train_langs': None, option: v, 'gpus': 1,
+                                     'commands': False, 'out': os.path.join(args.out, folder.format(v))})
+            for v in values}
+    changes = lambda v: {option: v, 'out': runs[v].out}
     if args.commands:  # a job array's lines: nothing runs here
-        return say('\n'.join(shlex.join(command(seed=seed, out=settings.out)) for seed, settings in runs.items()))
-    if args.dry_run:  # the plan of the first seed's run: the others' read the same
-        execute(runs[args.seeds[0]], rank, world, device)
-        return say(f'--seeds: the same run for seed {", ".join(map(str, args.seeds[1:]))} too')
+        return say('\n'.join(shlex.join(command(**changes(v))) for v in values))
+    if args.dry_run:  # the plan of the first run: the others' read the same
+        execute(runs[values[0]], rank, world, device)
+        return say(f'--{name}: the same run for {word} {", ".join(map(str, values[1:]))} too')
     todo = []
-    for seed, settings in runs.items():
+    for v, settings in runs.items():
         if finished_alike(settings):
-            say(f'seed {seed}: reused, the finished run in {settings.out} has these settings')
+            say(f'{word} {v}: reused, the finished run in {settings.out} has these settings')
         elif args.gpus > 1:
-            todo.append((f'seed {seed}', settings.out, command(seed=seed, out=settings.out)))
+            todo.append((f'{word} {v}', settings.out, command(**changes(v))))
         else:
             settings.resume = args.resume and began(settings.out)
             execute(settings, rank, world, device)
     fan_out(todo, args.gpus)
-    folders = [settings.out for settings in runs.values()]
+    if rank == 0:
+        (seeds_table if name == 'seeds' else langs_table)(args, [settings.out for settings in runs.values()])
+
+
+def seeds_table(args, folders):
+    """--out/seeds.json and seeds.txt: each language's mean and standard deviation (np.std) over the seeds, as the
+    papers report their rows (eval.seed_table)."""
     results = [json.loads(data.read_text(os.path.join(f, 'results.json'))) for f in folders]
     summary = {'seeds': args.seeds, 'runs': folders, 'mean': ev.statistic(results), 'std': ev.statistic(results, 'std')}
     table = f'test, mean ± std over --seeds {",".join(map(str, args.seeds))}:\n{ev.seed_table(folders)}'
-    if rank == 0:
-        layers.atomic_write(os.path.join(args.out, 'seeds.json'), json.dumps(summary, indent=2))
-        layers.atomic_write(os.path.join(args.out, 'seeds.txt'), table + '\n')
-    say(f'{table}\nin {args.out}/seeds.json and seeds.txt')
+    layers.atomic_write(os.path.join(args.out, 'seeds.json'), json.dumps(summary, indent=2))
+    layers.atomic_write(os.path.join(args.out, 'seeds.txt'), table + '\n')
+    print(f'{table}\nin {args.out}/seeds.json and seeds.txt')
+
+
+def langs_table(args, folders):
+    """--out/langs.json and langs.txt: each language's dev and test score from its own run, and their average: XTREME's
+    translate-train and in-language rows (a model a language, each scored on its own)."""
+    read = lambda folder: json.loads(data.read_text(os.path.join(folder, 'results.json')))
+    results = {lang: read(folder) for lang, folder in zip(args.train_langs, folders)}
+    own = {split: {lang: r[split][lang] for lang, r in results.items() if lang in r[split]}
+           for split in ('dev', 'test')}
+    summary = {'train_langs': args.train_langs, 'runs': folders, **{s: ev.summarize(v) for s, v in own.items() if v}}
+    rows = {f'{split} (each language\'s own run)': summary[split] for split in ('dev', 'test') if split in summary}
+    table = ev.format_table(rows) if rows else 'no labels to score against: predictions written only'
+    layers.atomic_write(os.path.join(args.out, 'langs.json'), json.dumps(summary, indent=2))
+    layers.atomic_write(os.path.join(args.out, 'langs.txt'), table + '\n')
+    print(f'{table}\nin {args.out}/langs.json and langs.txt')
 
 
 def stage_commands(args, rank, world, device):
@@ -1198,9 +1244,10 @@ def one_stage(args, rank, world, device):
 
 
 def command(**changes):
-    """train.py's command line for one run of a sweep: this one's (COMMAND), its --seeds, --gpus and --commands
-    dropped, and each option of changes given its value (--seed and --out, or --only_stage)."""
-    dropped, flags, kept, skip = ('--seeds', '--gpus', *(f'--{name}' for name in changes)), ('--commands',), [], False
+    """train.py's command line for one run of a sweep: this one's (COMMAND), its --seeds (--train_langs), --gpus and
+    --commands dropped, and each option of changes given its value (--seed and --out, or --only_stage)."""
+    dropped = ('--seeds', '--train_langs', '--gpus', *(f'--{name}' for name in changes))
+    flags, kept, skip = ('--commands',), [], False
     for word in COMMAND:
         name = word.split('=', 1)[0]
         if skip or name in flags:
@@ -1382,8 +1429,8 @@ class ResumePoints(AbstractContextManager):
         and the signal's exit status."""
         self.t.writer.wait()
         last = self.t.run.path('last.pt')
-        where = (f'{last} holds it' if kept == 'it' else f'a new last.pt would outlast --term_grace, so the run stops '
-                 f'at its last resume point, ' + (f'step {kept} in {last}' if kept else 'none: --resume starts again'))
+        where = (f'{last} holds it' if kept == 'it' else 'a new last.pt would outlast --term_grace, so the run stops '
+                 'at its last resume point, ' + (f'step {kept} in {last}' if kept else 'none: --resume starts again'))
         self.t.run.say(f'stopped by SIGTERM at step {step}: {where}; run the same command with --resume to go on')
         raise SystemExit(128 + signal.SIGTERM)
 

@@ -261,6 +261,39 @@ def test_seeds_run_as_the_separate_runs_and_report_their_mean_and_std(tmp_path, 
 
 
 @pytest.mark.slow
+def test_train_langs_run_each_language_as_its_own_run_and_gather_each_one_s_own_score(tmp_path, small_demo, capsys):
+    """--train_langs de,zh: translate-train once a language in --out/<lang>, each exactly the run of --train_lang alone;
+    langs.json and langs.txt: each language's score from its own run and their average, by hand; --commands lists
+    the two runs; --train_lang with it, or a method without --train_lang, is refused in one line."""
+    common = ['--method', 'translate-train', '--task', 'pawsx', '--epochs', '2']
+    for folder in (tmp_path / 'sweep' / 'de', tmp_path / 'sweep' / 'zh'):
+        os.makedirs(folder)
+        os.symlink(small_demo, folder / 'demo-data')
+    train.main(['--demo', '--out', str(tmp_path / 'sweep'), *common, '--train_langs', 'de,zh'])
+    alone = run(tmp_path / 'alone', small_demo, *common, '--train_lang', 'zh')
+    a, b = final_weights(tmp_path / 'sweep' / 'zh'), final_weights(tmp_path / 'alone')
+    assert max((a[k] - b[k]).abs().max().item() for k in a) == 0
+    own = {lang: json.load(open(tmp_path / 'sweep' / lang / 'results.json')) for lang in ('de', 'zh')}
+    assert own['zh']['test'] == alone['test']
+    c = final_weights(tmp_path / 'sweep' / 'de')  # trained on another translation
+    assert max((a[k] - c[k]).abs().max().item() for k in a) > 1e-3
+    gathered = json.load(open(tmp_path / 'sweep' / 'langs.json'))
+    for split in ('dev', 'test'):
+        expected = {'de': own['de'][split]['de'], 'zh': own['zh'][split]['zh']}
+        assert gathered[split] == pytest.approx({**expected, 'avg': (expected['de'] + expected['zh']) / 2})
+    assert "test (each language's own run)" in (tmp_path / 'sweep' / 'langs.txt').read_text()
+    capsys.readouterr()
+    train.main(['--demo', '--out', str(tmp_path / 'listed'), *common, '--train_langs', 'de,zh', '--commands'])
+    assert [line.split()[-4:] for line in capsys.readouterr().out.splitlines()] == [
+        ['--train_lang', lang, '--out', str(tmp_path / 'listed' / lang)] for lang in ('de', 'zh')]
+    for more in (['--train_lang', 'de'], ['--method', 'zeroshot']):
+        with pytest.raises(SystemExit, match='--train_langs runs .* once a language: drop --train_lang and --seeds'):
+            train.parse_args(['--task', 'pawsx', *common[:2], '--train_langs', 'de,zh', *more])
+    with pytest.raises(SystemExit, match=r'translate-train needs --train_lang, one of de, zh \(not fr\)'):
+        train.main(['--demo', '--out', str(tmp_path / 'fr'), *common, '--train_langs', 'de,fr'])
+
+
+@pytest.mark.slow
 def test_seeds_fan_out_over_processes_and_make_the_table_of_the_runs_one_after_another(tmp_path, small_demo, capsys):
     """--seeds 1,2,3 --gpus 2 on a CPU: three train.py processes, two at a time, each with one thread; the table,
     each seed's results and predictions equal the same runs one after another in this process (one thread too).
