@@ -11,10 +11,11 @@ when a case raised. The cases, in order:
   - matmul: the dense bf16 matmul rate (8192 x 8192, CUDA events; the CPU: fp32, 512) against the card's
     datasheet rate (SPEC), the ceiling every MFU below is measured against, both ways;
   - step: a training step (AdamW's moments made by a first) of zero-shot, FILTER, X-Mixup (its two encoded sides) and
-    VECO's pre-training (a monolingual and a bilingual micro-batch) at base, then large: on padded batches of rows
-    drawn from a length profile (PROFILE), at the recipe's rows a GPU and at the most the estimate fits in 80% of
-    the GPU: step time, real tokens a second, MFU, the measured peak against the plan's estimate (layers.peak_bytes),
-    and the attention kernel torch picked (the profiler's aten::_scaled_dot_product_* op);
+    VECO's pre-training (a monolingual and a bilingual micro-batch) at base (large after the next two cases): on
+    padded batches of rows drawn from a length profile (PROFILE), at the recipe's rows a GPU and at the most the
+    estimate fits in 80% of the GPU: step time, real tokens a second, MFU (against the measured rate and the
+    datasheet's), the measured peak against the plan's estimate (layers.peak_bytes), and the attention kernel torch
+    picked (the profiler's aten::_scaled_dot_product_* op);
   - precision: bf16 against fp32 on the same weights and batch (loss, gradient cosine), then 40 steps of each from the
     same start (the gap of their last losses);
   - loop: train.py's own loop on the demo in bf16 and in fp16 (the probe, the background writer, fp16's scaler);
@@ -59,7 +60,8 @@ class Check:
         self.cpu = args.cpu or not torch.cuda.is_available()
         self.device = torch.device('cpu' if self.cpu else 'cuda')
         self.models = ['tiny'] if self.cpu else args.models
-        self.deadline, self.out, self.failed, self.rate = time.monotonic() + args.budget, args.out, 0, None
+        self.deadline, self.out, self.failed = time.monotonic() + args.budget, args.out, 0
+        self.rate = self.spec = None  # the measured matmul rate and the datasheet's, FLOP/s (matmul)
 
     def emit(self, line):
         text = json.dumps(line)
@@ -108,7 +110,7 @@ def matmul(check):
         a @ b
     check.rate = 2 * n ** 3 * 20 / stop()
     name = 'CPU' if check.cpu else torch.cuda.get_device_name(0)
-    spec = next((rate for key, rate in SPEC if key in name), None)
+    check.spec = spec = next((rate for key, rate in SPEC if key in name), None)
     return {'device': name, 'n': n, 'tflops': check.rate / 1e12, 'spec_tflops': spec and spec / 1e12,
             'of_spec': spec and check.rate / spec}
 
@@ -206,6 +208,7 @@ def step_case(check, method, task, kind, model_name, at):
     flops = counter.get_total_flops() / seconds
     return {'precision': precision_name, 'rows': rows, 'recipe_cut': cut, 'padded_lengths': padded, 'step_s': seconds,
             'real_tokens_per_s': sum(map(sum, sides)) / seconds, 'mfu': flops / check.rate,
+            'mfu_of_spec': check.spec and flops / check.spec,
             'peak_gib': measured and measured / 2 ** 30, 'estimate_gib': estimate / 2 ** 30,
             'estimate_over_peak': measured and estimate / measured, 'sdpa': sdpa_kernels(check, step)}
 
@@ -288,12 +291,15 @@ def compile_case(check, model_name):
 
 
 def cases(check):
-    """(name, fn, its arguments, seconds it may take on a GPU) of every case, in the order they run."""
-    steps = [('step', step_case, (method, task, kind, model_name, at), 20) for model_name in check.models
-             for method, task, kind in STEPS for at in ('recipe', 'most')]
-    return ([('matmul', matmul, (), 10)] + steps + [('precision', precision_case, (check.models[0],), 30)]
+    """(name, fn, its arguments, seconds it may take on a GPU) of every case, in the order they run: the first model's
+    steps, the precisions and train.py's loop before the larger model's steps, so that a short budget keeps them."""
+    steps = lambda model_name: [('step', step_case, (method, task, kind, model_name, at), 20)
+                                for method, task, kind in STEPS for at in ('recipe', 'most')]
+    first = check.models[0]
+    return ([('matmul', matmul, (), 10)] + steps(first) + [('precision', precision_case, (first,), 30)]
             + [('loop', loop_case, (p,), 60) for p in ('bf16', 'fp16')]
-            + [('compile', compile_case, (check.models[0],), 120)])
+            + [case for model_name in check.models[1:] for case in steps(model_name)]
+            + [('compile', compile_case, (first,), 120)])
 
 
 def main(argv=None):
