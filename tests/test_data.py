@@ -656,9 +656,10 @@ fcntl.flock = lambda *args: None  # NFS local_lock=flock, Lustre localflock: eve
 rank, world, device = train.setup_distributed()
 demo = {folders!r}[rank]
 write = data.write_items
-data.write_items = lambda path, *args: print('built by process', rank, flush=True) or write(path, *args)
+say = lambda line: sys.stdout.write(line + '\\n') and sys.stdout.flush()  # one write: the processes' lines whole
+data.write_items = lambda path, *args: say(f'built by process {{rank}}') or write(path, *args)
 tok = data.Tokenizer(os.path.join(demo, 'sentencepiece.bpe.model'))
-print('features', len(data.training_set(data.Features(tok, demo, 'xnli'), ['de', 'zh'], 'every_lang')), flush=True)
+say(f"features {{len(data.training_set(data.Features(tok, demo, 'xnli'), ['de', 'zh'], 'every_lang'))}}")
 """
 
 
