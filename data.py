@@ -1480,7 +1480,7 @@ def build_once(build, files, key, folder, quiet=False):
     if torch.distributed.is_initialized():  # hashed by the first process alone (terabytes of pre-training text)
         torch.distributed.broadcast_object_list(shared, group=WAITS)
     path = os.path.join(folder, shared[0])
-    if os.path.isdir(path) and not torn(path):  # moved into place whole: read without waiting for other builds
+    if everywhere(os.path.isdir(path) and not torn(path)):  # moved into place whole: read, no build waited for
         return path
     try:
         os.makedirs(folder, exist_ok=True)
@@ -1494,6 +1494,15 @@ def build_once(build, files, key, folder, quiet=False):
             built(build, path, folder, quiet)
         barrier()
     return path
+
+
+def everywhere(true):
+    """Is `true` so on every process (under DDP: what each sees of a shared folder may lag on another node)?"""
+    if not torch.distributed.is_initialized():
+        return true
+    missing = torch.tensor([int(not true)])
+    torch.distributed.all_reduce(missing, group=WAITS)
+    return not missing.item()
 
 
 def builder(folder):
