@@ -1153,7 +1153,11 @@ def write_folder(tmp, out, ckpt, path, kind, found, tokenizer):
 # The command line: python layers.py convert | export.
 
 class Parser(argparse.ArgumentParser):
-    """argparse whose usage mistakes are one line, as every other mistake here."""
+    """argparse whose usage mistakes are one line, as every other mistake here; options whole, never abbreviated (a
+    sweep rewrites its command line for its runs by the options' names)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message):
         raise SystemExit(f'error: {message} ({self.prog} --help lists the options)')

@@ -1184,13 +1184,18 @@ def sweep(args, rank, world, device):
     runs = {v: argparse.Namespace(**{**vars(args), 'seeds': None, 'train_langs': None, option: v, 'gpus': 1,
                                      'commands': False, 'out': os.path.join(args.out, folder.format(v))})
             for v in values}
-    changes = lambda v: {option: v, 'out': runs[v].out}
+    changes = lambda v: {option: v, 'out': runs[v].out, **({'init': runs[v].init} if runs[v].init else {})}
+    if makes_demo_start(args) and args.gpus > 1:  # the runs' start, made once before they run at once (demo_start)
+        demo_pretrained(args, rank, world, device)
     if args.commands:  # a job array's lines: nothing runs here
         return say('\n'.join(shlex.join(command(**changes(v))) for v in values))
     if args.dry_run:  # the plan of the first run: the others' read the same
         execute(runs[values[0]], rank, world, device)
         return say(f'--{name}: the same run for {word} {", ".join(map(str, values[1:]))} too')
     todo = []
+    for settings in shared_stages(runs.values()) if args.gpus > 1 else []:  # made once, before the runs at once
+        if not finished_alike(settings):
+            execute(settings, rank, world, device)
     for v, settings in runs.items():
         if finished_alike(settings):
             say(f'{word} {v}: reused, the finished run in {settings.out} has these settings')
@@ -1202,6 +1207,13 @@ def sweep(args, rank, world, device):
     fan_out(todo, args.gpus)
     if rank == 0:
         (seeds_table if name == 'seeds' else langs_table)(args, [settings.out for settings in runs.values()])
+
+
+def shared_stages(runs):
+    """The settings of the stages that two runs of a sweep share (kept outside their folders: XLA's --warmup_dir)."""
+    stages = [stage_settings(s, xlt.method_class(s), name) for s in runs for name in xlt.method_class(s).stages(s)]
+    outs = [s.out for s in stages]
+    return list({s.out: s for s in stages if outs.count(s.out) > 1}.values())
 
 
 def seeds_table(args, folders):
@@ -1247,7 +1259,8 @@ def command(**changes):
     """train.py's command line for one run of a sweep: this one's (COMMAND), its --seeds (--train_langs), --gpus and
     --commands dropped, and each option of changes given its value (--seed and --out, or --only_stage)."""
     dropped = ('--seeds', '--train_langs', '--gpus', *(f'--{name}' for name in changes))
-    flags, kept, skip = ('--commands',), [], False
+    fresh = 'out' in changes and not began(changes['out'])  # a run of a sweep that never began: nothing to resume
+    flags, kept, skip = ('--commands',) + ('--resume',) * fresh, [], False
     for word in COMMAND:
         name = word.split('=', 1)[0]
         if skip or name in flags:
@@ -1264,11 +1277,12 @@ def fan_out(runs, gpus):
     """The runs [(label, out, command)] as processes, gpus of them at a time, each on a GPU of its own
     (CUDA_VISIBLE_DEVICES) or on a CPU with its share of the cores; each one's output in out/sweep.log."""
     cuda, free, running, failed = torch.cuda.is_available(), list(range(gpus)), {}, []
+    visible = os.environ.get('CUDA_VISIBLE_DEVICES', ','.join(map(str, range(gpus)))).split(',')  # the parent's GPUs
     threads = str(max(1, (os.cpu_count() or 1) // gpus))
     while runs or running:
         while runs and free:
             (label, out, line), slot = runs.pop(0), free.pop(0)
-            env = {**os.environ, **({'CUDA_VISIBLE_DEVICES': str(slot)} if cuda else {'OMP_NUM_THREADS': threads})}
+            env = {**os.environ, **({'CUDA_VISIBLE_DEVICES': visible[slot]} if cuda else {'OMP_NUM_THREADS': threads})}
             os.makedirs(out, exist_ok=True)
             with open(os.path.join(out, 'sweep.log'), 'w') as log:
                 process = subprocess.Popen(line, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -1552,7 +1552,7 @@ class XLA(Baseline):
 
     @classmethod
     def folder(cls, args):
-        return super().folder(args) + [args.train_lang]
+        return super().folder(args) + [args.train_lang] * bool(args.train_lang)  # none: a --train_langs sweep's
 
     @classmethod
     def reads(cls, args):

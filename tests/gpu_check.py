@@ -207,7 +207,7 @@ def step_case(check, method, task, kind, model_name, at):
     estimate = layers.peak_bytes(model.encoder.cfg, *model.passes(rows, padded), params, 'cuda', precision_name)
     flops = counter.get_total_flops() / seconds
     return {'precision': precision_name, 'rows': rows, 'recipe_cut': cut, 'padded_lengths': padded, 'step_s': seconds,
-            'real_tokens_per_s': sum(map(sum, sides)) / seconds, 'mfu': flops / check.rate,
+            'real_tokens_per_s': sum(map(sum, sides)) / seconds, 'mfu': check.rate and flops / check.rate,
             'mfu_of_spec': check.spec and flops / check.spec,
             'peak_gib': measured and measured / 2 ** 30, 'estimate_gib': estimate / 2 ** 30,
             'estimate_over_peak': measured and estimate / measured, 'sdpa': sdpa_kernels(check, step)}
@@ -261,7 +261,7 @@ def precision_case(check, model_name):
 def loop_case(check, precision):
     """train.py's loop on the demo (zero-shot PAWS-X from scratch) in precision: its log's steps and losses, the
     checkpoints its writer kept, fp16's skipped steps, and its time."""
-    out = tempfile.mkdtemp(prefix='gpu-check-')
+    out, tf32 = tempfile.mkdtemp(prefix='gpu-check-'), torch.backends.cuda.matmul.allow_tf32
     try:
         start = time.perf_counter()
         train.main(['--demo', '--task', 'pawsx', '--from_scratch', '--precision', precision, '--steps', '8',
@@ -273,6 +273,7 @@ def loop_case(check, precision):
                 'finished': os.path.exists(os.path.join(out, 'results.json'))}
     finally:
         shutil.rmtree(out, ignore_errors=True)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32  # as train.main found them
 
 
 def compile_case(check, model_name):

@@ -286,11 +286,28 @@ def test_train_langs_run_each_language_as_its_own_run_and_gather_each_one_s_own_
     train.main(['--demo', '--out', str(tmp_path / 'listed'), *common, '--train_langs', 'de,zh', '--commands'])
     assert [line.split()[-4:] for line in capsys.readouterr().out.splitlines()] == [
         ['--train_lang', lang, '--out', str(tmp_path / 'listed' / lang)] for lang in ('de', 'zh')]
+    for folder, resumed in (('sweep', True), ('listed', False)):  # --resume only for runs that began
+        train.main(['--demo', '--out', str(tmp_path / folder), *common, '--train_langs', 'de,zh', '--commands',
+                    '--resume'])
+        assert ['--resume' in line for line in capsys.readouterr().out.splitlines()] == [resumed, resumed]
     for more in (['--train_lang', 'de'], ['--method', 'zeroshot']):
         with pytest.raises(SystemExit, match='--train_langs runs .* once a language: drop --train_lang and --seeds'):
             train.parse_args(['--task', 'pawsx', *common[:2], '--train_langs', 'de,zh', *more])
     with pytest.raises(SystemExit, match=r'translate-train needs --train_lang, one of de, zh \(not fr\)'):
         train.main(['--demo', '--out', str(tmp_path / 'fr'), *common, '--train_langs', 'de,fr'])
+
+
+def test_the_stages_two_runs_of_a_sweep_share_are_found_to_be_made_first(tmp_path):
+    """XLA's warm-ups kept in --warmup_dir serve each language of --train_langs: shared_stages finds the three (made
+    once by the sweep before its runs go at once); in each run's own folder they are not shared."""
+    def runs(*more):
+        args = train.parse_args(['--method', 'xla', '--task', 'panx', '--train_langs', 'de,zh', '--out',
+                                 str(tmp_path / 'xla'), *more])
+        return [argparse.Namespace(**{**vars(args), 'train_lang': lang, 'out': str(tmp_path / 'xla' / lang)})
+                for lang in args.train_langs]
+    shared = train.shared_stages(runs('--warmup_dir', str(tmp_path / 'warm')))
+    assert sorted(s.out for s in shared) == [str(tmp_path / 'warm' / f'warmup-{m}') for m in (1, 2, 3)]
+    assert {s.method for s in shared} == {'zeroshot'} and train.shared_stages(runs()) == []
 
 
 @pytest.mark.slow
