@@ -183,6 +183,7 @@ def test_one_run_per_folder_the_other_stops_in_one_line_and_touches_nothing(tmp_
     train.main(['--demo', '--task', 'pawsx', '--epochs', '1', '--out', str(tmp_path / 'other')])  # weights to evaluate
     first = start(command, 'epoch 1/2 ')
     first.send_signal(signal.SIGSTOP)  # it holds the folder, and keeps still while the others try
+    os.waitpid(first.pid, os.WUNTRACED)  # once every thread of it has stopped, its checkpoint writer's too
     try:
         before = tree(out)  # (its best.pt may be half written: the writer's thread stopped with it)
         evaluated = ['--eval_only', '--init', str(tmp_path / 'other' / 'best.pt')]
