@@ -817,13 +817,12 @@ def training_plan(args, world):
     tokens = args.max_tokens and f'micro-batches of at most {args.max_tokens} tokens'
     split = f' ({world} processes x {args.grad_accum} micro-batches)' if world * args.grad_accum > 1 else ''
     warmup = f'{args.warmup_steps} steps' if args.warmup_steps else f'{args.warmup:g}'
-    rows = args.batch_size // world
-    crowded = world > 1 and not tokens and rows < 16
-    crowded = (f'; warning: DDP puts {rows} rows on a GPU (fewer than 16), so each step\'s all-reduce of every '
+    rows, ddp = args.batch_size // world, world > 1 and not tokens
+    warning = (f'; warning: DDP puts {rows} rows on a GPU (fewer than 16), so each step\'s all-reduce of every '
                'gradient (4 bytes a parameter) outweighs its compute: run one configuration a GPU instead (--gpus N '
-               'with --seeds or --search, or a job array of --commands)') if crowded else ''
+               'with --seeds or --search, or a job array of --commands)') if ddp and rows < 16 else ''
     return (f'{length}, {tokens or f"global batch {args.batch_size}"}{split}, lr {args.lr:g}, warm-up {warmup}, '
-            f'weight decay {args.weight_decay:g}, up to {args.max_len} tokens, seed {args.seed}{crowded}')
+            f'weight decay {args.weight_decay:g}, up to {args.max_len} tokens, seed {args.seed}{warning}')
 
 
 def memory_plan(args, world, model):

@@ -654,31 +654,33 @@ sys.path.insert(0, {root!r})
 import data, train
 fcntl.flock = lambda *args: None  # NFS local_lock=flock, Lustre localflock: every node gets the lock
 rank, world, device = train.setup_distributed()
-demo = {folders!r}[rank]
-write = data.write_items
 say = lambda line: sys.stdout.write(line + '\\n') and sys.stdout.flush()  # one write: the processes' lines whole
-data.write_items = lambda path, *args: say(f'built by process {{rank}}') or write(path, *args)
-tok = data.Tokenizer(os.path.join(demo, 'sentencepiece.bpe.model'))
-say(f"features {{len(data.training_set(data.Features(tok, demo, 'xnli'), ['de', 'zh'], 'every_lang'))}}")
+write = data.write_items
+for case, folders in {cases!r}.items():
+    demo = folders[rank]
+    data.write_items = lambda path, *args: say(f'{{case}}: built by process {{rank}}') or write(path, *args)
+    tok = data.Tokenizer(os.path.join(demo, 'sentencepiece.bpe.model'))
+    say(f"{{case}}: features {{len(data.training_set(data.Features(tok, demo, 'xnli'), ['de', 'zh'], 'every_lang'))}}")
 """
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('shared', [True, False])
-def test_under_ddp_one_process_of_those_sharing_the_folder_builds_though_flock_succeeds_everywhere(tmp_path, shared):
+def test_under_ddp_one_process_of_those_sharing_the_folder_builds_though_flock_succeeds_everywhere(tmp_path):
     """Two processes under torchrun, flock made to succeed in both: with one data folder (a filesystem every node
     mounts) process 0 builds and process 1 waits and reads; with a folder each (each node's own disk) each builds."""
     demo = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=5)
-    folders = [demo, demo if shared else shutil.copytree(demo, str(tmp_path / 'other'))]
+    own = [shutil.copytree(demo, str(tmp_path / name)) for name in ('node0', 'node1')]
     script = tmp_path / 'build.py'
-    script.write_text(FLOCK_SUCCEEDS.format(root=ROOT, folders=folders))
+    script.write_text(FLOCK_SUCCEEDS.format(root=ROOT, cases={'shared': [demo, demo], 'own': own}))
     out = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2',
                           str(script)], capture_output=True, text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert out.returncode == 0, out.stderr[-2000:]
-    builds = sorted(line for line in out.stdout.splitlines() if line.startswith('built by'))
-    assert builds == (['built by process 0'] if shared else ['built by process 0', 'built by process 1'])
-    assert len({line for line in out.stdout.splitlines() if line.startswith('features')}) == 1
-    for folder in set(folders):  # one set in each, the lock beside it, and no mark of the choice of builder left
+    lines = out.stdout.splitlines()
+    assert sorted(line for line in lines if 'built by' in line) == [
+        'own: built by process 0', 'own: built by process 1', 'shared: built by process 0']
+    assert len({line for line in lines if line.startswith('shared: features')}) == 1
+    assert len({line.split(': ', 1)[1] for line in lines if 'features' in line}) == 1  # the same set everywhere
+    for folder in (demo, *own):  # one set in each, the lock beside it, and no mark of the choice of builder left
         assert len(os.listdir(os.path.join(folder, '.cache'))) == 2
 
 
