@@ -16,12 +16,14 @@ import gc
 import json
 import math
 import os
+import queue
 import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
@@ -1275,7 +1277,7 @@ def command(**changes):
 def fan_out(runs, gpus):
     """The runs [(label, out, command)] as processes, gpus of them at a time, each on a GPU of its own
     (CUDA_VISIBLE_DEVICES) or on a CPU with its share of the cores; each one's output in out/sweep.log."""
-    cuda, free, running, failed = torch.cuda.is_available(), list(range(gpus)), {}, []
+    cuda, free, running, failed, ended = torch.cuda.is_available(), list(range(gpus)), 0, [], queue.Queue()
     visible = os.environ.get('CUDA_VISIBLE_DEVICES', ','.join(map(str, range(gpus)))).split(',')  # the parent's GPUs
     threads = str(max(1, (os.cpu_count() or 1) // gpus))
     while runs or running:
@@ -1285,15 +1287,16 @@ def fan_out(runs, gpus):
             os.makedirs(out, exist_ok=True)
             with open(os.path.join(out, 'sweep.log'), 'w') as log:
                 process = subprocess.Popen(line, stdout=log, stderr=subprocess.STDOUT, env=env)
-            running[process.pid] = slot, label, out
+            # a thread waits for each process (its own Popen: nothing else in this process reaps it)
+            threading.Thread(target=lambda p=process, run=(slot, label, out): ended.put((*run, p.wait())),
+                             daemon=True).start()
+            running += 1
             print(f'{label}: running in {out} ({f"GPU {slot}" if cuda else f"{threads} CPU threads"})')
-        pid, status = os.wait()  # the next run to end
-        if pid in running:
-            slot, label, out = running.pop(pid)
-            free.append(slot)
-            code = os.waitstatus_to_exitcode(status)
-            failed += [f'{out}/sweep.log'] * bool(code)
-            print(f'{label}: {"failed" if code else "finished"} in {out}')
+        slot, label, out, code = ended.get()  # the next run to end
+        running -= 1
+        free.append(slot)
+        failed += [f'{out}/sweep.log'] * bool(code)
+        print(f'{label}: {"failed" if code else "finished"} in {out}')
     if failed:
         fail(f'{len(failed)} run(s) of the sweep failed: see {", ".join(failed)}')
 
