@@ -828,12 +828,13 @@ class Precision:
     def backward(self, loss):
         self.scaler.scale(loss).backward()
 
-    def step(self, opt, params, clip):
-        """Clip the unscaled gradients to norm `clip`, then the optimiser's step unless they overflowed. -> {} or,
+    def step(self, opt, params, clip, by='norm'):
+        """Clip the unscaled gradients to norm `clip` (by 'value': each element to [-clip, clip], as X-Mixup's
+        tf.clip_by_value), then the optimiser's step unless they overflowed. -> {} or,
         scaling, {'skipped': 1.0 or 0.0, a tensor on the device} for the log: the scale is compared where it lives
         (GradScaler's _scale; get_scale() would wait for the GPU), and the fused AdamW reads the overflow there too."""
         self.scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(params, clip)
+        (torch.nn.utils.clip_grad_value_ if by == 'value' else torch.nn.utils.clip_grad_norm_)(params, clip)
         if not self.scaler.is_enabled():
             opt.step()
             return {}

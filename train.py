@@ -93,10 +93,13 @@ class Run:
         weights for the demo and --from_scratch), its head seeded by --seed."""
         encoder = self.encoder()[0] if encoder is None else encoder
         torch.manual_seed(self.args.seed)  # the head's initialisation follows --seed, with --init too
+        settings = settings or self.args
         try:
-            return (cls or self.cls)(encoder, self.args.task, settings or self.args).to(self.device)
+            method = (cls or self.cls)(encoder, self.args.task, settings).to(self.device)
         except ValueError as e:
             fail(str(e))
+        method.select = getattr(settings, 'select', None) or method.select  # --select, or the release's for the task
+        return method
 
     def encoder(self, cross=False, init=None, decoder=False):
         """-> (encoder, MLM head or None) from init (default --init), or random for the demo and --from_scratch.
@@ -358,7 +361,7 @@ def optimizer_step(t, bar):
     frozen = t.method.frozen()
     for p in frozen:
         p.grad = None  # AdamW leaves a parameter without a gradient as it is
-    logs = t.precision.step(t.opt, t.method.parameters(), t.run.args.clip)
+    logs = t.precision.step(t.opt, t.method.parameters(), t.run.args.clip, t.run.args.clip_by)
     t.sched.step()
     t.opt.zero_grad(set_to_none=not isinstance(t.model, DDP))  # under DDP zeroed views of its buckets (wrapped)
     t.state['step'] += 1
@@ -410,13 +413,13 @@ def end_epoch(t, started, within=None):
 
 
 def optimizer_and_schedule(method, args, total_steps):
-    """AdamW (no weight decay on biases and LayerNorms; the method's betas and eps) and the method's schedule."""
-    decay = [p for n, p in method.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in method.named_parameters() if p.dim() < 2]  # biases and LayerNorms
-    betas, eps = method.ADAM.get(args.model, ((0.9, 0.999), 1e-8))
+    """AdamW (no weight decay on biases and LayerNorms unless the method says so) and the method's schedule."""
+    decay = [p for n, p in method.named_parameters() if p.dim() >= 2 or method.DECAY_ALL]
+    no_decay = [p for n, p in method.named_parameters() if p.dim() < 2 and not method.DECAY_ALL]  # biases, LayerNorms
     # fused: one kernel over all parameters (CPU and CUDA), the same update up to rounding, and several times faster
     opt = torch.optim.AdamW([{'params': decay, 'weight_decay': args.weight_decay},
-                             {'params': no_decay, 'weight_decay': 0.0}], lr=args.lr, betas=betas, eps=eps, fused=True)
+                             {'params': no_decay, 'weight_decay': 0.0}], lr=args.lr, betas=(0.9, args.adam_beta2),
+                            eps=args.adam_eps, fused=True)
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, method.schedule(args, total_steps))
 
 
@@ -457,33 +460,42 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('dict', str, 'fairseq dict.txt --init was trained with (default: one beside it, as VECO\'s NLG model)',
            changes='scores'),
     Option('data_dir', str, 'XTREME data in the layout of docs/data.md', default='data', changes='nothing'),
-    Option('translations', str, 'xtreme: --data_dir\'s translations (XTREME\'s; the default); filter: '
-           '--data_dir/filter, FILTER\'s data (python data.py download --translations filter); or a data folder of '
-           'other translations',
-           default='xtreme', changes='scores'),
+    Option('translations', str, 'xtreme: --data_dir\'s translations (XTREME\'s); filter: --data_dir/filter, FILTER\'s '
+           'data; xmixup: --data_dir/xmixup, X-Mixup\'s (python data.py download --translations NAME); or a data '
+           'folder of other translations (default: the method\'s own, XTREME\'s for the others and the demo)',
+           changes='scores'),
     Option('out', str, 'run folder (default runs/<task>-<method>-<each choice that changes the result>)',
            changes='nothing'),
-    Option('lr', help='peak learning rate (default: per task, from the papers)', valid=POSITIVE),
-    Option('epochs', int, 'default 4 (2 for xquad and mlqa)', AT_LEAST_1),
+    Option('lr', help='peak learning rate (default: the method\'s release, per task: its docs page\'s settings)',
+           valid=POSITIVE),
+    Option('epochs', int, 'passes over the training data (default: the release\'s, per task)', AT_LEAST_1),
     Option('steps', int, 'train this many optimiser steps instead, the data read pass after pass (XLA\'s warm-ups '
            '3000, Table 8; pre-training 240000, Table 5; translation 100000)', AT_LEAST_1),
     Option('eval_every', int, 'with --steps: steps between evaluations (default: a pass over the training data; '
            'pre-training 2000; translation 5000, each saving a checkpoint to average)', AT_LEAST_1),
-    Option('batch_size', int, 'global batch size, over all processes (default 64)', AT_LEAST_1),
-    Option('group_by_length', bool, 'training batches of similar lengths, little padding (the default but in the demo)',
-           negated='random training batches, as the papers\' scripts (the demo\'s default)'),
+    Option('batch_size', int, 'global batch size, over all processes (default: the release\'s, per task)', AT_LEAST_1),
+    Option('group_by_length', bool, 'training batches of similar lengths, little padding (ours: faster, not as the '
+           'papers ran)', negated='random training batches, as the papers\' scripts (the default)'),
     Option('grad_accum', int, 'micro-batches per process and step', AT_LEAST_1, default=1, changes='nothing'),
     Option('max_len', int, 'max tokens per input (default 128; QA 384)', (lambda v: 8 <= v <= 512, '8 to 512 tokens'),
            changes='scores'),
-    Option('warmup', help='share of the steps with a rising learning rate (default 0.1; demo 0)', valid=SHARE),
+    Option('warmup', help='share of the steps with a rising learning rate (default: the release\'s, mostly 0)',
+           valid=SHARE),
     Option('warmup_steps', int, 'the warm-up in steps instead (VECO\'s SQuAD script: 500)', NON_NEGATIVE),
     Option('doc_stride', int, 'QA: tokens between a context\'s window starts (default 128; VECO 64)', AT_LEAST_1,
            changes='scores'),
-    Option('weight_decay', help='default 0.01 (VECO: its scripts\' values)', valid=NON_NEGATIVE),
-    Option('clip', help='gradient norm clipping (default 1.0; translation 0.1)', valid=POSITIVE),
+    Option('weight_decay', help='AdamW\'s weight decay (default: the release\'s, mostly 0)', valid=NON_NEGATIVE),
+    Option('clip', help='gradient clipping at this norm (default 1.0; translation 0.1)', valid=POSITIVE),
+    Option('clip_by', str, 'clip the gradients\' norm, or each element (X-Mixup\'s release)',
+           choices=('norm', 'value')),
+    Option('adam_eps', help='Adam\'s epsilon (default 1e-8; BERT\'s QA codebase and VECO\'s pre-training 1e-6)',
+           valid=POSITIVE),
+    Option('adam_beta2', help='Adam\'s beta2 (default 0.999; VECO large\'s pre-training 0.98)', valid=SHARE),
+    Option('select', str, 'the checkpoint kept: the best English dev score (en), the best dev average (average) or '
+           'the last (default: the method\'s release)', choices=('en', 'average', 'last')),
     Option('dropout', help='override the model\'s dropout', valid=SHARE),
     Option('attn_dropout', help='override the attention dropout (default: --dropout\'s value)', valid=SHARE),
-    Option('seed', int, 'seed of the head, the batches and dropout (default 1)', NON_NEGATIVE, default=1),
+    Option('seed', int, 'seed of the head, the batches and dropout (default: the release\'s, else 1)', NON_NEGATIVE),
     Option('share_seed', int, 'seed of --train_share\'s draw (default: --seed, a new draw for each seed, as XLA\'s '
            'paper; XLA\'s warm-ups read its run\'s)', NON_NEGATIVE),
     Option('seeds', lambda text: [int(seed) for seed in text.split(',') if seed], 'a,b,c: the run once a seed, one '
@@ -496,8 +508,8 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
            'process on a GPU of its own (on a CPU, its share of the cores)', AT_LEAST_1, default=1, changes='nothing'),
     Option('commands', bool, 'with --seeds or stages: print each run\'s command line, one a line (a job array\'s), and '
            'run none; the same command without it then reuses them', changes='nothing'),
-    Option('precision', str, 'bf16, fp16 (with a loss scaler) or fp32 (default: bf16 on a GPU that has it, fp16 on one '
-           'that has not, fp32 on the CPU)', choices=('bf16', 'fp16', 'fp32')),
+    Option('precision', str, 'bf16, fp16 (with a loss scaler) or fp32 (default: the release\'s on a GPU, mostly fp32; '
+           'fp32 on the CPU)', choices=('bf16', 'fp16', 'fp32')),
     Option('translate_test', bool, 'evaluate on the test sets translated into English', changes='scores'),
     Option('with_squad', bool, 'tydiqa: SQuAD v1.1\'s English training set too (FILTER\'s leaderboard runs)'),
     Option('langs', lambda text: [lang for lang in text.split(',') if lang], 'the target languages to run, e.g. de,sw '
@@ -604,17 +616,20 @@ def configure(args, owners):
             of_a_language = [c for c in xlt.classes() if 'train_lang' in {o.name for o in c.OPTIONS}]
             fail(f'--train_langs runs {xlt.called(of_a_language)} once a language: drop --train_lang and --seeds')
         args.train_lang = args.train_langs[0]
+    seeded = args.seed is not None  # a seed given names the default folder
     try:
         cls.configure(args, demo)
     except ValueError as e:
         fail(str(e))
+    if args.translations and args.translations != 'xtreme' and args.demo:
+        fail('--translations reads a data folder that python data.py download makes; the demo has XTREME\'s shapes '
+             'alone: drop --translations')
+    args.translations = args.translations or ('xtreme' if args.demo else cls.TRANSLATIONS)
     if args.translations != 'xtreme':  # a data folder of its own: other translations, the rest linked to XTREME's
-        if args.demo:
-            fail('--translations reads a data folder that python data.py download makes; the demo has XTREME\'s '
-                 'shapes alone: drop --translations')
-        args.data_dir = os.path.join(args.data_dir, 'filter') if args.translations == 'filter' else args.translations
+        args.data_dir = os.path.join(args.data_dir, args.translations) if args.translations in (
+            'filter', 'xmixup') else args.translations
     named = argparse.Namespace(**{**vars(args), 'train_lang': None}) if args.train_langs else args
-    args.out = args.out or os.path.join('runs', '-'.join(cls.folder(named) + default_folder(args)))
+    args.out = args.out or os.path.join('runs', '-'.join(cls.folder(named) + default_folder(args, cls, seeded)))
     args.dict = args.dict or data.beside(args.init, 'dict.txt')
     if (args.gpus > 1 or args.commands) and not (args.seeds or args.train_langs or cls.stages(args)):
         fail('--gpus and --commands spread the runs of a sweep: add --seeds a,b,c (--train_langs, --search), or drop '
@@ -626,13 +641,14 @@ def configure(args, owners):
     return args
 
 
-def default_folder(args):
-    """The rest of a default folder's name: translate-test, translations not XTREME's, a preset or seed not the
-    default, the demo."""
-    other = os.path.basename(os.path.normpath(args.translations))  # filter, or the folder's name
-    return (['translate-test'] * args.translate_test + [f'{other}-translations'] * (args.translations != 'xtreme')
+def default_folder(args, cls, seeded):
+    """The rest of a default folder's name: translate-test, translations not the method's own, a preset not the
+    default, a seed given, the demo."""
+    other = os.path.basename(os.path.normpath(args.translations))  # xtreme, filter, xmixup, or the folder's name
+    own = 'xtreme' if args.demo else cls.TRANSLATIONS
+    return (['translate-test'] * args.translate_test + [f'{other}-translations'] * (args.translations != own)
             + [args.model] * (args.model != ('tiny' if args.demo else 'base'))
-            + [f'seed{args.seed}'] * (args.seed != 1) + ['demo'] * args.demo)
+            + [f'seed{args.seed}'] * seeded + ['demo'] * args.demo)
 
 
 def demo_start(out):
@@ -681,6 +697,10 @@ def check(args, world):
             fail(f'--{option} {size} cannot be cut into {world} processes x --grad_accum {args.grad_accum}: raise '
                  f'--{option} or lower --grad_accum')
     model = check_options(args, cls)
+    if args.translations in ('filter', 'xmixup') and not os.path.isdir(args.data_dir):
+        fail(f'{args.data_dir} not found: {args.method} reads its release\'s data there (python data.py download --task '
+             f'{args.task} --translations {args.translations} --out {os.path.dirname(args.data_dir)}); --translations '
+             'xtreme runs it on XTREME\'s translations')
     files = [] if args.demo else planned_files(args, cls)
     data.check_files(args.data_dir, args.task, args.method, files, backbone(args))
     check_init(args)
@@ -808,7 +828,8 @@ def plan(args, world, files, model):
             'method': ', '.join(f'{o} {" ".join(map(str, v)) if isinstance(v, list) else v}' for o, v in options
                                 if v not in (None, False)) or 'its defaults',
             'stages': ', '.join(stages + ['then this run']) if stages else 'one',
-            'kept': 'nothing trained' if xlt.task_family(args) == 'retrieval' else 'the ' + xlt.SELECTED_BY[cls.select]}
+            'kept': 'nothing trained' if xlt.task_family(args) == 'retrieval' else
+                    'the ' + xlt.SELECTED_BY[args.select or cls.select]}
 
 
 def training_plan(args, world):
@@ -836,7 +857,8 @@ def memory_plan(args, world, model):
         return 'none trained'
     cls, cuda = xlt.method_class(args), torch.cuda.is_available()
     gpu = (args.gpu_memory or 0) * 2 ** 30 or cuda and torch.cuda.get_device_properties(0).total_memory
-    precision = args.precision if cuda or not gpu else 'bf16'  # planned on a CPU for a GPU: a GPU's default
+    released = cls.settings(args)['precision']  # planned on a CPU for a GPU: the release's, not the CPU's fp32
+    precision = args.precision if cuda or not gpu or args.precision != 'fp32' else released
     params, room = sum(p.numel() for p in model.parameters()), 0.9 * gpu
     size = lambda n: f'{n / 2 ** 30:.2f} GiB' if n >= 2 ** 30 else f'{n / 2 ** 20:.0f} MiB'
 

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 import data
 import eval as ev
 from data import IGNORE, TASKS, Batch
-from layers import (CONFIGS, Encoder, MLMHead, Pass, autocast, average_checkpoints, beam_search, default_precision,
-                    exact_fp32, init_weights, is_cross, kept_checkpoints, mean_pool)
+from layers import (CONFIGS, Encoder, MLMHead, Pass, autocast, average_checkpoints, beam_search, exact_fp32,
+                    init_weights, is_cross, kept_checkpoints, mean_pool)
 
 
 # ----------------------------------------------------------------------------------------
@@ -72,9 +72,10 @@ class Method(nn.Module):
                   'own_lang': --train_lang's own training data; 'every_own': every language's own
       paired      batches are data.Pair (English, its translation): loss and predict read pairs;
                   round_trip: a pair also holds English's round trip through the target (Pair.alt)
-      select      the checkpoint kept: 'en' best English dev, 'average' best dev average, 'loss'
-                  lowest held-out loss; an instance may name another language (in-language's own)
-      LR          peak learning rate per task; LR_LARGE: XLM-R large's, where it differs
+      select      the checkpoint kept: 'en' best English dev, 'average' best dev average, 'last' the last,
+                  'loss' lowest held-out loss; an instance may name another language (in-language's own)
+      RUN         its release's settings {task: {option: value}}, the learning rate among them; RUN_BERT: where
+                  they differ on BERT (each value's source is in the settings table of its docs page)
       OPTIONS     its command-line options (Option); an option may belong to several methods
       __init__(encoder, task, args)  the method on a layers.Encoder, for a task, with the run's options
       loss(batch) -> (mean loss, logs)  (forward is loss, so that DDP wraps a method as it is)
@@ -84,14 +85,15 @@ class Method(nn.Module):
       procedure(run)   the run itself, handed a train.Run (default: build, fit, report)
 
     Hooks a method may override:
-      settings    RUN, RUN_BERT: the released scripts' defaults {task: {option: value}}, on BERT; ADAM: {preset:
-                  ((beta1, beta2), eps)}; DEMO: its changes to the demo's settings; configure(args, demo): fill
-                  the options left unset, raise ValueError on what cannot run; released(args): RUN and RUN_BERT
-                  for this run; train_langs(args, targets); reads(args): [(path, what, needed)] beyond the task's
+      settings    DEMO: its changes to the demo's settings; configure(args, demo): fill the options left unset,
+                  raise ValueError on what cannot run; released(args): RUN and RUN_BERT for this run;
+                  TRANSLATIONS: the translations it reads by default (--translations);
+                  train_langs(args, targets); reads(args): [(path, what, needed)] beyond the task's
                   files; folder(args): the default run folder's name, in parts; resolve(args), variants(): the
                   class that runs (VECO's pre-training, translation, translate-train-all)
       training    frozen(): the parameters the optimiser leaves alone this step; schedule(args, total): the
-                  learning rate's factor at each step; `step`, the optimiser step, is set by the loop;
+                  learning rate's factor at each step; DECAY_ALL: weight decay on biases and LayerNorms too
+                  (fairseq's); `step`, the optimiser step, is set by the loop;
                   host(batch): a micro-batch as loss() reads it, made on the host before it goes to the device
       prediction  predictor(run): the model a finished run predicts with (train.py --predict); KEEPS: what
                   --eval_only evaluates in a finished run's folder
@@ -107,7 +109,7 @@ class Method(nn.Module):
     # what a method writes, with the defaults of those it may leave out
     NAME, TASKS = None, tuple(TASKS)
     trains_on, paired, round_trip, select = 'en', False, False, 'en'
-    LR, LR_LARGE, OPTIONS = {}, {}, ()
+    RUN, RUN_BERT, OPTIONS = {}, {}, ()
 
     def __init__(self):
         super().__init__()
@@ -128,37 +130,47 @@ class Method(nn.Module):
         run.report(method)
 
     # hooks: settings
-    RUN, RUN_BERT, ADAM, DEMO = {}, {}, {}, {}
+    DEMO, TRANSLATIONS = {}, 'xtreme'
 
     @classmethod
     def configure(cls, args, demo=None):
-        """Fill the options left unset: the class's options' defaults, the demo's settings (demo) or the released
-        scripts' (released), the learning rate from LR, then the papers' (4 epochs, 2 for XQuAD and MLQA; batch
-        64; 10% warm-up; up to 128 tokens, 384 for QA); raise ValueError on what cannot run."""
+        """Fill the options left unset (settings), and on a CPU compute in fp32 unless asked; raise ValueError on
+        what cannot run."""
         if cls.NOT_ON_BERT and CONFIGS[args.model].backbone == 'bert':
             raise ValueError(f'{cls.NAME} does not run on BERT (--model {args.model}): {cls.NOT_ON_BERT}')
-        qa = args.task in TASKS and TASKS[args.task].family == 'qa'
-        epochs = (15 if qa else 8) if demo else 2 if args.task in ('xquad', 'mlqa') else 4  # the demo's QA needs longer
-        lr = {**cls.LR, **(cls.LR_LARGE if args.model == 'large' else {})}.get(args.task, 2e-5)
-        papers = {'lr': lr, 'epochs': epochs, 'warmup': 0.1, 'group_by_length': True, 'clip': 1.0, 'weight_decay': 0.01,
-                  'batch_size': 64, 'doc_stride': 128, 'max_len': 384 if qa else 128,
-                  'precision': default_precision('cuda' if torch.cuda.is_available() else 'cpu')}
         if args.steps and args.epochs:
             raise ValueError('--steps counts the training in optimiser steps, --epochs in passes: give one')
-        own = {o.name: o.default for o in cls.OPTIONS}
-        settings = {**own, **papers, **(cls.released(args) if demo is None else demo)}
-        if args.epochs:  # counted in passes as asked, where the scripts count steps
-            settings = {k: v for k, v in settings.items() if k not in ('steps', 'eval_every')}
-        for option, value in settings.items():
+        precision = args.precision
+        for option, value in cls.settings(args, demo).items():
             if getattr(args, option, None) is None:
                 setattr(args, option, value)
+        if precision is None and not torch.cuda.is_available():
+            args.precision = 'fp32'  # the releases' fp16 is for GPUs
         if args.steps:  # a run counted in steps: train.train counts its 'epochs', --eval_every steps or passes
             args.epochs = None
         elif args.eval_every:
             raise ValueError('--eval_every counts the steps between evaluations of a run counted in --steps: add '
                              '--steps, or drop it')
-        if getattr(args, 'qa_case', None) == 'lower' and not qa:
+        if getattr(args, 'qa_case', None) == 'lower' and not (args.task in TASKS and TASKS[args.task].family == 'qa'):
             raise ValueError(f'--qa_case lower lowercases the text of QA tasks, not of {args.task}: drop it')
+
+    @classmethod
+    def settings(cls, args, demo=None):
+        """{option: value} a run takes where it gives none: the class's options' defaults; what every release's
+        runner leaves at its default (no warm-up or weight decay, clipping at norm 1, Adam's eps 1e-8, random
+        batches, fp32, up to 128 tokens or 384 for QA, windows 128 apart, seed 1 where none is set); ours where a
+        method gives none (2e-5, 4 epochs or 2 for XQuAD and MLQA, batch 32); then its release's settings for the
+        run (released) or the demo's."""
+        qa = args.task in TASKS and TASKS[args.task].family == 'qa'
+        epochs = (15 if qa else 8) if demo else 2 if args.task in ('xquad', 'mlqa') else 4  # the demo's QA needs longer
+        runners = {'lr': 2e-5, 'epochs': epochs, 'batch_size': 32, 'warmup': 0.0, 'weight_decay': 0.0, 'clip': 1.0,
+                   'clip_by': 'norm', 'adam_eps': 1e-8, 'adam_beta2': 0.999, 'group_by_length': False, 'seed': 1,
+                   'precision': 'fp32', 'doc_stride': 128, 'max_len': 384 if qa else 128}
+        settings = {**{o.name: o.default for o in cls.OPTIONS}, **runners,
+                    **(cls.released(args) if demo is None else demo)}
+        if args.epochs:  # counted in passes as asked, where the scripts count steps
+            settings = {k: v for k, v in settings.items() if k not in ('steps', 'eval_every')}
+        return settings
 
     @classmethod
     def released(cls, args):
@@ -188,6 +200,8 @@ class Method(nn.Module):
         return ()
 
     # hooks: training
+    DECAY_ALL = False
+
     def frozen(self):
         return []
 
@@ -259,16 +273,17 @@ class Method(nn.Module):
 
 
 SELECTED_BY = {'en': 'best English dev score', 'average': 'best average dev score over languages',
-               'loss': 'lowest held-out loss', 'train_lang': 'best dev score of --train_lang'}  # each method.select's
+               'loss': 'lowest held-out loss', 'train_lang': 'best dev score of --train_lang',
+               'last': 'last epoch'}  # each method.select's
 
 
 def selection(select, dev):
     """-> (the dev score a checkpoint is chosen by, the rule in words): a language's dev score, the
     baselines' English (XTREME's zero-shot protocol has no target-language labels) or in-language's
-    own (XTREME's run_tag.py --train_langs); FILTER's and X-Mixup's average over the dev languages (as
-    their papers select); VECO's lowest held-out loss."""
-    if not dev:
-        return None, 'last epoch (no dev set)'
+    own (XTREME's run_tag.py --train_langs); X-Mixup's average over the dev languages (as its release
+    selects); VECO's lowest held-out loss; none for 'last' (FILTER's runners and XTREME's QA keep the last)."""
+    if select == 'last' or not dev:
+        return None, SELECTED_BY['last'] if dev else 'last epoch (no dev set)'
     if select in dev:
         return dev[select]['score'], SELECTED_BY['en'] if select == 'en' else f'best dev score of {select}'
     if select not in SELECTED_BY:  # a language without a dev set (in-language's Kazakh, say): not the others' average
@@ -425,16 +440,16 @@ def scale_depth(n, n_layer):
 class Baseline(Method):
     """Fine-tuning the encoder and a task head on labelled examples of one text each."""
     NAME, EXPORT = 'zeroshot', 'head'
-    # XTREME's scripts (train_xnli.sh ... train_qa.sh): 2e-5, 3e-5 for QA and for XNLI on XLM-R large
-    LR = {'xnli': 2e-5, 'pawsx': 2e-5, 'udpos': 2e-5, 'panx': 2e-5, 'xquad': 3e-5, 'mlqa': 3e-5, 'tydiqa': 3e-5}
-    LR_LARGE = {'xnli': 3e-5}
-    RUN = {task: {'warmup_steps': 500, 'weight_decay': 1e-4, 'qa_case': 'lower'}  # train_qa.sh
-           for task in ('xquad', 'mlqa', 'tydiqa')}
-    # the same scripts on mBERT (9522b49): batch 8 x 4 (QA 4 x 4), no warm-up and no weight decay outside QA,
-    # 5 epochs for classification, 10 for tagging, 2 for QA (docs/baselines.md: XTREME's Appendix B says 2 for all)
-    RUN_BERT = {**{t: {'epochs': 5, 'batch_size': 32, 'warmup': 0.0, 'weight_decay': 0.0} for t in ('xnli', 'pawsx')},
-                **{t: {'epochs': 10, 'batch_size': 32, 'warmup': 0.0, 'weight_decay': 0.0} for t in ('udpos', 'panx')},
-                **{t: {'epochs': 2, 'batch_size': 16} for t in ('xquad', 'mlqa', 'tydiqa')}}  # and RUN's
+    # XTREME's scripts of the paper's time on XLM-R and mBERT (9522b49): the English dev score every eval_steps keeps
+    # the best, QA the last; mBERT's QA as the paper trained it, with the original BERT codebase (RUN_BERT)
+    RUN = {'xnli': {'lr': 2e-5, 'epochs': 5, 'eval_steps': 100, 'seed': 42},
+           'pawsx': {'lr': 2e-5, 'epochs': 5, 'eval_steps': 200, 'seed': 42},
+           'udpos': {'lr': 2e-5, 'epochs': 10, 'eval_steps': 500},
+           'panx': {'lr': 2e-5, 'epochs': 10, 'eval_steps': 1000},
+           **{task: {'lr': 3e-5, 'epochs': 2, 'batch_size': 16, 'warmup_steps': 500, 'weight_decay': 1e-4,
+                     'qa_case': 'lower', 'select': 'last', 'seed': 42} for task in ('xquad', 'mlqa', 'tydiqa')}}
+    RUN_BERT = {task: {'lr': 2e-5, 'batch_size': 32, 'warmup_steps': 0, 'warmup': 0.1, 'weight_decay': 0.01,
+                       'adam_eps': 1e-6, 'qa_case': 'cased', 'seed': 1} for task in ('xquad', 'mlqa', 'tydiqa')}
     OPTIONS = (
         MINING, QA_CASE,
         Option('conf_penalty', help='XLA\'s confidence penalty (Eq. 1): minus this weight times the entropy of the '
@@ -564,13 +579,17 @@ class Filter(Taught):
     L - k - m domain layers (Eq. 2-3): one set of weights, one head on both sides. It trains on
     English with its translation and predicts from the target side of (English translation,
     target text). With stored teacher probabilities p_teacher it is the self-taught student."""
-    NAME, trains_on, paired, teacher_method = 'filter', 'every_lang', True, 'filter'
+    NAME, trains_on, paired, teacher_method, TRANSLATIONS = 'filter', 'every_lang', True, 'filter', 'filter'
     EXPORT = 'FILTER predicts from a text fused with its English translation in the middle layers'
-    select = 'average'  # the best average over the dev languages (Section 4.1)
-    # train.sh: the learning rates; --max_seq_length 256 for XNLI and PAWS-X; tagging 20 epochs; QA --do_lower_case
-    LR = {'xnli': 3e-6, 'pawsx': 1e-5, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 1e-5}
-    RUN = {'xnli': {'max_len': 256}, 'pawsx': {'max_len': 256}, 'udpos': {'epochs': 20}, 'panx': {'epochs': 20},
-           **{task: {'qa_case': 'lower'} for task in ('xquad', 'mlqa', 'tydiqa')}}
+    select = 'last'  # its runners keep the last epoch; the paper's best dev average chose among learning rates
+    # train.sh on 8 GPUs (XNLI in fp16), its runners' seeds and temperatures; each run keeps its last epoch
+    QA = {'qa_case': 'lower', 'seed': 42, 'temperature': 6.0}
+    RUN = {'xnli': {'lr': 3e-6, 'epochs': 5, 'batch_size': 64, 'max_len': 256, 'precision': 'fp16', 'seed': 52,
+                    'temperature': 0.1},
+           'pawsx': {'lr': 1e-5, 'epochs': 4, 'max_len': 256, 'seed': 52, 'temperature': 0.1},
+           **{task: {'lr': 5e-6, 'epochs': 20, 'batch_size': 64, 'seed': 62} for task in ('udpos', 'panx')},
+           'mlqa': {'lr': 5e-6, 'epochs': 2, 'batch_size': 64, **QA}, 'xquad': {'lr': 5e-6, 'epochs': 2, **QA},
+           'tydiqa': {'lr': 1e-5, 'epochs': 4, **QA}}
     # m, k and the KL weight 1 - lambda of the paper for XLM-R large (24 layers); k is scaled to
     # other depths (QA on XLM-R base: m = 1, k = 10) unless --k is given
     DEFAULTS = {'classification': (1, 1, 0.5), 'tagging': (1, 1, 1.0), 'qa': (1, 20, 0.1)}
@@ -671,8 +690,12 @@ class XMixup(Taught):
     EXPORT = 'X-Mixup predicts from a text\'s states mixed with its English translation\'s'
     pretrained_start = True  # X-Mixup starts from a trained encoder, see train.demo_pretrained
     select = 'average'  # the best average over the dev languages (Section 4.1)
-    # the released run scripts
-    LR = {'xnli': 5e-6, 'pawsx': 5e-6, 'udpos': 5e-6, 'panx': 5e-6, 'xquad': 5e-6, 'mlqa': 5e-6, 'tydiqa': 3e-5}
+    # the released scripts (train_classification.sh, train_tagging.sh, train_qa.sh): the dev average every 100 steps
+    # keeps the best; every gradient clipped to [-1, 1] by value (its trainer.py)
+    RUN = {**{task: {'lr': 5e-6, 'epochs': 4, 'batch_size': 64, 'eval_steps': 100, 'clip_by': 'value', 'seed': seed}
+              for task, seed in (('xnli', 1234), ('pawsx', 1234), ('udpos', 1), ('panx', 1))},
+           **{task: {'lr': lr, 'epochs': epochs, 'warmup': 0.1, 'eval_steps': 100, 'clip_by': 'value', 'seed': 42}
+              for task, lr, epochs in (('xquad', 5e-6, 2), ('mlqa', 5e-6, 2), ('tydiqa', 3e-5, 4))}}
     DEMO = {'p_k': 50}  # p* decays within the demo's short runs
     # mixup layer, alpha, p_k (Table 10 and the released scripts); only QA's layer depends on the
     # depth (16 of 24 on XLM-R large, 8 of 12 on base: Section 4.1)
@@ -920,9 +943,6 @@ class VecoPretrain(Method):
     NAME, TASKS, paired, family, select, EXPORT = 'veco', ('pretrain',), True, 'pretrain', 'loss', 'mlm'
     NOT_ON_BERT = 'VECO is a model of its own, pre-trained (and released) in XLM-R\'s layout and vocabulary'
     MASKED_SHARE = {'mono': 0.15, 'para': 0.25}  # masked share of a monolingual / bilingual pair (Table 5)
-    LR = {'pretrain': 3e-4}  # Table 5: 3e-4 small, 2e-4 large (LR_LARGE); Adam beta2 and eps below
-    LR_LARGE = {'pretrain': 2e-4}
-    ADAM = {m: ((0.9, 0.98 if m == 'large' else 0.999), 1e-6) for m in CONFIGS}  # Table 5
     # the demo: about a minute on a laptop CPU; segments of a sentence or two
     DEMO = {'steps': 2000, 'eval_every': 500, 'max_len': 32, 'lr': 3e-3}
     OPTIONS = IN_TOKENS + (
@@ -935,8 +955,13 @@ class VecoPretrain(Method):
         Option('mono_only', bool, 'the monolingual text alone (Table 2\'s first rows)'),
         Option('lang_alpha', float, 'languages drawn with p_i ~ n_i^alpha over their pairs n_i (Section 4: 0.5, as '
                'XLM; XLM-R took 0.3)', POSITIVE, default=0.5))
-    # Table 5
-    RUN = {'pretrain': {'steps': 240000, 'eval_every': 2000, 'warmup': 0.05, 'batch_size': 1024, 'max_len': 512}}
+    # Table 5: 3e-4 and Adam's beta2 0.999 small, 2e-4 and 0.98 large (released)
+    RUN = {'pretrain': {'lr': 3e-4, 'steps': 240000, 'eval_every': 2000, 'warmup': 0.05, 'batch_size': 1024,
+                        'max_len': 512, 'weight_decay': 0.01, 'adam_eps': 1e-6}}
+
+    @classmethod
+    def released(cls, args):
+        return {**cls.RUN['pretrain'], **({'lr': 2e-4, 'adam_beta2': 0.98} if args.model == 'large' else {})}
 
     @classmethod
     def configure(cls, args, demo=None):
@@ -1124,13 +1149,12 @@ class Veco(Baseline):
     --translate_train_all, on English and its translations (VecoAll)."""
     NAME, NOT_ON_BERT = 'veco', VecoPretrain.NOT_ON_BERT
     select = 'en'  # the released run_classify.py keeps the best English dev checkpoint
-    # 2e-5: the released XNLI and SQuAD scripts, the middle of Table 6's search for the other tasks
-    LR = {task: 2e-5 for task in TASKS}
-    LR_LARGE = {}
-    # train_xnli.sh: batch 64, the English dev set every 500 steps; train_squad.sh: SQuAD's every 200
-    RUN = {'xnli': {'epochs': 2, 'weight_decay': 0.0, 'warmup': 0.0, 'eval_steps': 500},
-           **{task: {'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4, 'warmup_steps': 500, 'doc_stride': 64,
-                     'eval_steps': 200} for task in ('xquad', 'mlqa')}}
+    # train_xnli.sh: the English dev score every 500 steps keeps the best, as its runner would for the tasks it did not
+    # script; train_squad.sh (XQuAD's; MLQA and TyDiQA train on SQuAD's English too): SQuAD's dev score every 200
+    RUN = {**{task: {'lr': 2e-5, 'epochs': 2, 'batch_size': 64, 'eval_steps': 500, 'seed': 42}
+              for task in ('xnli', 'pawsx', 'udpos', 'panx')},
+           **{task: {'lr': 2e-5, 'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4, 'warmup_steps': 500,
+                     'doc_stride': 64, 'eval_steps': 200, 'seed': 42} for task in ('xquad', 'mlqa', 'tydiqa')}}
     GRID = {'lr': (1e-5, 2e-5, 3e-5), 'epochs': (3, 5, 10), 'batch_size': (16, 32, 64)}  # Table 6's search
     OPTIONS = Baseline.OPTIONS + (
         Option('translate_train_all', bool, 'fine-tune on English and its translations into every target language '
@@ -1203,7 +1227,7 @@ class Veco(Baseline):
 class VecoAll(Veco):
     """VECO fine-tuned on English and its translations (Table 2's translate-train-all)."""
     TASKS, trains_on = LABELLED_TRANSLATIONS, 'every_lang'  # POS and NER: English alone (VECO, Section 4.1)
-    LR = {task: 5e-6 for task in TASKS}  # the middle of Table 6's [3e-6, 5e-6, 1e-5]
+    RUN = {task: {**Veco.RUN.get(task, {}), 'lr': 5e-6} for task in TASKS}  # the middle of Table 6's [3e-6, 1e-5]
     GRID = {'lr': (3e-6, 5e-6, 1e-5)}  # Table 6: the learning rate alone
 
     @classmethod
@@ -1266,13 +1290,14 @@ class VecoTranslate(Method):
     beam search with its length penalty."""
     NAME, TASKS, paired, family, select, pretrained_start = 'veco', ('translate',), True, 'translation', 'loss', True
     EXPORT, NOT_ON_BERT = 'VECO\'s translation model is an encoder-decoder', VecoPretrain.NOT_ON_BERT
-    LR = {'translate': 1e-4}  # finetune-wmt14en2{de,fr}.sh (the paper: 1e-4 / 2e-4)
-    # finetune-wmt14en2{de,fr}.sh: 100k updates, 16k of them warm-up, then linear decay; a checkpoint
-    # every 5k updates, the last 10 averaged (inference-wmt14en2de.sh); train pairs of at most 250
-    # pieces a side (prepare-wmt14en2de.sh); dropout 0.1 and attention dropout 0 (veco_large)
-    RUN = {'translate': {'steps': 100000, 'eval_every': 5000, 'warmup': 0.16, 'weight_decay': 0.01, 'clip': 0.1,
-                         'label_smoothing': 0.2, 'average_last': 10, 'max_len': 250, 'batch_size': 2048,
-                         'dropout': 0.1, 'attn_dropout': 0.0}}
+    # finetune-wmt14en2{de,fr}.sh: 1e-4 (the paper: 1e-4 / 2e-4), 100k updates, 16k of them warm-up, then linear
+    # decay; fp16; weight decay on every parameter (DECAY_ALL); a checkpoint every 5k updates, the last 10 averaged
+    # (inference-wmt14en2{de,fr}.sh); train pairs of at most 250 pieces a side (prepare-wmt14en2{de,fr}.sh);
+    # dropout 0.1 and attention dropout 0 (veco_large)
+    RUN = {'translate': {'lr': 1e-4, 'steps': 100000, 'eval_every': 5000, 'warmup': 0.16, 'weight_decay': 0.01,
+                         'clip': 0.1, 'label_smoothing': 0.2, 'average_last': 10, 'max_len': 250, 'batch_size': 2048,
+                         'dropout': 0.1, 'attn_dropout': 0.0, 'precision': 'fp16', 'seed': 222}}
+    DECAY_ALL = True
     # 64k tokens a batch for en-de (4096 tokens x 2 accumulations x 8 GPUs), 256k for en-fr: in
     # sentences of about 32 pieces, 2048 and 8192
     PAIRS = {'en-de': {'dropout': 0.3, 'attn_dropout': 0.1}, 'en-fr': {'batch_size': 8192}}
@@ -1477,11 +1502,12 @@ class XLA(Baseline):
     # Table 8 (XNER: CoNLL NER, also for panx and udpos). The warm-up (--lr, --batch_size, --epochs) and the XLA
     # epochs (--xla_lr, --xla_batch_size); eta: the share kept per epoch in percent; share: P;
     # delta: samples per sentence (one number) or per part of a pair (successive cross).
-    TAGGING = {'lr': 3e-5, 'batch_size': 20, 'steps': 3000, 'warmup': 0.07, 'max_len': 280, 'eval_steps': 50,
+    TAGGING = {'lr': 3e-5, 'batch_size': 20, 'steps': 3000, 'warmup_steps': 200, 'max_len': 280, 'eval_steps': 50,
                'xla_lr': 5e-6, 'xla_batch_size': 16, 'xla_weight_decay': 0.01, 'xla_eval_steps': 50,
-               'eta': [80, 100, 100], 'aug_share': 0.3, 'delta': [3], 'train_share': 1.0}
-    PAIR = {'lr': 1e-6, 'batch_size': 32, 'weight_decay': 0.0, 'eval_steps': 50, 'xla_lr': 1e-6, 'xla_batch_size': 32,
-            'xla_weight_decay': 0.0, 'xla_eval_steps': 25, 'aug_share': 0.3, 'delta': [2, 2], 'train_share': 0.05}
+               'eta': [80, 100, 100], 'aug_share': 0.3, 'delta': [3], 'train_share': 1.0, 'seed': 1000}
+    PAIR = {'lr': 1e-6, 'batch_size': 32, 'warmup': 0.1, 'eval_steps': 50, 'xla_lr': 1e-6, 'xla_batch_size': 32,
+            'xla_weight_decay': 0.0, 'xla_eval_steps': 25, 'aug_share': 0.3, 'delta': [2, 2], 'train_share': 0.05,
+            'seed': 1000}
     RUN = {'conll': TAGGING, 'panx': TAGGING, 'udpos': TAGGING, 'xnli': {**PAIR, 'epochs': 6, 'eta': [50, 80, 100]},
            'pawsx': {**PAIR, 'epochs': 10, 'xla_epochs': 6, 'eta': [80, 90, 80], 'aug_share': 0.4}}
     # the demo: the warm-up as every demo's, the XLA epochs at a lower rate, selecting at their end; all its data
@@ -1513,8 +1539,7 @@ class XLA(Baseline):
         Option('union', bool, 'ablation: a model learns what either peer keeps (both: if they agree), not what both '
                'agree on'),
         Option('no_vicinal', bool, 'ablation: no vicinal samples, each epoch\'s English and target sets alone'),
-        Option('single', bool, 'ablation: one model (warm-up 1) learns what it keeps itself, no co-teaching (Table '
-               '5\'s φ)'),
+        Option('single', bool, 'ablation: each model learns what it keeps itself, no co-teaching (Table 5\'s φ)'),
         Option('mlm', str, 'the checkpoint whose masked LM makes the vicinal samples (default --init)',
                path='checkpoint'),
         Option('warmup_dir', str, 'folder of the three warm-up runs warmup-1..3, reused when finished (default --out; '
@@ -1526,12 +1551,13 @@ class XLA(Baseline):
     @classmethod
     def released(cls, args):
         """Table 8's settings; Table 8 gives XNLI's and PAWS-X's for 5% of the data alone: at 100% the
-        warm-up is the zero-shot baseline's (the papers' defaults), the XLA epochs Table 8's."""
+        warm-up is the zero-shot baseline's (XTREME's scripts), the XLA epochs Table 8's."""
         run = cls.RUN.get(args.task, {})
-        hundred = args.train_share == 1 and run.get('train_share') == 0.05
-        if not hundred:
+        if not (args.train_share == 1 and run.get('train_share') == 0.05):
             return run
-        return {k: v for k, v in run.items() if k not in ('lr', 'batch_size', 'epochs', 'weight_decay')}
+        warm_up = ('lr', 'batch_size', 'epochs', 'warmup', 'weight_decay', 'eval_steps')
+        return {**{k: v for k, v in run.items() if k not in warm_up},
+                **{k: v for k, v in Baseline.RUN[args.task].items() if k != 'seed'}}
 
     @classmethod
     def configure(cls, args, demo=None):
@@ -1568,14 +1594,13 @@ class XLA(Baseline):
     @classmethod
     def stages(cls, args):
         """The warm-up (Section 3.1, lines 1-3): three zero-shot runs on English with the
-        confidence penalty (weight 1, or --conf_penalty), seeds 3 x --seed + m: runs of other seeds
-        share no model."""
-        seed = '' if args.seed == 1 else f'seed{args.seed}/'  # --seeds: each seed's warm-ups apart
+        confidence penalty (weight 1, or --conf_penalty), seeded --seed + 0, 2000, 3000 (UXLA's 1000, 3000, 4000)."""
+        seed = '' if args.seed == cls.RUN['conll']['seed'] else f'seed{args.seed}/'  # --seeds: each seed's apart
         shared = lambda m: {'out': f'{args.warmup_dir}/{seed}warmup-{m + 1}'} if args.warmup_dir else {}  # other runs'
         penalty = 1.0 if args.conf_penalty is None else args.conf_penalty
-        return {f'warmup-{m + 1}': {'method': 'zeroshot', 'seed': 3 * args.seed + m, 'stage': f'warm-up {m + 1} of 3',
+        return {f'warmup-{m + 1}': {'method': 'zeroshot', 'seed': args.seed + offset, 'stage': f'warm-up {m + 1} of 3',
                                     'conf_penalty': penalty, 'share_seed': share_draw(args), **shared(m)}
-                for m in range(1 if args.single else 3)}
+                for m, offset in enumerate((0, 2000, 3000))}
 
     @classmethod
     def procedure(cls, run):
@@ -1631,8 +1656,9 @@ class XLA(Baseline):
                 run.say(f'XLA epoch {e}, {name} keeps ' + ', '.join(f'{int(s["keep"].sum())} of {len(s["keep"])} {n}'
                                                                     for n, s in labelled[path].items()))
             return labelled[path]
-        for k, j in [(k, j) for k in range(3) for j in range(3) if j != k] if len(models) == 3 else [(0, 0)]:
-            l = 3 - k - j if k != j else k  # the third model; --single: the one model, by itself
+        peers = [(k, j) for k in range(3) for j in range(3) if j != k]
+        for k, j in [(m, m) for m in range(3)] if args.single else peers:
+            l = 3 - k - j if k != j else k  # the third model; --single: each model by itself
             parts = taught_by_peers(labels_of(k), labels_of(j), unlabelled, english, args.union)
             models[l] = co_train(run, e, l, (k, j), parts, models[l])
         return models
@@ -1903,7 +1929,7 @@ def co_train(run, epoch, l, pair, parts, start):
     (k, j), args = pair, run.args
     folder = f'epoch{epoch}/model{l + 1}-by{k + 1}{j + 1}'
     sub = run.sub(folder, epochs=1, steps=None, eval_every=None, lr=args.xla_lr, batch_size=args.xla_batch_size,
-                  warmup=0.1, seed=3 * args.seed + l, eval_steps=args.xla_eval_steps,
+                  warmup=0.1, warmup_steps=None, seed=args.seed, eval_steps=args.xla_eval_steps,
                   weight_decay=args.xla_weight_decay)  # one pass of Eq. 2's draws, whatever the warm-ups counted
     target_dev = lambda method: sub.evaluate(method, 'dev', [args.train_lang])[0]  # the paper's selection: the target
     score = lambda dev: dev[args.train_lang]['score'] if args.train_lang in dev else None

@@ -339,4 +339,4 @@ def test_translation_defaults_are_the_released_scripts():
     assert {k: getattr(de, k) for k in released} == released == {k: getattr(fr, k) for k in released}
     assert (de.dropout, de.attn_dropout, fr.dropout, fr.attn_dropout) == (0.3, 0.1, 0.1, 0.0)
     assert fr.batch_size == 4 * de.batch_size  # 256k tokens a step against 64k (--update-freq 8 against 2)
-    assert xlt.VecoTranslate.ADAM.get('large', ((0.9, 0.999), 1e-8)) == ((0.9, 0.999), 1e-8)  # --adam-betas, --adam-eps
+    assert (de.adam_beta2, de.adam_eps, de.seed, xlt.VecoTranslate.DECAY_ALL) == (0.999, 1e-8, 222, True)  # fairseq's Adam

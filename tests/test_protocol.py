@@ -101,7 +101,7 @@ class Consistency(xlt.Method):
     encoder, the task loss on both, and the MSE between their <s> states; it predicts from the
     target side. `seen` counts the Pair batches its loss was given."""
     NAME, TASKS, paired, trains_on, select = 'consistency', ('xnli', 'pawsx'), True, 'every_lang', 'average'
-    LR = {'xnli': 1e-5, 'pawsx': 1e-5}
+    RUN = {'xnli': {'lr': 1e-5}, 'pawsx': {'lr': 1e-5}}
     seen = []
 
     def __init__(self, encoder, task, args):

@@ -334,7 +334,8 @@ def test_dry_run_names_a_missing_file_in_one_line(tmp_path, monkeypatch, capsys,
     torch.save({}, 'xlmr-large.pt')
     os.remove('data/xnli/translate-test/test-sw-en-translated.tsv')
     with pytest.raises(SystemExit) as err:
-        train.main(['--method', 'filter', '--task', 'xnli', '--model', 'large', '--init', 'xlmr-large.pt', '--dry_run'])
+        train.main(['--method', 'filter', '--task', 'xnli', '--model', 'large', '--init', 'xlmr-large.pt', '--dry_run',
+                    '--translations', 'xtreme'])
     assert str(err.value).startswith('error: data/xnli/translate-test/test-sw-en-translated.tsv not found: ')
     open('not-a-checkpoint.pt', 'w').write('101')
     with pytest.raises(SystemExit, match='not-a-checkpoint.pt is not a PyTorch file'):
@@ -410,7 +411,8 @@ def test_equation_index_covers_the_papers_and_names_only_existing_code():
 
 
 @pytest.mark.parametrize('argv', [
-    ['--method', 'filter', '--task', 'xnli'], ['--method', 'xmixup', '--task', 'pawsx'],
+    ['--method', 'filter', '--task', 'xnli', '--translations', 'xtreme'],
+    ['--method', 'xmixup', '--task', 'pawsx', '--translations', 'xtreme'],
     ['--method', 'translate-train-all', '--task', 'tydiqa'], ['--task', 'mlqa', '--translate_test'],
     ['--task', 'bucc2018'], ['--method', 'veco', '--task', 'pretrain', '--steps', '2', '--eval_every', '2']])
 def test_the_dry_run_checks_exactly_the_files_a_run_reads(tmp_path, monkeypatch, argv):

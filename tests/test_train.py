@@ -416,7 +416,8 @@ def test_set_up_errors_before_training(tmp_path, small_demo, capsys):
     shutil.copytree(small_demo, broken)
     os.remove(broken / 'xnli' / 'translate-dev' / 'dev-zh-en-translated.tsv')
     one_line_failure(capsys, ['--task', 'xnli', '--method', 'filter', '--model', 'tiny', '--from_scratch', '--data_dir', str(broken),
-                              '--out', str(tmp_path / 'f')], 'dev-zh-en-translated.tsv not found: filter needs translate-dev')
+                              '--translations', 'xtreme', '--out', str(tmp_path / 'f')],
+                     'dev-zh-en-translated.tsv not found: filter needs translate-dev')
     assert not os.path.exists(tmp_path / 'f' / 'log.jsonl')  # stopped before any training
     run(tmp_path / 'zs', small_demo, '--task', 'xnli', '--epochs', '1')
     with pytest.raises(SystemExit, match='zs holds a finished run with --method zeroshot .this run: filter'):
@@ -446,7 +447,7 @@ def test_ddp_with_every_parameter_unused_sometimes(tmp_path, small_demo):
 
 
 @pytest.mark.parametrize('method,task,model,lr', [
-    ('zeroshot', 'xnli', 'base', 2e-5), ('zeroshot', 'xnli', 'large', 3e-5), ('translate-train-all', 'pawsx', 'large', 2e-5),
+    ('zeroshot', 'xnli', 'base', 2e-5), ('zeroshot', 'xnli', 'large', 2e-5), ('translate-train-all', 'pawsx', 'large', 2e-5),
     ('zeroshot', 'panx', 'base', 2e-5), ('zeroshot', 'mlqa', 'large', 3e-5), ('translate-train', 'tydiqa', 'base', 3e-5),
     ('filter', 'xnli', 'large', 3e-6), ('filter', 'pawsx', 'base', 1e-5), ('filter', 'udpos', 'base', 5e-6),
     ('filter', 'xquad', 'base', 5e-6), ('filter', 'tydiqa', 'large', 1e-5),
@@ -462,8 +463,8 @@ def test_learning_rate_per_method(method, task, model, lr):
 @pytest.mark.parametrize('method,task,expected', [
     ('zeroshot', 'mlqa', {'warmup_steps': 500, 'weight_decay': 1e-4, 'max_len': 384}),  # XTREME's train_qa.sh
     ('translate-train-all', 'tydiqa', {'warmup_steps': 500, 'weight_decay': 1e-4}),
-    ('zeroshot', 'xnli', {'warmup_steps': None, 'warmup': 0.1, 'weight_decay': 0.01, 'max_len': 128}),
-    ('filter', 'xnli', {'max_len': 256, 'weight_decay': 0.01}), ('filter', 'pawsx', {'max_len': 256}),  # FILTER's train.sh
+    ('zeroshot', 'xnli', {'warmup_steps': None, 'warmup': 0.0, 'weight_decay': 0.0, 'max_len': 128}),
+    ('filter', 'xnli', {'max_len': 256, 'weight_decay': 0.0}), ('filter', 'pawsx', {'max_len': 256}),  # FILTER's train.sh
     ('filter', 'panx', {'max_len': 128}), ('xmixup', 'xnli', {'max_len': 128}), ('filter', 'mlqa', {'warmup_steps': None}),
     ('zeroshot', 'xquad', {'qa_case': 'lower'}), ('filter', 'tydiqa', {'qa_case': 'lower'}),  # --do_lower_case
     ('xmixup', 'mlqa', {'qa_case': 'cased'}), ('veco', 'xquad', {'qa_case': 'cased'}), ('zeroshot', 'xnli', {'qa_case': 'cased'})])
@@ -492,16 +493,17 @@ def test_numeric_options_out_of_range_stop_with_one_line(option, value):
 
 
 def test_selection_rule(tmp_path, small_demo):
-    """Baselines keep the checkpoint with the best English dev score, FILTER and X-Mixup the best
-    average over the dev languages; results.json says which."""
+    """Baselines keep the checkpoint with the best English dev score, X-Mixup the best average over the dev
+    languages, FILTER its last epoch (as their releases); results.json says which."""
     import argparse
     import layers
     import xlt
     enc = layers.Encoder(layers.CONFIGS['tiny'])
     dev = {'en': {'score': 50.0}, 'de': {'score': 90.0}, 'zh': {'score': 70.0}}
     assert xlt.selection(xlt.Baseline(enc, 'xnli').select, dev) == (50.0, 'best English dev score')
-    for method in (xlt.Filter, xlt.XMixup):
-        assert xlt.selection(method(enc, 'xnli', argparse.Namespace()).select, dev) == (70.0, 'best average dev score over languages')
+    assert xlt.selection(xlt.XMixup(enc, 'xnli', argparse.Namespace()).select, dev) == (
+        70.0, 'best average dev score over languages')
+    assert xlt.selection(xlt.Filter(enc, 'xnli', argparse.Namespace()).select, dev) == (None, 'last epoch')
     assert xlt.selection(xlt.Baseline(enc, 'tydiqa').select, {})[1] == 'last epoch (no dev set)'
     results = run(tmp_path, small_demo, '--task', 'pawsx', '--epochs', '1')
     assert results['selected_by'] == 'best English dev score'
@@ -596,8 +598,13 @@ def test_a_panx_archive_converts_and_trains_on_the_languages_chosen(tmp_path, sm
 
 
 def test_messages_say_where_translations_are(tmp_path, demo_data, capsys):
-    one_line_failure(capsys, ['--method', 'filter', '--data_dir', str(tmp_path / 'nowhere'), '--out', str(tmp_path / 'o')],
+    one_line_failure(capsys, ['--method', 'filter', '--data_dir', str(tmp_path / 'nowhere'), '--out', str(tmp_path / 'o'),
+                              '--translations', 'xtreme'],
                      'filter reads translations too: get XTREME\'s translations with python data.py download --task xnli --translations')
+    one_line_failure(capsys, ['--method', 'filter', '--data_dir', str(tmp_path / 'nowhere'), '--out', str(tmp_path / 'o')],
+                     f'{tmp_path / "nowhere" / "filter"} not found: filter reads its release\'s data there (python data.py '
+                     f'download --task xnli --translations filter --out {tmp_path / "nowhere"}); --translations xtreme runs '
+                     'it on XTREME\'s translations')
     broken = tmp_path / 'broken'
     shutil.copytree(demo_data, broken)
     os.remove(broken / 'pawsx' / 'translate-train' / 'en-de-translated.tsv')
@@ -641,12 +648,13 @@ def test_a_score_within_an_epoch_is_kept_when_it_is_the_best(tmp_path):
 
 
 def test_a_loss_that_is_not_finite_stops_the_run_in_one_line(tmp_path, demo_data):
-    """The demo at --lr 1e4: the mean loss of the first log line is NaN; the run stops there in one
+    """The demo at --lr 1e4 with weight decay: the mean loss of the first log line is NaN; the run stops there in one
     line naming the steps and what to change, keeps no model and writes no results."""
     os.makedirs(tmp_path / 'nan')
     os.symlink(demo_data, tmp_path / 'nan' / 'demo-data')
     with pytest.raises(SystemExit) as err:
-        train.main(['--demo', '--out', str(tmp_path / 'nan'), '--task', 'xnli', '--epochs', '2', '--lr', '1e4'])
+        train.main(['--demo', '--out', str(tmp_path / 'nan'), '--task', 'xnli', '--epochs', '2', '--lr', '1e4',
+                    '--weight_decay', '0.01'])
     said = str(err.value)
     assert said.startswith('error: the training loss is nan in steps 1-10: no checkpoint was kept; start again with a '
                            'lower --lr (now 10000) or a lower --clip (now 1)') and '\n' not in said
