@@ -698,9 +698,9 @@ def check(args, world):
                  f'--{option} or lower --grad_accum')
     model = check_options(args, cls)
     if args.translations in ('filter', 'xmixup') and not os.path.isdir(args.data_dir):
-        fail(f'{args.data_dir} not found: {args.method} reads its release\'s data there (python data.py download --task '
-             f'{args.task} --translations {args.translations} --out {os.path.dirname(args.data_dir)}); --translations '
-             'xtreme runs it on XTREME\'s translations')
+        fail(f'{args.data_dir} not found: {args.method} reads its release\'s data there (python data.py download '
+             f'--task {args.task} --translations {args.translations} --out {os.path.dirname(args.data_dir)}); '
+             '--translations xtreme runs it on XTREME\'s translations')
     files = [] if args.demo else planned_files(args, cls)
     data.check_files(args.data_dir, args.task, args.method, files, backbone(args))
     check_init(args)
