@@ -854,8 +854,8 @@ def main(argv=None):
 def cka_main(args):
     """--cka RUN: X-Mixup's linear CKA (Eq. 1, Tables 2 and 7, Fig. 3) between English's and each language's
     representations of the task's parallel test sets (row i of each translates row i of English's: XNLI, PAWS-X)
-    with RUN's fine-tuned encoder (best.pt), a text pair's <s> after the last layer (Eq. 7's r for classification;
-    the paper does not say which), and Spearman's rho between the languages' CKA and RUN's test scores."""
+    with RUN's fine-tuned encoder (best.pt), the mean of a text pair's states after the last layer (the paper's
+    sentence representation, its Figure 1), and Spearman's rho between the languages' CKA and RUN's test scores."""
     ckpt = layers.load_checkpoint(os.path.join(args.cka, 'best.pt'))
     meta, settings = ckpt['meta'], ckpt['meta']['settings']
     task, data_dir = settings['task'], settings['data_dir']
@@ -888,11 +888,11 @@ def cka_main(args):
 
 @torch.no_grad()
 def states(encoder, feats, pad, batch_size, device):
-    """Each feature's (a text pair as the run read it) <s> after the last layer, on the CPU."""
+    """Each feature's (a text pair as the run read it) mean state after the last layer, on the CPU."""
     out = torch.zeros(len(feats), encoder.cfg.dim)
     for index in length_batches(item_lengths(feats)[:, 0], batch_size):
         b = collate([feats[i] for i in index], pad_id=pad).to(device)
-        out[index] = encoder.eval()(b.ids, b.mask)[:, 0].float().cpu()
+        out[index] = mean_pool(encoder.eval()(b.ids, b.mask), b.mask).float().cpu()
     return out
 
 

@@ -291,8 +291,9 @@ def test_spearman_by_hand_with_a_tie():
 
 
 def test_cka_of_a_run_is_eq_1_on_its_encoders_s_states_by_hand(tmp_path, capsys):
-    """eval.py --cka RUN: per language, linear CKA between the <s> states (last layer) of English's and the
-    language's test pairs under RUN's encoder, each computed here one example at a time."""
+    """eval.py --cka RUN: per language, linear CKA between the mean states (last layer: X-Mixup's sentence
+    representation) of English's and the language's test pairs under RUN's encoder, each computed here one example at
+    a time."""
     import data
     import layers
     import train
@@ -308,7 +309,7 @@ def test_cka_of_a_run_is_eq_1_on_its_encoders_s_states_by_hand(tmp_path, capsys)
     enc.load_state_dict(ckpt['encoder'])
     tok = data.Tokenizer(os.path.join(demo, 'sentencepiece.bpe.model'))
     with torch.no_grad():
-        reps = lambda lang: torch.stack([enc(torch.tensor([tok.encode_pair(ex['a'], ex['b'])]))[0, 0]
+        reps = lambda lang: torch.stack([enc(torch.tensor([tok.encode_pair(ex['a'], ex['b'])]))[0].mean(0)
                                          for ex in data.read_split(demo, 'xnli', 'test', lang)])
         english = reps('en')
         for lang in ('de', 'zh'):
