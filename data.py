@@ -958,12 +958,14 @@ def languages(task, demo=False, chosen=None):
 
 def tokenizer_file(backbone, data_dir, spm=None, vocab=None, init=None):
     """-> (path, what it is, needed) of a backbone's tokenizer: BERT's vocab.txt (vocab, else the one beside the
-    checkpoint init, else data_dir's), XLM-R's sentencepiece model (spm, else data_dir's)."""
+    checkpoint init, else data_dir's), XLM-R's sentencepiece model (spm, else the one in the folder init, as Hugging
+    Face's folders and FILTER's released models ship it, else data_dir's)."""
     if backbone == 'bert':
         path = vocab or beside(init, 'vocab.txt') or os.path.join(data_dir, 'vocab.txt')
         return path, 'BERT\'s vocab.txt: put it beside --init or pass --vocab', True
-    return spm or os.path.join(data_dir, 'sentencepiece.bpe.model'), ('XLM-R\'s sentencepiece model: put it there or '
-                                                                     'pass --spm'), True
+    shipped = beside(init, 'sentencepiece.bpe.model') if init and os.path.isdir(init) else None
+    return spm or shipped or os.path.join(data_dir, 'sentencepiece.bpe.model'), (
+        'XLM-R\'s sentencepiece model: put it there or pass --spm'), True
 
 
 def beside(checkpoint, name):

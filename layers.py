@@ -511,9 +511,10 @@ def config_from(sd, meta, scaled=False, sep_id=2):
     n_layer = 1 + max(int(k.split('.')[2]) for k in sd if k.startswith('enc.blocks.'))
     vocab, dim = sd['enc.tok.weight'].shape
     bert = 'enc.token_type.weight' in sd
+    pad = meta.get('pad_token_id')  # null in some configs transformers 2.x wrote (FILTER's released models)
     return Config(vocab_size=vocab, n_layer=n_layer, n_head=heads, dim=dim,
                   ffn_dim=sd['enc.blocks.0.ffn.fc1.weight'].size(0), max_positions=sd['enc.pos.weight'].size(0),
-                  pad_id=meta.get('pad_token_id', 0 if bert else 1),
+                  pad_id=(0 if bert else 1) if pad is None else pad,
                   ln_eps=meta.get('layer_norm_eps', 1e-12 if bert else 1e-5),
                   embed_scale=math.sqrt(dim) if scaled and not meta.get('no_scale_embedding') else 1.0,
                   backbone='bert' if bert else 'xlmr', type_vocab_size=len(sd['enc.token_type.weight']) if bert else 0,

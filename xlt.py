@@ -607,10 +607,11 @@ class Filter(Taught):
         L = encoder.cfg.n_layer
         self.m = m if getattr(args, 'm', None) is None else args.m
         self.k = min(scale_depth(k, L), L - self.m) if getattr(args, 'k', None) is None else args.k
-        released = encoder.task_head and encoder.task_head.fusion  # a released FILTER model's (m, k)
+        released = encoder.task_head and encoder.task_head.fusion  # a released FILTER model's (m, k), its config's
+        if released and getattr(args, 'm', None) is None and getattr(args, 'k', None) is None:
+            self.m, self.k = released
         if released and released != (self.m, self.k):
-            raise ValueError(f'--init is FILTER fine-tuned with m = {released[0]}, k = {released[1]}: give --m '
-                             f'{released[0]} --k {released[1]}')
+            raise ValueError(f'--init is FILTER fine-tuned with m = {released[0]}, k = {released[1]}: drop --m and --k')
         self.kl_weight = kl_weight if getattr(args, 'kl_weight', None) is None else args.kl_weight
         self.T = getattr(args, 'temperature', None) or 1.0  # softens both sides of the KL (the paper: none)
         if self.k + self.m > L or min(self.k, self.m) < 0:

@@ -204,7 +204,9 @@ def filter_release(folder, vocab, m, k, n_layer=4, dim=32, ffn=64, heads=4, kind
     is RobertaModel's embeddings, m local layers filter.encoder.layer.i, k fusion layers filter.fusion.j, the rest
     filter.domain.j, and its pooler; FilterForSequenceClassification's output = Sequential(Dropout, Linear, ReLU,
     Dropout, Linear), the tagging model's classifier, the QA model's qa_outputs. config.json as run_xcls.py leaves it
-    (num_hidden_layers = m, filter_m, filter_k, id2label LABEL_i); pytorch_model.bin in torch's legacy format."""
+    (num_hidden_layers = m, filter_m, filter_k, id2label LABEL_i: two of them whatever the label count, as
+    transformers 2.5.1's PretrainedConfig builds it before num_labels is set; pad_token_id null, as 2.5.1 writes
+    it where the hub's config has none); pytorch_model.bin in torch's legacy format."""
     g = torch.Generator().manual_seed(3)
     r = lambda *shape: torch.randn(*shape, generator=g) * 0.1
     size = {'D': dim, 'F': ffn}
@@ -226,9 +228,9 @@ def filter_release(folder, vocab, m, k, n_layer=4, dim=32, ffn=64, heads=4, kind
             'qa': 'FilterForQuestionAnswering'}[kind]
     config = {'architectures': [arch], 'model_type': 'xlm-roberta', 'vocab_size': vocab, 'hidden_size': dim,
               'num_hidden_layers': m, 'num_attention_heads': heads, 'intermediate_size': ffn, 'hidden_act': 'gelu',
-              'max_position_embeddings': 514, 'type_vocab_size': 1, 'layer_norm_eps': 1e-5, 'pad_token_id': 1,
+              'max_position_embeddings': 514, 'type_vocab_size': 1, 'layer_norm_eps': 1e-5, 'pad_token_id': None,
               'filter_m': m, 'filter_k': k, 'alpha': 0.0, 'temperature': 0.1, 'output_hidden_states': True,
-              'finetuning_task': task, 'num_labels': labels, 'id2label': {str(i): f'LABEL_{i}' for i in range(labels)}}
+              'finetuning_task': task, 'num_labels': labels, 'id2label': {str(i): f'LABEL_{i}' for i in range(2)}}
     os.makedirs(folder, exist_ok=True)
     (folder / 'config.json').write_text(json.dumps(config))
     torch.save(sd, folder / 'pytorch_model.bin', _use_new_zipfile_serialization=False)
@@ -239,6 +241,8 @@ def test_filters_released_model_loads_every_tensor_in_its_place_and_its_head_is_
     sd = filter_release(tmp_path / 'phase1', vocab=50, m=1, k=2)
     enc, mlm = layers.load_pretrained(str(tmp_path / 'phase1'))  # strict: every tensor of the file accounted for
     assert mlm is None and enc.cfg.n_layer == 4 and enc.task_head.fusion == (1, 2)
+    assert enc.cfg.pad_id == 1  # pad_token_id null: XLM-R's padding
+    assert enc.task_head.labels == ['contradiction', 'entailment', 'neutral']  # two LABEL_i: finetuning_task's order
     blocks = enc.state_dict()
     for ours, theirs in ((0, 'filter.encoder.layer.0'), (1, 'filter.fusion.0'), (2, 'filter.fusion.1'),
                          (3, 'filter.domain.0')):  # the local, fusion and domain layers in XLM-R's order
@@ -257,8 +261,10 @@ def test_filters_released_model_loads_every_tensor_in_its_place_and_its_head_is_
         assert (f.predict(p) - by_hand).abs().max() <= 1e-5
         tanh = torch.tanh(h_t @ sd['output.1.weight'].T + sd['output.1.bias']) @ sd['output.4.weight'].T
         assert (f.predict(p) - tanh - sd['output.4.bias']).abs().max() > 1e-3  # RoBERTa's head would differ
-    with pytest.raises(ValueError, match='--init is FILTER fine-tuned with m = 1, k = 2: give --m 1 --k 2'):
-        xlt.Filter(enc, 'xnli', argparse.Namespace(m=None, k=None, kl_weight=None))
+    taken = xlt.Filter(enc, 'xnli', argparse.Namespace(m=None, k=None, kl_weight=None))  # its config.json's m and k
+    assert (taken.m, taken.k) == (1, 2)
+    with pytest.raises(ValueError, match='--init is FILTER fine-tuned with m = 1, k = 2: drop --m and --k'):
+        xlt.Filter(enc, 'xnli', argparse.Namespace(m=1, k=1, kl_weight=None))
     with pytest.raises(ValueError, match='--init is FILTER\'s released model: run it with --method filter'):
         xlt.Baseline(enc, 'xnli')
 
@@ -316,3 +322,16 @@ def test_with_filters_data_the_languages_it_left_untranslated_are_not_trained_on
     assert 'translates no udpos training data into eu: FILTER trains without them' in capsys.readouterr().out
     assert xlt.Filter.train_langs(argparse.Namespace(**{**vars(args), 'translations': 'xtreme'}), ['de', 'eu']) == [
         'de', 'eu']  # XTREME's: every language, each file needed
+
+
+def test_a_released_models_own_sentencepiece_model_is_the_tokenizer(tmp_path):
+    """FILTER's release folders ship sentencepiece.bpe.model beside the weights (tokenizer.save_pretrained): --init
+    FOLDER reads it; --spm still wins, and a checkpoint file's run reads the data folder's."""
+    folder, data_dir = tmp_path / 'phase2', str(tmp_path / 'data')
+    folder.mkdir()
+    (folder / 'sentencepiece.bpe.model').write_text('its own')
+    assert data.tokenizer_file('xlmr', data_dir, init=str(folder))[0] == str(folder / 'sentencepiece.bpe.model')
+    assert data.tokenizer_file('xlmr', data_dir, spm='given.model', init=str(folder))[0] == 'given.model'
+    (tmp_path / 'sentencepiece.bpe.model').write_text('not beside a folder')
+    assert data.tokenizer_file('xlmr', data_dir, init=str(tmp_path / 'best.pt'))[0] == os.path.join(
+        data_dir, 'sentencepiece.bpe.model')
