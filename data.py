@@ -2503,7 +2503,8 @@ def download(task, out, sources=(), translations=None):
     archive too; translations: 'xtreme' or 'filter', those translations of it instead) and write it in the layout
     this package reads."""
     if translations:
-        return download_filter(task, out, sources) if translations == 'filter' else download_translations(task, out)
+        convert = {'filter': download_filter, 'xmixup': download_xmixup}.get(translations)
+        return convert(task, out, sources) if convert else download_translations(task, out)
     if task in HELD or sources and task != 'udpos':
         return convert_held(task, sources[0] if sources else None, out)
     raw = os.path.join(out, 'downloads', task)
@@ -2572,8 +2573,7 @@ FILTER_URLS = {'xnli': [XNLI_MT, FILTER_ARCHIVES], 'pawsx': [SOURCES['pawsx'][0]
 
 def download_filter(task, out, sources=()):
     """OUT/filter, a data folder: FILTER's translations of task (from the archives or folders in sources, else
-    downloaded), everything else of task and OUT linked (XTREME's QA translate-train among it, which FILTER read).
-    The links are made now: a task downloaded into OUT later is linked by the next conversion."""
+    downloaded), everything else of task and OUT linked (XTREME's QA translate-train among it, which FILTER read)."""
     if task not in FILTER_URLS:
         raise DataError(f'FILTER has no data of {task} (its runners read {", ".join(FILTER_URLS)}): '
                         'drop --translations')
@@ -2587,21 +2587,32 @@ def download_filter(task, out, sources=()):
         unpack(source, raw, 'XNLI-MT-1.0.zip, x-final.tar.gz or FILTER\'s <task>.zip, or their folders')
     for url in [] if sources else FILTER_URLS[task]:
         fetch(url.format(task=task), raw)  # unpacked into raw/raw
-    ours, theirs = os.path.join(out, 'filter', task), os.path.join(out, task)
-    tmp = ours + '.part'
-    shutil.rmtree(tmp, ignore_errors=True)
-    for name, text in filter_translations(task, out, os.path.join(raw, 'raw')).items():
-        atomic_write(os.path.join(tmp, name), text)
-    for name in (name for name in os.listdir(theirs) if not os.path.exists(os.path.join(tmp, name))):
-        link(os.path.join(theirs, name), os.path.join(tmp, name))  # the rest of the task's folder: XTREME's
-    if os.path.islink(ours):  # linked by another task's conversion
-        os.remove(ours)
-    shutil.rmtree(ours, ignore_errors=True)
-    os.replace(tmp, ours)
-    for name in os.listdir(out):  # the other tasks, labels/, the tokenizer's files
-        if name not in ('filter', 'downloads', '.cache') and not os.path.lexists(os.path.join(out, 'filter', name)):
-            link(os.path.join(out, name), os.path.join(out, 'filter', name))
-    print(f'FILTER\'s translations of {task} are in {os.path.join(out, "filter")}: train.py --translations filter')
+    files = filter_translations(task, out, os.path.join(raw, 'raw'))
+    translations_folder(out, 'filter', {os.path.join(task, name): text for name, text in files.items()})
+    print(f'FILTER\'s translations of {task} are in {os.path.join(out, "filter")}: train.py --method filter reads them')
+
+
+def translations_folder(out, name, files):
+    """OUT/name, a data folder of a release's own files ({path: text}, paths in the layout), each task folder they
+    touch made whole before it replaces the last one, the rest of that folder and every other entry of OUT linked
+    (the links are made now: a task downloaded into OUT later is linked by the next conversion)."""
+    for task in sorted({path.split(os.sep)[0] for path in files}):
+        ours, tmp = os.path.join(out, name, task), os.path.join(out, name, task + '.part')
+        shutil.rmtree(tmp, ignore_errors=True)
+        for path, text in files.items():
+            if path.split(os.sep)[0] == task:
+                atomic_write(os.path.join(out, name, path.replace(task, task + '.part', 1)), text)
+        theirs = os.path.join(out, task)
+        for entry in (e for e in os.listdir(theirs) if not os.path.exists(os.path.join(tmp, e))):
+            link(os.path.join(theirs, entry), os.path.join(tmp, entry))  # the rest of the task's folder: XTREME's
+        if os.path.islink(ours):  # linked by another task's conversion
+            os.remove(ours)
+        shutil.rmtree(ours, ignore_errors=True)
+        os.replace(tmp, ours)
+    for entry in os.listdir(out):  # the other tasks, labels/, the tokenizer's files
+        if entry not in ('filter', 'xmixup', 'downloads', '.cache') and not os.path.lexists(os.path.join(out, name,
+                                                                                                          entry)):
+            link(os.path.join(out, entry), os.path.join(out, name, entry))
 
 
 def link(target, at):
@@ -2677,15 +2688,17 @@ def xnli_mt(unpacked):
             for lang in TASKS['xnli'].langs if lang != 'en'}
 
 
+PAWSX_HEADER = ['id', 'sentence1', 'sentence2', 'label']  # the header of PAWS-X's train.tsv and translated_train.tsv
+
+
 def pawsx_translated(unpacked):
     """PAWS-X's {lang}/translated_train.tsv (a header id, sentence1, sentence2, label), each row the translation of
     the English train.tsv row of its id -> translate-train files."""
-    english_header = ['id', 'sentence1', 'sentence2', 'label']
-    english = {r[0]: r for r in mt_rows(unpacked, os.path.join('en', 'train.tsv'), english_header)}
+    english = {r[0]: r for r in mt_rows(unpacked, os.path.join('en', 'train.tsv'), PAWSX_HEADER)}
     files = {}
     for lang in TASKS['pawsx'].langs:
         if lang != 'en':
-            rows = mt_rows(unpacked, os.path.join(lang, 'translated_train.tsv'), english_header)
+            rows = mt_rows(unpacked, os.path.join(lang, 'translated_train.tsv'), PAWSX_HEADER)
             pairs = [(english[r[0]][1:3], r[1:3], r[3]) for r in rows if r[0] in english]
             files[f'translate-train/en-{lang}-translated.tsv'] = ''.join(
                 '\t'.join([*a, *b, label]) + '\n' for a, b, label in pairs)
@@ -2734,6 +2747,152 @@ def filter_file(task, out, split, lang, path):
     labels = [ex['label'] or '' for ex in originals]
     return ''.join('\t'.join([ex['a'], ex['b'], *c] + [label] * bool(label)) + '\n'
                    for ex, c, label in zip(originals, cols, labels))
+
+
+# X-Mixup's data as its README's "Step 2" gives it (yhy1117/X-Mixup 81fa15d: a Google Drive folder, laid out as the
+# README's Structure; read as its readers read it, xmixup/data/datasets at b9730dc): each task's round trips
+# (translate-train-en, for scheduled sampling), and for tagging its Google translations of the English training data
+# with the English model's tag distributions (translate-train-logits) and the dev and test sets translated into
+# English (translate-*-token); XNLI and PAWS-X train on the datasets' own translations, as FILTER's.
+XMIXUP_TRIPS = {'xnli': 'multinli.train.{lang}-en.tsv', 'pawsx': 'translated_train.{lang}-en.tsv',
+                'xquad': 'squad.translate.train.en-{lang}-en.json', 'mlqa': 'squad.translate.train.en-{lang}-en.json',
+                'tydiqa': 'tydiqa.translate.train.en-{lang}-en.json', 'udpos': '{lang}.txt', 'panx': '{lang}.txt'}
+
+
+def download_xmixup(task, out, sources):
+    """OUT/xmixup, a data folder: X-Mixup's data of task from its folder (sources), aligned with OUT's and checked,
+    XNLI-MT and PAWS-X's translations from OUT's download of the task, everything else of OUT linked."""
+    if not sources:
+        raise DataError('X-Mixup\'s data is a Google Drive folder (its README, Step 2): download it, then give it: '
+                        f'python data.py download --task {task} --translations xmixup --from FOLDER --out {out}')
+    home = QA_FILES[task]['train'].split('/')[0] if task in QA_FILES else task  # SQuAD's for XQuAD and MLQA
+    if not os.path.isdir(os.path.join(out, home)) or not os.path.isdir(os.path.join(out, task)):
+        raise DataError(f'{out} has no {task} data to pair X-Mixup\'s with: first python data.py download --task '
+                        f'{task} --out {out}')
+    raw = os.path.join(out, 'downloads', 'xmixup', task)
+    shutil.rmtree(os.path.join(raw, 'raw'), ignore_errors=True)
+    for source in sources + [p for p in [os.path.join(out, 'downloads', task, 'raw')] if os.path.isdir(p)]:
+        unpack(source, raw, 'X-Mixup\'s data folder (its README\'s Structure)')
+    unpacked, family = os.path.join(raw, 'raw'), TASKS[task].family
+    files = {} if family != 'classification' else {os.path.join(task, name): text for name, text in (
+        xnli_mt if task == 'xnli' else pawsx_translated)(unpacked).items()}
+    squad = home == 'squad'  # SQuAD's round trips serve XQuAD and MLQA: both's languages, whichever converts
+    for lang in sorted(set(TASKS[task].langs + (TASKS['xquad'].langs + TASKS['mlqa'].langs) * squad) - {'en'}):
+        found = glob_files(unpacked, os.path.join(home, 'translate-train-logits' if family == 'tagging' else
+                                                  'translate-train-en', XMIXUP_TRIPS[task].format(lang=lang)))
+        if found:
+            files.update(xmixup_files(task, out, unpacked, lang, found[0]))
+    if not any('round-trip' in name for name in files):
+        raise DataError(f'no X-Mixup data of {task} in {", ".join(sources)}: give its data folder, laid out as its '
+                        'README\'s Structure says')
+    translations_folder(out, 'xmixup', files)
+    print(f'X-Mixup\'s data of {task} is in {os.path.join(out, "xmixup")}: train.py --method xmixup reads it')
+
+
+def xmixup_files(task, out, unpacked, lang, path):
+    """{path in the layout: text} of X-Mixup's data of task in lang, path its round trip (tagging: its translation
+    with tag distributions): each aligned with OUT's English training data (XNLI by line; PAWS-X by the id of its
+    translated_train.tsv row; QA by question id; tagging by sentence), a file that is not refused in one line."""
+    family, trip = TASKS[task].family, split_path('', task, 'round-trip', lang)
+    english = read_split(out, task, 'train')
+    if family == 'qa':
+        ids, theirs = {ex['id'] for ex in english}, read_squad(path, task, train=True)
+        if not ids >= {ex['id'] for ex in theirs}:
+            raise DataError(f'{path}: questions of ids not in SQuAD\'s English training set: not X-Mixup\'s round trip')
+        return {trip: read_text(path)}
+    if family == 'classification':
+        rows = [line.split('\t') for line in list(read_lines(path))[1:]]  # a header, as its readers skip
+        texts = [r[:2] for r in rows]  # XNLI's: premise, hypothesis; line i round-trips English line i
+        if task == 'pawsx':  # id, sentence1, sentence2, in the order of PAWS-X's translated_train.tsv
+            ids = [r[0] for r in mt_rows(unpacked, os.path.join(lang, 'translated_train.tsv'), PAWSX_HEADER)]
+            english_ids = [r[0] for r in mt_rows(unpacked, os.path.join('en', 'train.tsv'), PAWSX_HEADER)]
+            by_id = dict(zip(ids, (r[1:3] for r in rows))) if len(ids) == len(rows) else {}
+            texts = [by_id.get(i, [ex['a'], ex['b']]) for i, ex in zip(english_ids, english)] if by_id and len(
+                english_ids) == len(english) else []  # an English pair without a translation: its own text
+        if len(texts) != len(english) or any(len(t) != 2 for t in texts):
+            raise DataError(f'{path} has {len(rows)} rows of two sentences for {len(english)} English training '
+                            f'examples in {out}: they must be aligned as X-Mixup\'s readers align them')
+        return {trip: tsv_text([*t, ex['label']] for t, ex in zip(texts, english))}
+    return xmixup_tagging(task, out, unpacked, lang, path, english)
+
+
+def xmixup_tagging(task, out, unpacked, lang, path, english):
+    """X-Mixup's tagging data in lang: its translation of the English training sentences, word by word with the
+    English model's tag distribution ('word<TAB>p;p;...' in labels.txt's order), into translate-train and
+    translate-train-soft (one word's distribution a line, in TASKS' order); its round trip (translate-train-en-token)
+    and the dev and test sets translated into English (translate-*-token), the words of each sentence."""
+    theirs = glob_files(unpacked, os.path.join(task, 'labels.txt'))
+    order = [t for t in read_lines(theirs[0]) if t] if theirs else sorted(TASKS[task].labels)  # XTREME's, sorted
+    if sorted(order) != sorted(TASKS[task].labels):
+        raise DataError(f'{theirs[0]} lists other tags than {task}\'s: {", ".join(order)}')
+    sentences = xmixup_sentences(path, len(english), 'English training sentences')
+    at = [order.index(tag) for tag in TASKS[task].labels]
+    soft = [[[float(p) for p in probs.split(';')] for _, probs in sentence] for sentence in sentences]
+    if any(len(p) != len(order) for sentence in soft for p in sentence):
+        raise DataError(f'{path}: a word\'s distribution has not the {len(order)} tags of {task}')
+    text = lambda rows: '\n'.join(''.join(row + '\n' for row in rows_) for rows_ in rows)
+    files = {split_path('', task, 'translate-train', lang): text([w for w, _ in s] for s in sentences),
+             soft_path('', task, lang): text([' '.join(f'{p[i]:g}' for i in at) for p in s] for s in soft)}
+    for split, folder in (('round-trip', 'translate-train-en-token'), ('dev', 'translate-dev-token'),
+                          ('test', 'translate-test-token')):
+        found = glob_files(unpacked, os.path.join(task, folder, f'{lang}.txt'))
+        originals = english if split == 'round-trip' else read_split(out, task, split, lang) if os.path.exists(
+            split_path(out, task, split, lang)) else None
+        if found and originals is not None:
+            words = xmixup_sentences(found[0], len(originals), f'{split} sentences of {lang}')
+            name = split_path('', task, split if split == 'round-trip' else f'translate-{split}', lang)
+            files[name] = text([w for w, _ in s] for s in words)
+    return files
+
+
+def xmixup_sentences(path, n, what):
+    """A file of X-Mixup's tagging data, n sentences of (word, its second column): a word a line, 'word<TAB>...';
+    a line of fewer than two columns ends a sentence, as its read_tagging_file reads it."""
+    sentences, words = [], []
+    for line in list(read_lines(path)) + ['']:
+        cols = line.split('\t')
+        if len(cols) < 2:
+            if words:
+                sentences.append(words)
+            words = []
+        else:
+            words.append(cols[:2])
+    if len(sentences) != n:
+        raise DataError(f'{path} has {len(sentences)} sentences for the {n} {what} here: they must be aligned '
+                        'sentence by sentence')
+    return sentences
+
+
+def soft_path(data_dir, task, lang):
+    """X-Mixup's tag distributions of its translation of the English training data into lang (download_xmixup)."""
+    return os.path.join(data_dir, task, 'translate-train-soft', f'train-en-{lang}.tsv')
+
+
+def soft_labels(spec, langs):
+    """X-Mixup's tag distributions of its tagging translations into langs, for each feature tagging_features makes
+    of them as the run does (spec): {its token ids: (tokens, tags) array, a word's distribution on its first piece}.
+    Features of the same tokens take the first one's: its model gave the same text the same distributions."""
+    found, tags = {}, len(TASKS[spec.task].labels)
+    for lang in langs:
+        sentences = read_tagged(split_path(spec.data_dir, spec.task, 'translate-train', lang), spec.task)
+        path, soft, rows = soft_path(spec.data_dir, spec.task, lang), [], []
+        for line in list(read_lines(path)) + ['']:
+            if line.strip():
+                rows.append([float(p) for p in line.split()])
+            elif rows:
+                soft.append(rows)
+                rows = []
+        widths = {len(row) for sentence in soft for row in sentence}
+        if [len(s) for s in soft] != [len(s['words']) for s in sentences] or widths - {tags}:
+            raise DataError(f'{path} does not give a distribution over the {tags} tags of every word of the '
+                            f'translations beside it: convert X-Mixup\'s data again')
+        seen = {}  # the words of each sentence in its earlier features
+        for feat in tagging_features(spec.tok, spec.task, sentences, spec.max_len):
+            first, p = seen.get(feat.example, 0), np.zeros((len(feat.ids), tags), np.float32)
+            p[feat.words] = np.array(soft[feat.example][first:first + len(feat.words)], np.float32)
+            seen[feat.example] = first + len(feat.words)
+            found.setdefault(tuple(feat.ids), p)
+    return found
 
 
 HELD = {  # the tasks without a download: converted from the files a user holds
@@ -2884,11 +3043,13 @@ def main(argv=None):
     get.add_argument('--from', dest='sources', metavar='PATH', action='append', default=[],
                      help='PAN-X: AmazonPhotos.zip, its panx_dataset folder or one {lang}.tar.gz; CoNLL NER: the '
                           'folder of its files; UD-POS: ud-treebanks-v2.5.tgz; with --translations filter: '
-                          'XNLI-MT-1.0.zip, x-final.tar.gz and FILTER\'s <task>.zip (or their folders), once each')
-    get.add_argument('--translations', nargs='?', const='xtreme', choices=('xtreme', 'filter'),
+                          'XNLI-MT-1.0.zip, x-final.tar.gz and FILTER\'s <task>.zip (or their folders), once each; '
+                          'with --translations xmixup: X-Mixup\'s data folder')
+    get.add_argument('--translations', nargs='?', const='xtreme', choices=('xtreme', 'filter', 'xmixup'),
                      help='translations of the task instead of the task: XTREME\'s published ones (translate-train, '
-                          '-dev, -test; the default), or FILTER\'s data into OUT/filter (train.py --translations '
-                          'filter)')
+                          '-dev, -test, the pseudo test sets; the default), FILTER\'s data into OUT/filter or '
+                          'X-Mixup\'s (--from its data folder) into OUT/xmixup, which train.py\'s --method filter and '
+                          '--method xmixup read')
     demo = sub.add_parser('demo', help='write the generated demo data of every task',
                           description='Write the demo\'s generated data of all nine tasks, with its sentencepiece '
                                       'model, in the same layout (train.py --demo makes it in the run folder by '

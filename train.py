@@ -93,12 +93,11 @@ class Run:
         weights for the demo and --from_scratch), its head seeded by --seed."""
         encoder = self.encoder()[0] if encoder is None else encoder
         torch.manual_seed(self.args.seed)  # the head's initialisation follows --seed, with --init too
-        settings = settings or self.args
         try:
-            method = (cls or self.cls)(encoder, self.args.task, settings).to(self.device)
+            method = (cls or self.cls)(encoder, self.args.task, settings or self.args).to(self.device)
         except ValueError as e:
             fail(str(e))
-        method.select = getattr(settings, 'select', None) or method.select  # --select, or the release's for the task
+        method.select = getattr(settings or self.args, 'select', None) or method.select  # --select, or the release's
         return method
 
     def encoder(self, cross=False, init=None, decoder=False):
@@ -616,15 +615,15 @@ def configure(args, owners):
             of_a_language = [c for c in xlt.classes() if 'train_lang' in {o.name for o in c.OPTIONS}]
             fail(f'--train_langs runs {xlt.called(of_a_language)} once a language: drop --train_lang and --seeds')
         args.train_lang = args.train_langs[0]
+    if args.translations and args.translations != 'xtreme' and args.demo:
+        fail('--translations reads a data folder that python data.py download makes; the demo has XTREME\'s shapes '
+             'alone: drop --translations')
+    args.translations = args.translations or ('xtreme' if args.demo else cls.TRANSLATIONS)
     seeded = args.seed is not None  # a seed given names the default folder
     try:
         cls.configure(args, demo)
     except ValueError as e:
         fail(str(e))
-    if args.translations and args.translations != 'xtreme' and args.demo:
-        fail('--translations reads a data folder that python data.py download makes; the demo has XTREME\'s shapes '
-             'alone: drop --translations')
-    args.translations = args.translations or ('xtreme' if args.demo else cls.TRANSLATIONS)
     if args.translations != 'xtreme':  # a data folder of its own: other translations, the rest linked to XTREME's
         args.data_dir = os.path.join(args.data_dir, args.translations) if args.translations in (
             'filter', 'xmixup') else args.translations

@@ -552,13 +552,32 @@ class Taught(Method):
         return super().folder(args) + ['self-teach'] * bool(args.self_teach or args.teacher)
 
     @classmethod
+    def soft_labelled(cls, args):
+        """Does the run learn the target side from its data's released distributions, not a teacher it trains?"""
+        return False
+
+    @classmethod
+    def train_langs(cls, args, targets):
+        """A release's data leaves some languages untranslated (FILTER's eu, jv, ka, my, tl, yo): its runners train
+        without them, as here."""
+        langs = [lang for lang in super().train_langs(args, targets) if lang != 'en']  # English: with itself
+        if args.translations == 'xtreme':
+            return langs
+        there = lambda lang: os.path.exists(data.split_path(args.data_dir, args.task, 'translate-train', lang))
+        if not all(map(there, langs)):
+            data.warn(f'{args.data_dir} translates no {args.task} training data into '
+                      f'{", ".join(lang for lang in langs if not there(lang))}: {cls.NAME} trains without them')
+        return [lang for lang in langs if there(lang)]
+
+    @classmethod
     def procedure(cls, run):
-        """FILTER's Algorithm 1: the teacher trained on L_s + L_t (lines 1-8, a stage of its own,
-        or --teacher), its target-side probabilities p_teacher computed once (line 12), then the
-        student trained with Eq. 6's KL to them (lines 9-16). Without a teacher: as any method."""
+        """FILTER's Algorithm 1: the teacher trained on L_s + L_t (lines 1-8, a stage of its own, or --teacher)
+        or a release's distributions (X-Mixup's tagging), its target-side probabilities p_teacher computed once (line
+        12), then the student trained with Eq. 6's KL to them (lines 9-16). Without a teacher: as any method."""
         items, p_teacher = run.items(run.cls), None  # None with --eval_only
-        if items and (run.args.self_teach or run.args.teacher):  # the teacher first: no idle student on the GPU
-            p_teacher = data.Ragged(*run.folder.cached('p_teacher.pt', lambda: teacher_probabilities(run, items)))
+        if items and (run.args.self_teach or run.args.teacher or run.cls.soft_labelled(run.args)):
+            taught = released_probabilities if run.cls.soft_labelled(run.args) else teacher_probabilities
+            p_teacher = data.Ragged(*run.folder.cached('p_teacher.pt', lambda: taught(run, items)))  # teacher first
         method = run.build()
         method.p_teacher = p_teacher
         run.fit(method, items)
@@ -618,19 +637,6 @@ class Filter(Taught):
             raise ValueError(f'--k {self.k} + --m {self.m} does not fit the model\'s {L} layers: choose k + m <= {L}')
         self.head = Head(self.family, encoder, TASKS[task].labels, act=torch.relu)  # its released head's ReLU
 
-    @classmethod
-    def train_langs(cls, args, targets):
-        """Its data (--translations filter) leaves some languages untranslated (eu, jv, ka, my, tl, yo): FILTER's
-        run_xtag.py trains without them, as here."""
-        langs = super().train_langs(args, targets)
-        if args.translations == 'xtreme':
-            return langs
-        there = lambda lang: os.path.exists(data.split_path(args.data_dir, args.task, 'translate-train', lang))
-        if not all(map(there, langs)):
-            data.warn(f'{args.data_dir} translates no {args.task} training data into '
-                      f'{", ".join(lang for lang in langs if not there(lang))}: FILTER trains without them')
-        return [lang for lang in langs if there(lang)]
-
     def encode(self, src, tgt, source_side=True):
         enc, m, k = self.encoder, self.m, self.k
         h_s = enc.run(enc.embed(src.ids), src.mask, 0, m)  # local layers; each side numbers its own positions
@@ -688,6 +694,7 @@ class XMixup(Taught):
     or its round-trip translation as S (scheduled sampling, Eq. 6) and adds consistency losses
     (Eq. 7-8); inference mixes the target with its translation into English."""
     NAME, trains_on, paired, round_trip, teacher_method = 'xmixup', 'every_lang', True, True, 'zeroshot'
+    TRANSLATIONS = 'xmixup'  # its release's data: round trips; tagging's translations with its model's distributions
     EXPORT = 'X-Mixup predicts from a text\'s states mixed with its English translation\'s'
     pretrained_start = True  # X-Mixup starts from a trained encoder, see train.demo_pretrained
     select = 'average'  # the best average over the dev languages (Section 4.1)
@@ -719,10 +726,21 @@ class XMixup(Taught):
         tagging = TASKS[args.task].family == 'tagging'
         if (args.self_teach or args.teacher) and not tagging:
             raise ValueError('--self_teach and --teacher belong to FILTER, and to X-Mixup on tagging (udpos, panx)')
-        if tagging and not (args.self_teach or args.teacher):
-            raise ValueError('X-Mixup on tagging learns T from a source-language model\'s labels: pass --teacher RUN '
-                             '(a finished zeroshot run) or --self_teach to train one first')
+        if tagging and not (args.self_teach or args.teacher or args.translations == 'xmixup'):
+            raise ValueError('X-Mixup on tagging learns T from a source-language model\'s labels: its release\'s '
+                             '(--translations xmixup), or pass --teacher RUN (a finished zeroshot run) or --self_teach')
         super().configure(args, demo)
+
+    @classmethod
+    def soft_labelled(cls, args):  # its release's tagging data: translations with the English model's distributions
+        return TASKS[args.task].family == 'tagging' and args.translations == 'xmixup' and not (
+            args.self_teach or args.teacher)
+
+    @classmethod
+    def reads(cls, args):
+        langs = cls.train_langs(args, data.languages(args.task, False, args.langs)) if cls.soft_labelled(args) else []
+        why = 'X-Mixup\'s released tag distributions (python data.py download --translations xmixup)'
+        return [(data.soft_path(args.data_dir, args.task, lang), why, True) for lang in langs]
 
     def __init__(self, encoder, task, args):
         super().__init__()
@@ -793,7 +811,8 @@ class XMixup(Taught):
                 a, b = F.pad(a, (0, T - a.size(1)), value=pad), F.pad(b, (0, T - b.size(1)), value=pad)
             return torch.where(real.view(-1, *[1] * (a.dim() - 1)), a, b)
         s, r = pair.src, pair.alt
-        labels = None if s.labels is None else pick(s.labels, r.labels, IGNORE if self.family == 'tagging' else None)
+        trip = r.labels if r.labels is not None or s.labels is None else torch.full_like(r.ids, IGNORE)  # untagged
+        labels = None if s.labels is None else pick(s.labels, trip, IGNORE if self.family == 'tagging' else None)
         return Batch(pick(s.ids, r.ids, self.encoder.cfg.pad_id), pick(s.mask, r.mask, False), labels, s.index), real
 
     def predict(self, pair):
@@ -1177,26 +1196,12 @@ class Veco(Baseline):
         super().configure(args, demo)
         if args.search is not None and TASKS[args.task].family == 'retrieval':
             raise ValueError(f'--search fine-tunes, and {args.task} trains nothing: drop --search')
-        cls.grid(args)  # its mistakes, before anything runs
-
-    @classmethod
-    def grid(cls, args):
-        """--search's grid {option: values}: GRID, each NAME=V,V,... given replacing (or adding) a row."""
-        grid, kinds = dict(cls.GRID), {'lr': float, 'epochs': int, 'batch_size': int}
-        for term in args.search or []:
-            name, _, values = term.partition('=')
-            try:
-                grid[name] = tuple(map(kinds[name], values.split(',')))
-                assert all(v > 0 for v in grid[name])
-            except (KeyError, ValueError, AssertionError):
-                raise ValueError(f'--search {term}: give NAME=V,V,... with NAME one of lr, epochs, batch_size and '
-                                 'positive numbers') from None
-        return grid
+        search_grid(cls.GRID, args.search)  # its mistakes, before anything runs
 
     @classmethod
     def stages(cls, args):
         """--search: a run per point of the grid, in --out/<point>."""
-        grid = cls.grid(args) if args.search is not None else {}
+        grid = search_grid(cls.GRID, args.search) if args.search is not None else {}
         points = list(itertools.product(*grid.values())) if grid else []
         return {'-'.join(f'{k}{v:g}' for k, v in zip(grid, p)): {**dict(zip(grid, p)), 'search': None,
                                                                   'stage': f'grid point {i + 1} of {len(points)}'}
@@ -2061,6 +2066,45 @@ class Chosen:
         for w, tag in zip(feat.words, label):
             tags[w] = tag
         return replace(feat, label=tags)
+
+
+# ----------------------------------------------------------------------------------------
+# VECO's search grid as --search gives it.
+
+def search_grid(grid, terms):
+    """--search's grid {option: values}: grid (Veco.GRID), each term NAME=V,V,... replacing (or adding) a row."""
+    grid, kinds = dict(grid), {'lr': float, 'epochs': int, 'batch_size': int}
+    for term in terms or []:
+        name, _, values = term.partition('=')
+        try:
+            grid[name] = tuple(map(kinds[name], values.split(',')))
+            assert all(v > 0 for v in grid[name])
+        except (KeyError, ValueError, AssertionError):
+            raise ValueError(f'--search {term}: give NAME=V,V,... with NAME one of lr, epochs, batch_size and '
+                             'positive numbers') from None
+    return grid
+
+
+# ----------------------------------------------------------------------------------------
+# A release's tag distributions as stored teacher probabilities (X-Mixup's tagging, Taught.procedure).
+
+def released_probabilities(run, items):
+    """The released tag distributions (data.soft_labels) of the target side of every training item, found by its
+    tokens; English paired with itself learns its own tags, on their first pieces. -> (data.Ragged's values, ends)"""
+    langs = run.cls.train_langs(run.args, data.languages(run.args.task, run.args.demo, run.args.langs))
+    found, tags, p = data.soft_labels(run.features, langs), len(TASKS[run.args.task].labels), []
+    for i in range(len(items)):
+        feat = items[i][1]
+        if feat.label is not None:  # English paired with itself
+            label = torch.tensor(feat.label)
+            p.append(F.one_hot(label.clamp(min=0), tags).float() * label.ne(IGNORE)[:, None])
+        elif tuple(feat.ids) in found:
+            p.append(torch.from_numpy(found[tuple(feat.ids)]))
+        else:
+            raise data.DataError(f'{run.args.data_dir}: a translated {run.args.task} training sentence has no '
+                                 'released tag distributions: convert X-Mixup\'s data again (python data.py download '
+                                 '--translations xmixup)')
+    return torch.cat(p), torch.tensor(np.cumsum([0] + [len(x) for x in p]))
 
 
 # ----------------------------------------------------------------------------------------

@@ -409,3 +409,109 @@ def test_udpos_converts_the_archive_a_user_holds(tmp_path):
                '--out', str(tmp_path / 'out')])
     assert (tmp_path / 'out' / 'udpos' / 'test-de.tsv').read_text() == 'Haus\n'
     assert (tmp_path / 'out' / 'labels' / 'udpos' / 'test-de.tsv').read_text() == 'NOUN\n'
+
+
+# ---------------------------------------------------------------------------------------
+# X-Mixup's data (its README's Step 2: a Google Drive folder, laid out as its Structure; read as xmixup/data/datasets
+# reads it, yhy1117/X-Mixup b9730dc), into OUT/xmixup (train.py --method xmixup), built here in those shapes.
+
+def xmixup_convert(out, folder, task):
+    data.main(['download', '--task', task, '--translations', 'xmixup', '--from', str(folder), '--out', out])
+    return os.path.join(out, 'xmixup')
+
+
+def write(root, files):
+    for name, text in files.items():
+        os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
+        open(os.path.join(root, name), 'w', encoding='utf-8').write(text)
+
+
+def test_xmixups_round_trips_of_xnli_pawsx_and_squad_are_aligned_with_english(tmp_path):
+    """XNLI: translate-train-en/multinli.train.{lang}-en.tsv, a header, line i the round trip of XNLI-MT's line i;
+    PAWS-X: translated_train.{lang}-en.tsv, a header, id s1 s2 in the order of PAWS-X's translated_train.tsv;
+    SQuAD: its JSON by question id. XNLI and PAWS-X train on the datasets' own translations."""
+    out, folder = xtreme_xnli(tmp_path), tmp_path / 'X-Mixup-data'
+    trip = lambda lang: 'premise\thypo\n' + f'A {lang} back\tB {lang} back\nC {lang} back\tD {lang} back\n'
+    write(folder, {f'xnli/translate-train-en/multinli.train.{lang}-en.tsv': trip(lang)
+                   for lang in data.TASKS['xnli'].langs if lang != 'en'})
+    write(folder, {f'xnli/XNLI-MT-1.0/multinli/multinli.train.{lang}.tsv': text for lang, text in MNLI.items()})
+    theirs = xmixup_convert(out, folder, 'xnli')
+    pairs = data.read_translations(theirs, 'xnli', 'train', 'de')
+    assert [(e['a'], t['a'], t['label']) for e, t in pairs] == [('A', 'A de', 'contradiction'), ('C', 'C de', 'neutral')]
+    assert [(r['a'], r['b'], r['label']) for r in data.read_round_trip(theirs, 'xnli', 'de', pairs)] == [
+        ('A de back', 'B de back', 'contradiction'), ('C de back', 'D de back', 'neutral')]
+    assert data.read_split(theirs, 'xnli', 'test', 'de') == data.read_split(out, 'xnli', 'test', 'de')  # the rest linked
+    args = train_args(['--method', 'xmixup', '--task', 'xnli', '--data_dir', out])  # its own data, by default
+    assert args.data_dir == theirs and args.out == 'runs/xnli-xmixup' and args.translations == 'xmixup'
+    assert train_args(['--method', 'xmixup', '--task', 'xnli', '--data_dir', out, '--translations', 'xtreme']
+                      ).out == 'runs/xnli-xmixup-xtreme-translations'  # XTREME's translations: a departure, named
+    write(folder, {'xnli/translate-train-en/multinli.train.ar-en.tsv': trip('ar') + 'E\tF\n'})  # a line too many
+    with pytest.raises(SystemExit, match='multinli.train.ar-en.tsv has 3 rows of two sentences for 2 English training '
+                                         'examples') as err:
+        xmixup_convert(out, folder, 'xnli')
+    assert '\n' not in str(err.value) and data.read_round_trip(theirs, 'xnli', 'de', pairs)  # the folder as it was
+    # PAWS-X: the round trips in the order of translated_train.tsv (ids 2, 1), English by id
+    header = 'id\tsentence1\tsentence2\tlabel\n'
+    members = {f'x-final/{lang}/{name}.tsv': header + f'1\tA {lang}\tB {lang}\t1\n2\tC {lang}\tD {lang}\t0\n'
+               for lang in data.TASKS['pawsx'].langs for name in ('train', 'dev_2k', 'test_2k')}
+    members.update({f'x-final/{lang}/translated_train.tsv': header + f'2\tC {lang}\tD {lang}\t0\n1\tA {lang}\tB {lang}\t1\n'
+                    for lang in data.TASKS['pawsx'].langs if lang != 'en'})
+    place(out, 'pawsx', 'x-final.tar.gz', members)
+    data.download('pawsx', out)
+    write(folder, {f'pawsx/translate-train-en/translated_train.{lang}-en.tsv': header + f'2\tC {lang} back\tD\t0\n'
+                   f'1\tA {lang} back\tB\t1\n' for lang in data.TASKS['pawsx'].langs if lang != 'en'})
+    xmixup_convert(out, folder, 'pawsx')
+    pairs = data.read_translations(theirs, 'pawsx', 'train', 'ko')
+    assert [r['a'] for r in data.read_round_trip(theirs, 'pawsx', 'ko', pairs)] == ['A ko back', 'C ko back']
+    # SQuAD's round trips (XQuAD's and MLQA's), by question id
+    for name in ('train-v1.1.json', 'dev-v1.1.json'):
+        place(out, 'xquad', name, text=squad('s1'))
+    for lang in data.TASKS['xquad'].langs:
+        place(out, 'xquad', f'xquad.{lang}.json', text=squad('q1'))
+    data.download('xquad', out)
+    write(folder, {'squad/translate-train-en/squad.translate.train.en-de-en.json': squad('s1', 'Anna wohnt in Paris.')})
+    xmixup_convert(out, folder, 'xquad')
+    pairs = [(e, None) for e in data.read_split(out, 'xquad', 'train')]
+    assert data.read_round_trip(theirs, 'xquad', 'de', pairs)[0]['context'] == 'Anna wohnt in Paris.'
+    write(folder, {'squad/translate-train-en/squad.translate.train.en-el-en.json': squad('not-in-squad')})
+    with pytest.raises(SystemExit, match='en-el-en.json: questions of ids not in SQuAD.s English training set'):
+        xmixup_convert(out, folder, 'xquad')
+    with pytest.raises(SystemExit, match='X-Mixup.s data is a Google Drive folder .its README, Step 2.: download it'):
+        data.main(['download', '--task', 'xquad', '--translations', 'xmixup', '--out', out])
+
+
+TAGS = sorted(data.TASKS['udpos'].labels, reverse=True)  # labels.txt's order (XTREME's is sorted, as TASKS')
+
+
+def released_tagging(folder, lang, sentences, soft):
+    """X-Mixup's tagging files of a language: translate-train-logits (word, its distribution over labels.txt's tags,
+    ';'-separated), the round trip and the dev and test sets translated into English (word, a second column)."""
+    line = lambda word, p: f'{word}\t{";".join(f"{x:g}" for x in p)}\n'
+    write(folder, {f'udpos/translate-train-logits/{lang}.txt': '\n'.join(
+        ''.join(line(w, p) for w, p in zip(words, probs)) for words, probs in zip(sentences, soft)) + '\n',
+        'udpos/labels.txt': '\n'.join(TAGS) + '\n'})
+    for name in ('translate-train-en-token', 'translate-dev-token', 'translate-test-token'):
+        write(folder, {f'udpos/{name}/{lang}.txt': '\n'.join(''.join(f'{w}\t_\n' for w in words)
+                                                              for words in (['Back', 'here'], ['Go'])) + '\n'})
+
+
+def test_xmixups_tagging_data_its_distributions_in_our_tag_order(tmp_path):
+    out, folder = str(tmp_path / 'data'), tmp_path / 'X-Mixup-data'
+    write(out, {'udpos/train-en.tsv': 'I\tPRON\nrun\tVERB\n\nGo\tVERB\n', 'udpos/dev-de.tsv': 'Ich\tPRON\n\nGeh\tVERB\n',
+                'udpos/test-de.tsv': 'Ich\n\nGeh\n'})
+    soft = [[[n / 153 for n in range(17)], [1.0] + [0.0] * 16], [[0.0] * 16 + [1.0]]]
+    released_tagging(folder, 'de', [['Ich', 'laufe'], ['Geh']], soft)
+    theirs = xmixup_convert(out, folder, 'udpos')
+    assert [t['words'] for _, t in data.read_translations(theirs, 'udpos', 'train', 'de')] == [['Ich', 'laufe'], ['Geh']]
+    rows = [line.split() for line in open(data.soft_path(theirs, 'udpos', 'de')).read().split('\n')]
+    ours = [float(x) for x in rows[0]]  # the first word's distribution, in TASKS' order
+    assert ours == pytest.approx([soft[0][0][TAGS.index(tag)] for tag in data.TASKS['udpos'].labels], abs=1e-6)
+    assert rows[2] == [] and len(rows[3]) == 17  # a blank line between sentences
+    assert [t['words'] for _, t in data.read_translations(theirs, 'udpos', 'test', 'de')] == [['Back', 'here'], ['Go']]
+    assert [r['words'] for r in data.read_round_trip(theirs, 'udpos', 'de', [None, None])] == [['Back', 'here'], ['Go']]
+    for planted, message in (([[p[:16] for p in s] for s in soft], 'a word.s distribution has not the 17 tags of udpos'),
+                             (soft[:1], 'has 1 sentences for the 2 English training sentences here')):
+        released_tagging(folder, 'de', [['Ich', 'laufe'], ['Geh']][:len(planted)], planted)
+        with pytest.raises(SystemExit, match=message) as err:
+            xmixup_convert(out, folder, 'udpos')
+        assert '\n' not in str(err.value)

@@ -319,7 +319,7 @@ def test_with_filters_data_the_languages_it_left_untranslated_are_not_trained_on
     open(path, 'w').write('Haus\n')
     args = argparse.Namespace(translations='filter', data_dir=str(tmp_path), task='udpos', train_lang=None)
     assert xlt.Filter.train_langs(args, ['de', 'eu']) == ['de']
-    assert 'translates no udpos training data into eu: FILTER trains without them' in capsys.readouterr().out
+    assert 'translates no udpos training data into eu: filter trains without them' in capsys.readouterr().out
     assert xlt.Filter.train_langs(argparse.Namespace(**{**vars(args), 'translations': 'xtreme'}), ['de', 'eu']) == [
         'de', 'eu']  # XTREME's: every language, each file needed
 

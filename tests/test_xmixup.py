@@ -5,6 +5,7 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -279,3 +280,51 @@ def test_the_ablations_without_mixup_and_without_scheduled_sampling():
     m = model('xnli')
     m.p_k, m.step = 10, 100
     assert not m.scheduled_source(data.Pair(p.src, p.tgt, alt))[1].any()  # with it: the round trips
+
+
+def test_xmixup_tagging_learns_the_target_from_its_releases_distributions(tmp_path):
+    """X-Mixup's released tagging data (translate-train-logits: each translated word with the English model's
+    distribution), converted (python data.py download --translations xmixup) and trained on without a teacher: the
+    run's stored p_teacher holds each translated word's released distribution on its first piece, in the task's tag
+    order, and English paired with itself its own tags."""
+    from test_download import released_tagging, TAGS
+    import train
+    demo = data.make_demo(str(tmp_path / 'data'), n_train=40, n_eval=8)
+    pairs = data.read_translations(demo, 'udpos', 'train', 'de')
+    sentences = [(t or e)['words'] for e, t in pairs]
+    vocab = sorted({w for words in sentences for w in words})  # a word's distribution depends on the word alone, as
+    dist = torch.rand(len(vocab), len(TAGS), generator=torch.Generator().manual_seed(0)).softmax(-1)  # a model's on
+    soft = [[dist[vocab.index(w)].tolist() for w in words] for words in sentences]  # the same text would
+    folder = tmp_path / 'X-Mixup-data'
+    released_tagging(folder, 'de', sentences, soft)
+    for split in ('dev', 'test'):  # its dev and test sets translated into English, of the demo's sentence counts
+        n = len(data.read_split(demo, 'udpos', split, 'de'))
+        open(folder / 'udpos' / f'translate-{split}-token' / 'de.txt', 'w').write('Go\t_\n\n' * n)
+    open(folder / 'udpos' / 'translate-train-en-token' / 'de.txt', 'w').write(''.join(
+        ''.join(f'{w}\t_\n' for w in e['words']) + '\n' for e, _ in pairs))
+    data.main(['download', '--task', 'udpos', '--translations', 'xmixup', '--from', str(folder), '--out', demo])
+    out = tmp_path / 'run'
+    train.main(['--method', 'xmixup', '--task', 'udpos', '--data_dir', demo, '--model', 'tiny', '--from_scratch',
+                '--epochs', '1', '--batch_size', '16', '--langs', 'de', '--max_len', '8', '--out', str(out)])
+    values, ends = torch.load(out / 'p_teacher.pt', weights_only=True)
+    tok = data.Tokenizer(os.path.join(demo, 'sentencepiece.bpe.model'))
+    items = data.training_set(data.Features(tok, os.path.join(demo, 'xmixup'), 'udpos', 8), ['de'], 'every_lang',
+                              paired=True, round_trip=True)
+    first, seen = {}, {}  # where each target window's words start in its sentence (8 tokens: long ones are cut)
+    for number in sorted(set(items.index[:, 1].tolist())):  # a sentence's windows are numbered in order
+        window = items.feature(number)
+        if window.label is None:  # a translation's (English's own, paired with itself, are labelled)
+            n = window.example - len(pairs)  # examples are numbered over the set's sources, English's first
+            first[number], seen[n] = seen.get(n, 0), seen.get(n, 0) + len(window.words)
+    for i in range(len(items)):
+        target, p = items[i][1], values[ends[i]:ends[i + 1]]
+        if target.label is None:  # a translated sentence: the released distributions, reordered to TASKS' tags
+            a, n = first[int(items.index[i, 1])], target.example - len(pairs)
+            released = torch.tensor(soft[n][a:a + len(target.words)])[
+                :, [TAGS.index(t) for t in data.TASKS['udpos'].labels]]
+            assert torch.allclose(p[target.words], released, atol=1e-5) and p.sum() == pytest.approx(len(released))
+        else:  # English with itself: its gold tags
+            tagged = [n for n, t in enumerate(target.label) if t != data.IGNORE]
+            assert p[tagged].argmax(-1).tolist() == [target.label[n] for n in tagged] and p.sum() == len(tagged)
+    assert seen == {n: len(words) for n, words in enumerate(sentences)} and max(
+        len(data.tagging_features(tok, 'udpos', [{'words': w, 'tags': None}], 8)) for w in sentences) > 1  # windows
