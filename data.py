@@ -573,20 +573,21 @@ def unlabelled_set(spec, lang, share):
     return feature_set(spec, files, key, sources, 1)
 
 
-def evaluation_sets(data_dir, task, translate_test=False, paired=False, chosen=None):
+def evaluation_sets(data_dir, task, translate_test=False, paired=False, chosen=None, dev=None):
     """Every file evaluation will read (of the languages chosen), read and checked before any training (labels,
     columns, JSON shape, translations, test labels): {split: {lang: (examples scored against, model
-    inputs, (English translation, input) pairs for paired methods)}} (data.evaluation_set)."""
+    inputs, (English translation, input) pairs for paired methods)}} (data.evaluation_set). dev: (task, split,
+    languages, first examples) of the sets a checkpoint is kept by where they are not the task's dev sets."""
     sets = {'dev': {}, 'test': {}}
-    for split in sets:
-        for lang in languages(task, is_demo(data_dir), chosen):
-            path = split_path(data_dir, task, split, lang)
-            if split == 'dev' and not (path and os.path.exists(path)):
-                continue  # no dev set in this language (XQuAD, TyDiQA); the run checked every other file
-            sets[split][lang] = evaluation_set(data_dir, task, split, lang, translate_test, paired)
-            if split == 'test':
-                labels = os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}')
-                check_labels(task, labels, sets[split][lang][1])
+    for lang in languages(task, is_demo(data_dir), chosen):
+        sets['test'][lang] = evaluation_set(data_dir, task, 'test', lang, translate_test, paired)
+        check_labels(task, os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}'), sets['test'][lang][1])
+    of, split, langs, first = dev or (task, 'dev', None, None)
+    for lang in langs or languages(of, is_demo(data_dir), chosen if of == task else None):
+        path = split_path(data_dir, of, split, lang)
+        if path and os.path.exists(path):  # no dev set in some languages (XQuAD, TyDiQA); the run checked the rest
+            gold, inputs, pairs = evaluation_set(data_dir, of, split, lang, translate_test, paired)
+            sets['dev'][lang] = gold[:first], inputs[:first], pairs and pairs[:first]
     return sets
 
 
@@ -703,14 +704,17 @@ def item_lengths(items, index=None):
     return np.array(rows, np.int64).reshape(len(rows), -1) if rows else np.zeros((0, 1), np.int64)
 
 
-def global_batches(n, batch_size, seed, chunks, lengths=None, max_tokens=None):
+def global_batches(n, batch_size, seed, chunks, lengths=None, max_tokens=None, sources=None):
     """An epoch's global batches of n items from a permutation fixed by seed, grouped by the
     items' lengths when lengths are given (else random batches, as the papers' scripts), or in tokens with
-    max_tokens (token_batches)."""
+    max_tokens (token_batches). sources: each item's English feature; of the items of one, the epoch draws one."""
     if max_tokens:
         return token_batches(lengths, max_tokens, chunks, seed)
     g = torch.Generator().manual_seed(seed)
-    return cut_batches(torch.randperm(n, generator=g).tolist(), batch_size, chunks, g, lengths)
+    order = torch.randperm(n, generator=g).numpy()
+    if sources is not None:  # the first of each English feature's items in the permutation (FILTER's tagging epochs)
+        order = order[np.sort(np.unique(np.asarray(sources)[order], return_index=True)[1])]
+    return cut_batches(order.tolist(), batch_size, chunks, g, lengths)
 
 
 def cut_batches(order, size, chunks, g, lengths=None):

@@ -81,9 +81,9 @@ class Run:
         self.args, self.rank, self.world, self.device, self.tok = args, rank, world, device, tok
         self.out, self.cls, self.chunks = args.out, xlt.method_class(args), world * args.grad_accum
         self.folder = Folder(args, rank)
-        evaluated = args.task in data.TASKS and xlt.task_family(args) != 'retrieval'
-        self.sets = sets if sets is not None else data.evaluation_sets(args.data_dir, args.task, args.translate_test,
-                                                                     self.cls.paired, args.langs) if evaluated else {}
+        evaluated = sets is None and args.task in data.TASKS and xlt.task_family(args) != 'retrieval'
+        self.sets = data.evaluation_sets(args.data_dir, args.task, args.translate_test, self.cls.paired, args.langs,
+                                         self.cls.selects_on(args)) if evaluated else sets or {}
         self.cache = cache if cache is not None else {'dev': {}, 'test': {}}  # features, made once per language
         self.features = data.Features(tok, args.data_dir, args.task, args.max_len, args.doc_stride, not args.no_cache,
                                       xlt.share_draw(args))
@@ -167,7 +167,7 @@ class Run:
         @functools.lru_cache(maxsize=1)  # one pass in memory at a time
         def cut(p):
             return data.global_batches(len(items), args.batch_size, args.seed * 1000 + p, self.chunks, lengths,
-                                       args.max_tokens)
+                                       args.max_tokens, items.index[:, 0] if args.epoch_draw == 'one' else None)
         return data.stepped(cut, args.steps, args.eval_every, f'--batch_size {args.batch_size}') if args.steps else cut
 
     def evaluate(self, method, split, langs=None):
@@ -473,6 +473,9 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('eval_every', int, 'with --steps: steps between evaluations (default: a pass over the training data; '
            'pre-training 2000; translation 5000, each saving a checkpoint to average)', AT_LEAST_1),
     Option('batch_size', int, 'global batch size, over all processes (default: the release\'s, per task)', AT_LEAST_1),
+    Option('epoch_draw', str, 'an epoch trains on every item, or on one of the items of each English example (one: '
+           'English with one of its translations, drawn anew each epoch, as FILTER\'s run_xtag.py)',
+           choices=('all', 'one')),
     Option('group_by_length', bool, 'training batches of similar lengths, little padding (ours: faster, not as the '
            'papers ran)', negated='random training batches, as the papers\' scripts (the default)'),
     Option('grad_accum', int, 'micro-batches per process and step', AT_LEAST_1, default=1, changes='nothing'),
@@ -786,6 +789,10 @@ def planned_files(args, cls):
                                 not args.eval_only, args.method, cls.trains_on, args.langs)
     squad = [(data.split_path(args.data_dir, 'xquad', 'train'), 'SQuAD\'s English training set (--with_squad)', True)]
     files += squad * (args.with_squad and not args.eval_only)
+    task, split, langs, _ = cls.selects_on(args) or (args.task, 'dev', None, None)
+    why = f'{args.method} keeps its checkpoint by {task}\'s dev sets (python data.py download --task {task})'
+    files += [(data.split_path(args.data_dir, task, kind, lang), why, True) for lang in langs or data.languages(
+        task, args.demo) for kind in ['dev'] + ['translate-dev'] * (cls.paired and lang != 'en')] * (task != args.task)
     return files + cls.reads(args) + [data.tokenizer_file(backbone(args), args.data_dir, args.spm, args.vocab,
                                                           args.init)]
 

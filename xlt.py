@@ -88,7 +88,8 @@ class Method(nn.Module):
       settings    DEMO: its changes to the demo's settings; configure(args, demo): fill the options left unset,
                   raise ValueError on what cannot run; released(args): RUN and RUN_BERT for this run;
                   TRANSLATIONS: the translations it reads by default (--translations);
-                  train_langs(args, targets); reads(args): [(path, what, needed)] beyond the task's
+                  train_langs(args, targets); selects_on(args): the sets the kept checkpoint is chosen by, where
+                  not the task's dev sets; reads(args): [(path, what, needed)] beyond the task's
                   files; folder(args): the default run folder's name, in parts; resolve(args), variants(): the
                   class that runs (VECO's pre-training, translation, translate-train-all)
       training    frozen(): the parameters the optimiser leaves alone this step; schedule(args, total): the
@@ -165,7 +166,7 @@ class Method(nn.Module):
         epochs = (15 if qa else 8) if demo else 2 if args.task in ('xquad', 'mlqa') else 4  # the demo's QA needs longer
         runners = {'lr': 2e-5, 'epochs': epochs, 'batch_size': 32, 'warmup': 0.0, 'weight_decay': 0.0, 'clip': 1.0,
                    'clip_by': 'norm', 'adam_eps': 1e-8, 'adam_beta2': 0.999, 'group_by_length': False, 'seed': 1,
-                   'precision': 'fp32', 'doc_stride': 128, 'max_len': 384 if qa else 128}
+                   'precision': 'fp32', 'doc_stride': 128, 'max_len': 384 if qa else 128, 'epoch_draw': 'all'}
         settings = {**{o.name: o.default for o in cls.OPTIONS}, **runners,
                     **(cls.released(args) if demo is None else demo)}
         if args.epochs:  # counted in passes as asked, where the scripts count steps
@@ -186,6 +187,11 @@ class Method(nn.Module):
     @classmethod
     def reads(cls, args):
         return []
+
+    @classmethod
+    def selects_on(cls, args):
+        """(task, split, languages, first examples) of the sets its checkpoint is kept by, None: the task's dev sets."""
+        return None
 
     @classmethod
     def folder(cls, args):
@@ -606,7 +612,8 @@ class Filter(Taught):
     RUN = {'xnli': {'lr': 3e-6, 'epochs': 5, 'batch_size': 64, 'max_len': 256, 'precision': 'fp16', 'seed': 52,
                     'temperature': 0.1},
            'pawsx': {'lr': 1e-5, 'epochs': 4, 'max_len': 256, 'seed': 52, 'temperature': 0.1},
-           **{task: {'lr': 5e-6, 'epochs': 20, 'batch_size': 64, 'seed': 62} for task in ('udpos', 'panx')},
+           **{task: {'lr': 5e-6, 'epochs': 20, 'batch_size': 64, 'seed': 62, 'epoch_draw': 'one'}
+              for task in ('udpos', 'panx')},
            'mlqa': {'lr': 5e-6, 'epochs': 2, 'batch_size': 64, **QA}, 'xquad': {'lr': 5e-6, 'epochs': 2, **QA},
            'tydiqa': {'lr': 1e-5, 'epochs': 4, **QA}}
     # m, k and the KL weight 1 - lambda of the paper for XLM-R large (24 layers); k is scaled to
@@ -636,6 +643,10 @@ class Filter(Taught):
         if self.k + self.m > L or min(self.k, self.m) < 0:
             raise ValueError(f'--k {self.k} + --m {self.m} does not fit the model\'s {L} layers: choose k + m <= {L}')
         self.head = Head(self.family, encoder, TASKS[task].labels, act=torch.relu)  # its released head's ReLU
+
+    @classmethod
+    def train_langs(cls, args, targets):  # its run_xqa.py trains QA without Chinese ("the tokenize issue")
+        return [lang for lang in super().train_langs(args, targets) if lang != 'zh' or TASKS[args.task].family != 'qa']
 
     def encode(self, src, tgt, source_side=True):
         enc, m, k = self.encoder, self.m, self.k
@@ -730,6 +741,15 @@ class XMixup(Taught):
             raise ValueError('X-Mixup on tagging learns T from a source-language model\'s labels: its release\'s '
                              '(--translations xmixup), or pass --teacher RUN (a finished zeroshot run) or --self_teach')
         super().configure(args, demo)
+
+    @classmethod
+    def selects_on(cls, args):
+        """Its release's: XQuAD's model by MLQA's dev sets (its Appendix C.1, run_squad.py), TyDiQA's by the English
+        TyDiQA-GoldP file that XTREME tests on (run_squad.py: dev_languages en), tagging's by each language's first
+        1000 dev sentences (its ner.py)."""
+        tagging = TASKS[args.task].family == 'tagging'
+        return {'xquad': ('mlqa', 'dev', None, None), 'tydiqa': ('tydiqa', 'test', ('en',), None)}.get(
+            args.task, (args.task, 'dev', None, 1000) if tagging else None)
 
     @classmethod
     def soft_labelled(cls, args):  # its release's tagging data: translations with the English model's distributions
@@ -1349,19 +1369,6 @@ class VecoTranslate(Method):
         return [f'translate-{args.src}-{args.tgt}', 'veco']
 
     @classmethod
-    def average_last(cls, run, method, n):
-        """Load the weights that decode: the mean of the last n kept checkpoints (fairseq's
-        average_checkpoints), or best.pt with n = 0. -> what they are."""
-        kept = kept_checkpoints(run.path('checkpoints'))[-n:] if n else []
-        if not kept:
-            if not run.load_best(method):
-                run.fail(f'{run.path("best.pt")} not found: --eval_only decodes a finished run in --out')
-            return 'best.pt: the lowest valid loss'
-        method.load_state_dict(average_checkpoints(kept, {'method': run.args.method, 'task': cls.folder(run.args)[0]}))
-        step = lambda path: path[-10:-3].lstrip('0')  # checkpoints/step<7 digits>.pt
-        return f'the mean of the last {len(kept)} checkpoints ({step(kept[0])} to {step(kept[-1])} steps)'
-
-    @classmethod
     def procedure(cls, run):
         """Tables 3-4: the pre-trained blocks assembled into an encoder-decoder, fine-tuned on --src ->
         --tgt; every --eval_every steps the valid loss (best.pt: the lowest) and a checkpoint kept;
@@ -1378,7 +1385,7 @@ class VecoTranslate(Method):
                          'the files hold no text')
         validate = lambda: {'valid': method.valid_losses(valid, args.eval_batch_size, run.device, args.precision)}
         run.fit(method, items, validate, keep_last=args.average_last)
-        decoded_with = cls.average_last(run, method, args.average_last)
+        decoded_with = average_last(run, cls, method, args.average_last)
         hyps = [tok.decode(ids.tolist()) for ids in cls.decoded(run, method, test)]
         refs = list(data.read_lines(data.parallel_files(args.data_dir, args.src, args.tgt, 'test')[1]))
         scores = ev.translation_scores(hyps, refs)
@@ -1613,7 +1620,7 @@ class XLA(Baseline):
         """Algorithm 1, then the report: each final model, their mean, and the ensemble that
         averages their probabilities (the run's predictions), beside the warm-ups'."""
         models = run.folder.cached('final-models.json', lambda: cls.algorithm_1(run))
-        cls.report(run, models)
+        report_models(run, cls, models)
 
     @classmethod
     def algorithm_1(cls, run):
@@ -1673,24 +1680,6 @@ class XLA(Baseline):
     def predictor(cls, run):
         """The ensemble of the three final models, the run's predictions."""
         return Ensemble([run.restore(run.path(m), cls) for m in json.loads(data.read_text(run.path(cls.KEEPS)))])
-
-    @classmethod
-    def report(cls, run, models):
-        ensemble, trained = cls.predictor(run), run.args.xla_epochs > 0  # the models in final-models.json
-        warm = [run.results_of(name) for name in cls.stages(run.args)]
-        rows = {'warm-up (zero-shot + penalty), mean': ev.statistic(warm)} if all(warm) and trained else {}
-        kind = 'XLA' if trained else 'warm-up'  # --xla_epochs 0: the warm-ups are the models
-        for m, (method, path) in enumerate(zip(ensemble.models, models)):  # each model's test predictions in model<m>/
-            dev = run.evaluate(method, 'dev')[0]
-            test = run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1])
-            rows[f'{kind} model {m + 1}'] = {'dev': ev.summary(dev), 'test': ev.summary(test), 'checkpoint': path}
-        each = [rows[f'{kind} model {m + 1}'] for m in range(len(models))]
-        for stat in ('mean', 'std'):  # the paper reports the mean of the three models, ± std over seeds (Section E.4)
-            rows[f'{kind} {stat} of the models'] = ev.statistic(each, stat)
-        kept = ('each model\'s last XLA epoch that kept the --train_lang dev score (or its warm-up: the best English '
-                'dev)' if trained else 'each warm-up\'s best English dev')
-        run.finish(run.evaluate(ensemble, 'dev')[0], run.test_scores(run.evaluate(ensemble, 'test')[1]),
-                   f'{kept}; the ensemble averages the models\' probabilities', rows, 'ensemble')
 
 
 def vicinal_samples(run, feats, vicinity, epoch, name):
@@ -2066,6 +2055,46 @@ class Chosen:
         for w, tag in zip(feat.words, label):
             tags[w] = tag
         return replace(feat, label=tags)
+
+
+# ----------------------------------------------------------------------------------------
+# VECO's translation decodes with the mean of its last checkpoints.
+
+def average_last(run, cls, method, n):
+    """Load the weights that decode: the mean of the last n kept checkpoints (fairseq's
+    average_checkpoints), or best.pt with n = 0. -> what they are."""
+    kept = kept_checkpoints(run.path('checkpoints'))[-n:] if n else []
+    if not kept:
+        if not run.load_best(method):
+            run.fail(f'{run.path("best.pt")} not found: --eval_only decodes a finished run in --out')
+        return 'best.pt: the lowest valid loss'
+    method.load_state_dict(average_checkpoints(kept, {'method': run.args.method, 'task': cls.folder(run.args)[0]}))
+    step = lambda path: path[-10:-3].lstrip('0')  # checkpoints/step<7 digits>.pt
+    return f'the mean of the last {len(kept)} checkpoints ({step(kept[0])} to {step(kept[-1])} steps)'
+
+
+# ----------------------------------------------------------------------------------------
+# XLA's results: each model, their mean and std, the ensemble.
+
+def report_models(run, cls, models):
+    """XLA's run's table: each final model's dev and test scores (its test predictions in model<m>/), their mean and
+    std (the paper's mean of the three models, ± std), the warm-ups' mean beside them; the ensemble that averages the
+    models' probabilities is the run's own result."""
+    ensemble, trained = cls.predictor(run), run.args.xla_epochs > 0  # the models in final-models.json
+    warm = [run.results_of(name) for name in cls.stages(run.args)]
+    rows = {'warm-up (zero-shot + penalty), mean': ev.statistic(warm)} if all(warm) and trained else {}
+    kind = 'XLA' if trained else 'warm-up'  # --xla_epochs 0: the warm-ups are the models
+    for m, (method, path) in enumerate(zip(ensemble.models, models)):  # each model's test predictions in model<m>/
+        dev = run.evaluate(method, 'dev')[0]
+        test = run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1])
+        rows[f'{kind} model {m + 1}'] = {'dev': ev.summary(dev), 'test': ev.summary(test), 'checkpoint': path}
+    each = [rows[f'{kind} model {m + 1}'] for m in range(len(models))]
+    for stat in ('mean', 'std'):
+        rows[f'{kind} {stat} of the models'] = ev.statistic(each, stat)
+    kept = ('each model\'s last XLA epoch that kept the --train_lang dev score (or its warm-up: the best English '
+            'dev)' if trained else 'each warm-up\'s best English dev')
+    run.finish(run.evaluate(ensemble, 'dev')[0], run.test_scores(run.evaluate(ensemble, 'test')[1]),
+               f'{kept}; the ensemble averages the models\' probabilities', rows, 'ensemble')
 
 
 # ----------------------------------------------------------------------------------------

@@ -834,3 +834,39 @@ def test_with_squad_is_refused_where_no_english_tydiqa_is_trained_on(capsys):
         with pytest.raises(SystemExit, match='--with_squad adds SQuAD to the English of TyDiQA'):
             train.parse_args(argv + ['--with_squad'])
     assert train.parse_args(['--method', 'filter', '--task', 'tydiqa', '--with_squad']).with_squad
+
+
+def test_an_epoch_of_one_draw_takes_one_item_of_each_english_example():
+    """global_batches' sources (--epoch_draw one, FILTER's tagging: English with one of its translations, drawn anew
+    each epoch): every English example once an epoch, by a draw the seed fixes."""
+    sources = [0, 1, 2, 3] * 3  # English 0-3 with itself, then with two translations
+    drawn = {}
+    for seed in range(20):
+        batches = data.global_batches(12, 3, seed, 1, sources=sources)
+        flat = [i for b in batches for i in b]
+        assert sorted(sources[i] for i in flat) == [0, 1, 2, 3] and all(len(b) <= 3 for b in batches)
+        drawn[seed] = sorted(flat)
+    assert data.global_batches(12, 3, 5, 1, sources=sources) == data.global_batches(12, 3, 5, 1, sources=sources)
+    assert {i for d in drawn.values() for i in d} == set(range(12))  # every translation is drawn in some epoch
+    assert len(data.global_batches(12, 3, 5, 1)) == 4  # without sources: every item
+
+
+def test_the_sets_a_checkpoint_is_kept_by_are_the_methods(tmp_path):
+    """X-Mixup's release keeps XQuAD's model by MLQA's dev sets, TyDiQA's by the English test file, tagging's by each
+    language's first 1000 dev sentences (selects_on); the run's dev sets are those, read and checked beforehand."""
+    import argparse
+    import xlt
+    demo = data.make_demo(str(tmp_path / 'demo'), n_train=20, n_eval=6)
+    args = lambda task: argparse.Namespace(task=task, translations='xmixup')
+    assert xlt.XMixup.selects_on(args('xquad')) == ('mlqa', 'dev', None, None)
+    assert xlt.XMixup.selects_on(args('tydiqa')) == ('tydiqa', 'test', ('en',), None)
+    assert xlt.XMixup.selects_on(args('panx')) == ('panx', 'dev', None, 1000)
+    assert xlt.XMixup.selects_on(args('xnli')) is None and xlt.Filter.selects_on(args('xquad')) is None
+    xquad = data.evaluation_sets(demo, 'xquad', paired=True, dev=xlt.XMixup.selects_on(args('xquad')))
+    assert set(xquad['dev']) == set(data.languages('mlqa', demo=True))
+    assert xquad['dev']['de'][0] == data.read_split(demo, 'mlqa', 'dev', 'de')
+    tydiqa = data.evaluation_sets(demo, 'tydiqa', dev=('tydiqa', 'test', ('en',), None))
+    assert list(tydiqa['dev']) == ['en'] and tydiqa['dev']['en'][0] == tydiqa['test']['en'][0]
+    panx = data.evaluation_sets(demo, 'panx', paired=True, dev=('panx', 'dev', None, 4))
+    assert all(len(gold) == len(inputs) == len(pairs) == 4 for gold, inputs, pairs in panx['dev'].values())
+    assert panx['dev']['de'][0] == data.read_split(demo, 'panx', 'dev', 'de')[:4]

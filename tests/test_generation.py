@@ -249,7 +249,7 @@ def test_translation_runs_resume_split_over_processes_and_average(tmp_path, demo
                              '--average_last', '2'])
     cfg = layers.Config(**{**layers.CONFIGS['tiny'].__dict__, 'vocab_size': one['encoder.tok.weight'].size(0) - 2})
     m = xlt.VecoTranslate(*xlt.assemble(layers.Encoder(cfg, cross=True), 2, new_tokens=2), bos=0)
-    xlt.VecoTranslate.average_last(train.Run(args, 0, 1, torch.device('cpu'), None), m, 2)
+    xlt.average_last(train.Run(args, 0, 1, torch.device('cpu'), None), xlt.VecoTranslate, m, 2)
     assert not torch.equal(kept[0]['decoder.blocks.0.cross.qkv.weight'], kept[1]['decoder.blocks.0.cross.qkv.weight'])
     assert all(torch.allclose(v, (kept[0][k] + kept[1][k]) / 2) for k, v in m.state_dict().items())
     two = translate(tmp_path / 'two', demo_data,
@@ -275,7 +275,7 @@ def test_decoding_without_a_kept_model_stops_in_one_line(tmp_path):
     args = train.parse_args(['--method', 'veco', '--task', 'translate', '--demo', '--out', str(tmp_path), '--average_last', '0'])
     m = xlt.VecoTranslate(*xlt.assemble(layers.Encoder(layers.CONFIGS['tiny'], cross=True), 2, new_tokens=2), bos=0)
     with pytest.raises(SystemExit, match=f'error: {tmp_path / "best.pt"} not found: --eval_only decodes a finished run in --out'):
-        xlt.VecoTranslate.average_last(train.Run(args, 0, 1, torch.device('cpu'), None, sets={}), m, 0)
+        xlt.average_last(train.Run(args, 0, 1, torch.device('cpu'), None, sets={}), xlt.VecoTranslate, m, 0)
 
 
 def test_translation_pairs_and_what_is_skipped(tmp_path, demo_data):
