@@ -12,6 +12,7 @@ import math
 import multiprocessing
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -573,14 +574,16 @@ def unlabelled_set(spec, lang, share):
     return feature_set(spec, files, key, sources, 1)
 
 
-def evaluation_sets(data_dir, task, translate_test=False, paired=False, chosen=None, dev=None):
+def evaluation_sets(data_dir, task, translate_test=False, paired=False, chosen=None, dev=None, pseudo=False):
     """Every file evaluation will read (of the languages chosen), read and checked before any training (labels,
     columns, JSON shape, translations, test labels): {split: {lang: (examples scored against, model
     inputs, (English translation, input) pairs for paired methods)}} (data.evaluation_set). dev: (task, split,
-    languages, first examples) of the sets a checkpoint is kept by where they are not the task's dev sets."""
+    languages, first examples) of the sets a checkpoint is kept by where they are not the task's dev sets; pseudo:
+    XTREME's pseudo test sets in the languages but English."""
     sets = {'dev': {}, 'test': {}}
     for lang in languages(task, is_demo(data_dir), chosen):
-        sets['test'][lang] = evaluation_set(data_dir, task, 'test', lang, translate_test, paired)
+        split = 'pseudo-test' if pseudo and lang != 'en' else 'test'
+        sets['test'][lang] = evaluation_set(data_dir, task, split, lang, translate_test, paired)
         check_labels(task, os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}'), sets['test'][lang][1])
     of, split, langs, first = dev or (task, 'dev', None, None)
     for lang in langs or languages(of, is_demo(data_dir), chosen if of == task else None):
@@ -888,7 +891,8 @@ def translation_items(tok, data_dir, src, tgt, split, lang_ids, max_len):
 QA_FILES = {
     'xquad': {'train': 'squad/train-v1.1.json', 'dev': 'squad/dev-v1.1.json', 'test': 'xquad/xquad.{lang}.json',
               'translate-train': 'squad/translate-train/squad.translate.train.en-{lang}.json',
-              'round-trip': 'squad/round-trip/squad.round-trip.train.en-{lang}-en.json'},
+              'round-trip': 'squad/round-trip/squad.round-trip.train.en-{lang}-en.json',
+              'pseudo-test': 'xquad/pseudo-test/pseudo-test-{lang}.json'},
     'mlqa': {'train': 'squad/train-v1.1.json', 'dev': 'mlqa/MLQA_V1/dev/dev-context-{lang}-question-{lang}.json',
              'test': 'mlqa/MLQA_V1/test/test-context-{lang}-question-{lang}.json',
              'translate-train': 'squad/translate-train/squad.translate.train.en-{lang}.json',
@@ -922,7 +926,8 @@ def split_path(data_dir, task, split, lang='en'):
         name = f'train-en-{lang}-en.tsv'
     else:
         name = f'{split}-{lang}.tsv'
-    return name and os.path.join(data_dir, task, split if split.startswith(('translate-', 'round-')) else '', name)
+    return name and os.path.join(data_dir, task, split if split.startswith(('translate-', 'round-', 'pseudo-')) else '',
+                                 name)
 
 
 def get_translations(task):
@@ -2347,19 +2352,43 @@ def bucket_objects(prefix):
 
 
 def download_translations(task, out):
-    """XTREME's published translate-train, translate-dev and translate-test files of task into the layout."""
+    """XTREME's published translate-train, translate-dev and translate-test files of task into the layout, and its
+    pseudo test sets (XNLI's and XQuAD's English test set translated into the other languages, its README says:
+    a bucket folder of 'pseudo' in its name, a file a language) as pseudo-test files."""
     if task not in TRANSLATED:
         raise DataError(f'XTREME publishes no translations of {task} (only of {", ".join(TRANSLATED)}): drop '
                         '--translations')
     for folder, ours in TRANSLATED[task].items():
         for name in bucket_objects(folder + '/'):
             parts = name.split('/')
-            if len(parts) == 3 and parts[1].startswith('translate-') and parts[2]:  # not the bucket's other files
-                fix = (f'get it with gsutil cp gs://xtreme_translations/{name} {os.path.join(out, ours, parts[1])}/ '
-                       '(or run this again: what was fetched is kept)')
-                fetch(f'{STORAGE}/xtreme_translations/{urllib.parse.quote(name)}', os.path.join(out, ours, parts[1]),
-                      fix)
+            pseudo = len(parts) == 3 and 'pseudo' in parts[1].lower() and task in ('xnli', 'xquad') and ours == task
+            if not (len(parts) == 3 and parts[2] and (parts[1].startswith('translate-') or pseudo)):
+                continue  # the bucket's other files
+            fix = (f'get it with gsutil cp gs://xtreme_translations/{name} {os.path.join(out, ours, parts[1])}/ '
+                   '(or run this again: what was fetched is kept)')
+            path = fetch(f'{STORAGE}/xtreme_translations/{urllib.parse.quote(name)}', os.path.join(out, ours, parts[1]),
+                         fix)
+            if pseudo:
+                pseudo_test(task, out, path)
     print(f'XTREME\'s translations of {task} are in {out}')
+
+
+def pseudo_test(task, out, path):
+    """A pseudo test file of XTREME's bucket into the layout: the language its name gives (en-{lang}, or .{lang}.),
+    XNLI's rows (premise, hypothesis, label, as its processor's get_pseudo_test_examples reads them) checked."""
+    name = os.path.basename(path)
+    found = re.search(r'en-([a-z]{2})\b', name) or re.search(r'\.([a-z]{2})\.json$', name)
+    if not found or found.group(1) not in TASKS[task].langs:
+        return warn(f'{path}: no language of {task} in its name: not read as a pseudo test set')
+    target = split_path(out, task, 'pseudo-test', found.group(1))
+    if task == 'xquad':
+        return atomic_write(target, read_text(path))
+    rows = [line.split('\t') for line in read_lines(path) if line.strip()]
+    bad = next((n for n, r in enumerate(rows, 1) if len(r) < 3), None)
+    if bad:
+        raise DataError(f'{path}, line {bad}: expected premise, hypothesis and label, tab-separated')
+    fix = lambda label: 'contradiction' if label.strip() == 'contradictory' else label.strip()
+    atomic_write(target, tsv_text([r[0], r[1], fix(r[2])] for r in rows))
 
 
 def tsv_text(rows):

@@ -211,11 +211,20 @@ def test_translations_come_from_the_bucket_listing_then_each_object(tmp_path, bu
     bucket.update({'SQuAD/': '', 'SQuAD/translate-train/squad.translate.train.en-de.json': '{"data": []}',
                    'XQuAD/translate-test/xquad.translate.test.de-en.json': '{"data": [1]}',
                    'XQuAD/translate-test/xquad.translate.test.el-en.json': '{"data": [2]}',
-                   'XQuAD/pseudo-test-set/not-read.json': 'the bucket\'s other files are left'})
+                   'XQuAD/pseudo-test-set/xquad.pseudo.en-de.json': squad('q1', 'Anna wohnt in Paris.'),
+                   'XQuAD/pseudo-test-set/not-read.json': 'no language in its name', 'XQuAD/README': 'left'})
     data.main(['download', '--task', 'xquad', '--translations', '--out', str(tmp_path)])  # a listing of two pages
-    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob('*.json')) == [
-        'squad/translate-train/squad.translate.train.en-de.json', 'xquad/translate-test/xquad.translate.test.de-en.json',
-        'xquad/translate-test/xquad.translate.test.el-en.json']
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob('*.json') if 'pseudo-test-set' not in str(p)) == [
+        'squad/translate-train/squad.translate.train.en-de.json', 'xquad/pseudo-test/pseudo-test-de.json',
+        'xquad/translate-test/xquad.translate.test.de-en.json', 'xquad/translate-test/xquad.translate.test.el-en.json']
+    assert data.read_split(str(tmp_path), 'xquad', 'pseudo-test', 'de')[0]['context'] == 'Anna wohnt in Paris.'
+    bucket.update({'XNLI/pseudo-test-set/en-de-pseudo-translated.csv': 'A de\tB de\tcontradictory\nC de\tD de\tneutral\n'})
+    data.main(['download', '--task', 'xnli', '--translations', '--out', str(tmp_path)])  # XTREME's get_pseudo_test_examples
+    assert data.read_split(str(tmp_path), 'xnli', 'pseudo-test', 'de') == [
+        {'a': 'A de', 'b': 'B de', 'label': 'contradiction'}, {'a': 'C de', 'b': 'D de', 'label': 'neutral'}]
+    bucket.update({'XNLI/pseudo-test-set/en-fr-pseudo-translated.csv': 'A fr\tB fr\n'})  # no label
+    with pytest.raises(SystemExit, match='en-fr-pseudo-translated.csv, line 1: expected premise, hypothesis and label'):
+        data.main(['download', '--task', 'xnli', '--translations', '--out', str(tmp_path)])
     assert (tmp_path / 'xquad' / 'translate-test' / 'xquad.translate.test.el-en.json').read_text() == '{"data": [2]}'
     bucket['XQuAD/translate-test/xquad.translate.test.ar-en.json'] = None  # listed, but the download fails
     with pytest.raises(SystemExit, match='cannot download .*/xquad.translate.test.ar-en.json .*: get it with gsutil '

@@ -751,3 +751,30 @@ def test_a_batch_without_padding_attends_without_a_mask(monkeypatch):
     fast = m.predict(full)
     assert masks == [True] * layers.CONFIGS['tiny'].n_layer
     assert torch.allclose(fast, m.head(m.encoder(full.ids, full.mask), full.mask), atol=1e-6)
+
+
+def test_pseudo_test_sets_are_scored_against_their_own_labels(tmp_path, small_demo):
+    """--pseudo_test (XTREME's Tables 7 and 8): the test sets but English's are XTREME's pseudo test sets, scored
+    against their own labels; English keeps its own; the run's folder says so and --collect refuses it."""
+    demo = str(tmp_path / 'demo')
+    shutil.copytree(small_demo, demo)
+    pseudo = {}
+    for lang in ('de', 'zh'):
+        rows = data.read_split(demo, 'xnli', 'test', lang)
+        pseudo[lang] = [('entailment', 'neutral', 'contradiction')[n % 3] for n in range(len(rows))]  # labels of its own
+        path = data.split_path(demo, 'xnli', 'pseudo-test', lang)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, 'w').write(''.join(f'{r["a"]}\t{r["b"]}\t{label}\n' for r, label in zip(rows, pseudo[lang])))
+    results = run(tmp_path / 'run', demo, '--task', 'xnli', '--epochs', '1', '--pseudo_test')
+    for lang in ('de', 'zh'):
+        predicted = open(tmp_path / 'run' / 'predictions' / 'xnli' / f'test-{lang}.tsv').read().split()
+        by_hand = 100 * sum(p == g for p, g in zip(predicted, pseudo[lang])) / len(predicted)
+        assert results['test'][lang] == pytest.approx(by_hand)
+    gold = [line.strip() for line in open(os.path.join(demo, 'labels', 'xnli', 'test-en.tsv'))]
+    english = open(tmp_path / 'run' / 'predictions' / 'xnli' / 'test-en.tsv').read().split()
+    assert results['test']['en'] == pytest.approx(100 * sum(p == g for p, g in zip(english, gold)) / len(gold))
+    assert train.parse_args(['--task', 'xnli', '--pseudo_test']).out == 'runs/xnli-zeroshot-pseudo-test'
+    with pytest.raises(SystemExit, match='predicts the pseudo test sets'):
+        ev.main(['--collect', str(tmp_path / 'run'), '--out', str(tmp_path / 'sub')])
+    with pytest.raises(SystemExit, match='--pseudo_test evaluates a method that reads one text on XNLI'):
+        train.parse_args(['--task', 'pawsx', '--pseudo_test'])
