@@ -860,21 +860,24 @@ def pretrain_batches(groups, sizes, n_steps, seed, alpha=0.5):
 #   translation/{src}-{tgt}/{train,valid,test}.{src}  and  .{tgt}
 # (a folder named {tgt}-{src} serves both directions).
 
-def translation_items(tok, data_dir, src, tgt, split, lang_ids, max_len):
+def translation_items(tok, data_dir, src, tgt, split, lang_ids, max_len, max_ratio=None):
     """-> [(source, target) Features]: `x </s> [src]`, and `[tgt] y` labelled `y </s>`. Training
     and valid pairs with an empty side or more than max_len pieces on one are skipped, as the
-    released data preparation keeps 1 to 250 pieces; every test line is kept (cut to fit 512
+    released data preparation keeps 1 to 250 pieces, and with max_ratio those of one side more than max_ratio
+    times the other's (en-fr's clean-corpus-n.perl -ratio 1.5); every test line is kept (cut to fit 512
     positions), so that each gets a translation."""
     paths = parallel_files(data_dir, src, tgt, split)
     pairs = list(line_pairs(*paths))
     x_lines, y_lines = [x for x, _ in pairs], [y for _, y in pairs]
     longest, test = 512 - 2, split == 'test'
-    items, skipped = [], {'with an empty side': 0, f'longer than {max_len} pieces': 0}
+    items, skipped = [], {'with an empty side': 0, f'longer than {max_len} pieces': 0, 'of unlike lengths': 0}
     for x, y in zip(tok.encode_lines(x_lines), tok.encode_lines(y_lines)):
         if not test and not (x and y):
             skipped['with an empty side'] += 1
         elif not test and max(len(x), len(y)) > max_len:
             skipped[f'longer than {max_len} pieces'] += 1
+        elif not test and max_ratio and max(len(x), len(y)) > max_ratio * min(len(x), len(y)):
+            skipped['of unlike lengths'] += 1
         else:
             x, y = x[:longest], y[:longest]
             items.append((Feature(x + [tok.eos, lang_ids[0]]), Feature([lang_ids[1]] + y, y + [tok.eos])))

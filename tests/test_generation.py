@@ -340,3 +340,27 @@ def test_translation_defaults_are_the_released_scripts():
     assert (de.dropout, de.attn_dropout, fr.dropout, fr.attn_dropout) == (0.3, 0.1, 0.1, 0.0)
     assert fr.batch_size == 4 * de.batch_size  # 256k tokens a step against 64k (--update-freq 8 against 2)
     assert (de.adam_beta2, de.adam_eps, de.seed, xlt.VecoTranslate.DECAY_ALL) == (0.999, 1e-8, 222, True)  # fairseq's Adam
+
+
+def test_en_fr_reads_the_released_preparation_and_skips_pairs_of_unlike_lengths(tmp_path, demo_data):
+    """AliceMind's prepare-wmt14en2fr.sh writes raw/{train,valid,test}.{en,fr}, a sentence a line (valid newstest2012
+    and 2013, test newstest2014), then keeps the training and valid pairs of 1 to 250 pieces whose sides differ at most
+    1.5 times (clean-corpus-n.perl -ratio 1.5): those files, as translation/en-fr, read with --tgt fr's settings."""
+    tok = data.Tokenizer(os.path.join(demo_data, 'sentencepiece.bpe.model'))
+    folder = tmp_path / 'translation' / 'en-fr'
+    os.makedirs(folder)
+    lines = {'en': ['Anna reads the book .', 'Ben', 'Ben sees the ball .'],  # the toy sides alike but the second
+             'fr': ['Anna reads the book .', 'Ben sees the red ball in the park of Paris .', 'Ben sees the ball .']}
+    for split in ('train', 'valid', 'test'):
+        for lang in ('en', 'fr'):
+            (folder / f'{split}.{lang}').write_text(''.join(line + '\n' for line in lines[lang]))
+    fr = train.parse_args(['--method', 'veco', '--task', 'translate', '--tgt', 'fr', '--model', 'large'])
+    assert (fr.length_ratio, fr.max_len, fr.dropout, fr.attn_dropout) == (1.5, 250, 0.1, 0.0)
+    assert train.parse_args(['--method', 'veco', '--task', 'translate', '--model', 'large']).length_ratio is None
+    lengths = [(len(tok.encode(x)), len(tok.encode(y))) for x, y in zip(lines['en'], lines['fr'])]
+    kept = [n for n, (a, b) in enumerate(lengths) if max(a, b) <= 1.5 * min(a, b)]
+    assert kept == [0, 2]  # Ben against his long French sentence: unlike lengths
+    for split in ('train', 'valid'):
+        items = data.translation_items(tok, str(tmp_path), 'en', 'fr', split, (600, 601), 250, fr.length_ratio)
+        assert [x.ids[:-2] for x, _ in items] == [tok.encode(lines['en'][n]) for n in kept]
+    assert len(data.translation_items(tok, str(tmp_path), 'en', 'fr', 'test', (600, 601), 250, 1.5)) == 3
