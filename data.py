@@ -2534,15 +2534,16 @@ def write_tagged(out, task, split, lang, rows):
         atomic_write(os.path.join(out, 'labels', task, f'test-{lang}.tsv'), text(lambda w, t: t))
 
 
-def download(task, out, sources=(), translations=None):
+def download(task, out, sources=(), translations=None, rest=False):
     """Fetch a task from its official sources (PAN-X, CoNLL: convert the archive the user holds, sources; UD's
-    archive too; translations: 'xtreme' or 'filter', those translations of it instead) and write it in the layout
-    this package reads."""
+    archive too; translations: 'xtreme', 'filter' or 'xmixup', those translations of it instead) and write it in the
+    layout this package reads; rest: then what every method of the task reads (the_rest)."""
     if translations:
         convert = {'filter': download_filter, 'xmixup': download_xmixup}.get(translations)
         return convert(task, out, sources) if convert else download_translations(task, out)
     if task in HELD or sources and task != 'udpos':
-        return convert_held(task, sources[0] if sources else None, out)
+        convert_held(task, sources[0] if sources else None, out)
+        return the_rest(task, out, fetch=False)
     raw = os.path.join(out, 'downloads', task)
     made = [p for p in (out, os.path.dirname(raw), raw) if not os.path.exists(p)]
     os.makedirs(raw, exist_ok=True)
@@ -2589,9 +2590,29 @@ def download(task, out, sources=(), translations=None):
             atomic_write(os.path.join(out, task, f'{lang}-en.{lang}'), ''.join(s + '\n' for s in src))
             atomic_write(os.path.join(out, task, f'{lang}-en.en'), ''.join(eng[i] + '\n' for i in order))
             atomic_write(os.path.join(out, 'labels', task, f'test-{lang}.tsv'), ''.join(f'{i}\n' for i in order))
-    more = (f'; translate-train(-all), FILTER and X-Mixup also read XTREME\'s translations: python data.py download '
-            f'--task {task} --translations --out {out}') if task in TRANSLATED else ''
-    print(f'{task} is ready in {out}{more}')
+    print(f'{task} is ready in {out}')
+    the_rest(task, out, fetch=rest)
+
+
+def the_rest(task, out, fetch=True):
+    """What the methods of task read besides it: XTREME's translations and pseudo test sets (translate-train(-all),
+    translate-test), FILTER's data (--method filter), fetched now (fetch), each a line of what to run where it cannot
+    be; X-Mixup's data, from its Google Drive folder, a line of what to run."""
+    for what, name, get in (('XTREME\'s translations', 'xtreme', download_translations),
+                            ('FILTER\'s data', 'filter', download_filter)):
+        if task not in (TRANSLATED if name == 'xtreme' else FILTER_URLS):
+            continue
+        command = f'python data.py download --task {task} --translations {name} --out {out}'
+        if not fetch:
+            print(f'{what} of {task}: {command}')
+            continue
+        try:
+            get(task, out)
+        except DataError as e:
+            print(f'{what} of {task} not fetched ({e}): {command}')
+    if task in FILTER_URLS:  # X-Mixup ran on the tasks FILTER did
+        print(f'X-Mixup\'s data of {task}: download the folder its README\'s Step 2 gives, then python data.py download '
+              f'--task {task} --translations xmixup --from FOLDER --out {out}')
 
 
 # FILTER's data as its download_data.sh gathers it (yuwfan/FILTER 6dac390): the datasets' own translations of the
@@ -3095,7 +3116,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         if args.cmd == 'download':
-            download(args.task, args.out, args.sources, args.translations)
+            download(args.task, args.out, args.sources, args.translations, rest=not args.sources)
         else:
             print(make_demo(args.out, args.seed))
     except (DataError, OSError) as e:

@@ -524,3 +524,21 @@ def test_xmixups_tagging_data_its_distributions_in_our_tag_order(tmp_path):
         with pytest.raises(SystemExit, match=message) as err:
             xmixup_convert(out, folder, 'udpos')
         assert '\n' not in str(err.value)
+
+
+def test_a_task_comes_with_what_every_method_of_it_reads(tmp_path, bucket, monkeypatch, capsys):
+    """python data.py download --task T: the task, then XTREME's translations (translate-train(-all), translate-test)
+    and FILTER's data (--method filter) fetched too, each that cannot be in a line of what to run; X-Mixup's data,
+    a Google Drive folder, a line of how to convert it."""
+    out, header = str(tmp_path / 'data'), 'id\tsentence1\tsentence2\tlabel\n'
+    place(out, 'pawsx', 'x-final.tar.gz', {f'x-final/{lang}/{name}.tsv': header + '1\tA\tB\t1\n'
+                                           for lang in data.TASKS['pawsx'].langs for name in ('train', 'dev_2k', 'test_2k')})
+    bucket.update({'PAWSX/translate-train/en-de-translated.tsv': 'A\tB\tA de\tB de\t1\n'})
+    monkeypatch.setitem(data.FILTER_URLS, 'pawsx', ['http://127.0.0.1:9/x-final.tar.gz'])  # nothing listens there
+    data.main(['download', '--task', 'pawsx', '--out', out])
+    printed = capsys.readouterr().out
+    assert os.path.exists(os.path.join(out, 'pawsx', 'translate-train', 'en-de-translated.tsv'))
+    assert (f'FILTER\'s data of pawsx not fetched (cannot download http://127.0.0.1:9/x-final.tar.gz' in printed
+            and f'): python data.py download --task pawsx --translations filter --out {out}\n' in printed)
+    assert (f'X-Mixup\'s data of pawsx: download the folder its README\'s Step 2 gives, then python data.py download '
+            f'--task pawsx --translations xmixup --from FOLDER --out {out}') in printed
