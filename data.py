@@ -2611,8 +2611,8 @@ def the_rest(task, out, fetch=True):
         except DataError as e:
             print(f'{what} of {task} not fetched ({e}): {command}')
     if task in FILTER_URLS:  # X-Mixup ran on the tasks FILTER did
-        print(f'X-Mixup\'s data of {task}: download the folder its README\'s Step 2 gives, then python data.py download '
-              f'--task {task} --translations xmixup --from FOLDER --out {out}')
+        print(f'X-Mixup\'s data of {task}: download the folder its README\'s Step 2 gives, then python data.py '
+              f'download --task {task} --translations xmixup --from FOLDER --out {out}')
 
 
 # FILTER's data as its download_data.sh gathers it (yuwfan/FILTER 6dac390): the datasets' own translations of the
