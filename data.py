@@ -574,16 +574,14 @@ def unlabelled_set(spec, lang, share):
     return feature_set(spec, files, key, sources, 1)
 
 
-def evaluation_sets(data_dir, task, translate_test=False, paired=False, chosen=None, dev=None, pseudo=False):
+def evaluation_sets(data_dir, task, translate_test=False, paired=False, chosen=None, dev=None):
     """Every file evaluation will read (of the languages chosen), read and checked before any training (labels,
     columns, JSON shape, translations, test labels): {split: {lang: (examples scored against, model
     inputs, (English translation, input) pairs for paired methods)}} (data.evaluation_set). dev: (task, split,
-    languages, first examples) of the sets a checkpoint is kept by where they are not the task's dev sets; pseudo:
-    XTREME's pseudo test sets in the languages but English."""
+    languages, first examples) of the sets a checkpoint is kept by where they are not the task's dev sets."""
     sets = {'dev': {}, 'test': {}}
     for lang in languages(task, is_demo(data_dir), chosen):
-        split = 'pseudo-test' if pseudo and lang != 'en' else 'test'
-        sets['test'][lang] = evaluation_set(data_dir, task, split, lang, translate_test, paired)
+        sets['test'][lang] = evaluation_set(data_dir, task, 'test', lang, translate_test, paired)
         check_labels(task, os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}'), sets['test'][lang][1])
     of, split, langs, first = dev or (task, 'dev', None, None)
     for lang in langs or languages(of, is_demo(data_dir), chosen if of == task else None):

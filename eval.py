@@ -647,11 +647,8 @@ def finished_task(run):
         raise EvalError(f'{run} holds no test predictions of an XTREME task (predictions/<task>/): '
                         'it cannot be submitted')
     config = os.path.join(run, 'config.json')
-    settings = json.loads(read_text(config)) if os.path.isfile(config) else {}
-    if TASKS[task].family == 'qa' and settings.get('translate_test'):
+    if TASKS[task].family == 'qa' and os.path.isfile(config) and json.loads(read_text(config)).get('translate_test'):
         raise EvalError(f'{run} is a translate-test run: its answers are English, which the leaderboard does not score')
-    if settings.get('pseudo_test'):
-        raise EvalError(f'{run} predicts the pseudo test sets (--pseudo_test), which the leaderboard does not score')
     return task
 
 

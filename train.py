@@ -83,7 +83,7 @@ class Run:
         self.folder = Folder(args, rank)
         evaluated = sets is None and args.task in data.TASKS and xlt.task_family(args) != 'retrieval'
         self.sets = data.evaluation_sets(args.data_dir, args.task, args.translate_test, self.cls.paired, args.langs,
-                                         self.cls.selects_on(args), args.pseudo_test) if evaluated else sets or {}
+                                         self.cls.selects_on(args)) if evaluated else sets or {}
         self.cache = cache if cache is not None else {'dev': {}, 'test': {}}  # features, made once per language
         self.features = data.Features(tok, args.data_dir, args.task, args.max_len, args.doc_stride, not args.no_cache,
                                       xlt.share_draw(args))
@@ -212,7 +212,7 @@ class Run:
         dev = self.evaluate(method, 'dev')[0]
         test, preds = self.evaluate(method, 'test')
         scored = self.test_scores(preds)
-        if self.args.translate_test and method.family == 'qa' or self.args.pseudo_test:  # on the test sets' own labels
+        if self.args.translate_test and method.family == 'qa':  # English answers: scored on the translations' answers
             scored = {**scored, **{lang: s for lang, s in test.items() if lang != 'en'}}
         self.finish(dev, scored, xlt.selection(method.select, dev)[1])
 
@@ -513,8 +513,6 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('precision', str, 'bf16, fp16 (with a loss scaler) or fp32 (default: the release\'s on a GPU, mostly fp32; '
            'fp32 on the CPU)', choices=('bf16', 'fp16', 'fp32')),
     Option('translate_test', bool, 'evaluate on the test sets translated into English', changes='scores'),
-    Option('pseudo_test', bool, 'evaluate on XTREME\'s pseudo test sets (XNLI, XQuAD: the English test set machine '
-           'translated into each language, its Tables 7 and 8), scored on their own labels', changes='scores'),
     Option('with_squad', bool, 'tydiqa: SQuAD v1.1\'s English training set too (FILTER\'s leaderboard runs)'),
     Option('langs', lambda text: [lang for lang in text.split(',') if lang], 'the target languages to run, e.g. de,sw '
            '(XTREME\'s --predict_languages): the others\' files are not read; English, the source, runs too'),
@@ -607,8 +605,6 @@ def configure(args, owners):
     if args.with_squad and (args.task != 'tydiqa' or not (cls.paired or cls.trains_on in ('en', 'every_lang'))):
         fail(f'--with_squad adds SQuAD to the English of TyDiQA\'s training set, which {args.method} on {args.task} '
              'does not train on: drop it')
-    if args.pseudo_test and (args.task not in ('xnli', 'xquad') or cls.paired or args.translate_test):
-        fail('--pseudo_test evaluates a method that reads one text on XNLI\'s or XQuAD\'s pseudo test sets: drop it')
     if args.translate_test and (xlt.task_family(args) not in ('classification', 'qa') or cls.paired):
         fail('--translate_test needs a method that reads one text and a task whose labels survive translation '
              '(tags would need a word alignment): drop --translate_test')
@@ -652,8 +648,7 @@ def default_folder(args, cls, seeded):
     default, a seed given, the demo."""
     other = os.path.basename(os.path.normpath(args.translations))  # xtreme, filter, xmixup, or the folder's name
     own = 'xtreme' if args.demo else cls.TRANSLATIONS
-    return (['translate-test'] * args.translate_test + ['pseudo-test'] * args.pseudo_test
-            + [f'{other}-translations'] * (args.translations != own)
+    return (['translate-test'] * args.translate_test + [f'{other}-translations'] * (args.translations != own)
             + [args.model] * (args.model != ('tiny' if args.demo else 'base'))
             + [f'seed{args.seed}'] * seeded + ['demo'] * args.demo)
 
@@ -794,9 +789,6 @@ def planned_files(args, cls):
                                 not args.eval_only, args.method, cls.trains_on, args.langs)
     squad = [(data.split_path(args.data_dir, 'xquad', 'train'), 'SQuAD\'s English training set (--with_squad)', True)]
     files += squad * (args.with_squad and not args.eval_only)
-    pseudo = f'XTREME\'s pseudo test set (python data.py download --task {args.task} --translations)'
-    files += [(data.split_path(args.data_dir, args.task, 'pseudo-test', lang), pseudo, True) for lang in target_langs(
-        args)] * args.pseudo_test
     task, split, langs, _ = cls.selects_on(args) or (args.task, 'dev', None, None)
     why = f'{args.method} keeps its checkpoint by {task}\'s dev sets (python data.py download --task {task})'
     files += [(data.split_path(args.data_dir, task, kind, lang), why, True) for lang in langs or data.languages(
