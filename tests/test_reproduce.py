@@ -199,13 +199,15 @@ def section(page, title=None):
     return doc(os.path.join('docs', page), title)
 
 
-def reproduction_commands():
+def reproduction_commands(labelled=False):
     """Every train.py command of the reproduction page, `for X in ...; do` loops
-    unrolled: (processes, argv)."""
+    unrolled: (processes, argv), or with labelled (its group's label, processes, argv)."""
     text = section('reproducing.md').replace('\\\n', ' ')
-    commands, loop = [], None
+    commands, loop, label = [], None, None
     for line in text.splitlines():
-        if m := re.match(r'\s*for (\w+) in ([\w .-]+); do$', line):
+        if m := re.match(r'# \[(\w+)\]', line):
+            label = m.group(1)
+        elif m := re.match(r'\s*for (\w+) in ([\w .-]+); do$', line):
             loop = m.group(1), m.group(2).split()
         elif line.strip() == 'done':
             loop = None
@@ -213,7 +215,7 @@ def reproduction_commands():
             world = int(m.group(1) or 1) * int(m.group(2) or 1)
             for value in loop[1] if loop else [None]:
                 text_ = m.group(3).replace(f'${loop[0]}', value) if loop else m.group(3)
-                commands.append((world, text_.split()))
+                commands.append((label, world, text_.split()) if labelled else (world, text_.split()))
     return commands
 
 
@@ -437,3 +439,121 @@ def test_the_dry_run_checks_exactly_the_files_a_run_reads(tmp_path, monkeypatch,
     spm = os.path.realpath(os.path.join(demo, 'sentencepiece.bpe.model'))  # read by sentencepiece's own code
     assert opened <= set(planned)
     assert {p for p, needed in planned.items() if needed and p != spm} <= opened
+
+
+# ----------------------------------------------------------------------------------------
+# The settings tables of the method pages: every ledger command's settings as a dry run resolves them are its row's,
+# each value has a source (a key defined under the table), and a row that uses one of ours ('o' keys) runs no
+# command of a ledger row marked "as run".
+
+SETTINGS_PAGES = ('baselines.md', 'filter-xmixup.md', 'veco.md', 'xla.md')
+SETTINGS = ('lr', 'length', 'batch', 'max len', 'warm-up', 'weight decay', 'clip', 'seed', 'precision', 'kept', 'other')
+
+
+def settings_rows():
+    """[(page, row: {column: (value, [source keys])}, its key cells)], and {page: {key: what it says}}."""
+    rows, sources = [], {}
+    for page in SETTINGS_PAGES:
+        text, header = doc(os.path.join('docs', page)), None
+        sources[page] = dict(re.findall(r'^- \[(\w+)\] (.+)$', text, re.M))
+        for line in text.splitlines():
+            cells = [c.strip() for c in line.strip().strip('|').split('|')] if line.startswith('|') else None
+            if cells and cells[:3] == ['method', 'tasks', 'model']:
+                header = cells
+            elif cells and header and not line.startswith('|---') and len(cells) == len(header):
+                keys = lambda cell: [k for group in re.findall(r'\[([\w, ]+)\]', cell) for k in group.split(', ')]
+                row = {name: (c.split(' [')[0].strip(), keys(c)) for name, c in zip(header[3:], cells[3:])}
+                rows.append((page, row, cells[:3]))
+            elif not line.startswith('|'):
+                header = None
+    return rows, sources
+
+
+def number(x):
+    return f'{x:g}'.replace('e-0', 'e-').replace('e+0', 'e+')
+
+
+def effective(argv, world, monkeypatch):
+    """The settings of a ledger command as parse_args resolves them on a GPU: {column: value}, as the tables write them."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    args = train.parse_args(argv)
+    cls = xlt.method_class(args)
+    grid = xlt.search_grid(cls.GRID, args.search) if getattr(args, 'search', None) is not None else {}
+    listed = lambda name, one: ', '.join(map(number, grid[name])) if name in grid else number(one)
+    qa = args.task in data.TASKS and data.TASKS[args.task].family == 'qa'
+    rule = args.select or cls.select
+    kept = {'en': 'best en dev', 'average': 'best dev average', 'last': 'last', 'loss': 'lowest held-out loss',
+            'train_lang': 'best dev of --train_lang'}[rule]
+    task, split, langs, first = cls.selects_on(args) or (args.task, 'dev', None, None)
+    kept += f' on {task} {split}' * ((task, split) != (args.task, 'dev')) + (f' ({", ".join(langs)})' if langs else '')
+    kept += f' (its first {first} a language)' * bool(first)
+    every = args.eval_every if rule == 'loss' else args.eval_steps
+    kept += (f' every {every} steps' if every else ' each epoch') * (rule != 'last')
+    if getattr(args, 'average_last', None):
+        kept = f'the mean of the last {args.average_last} checkpoints, one every {args.eval_every} steps'
+    seeds = args.seeds or ([s['seed'] for s in cls.stages(args).values()] if args.method == 'xla' else [args.seed])
+    return args, cls, {
+        'lr': listed('lr', args.lr),
+        'length': f'{args.steps} steps' if args.steps else f'{listed("epochs", args.epochs)} epochs',
+        'batch': f'{args.max_tokens * world * args.grad_accum} tokens' if args.max_tokens else listed(
+            'batch_size', args.batch_size),
+        'max len': f'{args.max_len}' + f', stride {args.doc_stride}' * qa,
+        'warm-up': f'{args.warmup_steps} steps' if args.warmup_steps else f'{args.warmup:.0%}' if args.warmup else '0',
+        'weight decay': number(args.weight_decay) + ', every parameter' * (cls.DECAY_ALL and args.weight_decay > 0),
+        'clip': number(args.clip) + ' by value' * (args.clip_by == 'value'),
+        'seed': ', '.join(map(str, seeds)), 'precision': args.precision,
+        'kept': ('each point ' + kept + '; the grid\'s best dev average') if grid else kept}
+
+
+def row_of(rows, argv, args):
+    """The settings row of a command: its method (with the flags the row names), task and preset; the most flags."""
+    found = []
+    for page, row, (methods, tasks, models) in rows:
+        for entry in methods.replace('`', '').split(', '):
+            name, *flags = entry.split()
+            named = f' {" ".join(flags)} ' in f' {" ".join(argv)} '  # the row's flags, as the command gives them
+            listed = lambda cell, value: value in cell.replace('`', '').split(', ')
+            if name == args.method and named and listed(tasks, args.task) and listed(models, args.model):
+                found.append((len(flags), page, row))
+    found.sort(key=lambda f: -f[0])
+    assert found and (len(found) == 1 or found[0][0] > found[1][0]), (argv, [(n, p) for n, p, _ in found])
+    return found[0][1], found[0][2]
+
+
+def test_every_ledger_command_runs_its_methods_settings_as_the_table_says(monkeypatch):
+    """Every training command of the ledger, resolved as a dry run resolves it, has each setting its method page's
+    table gives (lr, length, batch, length of inputs, warm-up, weight decay, clipping, seed, precision, the kept
+    checkpoint, and the options its 'other' cell names); every value there has a source defined under the table."""
+    rows, sources = settings_rows()
+    assert len(rows) >= 25
+    for page, row, _ in rows:
+        assert set(row) == set(SETTINGS), (page, row)
+        for column, (value, keys) in row.items():
+            assert value and (keys or value == '-'), (page, column, value)
+            assert set(keys) <= set(sources[page]), (page, column, set(keys) - set(sources[page]))
+    for page, defined in sources.items():
+        for key, what in defined.items():
+            assert (what.startswith('ours') if key.startswith('o') else re.search(
+                r'[0-9a-f]{7,10}|paper|Table|Section|Appendix|README', what)), (page, key, what)
+    for label, world, argv in reproduction_commands(labelled=True):
+        args, cls, got = effective(argv, world, monkeypatch)
+        if xlt.task_family(args) == 'retrieval':
+            continue  # nothing trained: its settings are docs/evaluation.md's
+        page, row = row_of(rows, argv, args)
+        for column, value in got.items():
+            assert row[column][0] == value, (label, argv, page, column, row[column][0], value)
+        for pair in filter(None, row['other'][0].split('; ')) if row['other'][0] != '-' else []:
+            name, value = pair.split(' ', 1)
+            assert str(getattr(args, name)) == value or number(getattr(args, name)) == value, (argv, name, value)
+
+
+def test_no_command_of_an_as_run_row_uses_a_setting_of_ours(monkeypatch):
+    """A ledger row "as run" runs its paper's settings: none of its commands' settings rows cites one of ours."""
+    rows, _ = settings_rows()
+    as_run = {group for _, _, status, cited in ledger_rows() if status.startswith('as run') for group in cited}
+    for label, world, argv in reproduction_commands(labelled=True):
+        args, _, _ = effective(argv, world, monkeypatch)
+        if label in as_run and xlt.task_family(args) != 'retrieval':
+            page, row = row_of(rows, argv, args)
+            ours = [column for column, (_, keys) in row.items() if any(k.startswith('o') for k in keys)]
+            assert not ours, (label, argv, page, ours)

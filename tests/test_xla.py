@@ -556,12 +556,14 @@ def test_xla_run_reports_every_model_and_resumes_without_redoing_finished_stages
     demo_run(tmp_path / 'ablations', demo_data, argv + ['--no_vicinal', '--union', '--xla_epochs', '2', '--warmup_dir', str(out)])
     assert set(json.loads((tmp_path / 'ablations' / 'epoch2' / 'model1-by23' / 'results.json').read_text())['kept']) == {'target'}
     assert not list((tmp_path / 'ablations').glob('epoch*/*vicinal*'))
-    # a single model instead of co-teaching: one warm-up, trained on exactly what it keeps itself
+    # each model instead of co-teaching (Table 5's φ, a mean of three): each warm-up trained on what it keeps itself
     demo_run(tmp_path / 'single', demo_data, argv + ['--single', '--xla_epochs', '1', '--warmup_dir', str(out)])
-    kept = torch.load(tmp_path / 'single' / 'epoch1' / 'labels-xla-warmup-1.pt', weights_only=True)['target']['keep']
-    trained = json.loads((tmp_path / 'single' / 'epoch1' / 'model1-by11' / 'results.json').read_text())['kept']
-    assert trained == {'source': 40, 'target': int(kept.sum())} and len(list((tmp_path / 'single').glob('epoch1/model*'))) == 1
-    assert {'XLA model 1', 'XLA mean of the models'} <= set(json.loads((tmp_path / 'single' / 'results.json').read_text())['runs'])
+    for m in (1, 2, 3):
+        kept = torch.load(tmp_path / 'single' / 'epoch1' / f'labels-xla-warmup-{m}.pt', weights_only=True)['target']['keep']
+        trained = json.loads((tmp_path / 'single' / 'epoch1' / f'model{m}-by{m}{m}' / 'results.json').read_text())['kept']
+        assert trained == {'source': 40, 'target': int(kept.sum())}
+    assert len(list((tmp_path / 'single').glob('epoch1/model*'))) == 3
+    assert {'XLA model 3', 'XLA mean of the models'} <= set(json.loads((tmp_path / 'single' / 'results.json').read_text())['runs'])
 
 
 def test_share_of_draws_disjoint_parts_in_order():
