@@ -744,9 +744,8 @@ class XMixup(Taught):
 
     @classmethod
     def selects_on(cls, args):
-        """Its release's: XQuAD's model by MLQA's dev sets (its Appendix C.1, run_squad.py), TyDiQA's by the English
-        TyDiQA-GoldP file that XTREME tests on (run_squad.py: dev_languages en), tagging's by each language's first
-        1000 dev sentences (its ner.py)."""
+        """Its release's: XQuAD's model by MLQA's dev sets, TyDiQA's by the English TyDiQA-GoldP file XTREME tests
+        on (run_squad.py), tagging's by each language's first 1000 dev sentences (ner.py)."""
         tagging = TASKS[args.task].family == 'tagging'
         return {'xquad': ('mlqa', 'dev', None, None), 'tydiqa': ('tydiqa', 'test', ('en',), None)}.get(
             args.task, (args.task, 'dev', None, 1000) if tagging else None)
