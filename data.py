@@ -2705,12 +2705,20 @@ def filter_translations(task, out, unpacked):
             elif split != 'train' and family != 'qa' and os.path.exists(split_path(out, task, split, lang)):
                 files[os.path.relpath(target, task)] = untranslated(task, out, split, lang)
     if task in ('xquad', 'mlqa'):  # FILTER pairs each question with the benchmark's own English one, by id
-        for split in ('dev', 'test') if task == 'mlqa' else ('test',):
-            english = read_text(split_path(out, task, split, 'en'))  # read once, every language's translation
-            for lang in (lang for lang in TASKS[task].langs if lang != 'en'):
-                files[os.path.relpath(split_path('', task, f'translate-{split}', lang), task)] = english
+        files.update({os.path.relpath(name, task): text for name, text in english_originals(task, out).items()})
     if not files:
         raise DataError(f'no FILTER translations of {task} in {unpacked}: give its archive ({task}.zip) with --from')
+    return files
+
+
+def english_originals(task, out):
+    """XQuAD's and MLQA's translate-dev and -test files as FILTER's and X-Mixup's runners pair them: each question with
+    the benchmark's own English one (its file, which they align by question id)."""
+    files = {}
+    for split in ('dev', 'test') if task == 'mlqa' else ('test',):
+        english = read_text(split_path(out, task, split, 'en'))  # read once, every language's translation
+        for lang in (lang for lang in TASKS[task].langs if lang != 'en'):
+            files[split_path('', task, f'translate-{split}', lang)] = english
     return files
 
 
@@ -2840,6 +2848,8 @@ def download_xmixup(task, out, sources):
     if not any('round-trip' in name for name in files):
         raise DataError(f'no X-Mixup data of {task} in {", ".join(sources)}: give its data folder, laid out as its '
                         'README\'s Structure says')
+    for each in ('xquad', 'mlqa') * squad:  # their runner pairs a question with the benchmark's English one, by id
+        files.update(english_originals(each, out) if os.path.isdir(os.path.join(out, each)) else {})
     translations_folder(out, 'xmixup', files)
     print(f'X-Mixup\'s data of {task} is in {os.path.join(out, "xmixup")}: train.py --method xmixup reads it')
 

@@ -482,6 +482,8 @@ def test_xmixups_round_trips_of_xnli_pawsx_and_squad_are_aligned_with_english(tm
     xmixup_convert(out, folder, 'xquad')
     pairs = [(e, None) for e in data.read_split(out, 'xquad', 'train')]
     assert data.read_round_trip(theirs, 'xquad', 'de', pairs)[0]['context'] == 'Anna wohnt in Paris.'
+    english = open(data.split_path(out, 'xquad', 'test', 'en')).read()  # its runner's English side: XQuAD's own
+    assert open(data.split_path(theirs, 'xquad', 'translate-test', 'de')).read().strip() == english.strip()
     write(folder, {'squad/translate-train-en/squad.translate.train.en-el-en.json': squad('not-in-squad')})
     with pytest.raises(SystemExit, match='en-el-en.json: questions of ids not in SQuAD.s English training set'):
         xmixup_convert(out, folder, 'xquad')
