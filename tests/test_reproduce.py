@@ -511,7 +511,9 @@ def row_of(rows, argv, args):
     for page, row, (methods, tasks, models) in rows:
         for entry in methods.replace('`', '').split(', '):
             name, *flags = entry.split()
-            named = f' {" ".join(flags)} ' in f' {" ".join(argv)} '  # the row's flags, as the command gives them
+            given = [(a, b) for a, b in zip(argv, argv[1:] + [''])]  # each option with what follows it
+            named = all((f, v) in given if v and not v.startswith('--') else f in argv  # the row's flags, as given
+                        for f, v in zip(flags, flags[1:] + ['']) if f.startswith('--'))
             listed = lambda cell, value: value in cell.replace('`', '').split(', ')
             if name == args.method and named and listed(tasks, args.task) and listed(models, args.model):
                 found.append((len(flags), page, row))
