@@ -2616,7 +2616,7 @@ def the_rest(task, out, fetch=True):
 # FILTER's data as its download_data.sh gathers it (yuwfan/FILTER 6dac390): the datasets' own translations of the
 # training sets (XNLI-MT-1.0, PAWS-X's translated_train.tsv) and its own archives (its Microsoft Translator
 # translations of every test set; of POS and NER training data too), made into a data folder of their own beside
-# XTREME's, OUT/filter, which train.py --translations filter reads: its translations, and links to the rest of OUT.
+# XTREME's, OUT/filter, which train.py --method filter reads: its translations, and links to the rest of OUT.
 FILTER_ARCHIVES = 'https://convaisharables.blob.core.windows.net/filter/data/translations/{task}.zip'
 XNLI_MT = 'https://dl.fbaipublicfiles.com/XNLI/XNLI-MT-1.0.zip'
 
@@ -3089,9 +3089,10 @@ fetches) and write it in the layout train.py reads (docs/data.md), test labels
 under labels/ where they are public. Archives are kept in OUT/downloads/TASK, so a second run
 does not fetch them again. PAN-X has no download left: convert the AmazonPhotos.zip you hold
 (XTREME's README), its panx_dataset folder or one {lang}.tar.gz with --from; CoNLL NER (--task conll,
-XLA's Table 1), the folder of its files likewise. XTREME's translations,
-which translate-train(-all), --translate_test, FILTER, X-Mixup and VECO's translate-train-all read,
-are fetched with --translations (docs/data.md).
+XLA's Table 1), the folder of its files likewise. A task's download fetches what its methods
+read besides, XTREME's translations and pseudo test sets and FILTER's data, and names what it
+cannot fetch; --translations NAME fetches one of them alone, and --translations xmixup --from
+FOLDER converts X-Mixup's data folder (docs/data.md).
 
 example:
   python data.py download --task xnli --out data/

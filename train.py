@@ -160,7 +160,7 @@ class Run:
         train(self, method, items, validate, batches_of or self.shuffled(items), keep_last)
 
     def shuffled(self, items):
-        """-> batches_of(epoch): a permutation fixed by (--seed, epoch), grouped by length unless --no_group_by_length,
+        """-> batches_of(epoch): a permutation fixed by (--seed, epoch), grouped by length with --group_by_length,
         or in tokens (--max_tokens); a run counted in --steps reads pass after pass, an --eval_every steps 'epoch'."""
         args = self.args
         lengths = data.item_lengths(items) if args.group_by_length or args.max_tokens else None
@@ -742,6 +742,7 @@ def check_options(args, cls):
     own layer counts, tried on its model on the meta device (no memory, no time) -> that model (retrieval: None)."""
     langs = target_langs(args) if args.task in data.TASKS or args.langs else ()  # --langs checked
     if cls.trains_on in ('train_lang', 'own_lang') and xlt.task_family(args) != 'retrieval':
+        langs = ['en'] * (cls.trains_on == 'own_lang') + langs  # in-language English: XTREME's rows average it too
         for lang in args.train_langs or [args.train_lang]:
             if lang not in langs:
                 fail(f'{args.method} needs --train_lang, one of {", ".join(langs)}' + f' (not {lang})' * bool(lang))

@@ -69,6 +69,8 @@ MISTAKES = [  # (the command, what its one line must say)
     ('train.py --demo --task panx --langs de,xx', "--langs: panx has no language 'xx'; choose from en, de, zh"),
     ('train.py --demo --method veco --task pretrain --langs de', 'pretrain has no language \'de\'; it is not an XTREME'),
     ('layers.py convert bad.pt xlmr.pt', 'bad.pt is not a PyTorch file'),
+    ('train.py --demo --method translate-train --train_lang en', 'translate-train needs --train_lang, one of de, zh (not en)'),
+    ('train.py --demo --method in-language --task udpos --train_lang fr', 'in-language needs --train_lang, one of en, de, zh (not'),
 ]
 
 
