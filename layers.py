@@ -854,7 +854,7 @@ class Writer:
     while the copy and the disk write. One write in flight: a second waits for the first. after: run once written."""
 
     def __init__(self):
-        self.thread, self.rate = None, None  # rate: the last write's bytes a second (SIGTERM's grace reads it)
+        self.written, self.rate = None, None  # rate: the last write's bytes a second (SIGTERM's grace reads it)
 
     def save(self, path, meta, after=None, **parts):
         self.wait()
@@ -863,21 +863,26 @@ class Writer:
         done = torch.cuda.Event() if copies else None
         if done is not None:
             done.record()
-        self.thread = threading.Thread(target=self.write, args=(path, meta, parts, done, after))
-        self.thread.start()
+        self.written = threading.Event()
+        threading.Thread(target=self.write, args=(path, meta, parts, done, after, self.written)).start()
 
-    def write(self, path, meta, parts, done, after):
-        if done is not None:
-            done.synchronize()  # this thread waits for the copies, the training does not
-        start = time.perf_counter()
-        save_checkpoint(path, meta, **parts)
-        self.rate = os.path.getsize(path) / max(time.perf_counter() - start, 1e-6)
-        if after:
-            after()
+    def write(self, path, meta, parts, done, after, written):
+        try:
+            if done is not None:
+                done.synchronize()  # this thread waits for the copies, the training does not
+            start = time.perf_counter()
+            save_checkpoint(path, meta, **parts)
+            self.rate = os.path.getsize(path) / max(time.perf_counter() - start, 1e-6)
+            if after:
+                after()
+        finally:
+            written.set()
 
     def wait(self):
-        if self.thread:
-            self.thread.join()
+        # an event, not Thread.join: Python 3.11's join, stopped by Ctrl-C while the thread runs, marks the thread as
+        # ended, so the interpreter's exit no longer waits for it and tears it down mid-write (SIGABRT)
+        if self.written:
+            self.written.wait()
 
 
 def host_copy(value, copies=None):

@@ -25,7 +25,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 import numpy as np
@@ -1537,10 +1536,6 @@ def open_log(path, step):
 
 def interrupted(args):
     """Ctrl-C's line: the last checkpoint this run wrote, and how to go on from it."""
-    # the stopped training (the model, AdamW, the frames that hold them) is freed now: freed at the interpreter's exit
-    # it aborted the process one time in ten ('terminate called without an active exception', SIGABRT)
-    traceback.clear_frames(sys.exc_info()[2])
-    gc.collect()
     if args.eval_only:
         return 'interrupted while evaluating: nothing was changed; run the same command again'
     found = [os.path.join(d, n) for d, _, names in os.walk(args.out) for n in names if n in ('last.pt', 'trained.json')]

@@ -371,6 +371,34 @@ def test_the_step_loop_does_not_wait_for_a_slow_writer(tmp_path, small_demo, mon
     assert waited == [True] and (tmp_path / 'best.pt').exists() and results['test']
 
 
+def test_a_write_in_flight_outlives_a_ctrl_c_that_stops_the_wait_for_it(tmp_path):
+    """Ctrl-C lands while the training waits for the writer's checkpoint: the write still counts as running (the
+    interpreter's exit waits for it), and the next wait returns once it is written. Python 3.11's Thread.join, stopped
+    so, marked the thread as ended: the exit tore the write down mid-way (SIGABRT)."""
+    waiting, go, written = threading.Event(), threading.Event(), []
+
+    def after():  # in the writer's thread, once the checkpoint is written
+        waiting.wait()
+        os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C while the main thread waits for this write
+        go.wait()
+        written.append(True)
+
+    def ctrl_c(number, frame):
+        raise KeyboardInterrupt
+    default, writer = signal.signal(signal.SIGINT, ctrl_c), layers.Writer()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            writer.save(str(tmp_path / 'last.pt'), {'task': 'xnli'}, after, weights={'w': torch.ones(3)})
+            waiting.set()
+            writer.wait()
+        assert [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    finally:
+        signal.signal(signal.SIGINT, default)
+        go.set()
+    writer.wait()
+    assert written == [True] and layers.load_checkpoint(str(tmp_path / 'last.pt'))['weights']['w'].tolist() == [1] * 3
+
+
 def one_line_failure(capsys, argv, message):
     with pytest.raises(SystemExit) as err:
         train.main(argv)
