@@ -343,19 +343,29 @@ def train_args(argv):
     return train.parse_args(argv)
 
 
+PAWSX_HEADER = 'id\tsentence1\tsentence2\tlabel\n'
+
+
+def download_pawsx(out):
+    """PAWS-X downloaded into out from an x-final.tar.gz of two pairs a language, with its own translations of the
+    training set (translated_train.tsv, in another order: ids 2, 1) -> the archive's members."""
+    members = {f'x-final/{lang}/{name}.tsv': PAWSX_HEADER + f'1\tA {lang}\tB {lang}\t1\n2\tC {lang}\tD {lang}\t0\n'
+               for lang in data.TASKS['pawsx'].langs for name in ('train', 'dev_2k', 'test_2k')}
+    members.update({f'x-final/{lang}/translated_train.tsv': PAWSX_HEADER + f'2\tC {lang}\tD {lang}\t0\n'
+                    f'1\tA {lang}\tB {lang}\t1\n' for lang in data.TASKS['pawsx'].langs if lang != 'en'})
+    place(out, 'pawsx', 'x-final.tar.gz', members)
+    data.download('pawsx', out)
+    return members
+
+
 def test_filters_pawsx_tagging_and_qa_data(tmp_path):
     """PAWS-X's translated_train.tsv matched to English by id; FILTER's pawsx.zip (a header, id a b label); its
     tagging archive (a sentence a line, words at spaces; an empty line: the original's words, as utils_tag.py reads
     it); its TyDiQA translate-test JSON; and for XQuAD and MLQA the benchmark's own English, paired by question id."""
-    out, header = str(tmp_path / 'data'), 'id\tsentence1\tsentence2\tlabel\n'
-    members = {f'x-final/{lang}/{name}.tsv': header + f'1\tA {lang}\tB {lang}\t1\n2\tC {lang}\tD {lang}\t0\n'
-               for lang in data.TASKS['pawsx'].langs for name in ('train', 'dev_2k', 'test_2k')}
-    members.update({f'x-final/{lang}/translated_train.tsv': header + f'2\tC {lang}\tD {lang}\t0\n1\tA {lang}\tB {lang}\t1\n'
-                    for lang in data.TASKS['pawsx'].langs if lang != 'en'})
-    place(out, 'pawsx', 'x-final.tar.gz', members)
-    data.download('pawsx', out)
+    out = str(tmp_path / 'data')
+    members = download_pawsx(out)
     archive(str(tmp_path / 'x-final.tar.gz'), members)
-    archive(str(tmp_path / 'pawsx.zip'), {f'pawsx/xtreme.msft.{lang}-en.test': header + f'1\tA in en\tB in en\t1\n'
+    archive(str(tmp_path / 'pawsx.zip'), {f'pawsx/xtreme.msft.{lang}-en.test': PAWSX_HEADER + f'1\tA in en\tB in en\t1\n'
                                           f'2\tC in en\tD in en\t0\n' for lang in data.TASKS['pawsx'].langs})
     data.main(['download', '--task', 'pawsx', '--translations', 'filter', '--from', str(tmp_path / 'x-final.tar.gz'),
                '--from', str(tmp_path / 'pawsx.zip'), '--out', out])
@@ -369,7 +379,7 @@ def test_filters_pawsx_tagging_and_qa_data(tmp_path):
     with pytest.raises(SystemExit, match='translated_train.tsv does not begin with the header id sentence1'):
         data.main(['download', '--task', 'pawsx', '--translations', 'filter', '--from', str(tmp_path / 'swapped.tar.gz'),
                    '--out', out])
-    archive(str(tmp_path / 'short.zip'), {'pawsx/xtreme.msft.de-en.test': header + '1\tA in en\tB in en\t1\n'})
+    archive(str(tmp_path / 'short.zip'), {'pawsx/xtreme.msft.de-en.test': PAWSX_HEADER + '1\tA in en\tB in en\t1\n'})
     with pytest.raises(SystemExit, match='xtreme.msft.de-en.test has 1 lines for the 2 examples of pawsx test de'):
         data.main(['download', '--task', 'pawsx', '--translations', 'filter', '--from', str(tmp_path / 'x-final.tar.gz'),
                    '--from', str(tmp_path / 'short.zip'), '--out', out])
@@ -460,14 +470,8 @@ def test_xmixups_round_trips_of_xnli_pawsx_and_squad_are_aligned_with_english(tm
         xmixup_convert(out, folder, 'xnli')
     assert '\n' not in str(err.value) and data.read_round_trip(theirs, 'xnli', 'de', pairs)  # the folder as it was
     # PAWS-X: the round trips in the order of translated_train.tsv (ids 2, 1), English by id
-    header = 'id\tsentence1\tsentence2\tlabel\n'
-    members = {f'x-final/{lang}/{name}.tsv': header + f'1\tA {lang}\tB {lang}\t1\n2\tC {lang}\tD {lang}\t0\n'
-               for lang in data.TASKS['pawsx'].langs for name in ('train', 'dev_2k', 'test_2k')}
-    members.update({f'x-final/{lang}/translated_train.tsv': header + f'2\tC {lang}\tD {lang}\t0\n1\tA {lang}\tB {lang}\t1\n'
-                    for lang in data.TASKS['pawsx'].langs if lang != 'en'})
-    place(out, 'pawsx', 'x-final.tar.gz', members)
-    data.download('pawsx', out)
-    write(folder, {f'pawsx/translate-train-en/translated_train.{lang}-en.tsv': header + f'2\tC {lang} back\tD\t0\n'
+    download_pawsx(out)
+    write(folder, {f'pawsx/translate-train-en/translated_train.{lang}-en.tsv': PAWSX_HEADER + f'2\tC {lang} back\tD\t0\n'
                    f'1\tA {lang} back\tB\t1\n' for lang in data.TASKS['pawsx'].langs if lang != 'en'})
     xmixup_convert(out, folder, 'pawsx')
     pairs = data.read_translations(theirs, 'pawsx', 'train', 'ko')
