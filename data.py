@@ -2840,11 +2840,12 @@ def download_xmixup(task, out, sources):
     files = {} if family != 'classification' else {os.path.join(task, name): text for name, text in (
         xnli_mt if task == 'xnli' else pawsx_translated)(unpacked).items()}
     squad = home == 'squad'  # SQuAD's round trips serve XQuAD and MLQA: both's languages, whichever converts
+    english = read_split(out, task, 'train')  # read once: every language's round trip is aligned with it
     for lang in sorted(set(TASKS[task].langs + (TASKS['xquad'].langs + TASKS['mlqa'].langs) * squad) - {'en'}):
         found = glob_files(unpacked, os.path.join(home, 'translate-train-logits' if family == 'tagging' else
                                                   'translate-train-en', XMIXUP_TRIPS[task].format(lang=lang)))
         if found:
-            files.update(xmixup_files(task, out, unpacked, lang, found[0]))
+            files.update(xmixup_files(task, out, unpacked, lang, found[0], english))
     if not any('round-trip' in name for name in files):
         raise DataError(f'no X-Mixup data of {task} in {", ".join(sources)}: give its data folder, laid out as its '
                         'README\'s Structure says')
@@ -2854,12 +2855,11 @@ def download_xmixup(task, out, sources):
     print(f'X-Mixup\'s data of {task} is in {os.path.join(out, "xmixup")}: train.py --method xmixup reads it')
 
 
-def xmixup_files(task, out, unpacked, lang, path):
+def xmixup_files(task, out, unpacked, lang, path, english):
     """{path in the layout: text} of X-Mixup's data of task in lang, path its round trip (tagging: its translation
-    with tag distributions): each aligned with OUT's English training data (XNLI by line; PAWS-X by the id of its
-    translated_train.tsv row; QA by question id; tagging by sentence), a file that is not refused in one line."""
+    with tag distributions): each aligned with OUT's English training data, english (XNLI by line; PAWS-X by the id of
+    its translated_train.tsv row; QA by question id; tagging by sentence), a file that is not refused in one line."""
     family, trip = TASKS[task].family, split_path('', task, 'round-trip', lang)
-    english = read_split(out, task, 'train')
     if family == 'qa':
         ids, theirs = {ex['id'] for ex in english}, read_squad(path, task, train=True)
         if not ids >= {ex['id'] for ex in theirs}:
