@@ -855,10 +855,11 @@ class Writer:
 
     def __init__(self):
         self.written, self.rate = None, None  # rate: the last write's bytes a second (SIGTERM's grace reads it)
+        self.failed = None  # the error of a write that failed, raised in the training's thread at the next wait
 
     def save(self, path, meta, after=None, **parts):
         self.wait()
-        copies = []  # (device tensor, its host copy), copied in the thread's wait
+        copies = []  # (a device storage, its pinned host copy), copied while the thread waits
         parts = host_copy(parts, copies)
         done = torch.cuda.Event() if copies else None
         if done is not None:
@@ -875,29 +876,53 @@ class Writer:
             self.rate = os.path.getsize(path) / max(time.perf_counter() - start, 1e-6)
             if after:
                 after()
+        except Exception as e:  # a full disk, a quota, a network filesystem's error: the run must not go on as if saved
+            why = e.strerror if isinstance(e, OSError) and e.strerror else repr(e)
+            self.failed = CheckpointError(f'{path} could not be written ({why}): the run stops here, its last resume '
+                                          'point kept; free the space or fix the error, then run the same command '
+                                          'with --resume')
         finally:
             written.set()
 
     def wait(self):
+        """Wait for the write in flight; a write that failed stops the run here (a CheckpointError naming it)."""
         # an event, not Thread.join: Python 3.11's join, stopped by Ctrl-C while the thread runs, marks the thread as
         # ended, so the interpreter's exit no longer waits for it and tears it down mid-write (SIGABRT)
         if self.written:
             self.written.wait()
+        failed, self.failed = self.failed, None
+        if failed:
+            raise failed
 
 
-def host_copy(value, copies=None):
+def host_copy(value, copies=None, storages=None):
     """A copy in host memory of a checkpoint's tensors, nested in dicts and lists: a GPU tensor's into pinned memory
-    without waiting (its pair in copies), a CPU tensor's at once."""
+    without waiting (its pair in copies), a CPU tensor's at once. Tensors that share a storage (tied weights, best.pt's
+    encoder and method) share its one copy, which torch.save then writes once, as it would the originals."""
+    storages = {} if storages is None else storages  # (device, address, bytes) -> its copy
     if isinstance(value, torch.Tensor):
-        if value.device.type != 'cuda' or copies is None:
-            return value.detach().to('cpu', copy=True)
-        host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
-        host.copy_(value.detach(), non_blocking=True)
-        copies.append((value, host))
-        return host
+        value = value.detach()
+        key = (value.device, value.untyped_storage().data_ptr(), value.untyped_storage().nbytes())
+        if key not in storages:
+            storages[key] = storage_copy(value, copies)
+        view = torch.empty(0, dtype=value.dtype)
+        return view.set_(storages[key], value.storage_offset(), value.size(), value.stride())
     if isinstance(value, dict):
-        return {k: host_copy(v, copies) for k, v in value.items()}
-    return type(value)(host_copy(v, copies) for v in value) if isinstance(value, (list, tuple)) else value
+        return {k: host_copy(v, copies, storages) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(host_copy(v, copies, storages) for v in value)
+    return value
+
+
+def storage_copy(value, copies):
+    """A host copy of the whole storage under `value` (as bytes), pinned and queued without waiting on a GPU."""
+    source = torch.empty(0, dtype=torch.uint8, device=value.device).set_(value.untyped_storage())
+    if value.device.type != 'cuda' or copies is None:
+        return source.to('cpu', copy=True).untyped_storage()
+    host = torch.empty(source.shape, dtype=torch.uint8, pin_memory=True)
+    host.copy_(source, non_blocking=True)
+    copies.append((source, host))
+    return host.untyped_storage()
 
 
 # ---------------------------------------------------------------------------

@@ -278,3 +278,22 @@ def test_safetensors_reader_dtypes(tmp_path):
     write_safetensors(sd, tmp_path / 'x.safetensors')
     back = layers.read_safetensors(str(tmp_path / 'x.safetensors'))
     assert back.keys() == sd.keys() and all(torch.equal(back[k], sd[k]) for k in sd)
+
+
+def test_a_checkpoint_holds_each_storage_once_and_loads_with_its_ties(tmp_path):
+    """The writer's host copy keeps tensors that share a storage together: the MLM head's weight tied to the word
+    embeddings, and best.pt's encoder beside the method that holds it. The file holds the parameters' bytes once (and
+    a few KB of index), and its tensors load sharing their storage as they did."""
+    cfg = layers.Config(vocab_size=1000, n_layer=2, n_head=2, dim=32, ffn_dim=64)
+    encoder = layers.Encoder(cfg)
+    method = torch.nn.ModuleDict({'encoder': encoder, 'mlm': layers.MLMHead(cfg, encoder.tok.weight)})
+    writer, path = layers.Writer(), str(tmp_path / 'best.pt')
+    writer.save(path, {'task': 'xnli'}, method=method.state_dict(), encoder=encoder.state_dict())
+    writer.wait()
+    tensors = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in method.state_dict().values()}
+    assert sum(tensors.values()) <= os.path.getsize(path) <= sum(tensors.values()) + 64_000
+    ckpt = layers.load_checkpoint(path)
+    address = lambda t: t.untyped_storage().data_ptr()
+    tied = [ckpt['method']['mlm.weight'], ckpt['method']['encoder.tok.weight'], ckpt['encoder']['tok.weight']]
+    assert len({address(t) for t in tied}) == 1 and torch.equal(tied[0], encoder.tok.weight)
+    assert all(torch.equal(ckpt['method'][k], v) for k, v in method.state_dict().items())

@@ -2,6 +2,7 @@
 that eval.py scores to the numbers in results.json; DDP equals one process; a killed run
 resumes exactly; bad set-ups stop with one line."""
 import argparse
+import errno
 import io
 import json
 import os
@@ -397,6 +398,32 @@ def test_a_write_in_flight_outlives_a_ctrl_c_that_stops_the_wait_for_it(tmp_path
         go.set()
     writer.wait()
     assert written == [True] and layers.load_checkpoint(str(tmp_path / 'last.pt'))['weights']['w'].tolist() == [1] * 3
+
+
+def test_a_failed_write_stops_the_run_and_resume_finishes_it_as_never_failed(tmp_path, small_demo, monkeypatch):
+    """best.pt's write fails in the writer's thread (a full disk): the run stops at the next wait in one line naming
+    the file and the error, keeps the last resume point and writes no trained.json; once the disk has room, --resume
+    finishes with the numbers of the run whose write never failed."""
+    common = ['--task', 'pawsx', '--epochs', '2', '--save_minutes', '0', '--log_every', '2']
+    whole = run(tmp_path / 'whole', small_demo, *common)
+    write, failures = layers.save_checkpoint, []
+
+    def full_disk(path, meta, **parts):
+        if os.path.basename(path) == 'best.pt' and not failures:
+            failures.append(path)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        write(path, meta, **parts)
+    monkeypatch.setattr(layers, 'save_checkpoint', full_disk)
+    with pytest.raises(SystemExit) as stop:
+        run(tmp_path / 'cut', small_demo, *common)
+    line = str(stop.value)
+    assert line.startswith(f'error: {tmp_path / "cut" / "best.pt"} could not be written (No space left on device)')
+    assert '\n' not in line and '--resume' in line and len(failures) == 1
+    assert (tmp_path / 'cut' / 'last.pt').exists() and not (tmp_path / 'cut' / 'trained.json').exists()
+    resumed = run(tmp_path / 'cut', small_demo, *common, '--resume')
+    assert resumed['dev'] == whole['dev'] and resumed['test'] == whole['test']
+    a, b = final_weights(tmp_path / 'whole'), final_weights(tmp_path / 'cut')
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
 
 
 def one_line_failure(capsys, argv, message):
