@@ -1584,6 +1584,11 @@ def torn(path):
     return wrong[0] if wrong else None
 
 
+def usable_cores():
+    """The cores this process may run on: a Slurm job's or a container's cpuset, not the machine's (macOS: all)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+
+
 def write_items(path, tok, jobs, work, index_of, meta):
     """Items in a new folder moved into place whole (a build killed halfway leaves none): work(job)
     -> (arrays, info) over jobs, (name, job) pairs, each result's arrays appended to flat files as
@@ -1597,7 +1602,7 @@ def write_items(path, tok, jobs, work, index_of, meta):
     append(tmp, files, {key: np.zeros(1, np.int64) for key in ends})
     jobs = iter(jobs)
     first = list(islice(jobs, 2))  # a set of one job (most evaluation sets) is not worth forking a pool for
-    cores = len(os.sched_getaffinity(0)) if work and len(first) > 1 else 1
+    cores = usable_cores() if work and len(first) > 1 else 1
     try:
         # forked with TOKENIZER before any thread starts (the bar's); the workers run sentencepiece and numpy and end
         # at the pool's SIGTERM whatever handler the trainer set (ResumePoints)

@@ -530,9 +530,9 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
            'SIGTERM asks); 0: at every log line', valid=NON_NEGATIVE, default=30.0, changes='nothing'),
     Option('ddp_bf16_grads', bool, 'under DDP, all-reduce the gradients in bf16: half the bytes between GPUs, each '
            'gradient\'s mean rounded to bf16 (a communication hook)'),
-    Option('term_grace', help='seconds a SIGTERM\'s last.pt may take, by the writer\'s last measured rate (default 60; '
-           'a scheduler\'s grace less the log interval): beyond it, or with 0, the run stops at its last resume point',
-           valid=NON_NEGATIVE, default=60.0, changes='nothing'),
+    Option('term_grace', help='seconds a SIGTERM\'s (SIGUSR1\'s) last.pt may take, by the writer\'s last measured rate '
+           '(default 20 under torchrun or Slurm, whose grace is 30, else 60): beyond it, or with 0, the run stops at '
+           'its last resume point', valid=NON_NEGATIVE, changes='nothing'),
     Option('no_cache', bool, 'tokenize the data into a temporary folder, not once into <data_dir>/.cache',
            changes='nothing'),
     Option('eval_steps', int, 'also select within an epoch, every N steps (VECO: XNLI 500, SQuAD 200)', AT_LEAST_1),
@@ -638,6 +638,9 @@ def configure(args, owners):
              'them')
     if args.gpus > 1 and 'RANK' in os.environ:
         fail('--gpus runs a sweep\'s runs side by side, each in processes of its own: not under torchrun')
+    if args.gpus > 1 and torch.cuda.is_available() and args.gpus > torch.cuda.device_count():
+        fail(f'--gpus {args.gpus} asks for more GPUs than the {torch.cuda.device_count()} this process sees '
+             '(CUDA_VISIBLE_DEVICES): give at most that many')
     if args.demo and not args.init and not args.from_scratch and cls.pretrained_start and args.model == demo['model']:
         args.init = demo_start(args.out)  # made by the run when missing; recorded alike by every run of the folder
     return args
@@ -1222,10 +1225,11 @@ def sweep(args, rank, world, device):
     if args.dry_run:  # the plan of the first run: the others' read the same
         execute(runs[values[0]], rank, world, device)
         return say(f'--{name}: the same run for {word} {", ".join(map(str, values[1:]))} too')
+    if args.gpus > 1:  # the stages runs share (XLA's --warmup_dir), made once, N at a time, before the runs
+        fan_out([(f'{name} ({word} {v})', out, command(**changes(v), only_stage=name))
+                 for out, (v, name) in shared_stages(runs).items()
+                 if not finished_alike(stage_settings(runs[v], xlt.method_class(args), name))], args.gpus)
     todo = []
-    for settings in shared_stages(runs.values()) if args.gpus > 1 else []:  # made once, before the runs at once
-        if not finished_alike(settings):
-            execute(settings, rank, world, device)
     for v, settings in runs.items():
         if finished_alike(settings):
             say(f'{word} {v}: reused, the finished run in {settings.out} has these settings')
@@ -1240,10 +1244,13 @@ def sweep(args, rank, world, device):
 
 
 def shared_stages(runs):
-    """The settings of the stages that two runs of a sweep share (kept outside their folders: XLA's --warmup_dir)."""
-    stages = [stage_settings(s, xlt.method_class(s), name) for s in runs for name in xlt.method_class(s).stages(s)]
-    outs = [s.out for s in stages]
-    return list({s.out: s for s in stages if outs.count(s.out) > 1}.values())
+    """The stages that two runs of a sweep share (kept outside their folders: XLA's --warmup_dir): {its folder: (the
+    value of the first run that has it, the stage's name)}."""
+    found = {}
+    for v, settings in runs.items():
+        for name in xlt.method_class(settings).stages(settings):
+            found.setdefault(stage_settings(settings, xlt.method_class(settings), name).out, []).append((v, name))
+    return {out: users[0] for out, users in found.items() if len(users) > 1}
 
 
 def seeds_table(args, folders):
@@ -1308,11 +1315,14 @@ def fan_out(runs, gpus):
     (CUDA_VISIBLE_DEVICES) or on a CPU with its share of the cores; each one's output in out/sweep.log."""
     cuda, free, running, failed, ended = torch.cuda.is_available(), list(range(gpus)), 0, [], queue.Queue()
     visible = os.environ.get('CUDA_VISIBLE_DEVICES', ','.join(map(str, range(gpus)))).split(',')  # the parent's GPUs
-    threads = str(max(1, (os.cpu_count() or 1) // gpus))
+    threads = str(max(1, data.usable_cores() // gpus))  # the cores this process may use (a Slurm job's), shared out
+    if cuda and runs:
+        torch.cuda.empty_cache()  # the blocks this process cached (a stage it ran) go back to the first GPU's child
     while runs or running:
         while runs and free:
             (label, out, line), slot = runs.pop(0), free.pop(0)
-            env = {**os.environ, **({'CUDA_VISIBLE_DEVICES': visible[slot]} if cuda else {'OMP_NUM_THREADS': threads})}
+            env = {**os.environ, 'OMP_NUM_THREADS': threads}
+            env.update({'CUDA_VISIBLE_DEVICES': visible[slot]} if cuda else {})
             os.makedirs(out, exist_ok=True)
             with open(os.path.join(out, 'sweep.log'), 'w') as log:
                 process = subprocess.Popen(line, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -1320,7 +1330,7 @@ def fan_out(runs, gpus):
             threading.Thread(target=lambda p=process, run=(slot, label, out): ended.put((*run, p.wait())),
                              daemon=True).start()
             running += 1
-            print(f'{label}: running in {out} ({f"GPU {slot}" if cuda else f"{threads} CPU threads"})')
+            print(f'{label}: running in {out} ({f"GPU {visible[slot]}, " if cuda else ""}{threads} CPU threads)')
         slot, label, out, code = ended.get()  # the next run to end
         running -= 1
         free.append(slot)
@@ -1404,7 +1414,7 @@ class ResumePoints(AbstractContextManager):
     layers.Writer's thread; the processes agree on a resume point or a stop at a log line (agree)."""
 
     def __init__(self, t):
-        self.t, self.saved, self.signalled, self.point = t, time.time(), False, None  # point: last.pt's step
+        self.t, self.saved, self.signalled, self.point = t, time.time(), None, None  # point: last.pt's step
         self.asked = (False, False)  # (a resume point, a stop): what the processes agreed on at the last log line
 
     def __enter__(self):
@@ -1413,13 +1423,16 @@ class ResumePoints(AbstractContextManager):
         self.point = t.state['step'] if os.path.exists(t.run.path('last.pt')) and t.run.args.resume else None
         t.log = open_log(t.run.path('log.jsonl'), t.state['step']) if t.run.rank == 0 else None
         t.method.step = t.state['step']  # read by schedules (X-Mixup's p*, frozen phases)
-        self.default = signal.signal(signal.SIGTERM, lambda number, frame: setattr(self, 'signalled', True))
+        self.defaults = {s: signal.signal(s, self.on_signal) for s in STOPS}
         return self
+
+    def on_signal(self, number, frame):
+        self.signalled = signal.Signals(number)  # acted on at the next log line, where the processes agree
 
     def agree(self, loss):
         """A log line's mean loss summed over the processes, and in the same collective their wishes: a resume
         point due by a process's clock, a stop asked by a signal (any process's is every process's). -> the loss."""
-        wishes = time.time() - self.saved >= 60 * self.t.run.args.save_minutes, self.signalled
+        wishes = time.time() - self.saved >= 60 * self.t.run.args.save_minutes, self.signalled is not None
         sums = torch.tensor([loss, *wishes], dtype=torch.float64, device=self.t.run.device)  # large losses stay finite
         if self.t.run.world > 1:
             dist.all_reduce(sums)  # every process stops together, and saves together
@@ -1452,7 +1465,7 @@ class ResumePoints(AbstractContextManager):
     def in_grace(self):
         """Would SIGTERM's last.pt (weights and AdamW's moments, 12 bytes a parameter) be written within --term_grace
         seconds, at the rate the writer last measured (unmeasured yet: yes), once the write in flight is done?"""
-        grace, rate = self.t.run.args.term_grace, self.t.writer.rate
+        grace, rate = term_grace(self.t.run.args), self.t.writer.rate
         size = 12 * sum(p.numel() for p in self.t.method.parameters())
         return grace > 0 and (rate is None or size / rate <= grace)
 
@@ -1467,17 +1480,29 @@ class ResumePoints(AbstractContextManager):
 
     def __exit__(self, *exception):
         self.t.writer.wait()
-        signal.signal(signal.SIGTERM, self.default)
+        for number, default in self.defaults.items():
+            signal.signal(number, default)
 
     def stop(self, step, kept='it'):
-        """SIGTERM's end, once its resume point is saved (or, beyond --term_grace, at the last one, kept): one line,
-        and the signal's exit status."""
+        """A signal's end, once its resume point is saved (or, beyond --term_grace, at the last one, kept): one line,
+        and the signal's exit status (another process's signal: SIGTERM's)."""
         self.t.writer.wait()
-        last = self.t.run.path('last.pt')
+        last, number = self.t.run.path('last.pt'), self.signalled or signal.SIGTERM
         where = (f'{last} holds it' if kept == 'it' else 'a new last.pt would outlast --term_grace, so the run stops '
                  'at its last resume point, ' + (f'step {kept} in {last}' if kept else 'none: --resume starts again'))
-        self.t.run.say(f'stopped by SIGTERM at step {step}: {where}; run the same command with --resume to go on')
-        raise SystemExit(128 + signal.SIGTERM)
+        self.t.run.say(f'stopped by {number.name} at step {step}: {where}; run the same command with --resume to go on')
+        raise SystemExit(128 + number)
+
+
+STOPS = (signal.SIGTERM, signal.SIGUSR1)  # a scheduler's stop, and the warning Slurm sends ahead (--signal=USR1@180)
+
+
+def term_grace(args):
+    """--term_grace, or its default: 20 s under torchrun (its agent kills the workers 30 s after its own SIGTERM) and
+    under Slurm (its KillWait is 30 s unless the cluster sets more), else 60 s."""
+    if args.term_grace is not None:
+        return args.term_grace
+    return 20.0 if 'TORCHELASTIC_RUN_ID' in os.environ or 'SLURM_JOB_ID' in os.environ else 60.0
 
 
 def resumed(t):

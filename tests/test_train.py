@@ -298,17 +298,44 @@ def test_train_langs_run_each_language_as_its_own_run_and_gather_each_one_s_own_
         train.main(['--demo', '--out', str(tmp_path / 'fr'), *common, '--train_langs', 'de,fr'])
 
 
-def test_the_stages_two_runs_of_a_sweep_share_are_found_to_be_made_first(tmp_path):
-    """XLA's warm-ups kept in --warmup_dir serve each language of --train_langs: shared_stages finds the three (made
-    once by the sweep before its runs go at once); in each run's own folder they are not shared."""
+def test_the_stages_two_runs_of_a_sweep_share_fan_out_before_the_runs(tmp_path, monkeypatch):
+    """XLA's warm-ups kept in --warmup_dir serve each language of --train_langs: shared_stages finds the three, and
+    with --gpus 2 the sweep fans them out first (a train.py process of one stage each), then the runs; in each run's
+    own folder they are not shared."""
     def runs(*more):
         args = train.parse_args(['--method', 'xla', '--task', 'panx', '--train_langs', 'de,zh', '--out',
                                  str(tmp_path / 'xla'), *more])
-        return [argparse.Namespace(**{**vars(args), 'train_lang': lang, 'out': str(tmp_path / 'xla' / lang)})
-                for lang in args.train_langs]
+        return {lang: argparse.Namespace(**{**vars(args), 'train_lang': lang, 'out': str(tmp_path / 'xla' / lang)})
+                for lang in args.train_langs}
+    warm = [str(tmp_path / 'warm' / f'warmup-{m}') for m in (1, 2, 3)]
     shared = train.shared_stages(runs('--warmup_dir', str(tmp_path / 'warm')))
-    assert sorted(s.out for s in shared) == [str(tmp_path / 'warm' / f'warmup-{m}') for m in (1, 2, 3)]
-    assert {s.method for s in shared} == {'zeroshot'} and train.shared_stages(runs()) == []
+    assert shared == {out: ('de', f'warmup-{m}') for m, out in zip((1, 2, 3), warm)}
+    assert train.shared_stages(runs()) == {}
+    fanned = []
+    monkeypatch.setattr(train, 'fan_out', lambda todo, gpus: fanned.append([(out, line) for _, out, line in todo]))
+    monkeypatch.setattr(train, 'langs_table', lambda *table: None)
+    train.main(['--method', 'xla', '--task', 'panx', '--train_langs', 'de,zh', '--out', str(tmp_path / 'xla'),
+                '--warmup_dir', str(tmp_path / 'warm'), '--gpus', '2', '--from_scratch'])
+    stages, languages = fanned
+    assert [out for out, _ in stages] == warm and [out for out, _ in languages] == [str(tmp_path / 'xla' / lang)
+                                                                                  for lang in ('de', 'zh')]
+    for m, (_, line) in enumerate(stages, 1):
+        assert line[-6:] == ['--train_lang', 'de', '--out', str(tmp_path / 'xla' / 'de'), '--only_stage', f'warmup-{m}']
+
+
+def test_a_sweep_s_processes_get_the_gpus_and_cores_this_process_may_use(tmp_path, monkeypatch):
+    """On GPUs (CUDA_VISIBLE_DEVICES 5,7; six cores in this process's cpuset, as Slurm gives): each child gets a GPU of
+    those and three threads, read in each child's own environment. --gpus above the visible GPUs is refused in one line
+    naming both counts."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(6)), raising=False)
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '5,7')
+    show = [sys.executable, '-c', 'import os; print(os.environ["OMP_NUM_THREADS"], os.environ["CUDA_VISIBLE_DEVICES"])']
+    train.fan_out([(name, str(tmp_path / name), show) for name in ('a', 'b')], 2)
+    assert [(tmp_path / name / 'sweep.log').read_text() for name in ('a', 'b')] == ['3 5\n', '3 7\n']
+    with pytest.raises(SystemExit, match=r'--gpus 3 asks for more GPUs than the 2 this process sees'):
+        train.parse_args(['--task', 'udpos', '--seeds', '1,2,3', '--gpus', '3'])
 
 
 @pytest.mark.slow
@@ -746,6 +773,35 @@ def test_a_resume_point_is_written_from_a_copy_while_the_training_goes_on(tmp_pa
     saved = torch.load(tmp_path / 'last.pt', weights_only=True)
     assert torch.equal(saved['method']['encoder.tok.weight'], before) and saved['state']['step'] == 7
     assert not torch.equal(weight, before)
+
+
+def test_sigusr1_stops_as_sigterm_does_and_the_grace_fits_the_launcher(tmp_path, monkeypatch, capsys):
+    """SIGUSR1 (Slurm's warning ahead of the time limit, --signal=USR1@180) is a stop asked as SIGTERM's: at the next
+    log line the resume point is written and the run exits with the signal's status, naming it; the handlers are given
+    back. --term_grace defaults to 20 s under torchrun or Slurm (their launchers kill 30 s after their SIGTERM)."""
+    args = train.parse_args(['--demo', '--out', str(tmp_path)])
+    run = train.Run(args, 0, 1, torch.device('cpu'), argparse.Namespace(files=[], lower=False, pad=1), sets={})
+    t = train.Training(run, run.build(encoder=layers.Encoder(layers.CONFIGS['tiny'])), [], lambda: {}, 10, args.epochs)
+    t.state['step'] = 7
+    before = signal.getsignal(signal.SIGUSR1)
+    with pytest.raises(SystemExit) as stop, train.ResumePoints(t) as points:
+        points.agree(1.0)
+        assert points.asked == (False, False)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        points.agree(1.0)
+        assert points.asked == (False, True)
+        points.after_step(epoch_end=False)
+    assert stop.value.code == 128 + signal.SIGUSR1 and signal.getsignal(signal.SIGUSR1) is before
+    assert torch.load(tmp_path / 'last.pt', weights_only=True)['state']['step'] == 7
+    assert f'stopped by SIGUSR1 at step 7: {tmp_path / "last.pt"} holds it' in capsys.readouterr().out
+    for variable in ('TORCHELASTIC_RUN_ID', 'SLURM_JOB_ID'):
+        monkeypatch.delenv(variable, raising=False)
+    assert train.term_grace(args) == 60
+    for variable in ('TORCHELASTIC_RUN_ID', 'SLURM_JOB_ID'):
+        with monkeypatch.context() as launched:
+            launched.setenv(variable, '4')
+            assert train.term_grace(args) == 20
+            assert train.term_grace(train.parse_args(['--term_grace', '45'])) == 45
 
 
 def test_the_largest_micro_batch_runs_first_and_out_of_memory_is_one_line(tmp_path, small_demo, monkeypatch):
