@@ -11,6 +11,7 @@ A run writes to --out: config.json, log.jsonl, last.pt (resume point), best.pt (
 and .txt, and the test predictions in the leaderboard layout (predictions/<task>/test-<lang>.<ext>).
 """
 import argparse
+import datetime
 import functools
 import gc
 import json
@@ -667,17 +668,40 @@ def makes_demo_start(args):
 
 
 def setup_distributed():
-    """-> (rank, world size, device); under torchrun one process per device."""
+    """-> (rank, world size, device); under torchrun (or srun, docs/runs.md) one process per device."""
     if 'RANK' not in os.environ:
         return 0, 1, torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-    cuda, local = torch.cuda.is_available(), int(os.environ.get('LOCAL_RANK', 0))
+    cuda = torch.cuda.is_available()
+    local = local_gpu() if cuda else 0
     if cuda:
         torch.cuda.set_device(local)
     dist.init_process_group('nccl' if cuda else 'gloo', device_id=torch.device('cuda', local) if cuda else None)
-    # the waits on data (data.barrier) in a group of their own, so that the training's collectives keep torch's
-    # timeout (NCCL's 10 minutes): a stuck process fails the run in that time, not in two hours
-    data.WAITS = dist.new_group(backend='gloo', timeout=data.PATIENCE)
+    data.WAITS = waits_group()
     return dist.get_rank(), dist.get_world_size(), torch.device(f'cuda:{local}' if cuda else 'cpu')
+
+
+def local_gpu():
+    """This process's GPU: LOCAL_RANK among those it sees (srun with a GPU a task: each sees its own, as GPU 0)."""
+    return int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()
+
+
+CONNECT = datetime.timedelta(minutes=5)  # for the processes to reach each other (the waits' group, below)
+
+
+def waits_group():
+    """The gloo group of the waits on data (data.barrier), apart so that the training's collectives keep torch's
+    timeout (NCCL's 10 minutes) while its waits get data.PATIENCE. It is made and checked with one collective within
+    CONNECT: processes that cannot reach each other (a node's name resolving to an address the others cannot reach)
+    stop the run in minutes, not in hours."""
+    try:
+        group = dist.new_group(backend='gloo', timeout=CONNECT)
+        dist.monitored_barrier(group, CONNECT, wait_all_ranks=True)
+    except RuntimeError as e:
+        why = str(e).splitlines()[0]
+        fail(f'the processes could not reach each other within {CONNECT.total_seconds():g} s ({why}): name the '
+             'network interface the nodes share in GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (docs/runs.md)')
+    dist.distributed_c10d._set_pg_timeout(data.PATIENCE, group)  # torch's one setter (private) of a group's timeout
+    return group
 
 
 # ----------------------------------------------------------------------------------------

@@ -889,3 +889,57 @@ def test_a_run_scores_xtremes_pseudo_test_sets_by_predicting_them(tmp_path, smal
     scores = json.load(open(tmp_path / 'run' / 'predicted' / 'pseudo-test-de.scores.json'))['scores']
     assert len(predicted) == len(rows) and predicted != labels
     assert scores['accuracy'] == pytest.approx(100 * sum(p == g for p, g in zip(predicted, labels)) / len(labels))
+
+
+UNREACHABLE = """import datetime, os, sys, threading
+sys.path.insert(0, {root!r})
+import train
+train.CONNECT = datetime.timedelta(seconds=3)
+if os.environ['RANK'] == '1':
+    train.waits_group = lambda: threading.Event().wait()  # joins the process group, never the waits' group
+train.setup_distributed()
+"""
+
+
+@pytest.mark.slow
+def test_processes_that_cannot_reach_each_other_stop_within_connect_not_patience(tmp_path):
+    """Launched as srun's tasks are (RANK, WORLD_SIZE, LOCAL_RANK and the first node's address, no torchrun): process 1
+    never joins the gloo group of the waits, as a node whose name resolves to an unreachable address would not. Process
+    0 stops once CONNECT (here 3 s) has passed, in one line naming GLOO_SOCKET_IFNAME, not after PATIENCE (2 hours)."""
+    script = tmp_path / 'unreachable.py'
+    script.write_text(UNREACHABLE.format(root=ROOT))
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    tasks = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, 'OMP_NUM_THREADS': '1', 'RANK': str(r), 'WORLD_SIZE': '2',
+                                   'LOCAL_RANK': '0', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(port)})
+             for r in (0, 1)]
+    try:
+        out, err = tasks[0].communicate(timeout=120)
+    finally:
+        tasks[1].kill()
+    lines = [line for line in err.splitlines() if line.startswith('error')]
+    assert tasks[0].returncode != 0 and len(lines) == 1, err[-2000:]
+    assert lines[0].startswith('error: the processes could not reach each other within 3 s (wait timeout after 3000ms')
+    assert 'GLOO_SOCKET_IFNAME' in lines[0]
+
+
+def test_an_srun_task_takes_its_gpu_among_those_it_sees_and_the_waits_get_their_patience(tmp_path, monkeypatch):
+    """srun with a GPU a task: LOCAL_RANK 3, one visible GPU, which is its GPU 0 (torchrun's 8 visible: GPU 3). A gloo
+    group of one process set up from the environment: the waits' group, once checked, has data.PATIENCE (2 hours)."""
+    monkeypatch.setenv('LOCAL_RANK', '3')
+    for visible, gpu in ((1, 0), (8, 3)):
+        monkeypatch.setattr(torch.cuda, 'device_count', lambda: visible)
+        assert train.local_gpu() == gpu
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    for name, value in {'RANK': '0', 'WORLD_SIZE': '1', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(port)}.items():
+        monkeypatch.setenv(name, value)
+    assert train.setup_distributed() == (0, 1, torch.device('cpu'))
+    try:
+        assert data.WAITS._get_backend(torch.device('cpu')).options._timeout == data.PATIENCE
+    finally:
+        torch.distributed.destroy_process_group()
+        data.WAITS = None
