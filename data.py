@@ -22,7 +22,7 @@ import urllib.parse
 import urllib.request
 import zlib
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate, chain, islice, zip_longest
 
 import numpy as np
@@ -641,7 +641,8 @@ class Batch:
 
     def to(self, device):
         move = lambda t: None if t is None else moved(t, device)
-        return Batch(move(self.ids), move(self.mask), move(self.labels), self.index, move(self.first), self.padded)
+        batch = aligned_for(self, device)  # on a GPU, padded on to a multiple of 8 positions (below the divider)
+        return Batch(move(batch.ids), move(batch.mask), move(batch.labels), self.index, move(batch.first), self.padded)
 
 
 @dataclass
@@ -1844,7 +1845,7 @@ def pretraining_table(counts):
 
 
 # ----------------------------------------------------------------------------------------
-# Batch machinery: runs counted in steps, batches in tokens, padding and the largest micro-batch.
+# Batch machinery: runs counted in steps, batches in tokens, padding and the largest micro-batch, a GPU's alignment.
 
 def stepped(cut, steps, eval_every, batch_size):
     """A run counted in steps (--steps): the global batches of passes cut(p) one after another, an 'epoch' being
@@ -1906,6 +1907,26 @@ def largest_batch(lengths_of, batches, parts):
     return max(batches, key=lambda batch: largest_micro_batch(lengths_of, batch, parts)[1])
 
 
+ALIGN = 8  # positions: on a GPU the memory-efficient attention wants the rows of its mask aligned to this many
+
+
+def aligned_for(batch, device):
+    """The batch as it goes to `device` (Batch.to): on a GPU, one with padding is padded on to a multiple of ALIGN
+    positions. Eager SDPA aligns its mask itself; a graph compiled at one length and reused at an odd one did not
+    (torch before the fix of pytorch#163083). No score changes: padding is masked everywhere."""
+    more = -batch.ids.size(1) % ALIGN if torch.device(device).type == 'cuda' and batch.padded else 0
+    return widened(batch, more) if more else batch
+
+
+def widened(batch, more):
+    """The batch with `more` positions of padding after its last: ids the pad id, masks False, tags IGNORE."""
+    pad_id = batch.ids[~batch.mask][0].item()  # a padded batch holds the pad id where its mask is False
+    pad = lambda t, value: None if t is None else torch.nn.functional.pad(t, (0, more), value=value)
+    tags = batch.labels is not None and batch.labels.shape == batch.ids.shape
+    return replace(batch, ids=pad(batch.ids, pad_id), mask=pad(batch.mask, False), first=pad(batch.first, False),
+                   labels=pad(batch.labels, IGNORE) if tags else batch.labels)
+
+
 # ----------------------------------------------------------------------------------------
 # Work shared out over the processes (DDP), the results passed through files.
 
@@ -1953,6 +1974,7 @@ def in_windows(fn, lengths, positions, batch_size, desc):
 
 WAITS, PATIENCE = None, datetime.timedelta(hours=2)  # under DDP a gloo group for waits of up to PATIENCE (made by
 # train.setup_distributed): one process may tokenize, hash or score long while the others wait, and a stuck one is named
+CONNECT = datetime.timedelta(minutes=5)  # for the processes to reach each other when the group is made
 
 
 def barrier():

@@ -11,7 +11,6 @@ A run writes to --out: config.json, log.jsonl, last.pt (resume point), best.pt (
 and .txt, and the test predictions in the leaderboard layout (predictions/<task>/test-<lang>.<ext>).
 """
 import argparse
-import datetime
 import functools
 import gc
 import json
@@ -685,20 +684,17 @@ def local_gpu():
     return int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()
 
 
-CONNECT = datetime.timedelta(minutes=5)  # for the processes to reach each other (the waits' group, below)
-
-
 def waits_group():
     """The gloo group of the waits on data (data.barrier), apart so that the training's collectives keep torch's
     timeout (NCCL's 10 minutes) while its waits get data.PATIENCE. It is made and checked with one collective within
-    CONNECT: processes that cannot reach each other (a node's name resolving to an address the others cannot reach)
+    data.CONNECT: processes that cannot reach each other (a node's name resolving to an address the others cannot reach)
     stop the run in minutes, not in hours."""
     try:
-        group = dist.new_group(backend='gloo', timeout=CONNECT)
-        dist.monitored_barrier(group, CONNECT, wait_all_ranks=True)
+        group = dist.new_group(backend='gloo', timeout=data.CONNECT)
+        dist.monitored_barrier(group, data.CONNECT, wait_all_ranks=True)
     except RuntimeError as e:
         why = str(e).splitlines()[0]
-        fail(f'the processes could not reach each other within {CONNECT.total_seconds():g} s ({why}): name the '
+        fail(f'the processes could not reach each other within {data.CONNECT.total_seconds():g} s ({why}): name the '
              'network interface the nodes share in GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (docs/runs.md)')
     dist.distributed_c10d._set_pg_timeout(data.PATIENCE, group)  # torch's one setter (private) of a group's timeout
     return group

@@ -19,7 +19,8 @@ when a case raised. The cases, in order:
   - precision: bf16 against fp32 on the same weights and batch (loss, gradient cosine), then 40 steps of each from the
     same start (the gap of their last losses);
   - loop: train.py's own loop on the demo in bf16 and in fp16 (the probe, the background writer, fp16's scaler);
-  - compile: --compile's graphs over six lengths, if time is left (the CPU: three, dynamo's graphs without inductor)."""
+  - compile: --compile's graphs over six odd lengths of padded batches, aligned as a run's are, if time is left (the
+    CPU: three, dynamo's graphs without inductor)."""
 import argparse
 import json
 import math
@@ -166,9 +167,10 @@ def sdpa_kernels(check, step):
     return sorted({kind for op, kind in KERNELS.items() if op in names}) or ['none']
 
 
-def stepper(model, batch, precision):
-    """One training step of the model on batch: autocast, backward (fp16's scaled), clip, AdamW."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+def stepper(model, batch, precision, args):
+    """One training step of the model on batch: autocast, backward (fp16's scaled), clip, and train.py's own AdamW
+    (fused: a plain AdamW's foreach path keeps 4 more bytes a parameter at the step, so its peak would not be ours)."""
+    opt = train.optimizer_and_schedule(model, args, 10)[0]
 
     def step():
         with precision.autocast():
@@ -192,7 +194,7 @@ def step_case(check, method, task, kind, model_name, at):
     rows, cut = (most, False) if at == 'most' else (min(rows, most), rows > most)
     sides = lengths_drawn(rows, kind, args.max_len, seed=rows)
     batch = model.host(batch_of(sides, kind, model.encoder.cfg.vocab_size, seed=rows)).to(check.device)
-    step = stepper(model, batch, layers.Precision(precision_name, check.device))
+    step = stepper(model, batch, layers.Precision(precision_name, check.device), args)
     step()  # AdamW's moments
     measured = peak_of(check, step)
     from torch.utils.flop_counter import FlopCounterMode
@@ -278,18 +280,24 @@ def loop_case(check, precision):
 
 
 def compile_case(check, model_name):
-    """--compile (layers.compile_blocks, dynamic shapes): the graphs made over six lengths, a few rather than six."""
+    """--compile (layers.compile_blocks, dynamic shapes): the graphs made over six odd lengths, a few rather than six.
+    Each batch has a padded row and goes to the device as a run's do (Batch.to: on a GPU padded on to a multiple of 8
+    positions, data.aligned_for): a graph traced at one length and reused at an odd one must not fail the
+    memory-efficient kernel's alignment of its mask (pytorch#163083)."""
     from torch._dynamo.utils import counters
     cfg = layers.CONFIGS[model_name]
     encoder = layers.compile_blocks(layers.Encoder(cfg)).to(check.device).train()
     for block in encoder.blocks if check.cpu else []:  # the graphs without inductor's C++ build: dynamo's, the same
         block.compile(dynamic=True, backend='eager')
-    before = counters['stats']['unique_graphs']
-    lengths = (8, 12, 16) if check.cpu else (64, 96, 128, 160, 256, 384)
+    before, widths = counters['stats']['unique_graphs'], []
+    lengths = (9, 13, 17) if check.cpu else (65, 97, 131, 163, 257, 385)
     for n in lengths:
+        rows = [data.Feature(torch.randint(5, cfg.vocab_size, (m,)).tolist()) for m in (n, n - 5)]
+        batch = data.collate(rows, pad_id=cfg.pad_id).to(check.device)
+        widths.append(batch.ids.size(1))
         with layers.autocast(check.device, 'fp32' if check.cpu else 'bf16'):
-            encoder(torch.randint(5, cfg.vocab_size, (2, n), device=check.device)).sum().backward()
-    return {'lengths': list(lengths), 'graphs': counters['stats']['unique_graphs'] - before}
+            encoder.run(encoder.embed(batch.ids), batch.keys).sum().backward()
+    return {'lengths': list(lengths), 'widths': widths, 'graphs': counters['stats']['unique_graphs'] - before}
 
 
 def cases(check):

@@ -870,3 +870,37 @@ def test_the_sets_a_checkpoint_is_kept_by_are_the_methods(tmp_path):
     panx = data.evaluation_sets(demo, 'panx', paired=True, dev=('panx', 'dev', None, 4))
     assert all(len(gold) == len(inputs) == len(pairs) == 4 for gold, inputs, pairs in panx['dev'].values())
     assert panx['dev']['de'][0] == data.read_split(demo, 'panx', 'dev', 'de')[:4]
+
+
+@pytest.mark.parametrize('task', ['xnli', 'udpos', 'xquad'])
+def test_a_batch_with_padding_goes_to_a_gpu_aligned_and_no_score_changes(task):
+    """On a GPU a padded batch is padded on to a multiple of 8 positions (data.aligned_for, from Batch.to; asked with
+    device 'cuda', nothing moved): ids the pad id, mask and word starts False, tags IGNORE. The method's outputs at the
+    real positions and its loss are those of the batch as collated; a batch without padding, and any on the CPU, stay
+    as they are."""
+    import layers
+    import xlt
+    torch.manual_seed(0)
+    method = xlt.Baseline(layers.Encoder(layers.Config(vocab_size=40, n_layer=2, n_head=2, dim=16, ffn_dim=32)), task)
+    method.eval()
+    family, lengths = data.TASKS[task].family, (11, 6, 9)
+    label = lambda n: {'classification': 1, 'tagging': [2] * n, 'qa': (1, 3)}[family]
+    features = [data.Feature(torch.randint(3, 40, (n,)).tolist(), label(n), words=[0, 2] if family == 'tagging'
+                             else None) for n in lengths]
+    batch = data.collate(features, pad_id=1)
+    wide = data.aligned_for(batch, 'cuda')
+    assert batch.ids.shape == (3, 11) and wide.ids.shape == (3, 16) and wide.padded
+    assert wide.ids[:, 11:].eq(1).all() and not wide.mask[:, 11:].any() and torch.equal(wide.ids[:, :11], batch.ids)
+    if family == 'tagging':
+        assert wide.labels[:, 11:].eq(data.IGNORE).all() and not wide.first[:, 11:].any()
+    else:
+        assert torch.equal(wide.labels, batch.labels)
+    with torch.no_grad():
+        narrow_out, wide_out = method.predict(batch), method.predict(wide)
+        if family != 'classification':
+            wide_out = wide_out[:, :11]
+        assert torch.allclose(narrow_out, wide_out, atol=1e-5)
+        assert torch.allclose(method.loss(batch)[0], method.loss(wide)[0], atol=1e-6)
+    assert data.aligned_for(batch, 'cpu') is batch
+    whole = data.collate(features[:1], pad_id=1)
+    assert data.aligned_for(whole, 'cuda') is whole and not whole.padded

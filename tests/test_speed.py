@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import data
 import layers
+import train
 import xlt
 
 
@@ -217,10 +218,13 @@ def test_a_training_step_asks_the_device_nothing(method, task, more, monkeypatch
 @pytest.mark.slow
 def test_the_gpu_check_walks_every_case_on_the_cpu_and_a_broken_case_fails_it(tmp_path, monkeypatch):
     """python tests/gpu_check.py --cpu: every case to its JSON line in --out, in order, none raising, each with its
-    measurements; then X-Mixup's loss broken on purpose: its steps are error lines, the others go on, and it exits 1."""
+    measurements; then X-Mixup's loss broken on purpose: its steps are error lines, the others go on, and it exits 1.
+    The steps run train.py's own optimiser (fused AdamW), and the compile case's batches have odd lengths."""
     import gpu_check
-    out = tmp_path / 'cpu.jsonl'
+    out, made, optimiser = tmp_path / 'cpu.jsonl', [], train.optimizer_and_schedule
+    monkeypatch.setattr(train, 'optimizer_and_schedule', lambda *a: made.append(optimiser(*a)) or made[-1])
     assert gpu_check.main(['--cpu', '--out', str(out)]) == 0
+    assert len(made) == 12 and all(opt.defaults['fused'] for opt, _ in made)  # ten step cases, two loops
     lines = [json.loads(line) for line in open(out)]
     steps = [[method, task, kind, 'tiny', at] for method, task, kind in gpu_check.STEPS for at in ('recipe', 'most')]
     assert [(line['case'], line.get('args')) for line in lines] == [('start', None), ('matmul', None)] + [
@@ -233,6 +237,7 @@ def test_the_gpu_check_walks_every_case_on_the_cpu_and_a_broken_case_fails_it(tm
     assert lines[12]['grad_cosine'] > 0.99 and abs(lines[12]['gap']) < 0.05
     assert all(line['finished'] and line['steps'] == 8 and line['kept'] == ['best.pt'] for line in lines[13:15])
     assert 1 <= lines[15]['graphs'] <= 3  # dynamic shapes: not one graph a length
+    assert all(n % 2 for n in lines[15]['lengths']) and lines[15]['widths'] == lines[15]['lengths']  # the CPU: as is
     broken = lambda self, batch: (_ for _ in ()).throw(RuntimeError('planted'))
     monkeypatch.setattr(xlt.XMixup, 'loss', broken)
     every = gpu_check.cases

@@ -893,8 +893,8 @@ def test_a_run_scores_xtremes_pseudo_test_sets_by_predicting_them(tmp_path, smal
 
 UNREACHABLE = """import datetime, os, sys, threading
 sys.path.insert(0, {root!r})
-import train
-train.CONNECT = datetime.timedelta(seconds=3)
+import data, train
+data.CONNECT = datetime.timedelta(seconds=3)
 if os.environ['RANK'] == '1':
     train.waits_group = lambda: threading.Event().wait()  # joins the process group, never the waits' group
 train.setup_distributed()
@@ -905,7 +905,7 @@ train.setup_distributed()
 def test_processes_that_cannot_reach_each_other_stop_within_connect_not_patience(tmp_path):
     """Launched as srun's tasks are (RANK, WORLD_SIZE, LOCAL_RANK and the first node's address, no torchrun): process 1
     never joins the gloo group of the waits, as a node whose name resolves to an unreachable address would not. Process
-    0 stops once CONNECT (here 3 s) has passed, in one line naming GLOO_SOCKET_IFNAME, not after PATIENCE (2 hours)."""
+    0 stops once data.CONNECT (here 3 s) has passed, in one line naming GLOO_SOCKET_IFNAME, not after PATIENCE (2 hours)."""
     script = tmp_path / 'unreachable.py'
     script.write_text(UNREACHABLE.format(root=ROOT))
     with socket.socket() as s:
