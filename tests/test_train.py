@@ -325,8 +325,11 @@ def test_the_stages_two_runs_of_a_sweep_share_fan_out_before_the_runs(tmp_path, 
 
 def test_a_sweep_s_processes_get_the_gpus_and_cores_this_process_may_use(tmp_path, monkeypatch):
     """On GPUs (CUDA_VISIBLE_DEVICES 5,7; six cores in this process's cpuset, as Slurm gives): each child gets a GPU of
-    those and three threads, read in each child's own environment. --gpus above the visible GPUs is refused in one line
-    naming both counts."""
+    those and three threads, read in each child's own environment; the blocks this process cached go back to the GPUs
+    before the first child starts. --gpus above the visible GPUs is refused in one line naming both counts."""
+    events, popen = [], subprocess.Popen
+    monkeypatch.setattr(torch.cuda, 'empty_cache', lambda: events.append('emptied'))
+    monkeypatch.setattr(subprocess, 'Popen', lambda *a, **k: events.append('started') or popen(*a, **k))
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
     monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(6)), raising=False)
@@ -334,6 +337,7 @@ def test_a_sweep_s_processes_get_the_gpus_and_cores_this_process_may_use(tmp_pat
     show = [sys.executable, '-c', 'import os; print(os.environ["OMP_NUM_THREADS"], os.environ["CUDA_VISIBLE_DEVICES"])']
     train.fan_out([(name, str(tmp_path / name), show) for name in ('a', 'b')], 2)
     assert [(tmp_path / name / 'sweep.log').read_text() for name in ('a', 'b')] == ['3 5\n', '3 7\n']
+    assert events == ['emptied', 'started', 'started']
     with pytest.raises(SystemExit, match=r'--gpus 3 asks for more GPUs than the 2 this process sees'):
         train.parse_args(['--task', 'udpos', '--seeds', '1,2,3', '--gpus', '3'])
 
