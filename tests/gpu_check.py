@@ -11,7 +11,7 @@ when a case raised. The cases, in order:
   - matmul: the dense bf16 matmul rate (8192 x 8192, CUDA events; the CPU: fp32, 512) against the card's
     datasheet rate (SPEC), the ceiling every MFU below is measured against, both ways;
   - step: a training step (AdamW's moments made by a first) of zero-shot, FILTER, X-Mixup (its two encoded sides) and
-    VECO's pre-training (a monolingual and a bilingual micro-batch) at base (large after the next two cases): on
+    VECO's pre-training (a monolingual and a bilingual micro-batch) at base (large after the next three cases): on
     padded batches of rows drawn from a length profile (PROFILE), at the recipe's rows a GPU and at the most the
     estimate fits in 80% of the GPU: step time, real tokens a second, MFU (against the measured rate and the
     datasheet's), the measured peak against the plan's estimate (layers.peak_bytes), and the attention kernel torch
@@ -19,6 +19,7 @@ when a case raised. The cases, in order:
   - precision: bf16 against fp32 on the same weights and batch (loss, gradient cosine), then 40 steps of each from the
     same start (the gap of their last losses);
   - loop: train.py's own loop on the demo in bf16 and in fp16 (the probe, the background writer, fp16's scaler);
+  - writer: a best.pt written from the device's weights while they change (pinned copies), each storage once;
   - compile: --compile's graphs over six odd lengths of padded batches, aligned as a run's are, if time is left (the
     CPU: three, dynamo's graphs without inductor)."""
 import argparse
@@ -279,6 +280,33 @@ def loop_case(check, precision):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32  # as train.main found them
 
 
+def writer_case(check, model_name):
+    """A best.pt written by layers.Writer from the device (on a GPU: pinned copies of whole storages, queued without
+    waiting), the weights changed at once as the next step would change them: the file holds them as they were, each
+    storage once (its size against the state's bytes), and the MLM head still tied to the embeddings."""
+    cfg = layers.CONFIGS[model_name]
+    with check.device:
+        encoder = layers.Encoder(cfg)
+        method = torch.nn.ModuleDict({'encoder': encoder, 'mlm': layers.MLMHead(cfg, encoder.tok.weight)})
+    before = {k: v.cpu().clone() for k, v in method.state_dict().items()}
+    state_bytes = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                       for t in method.state_dict().values()}.values())
+    folder = tempfile.mkdtemp(prefix='gpu-check-')
+    try:
+        path, writer = os.path.join(folder, 'best.pt'), layers.Writer()
+        writer.save(path, {'task': 'xnli'}, method=method.state_dict(), encoder=encoder.state_dict())
+        with torch.no_grad():
+            for p in method.parameters():
+                p.add_(1.0)  # the next step, while the copies and the write are under way
+        writer.wait()
+        ckpt, address = layers.load_checkpoint(path), lambda t: t.untyped_storage().data_ptr()
+        return {'gib': os.path.getsize(path) / 2 ** 30, 'file_over_state': os.path.getsize(path) / state_bytes,
+                'as_it_was': all(torch.equal(ckpt['method'][k], v) for k, v in before.items()),
+                'tied': address(ckpt['method']['mlm.weight']) == address(ckpt['encoder']['tok.weight'])}
+    finally:
+        shutil.rmtree(folder)
+
+
 def compile_case(check, model_name):
     """--compile (layers.compile_blocks, dynamic shapes): the graphs made over six odd lengths, a few rather than six.
     Each batch has a padded row and goes to the device as a run's do (Batch.to: on a GPU padded on to a multiple of 8
@@ -307,7 +335,7 @@ def cases(check):
                                 for method, task, kind in STEPS for at in ('recipe', 'most')]
     first = check.models[0]
     return ([('matmul', matmul, (), 10)] + steps(first) + [('precision', precision_case, (first,), 30)]
-            + [('loop', loop_case, (p,), 60) for p in ('bf16', 'fp16')]
+            + [('loop', loop_case, (p,), 60) for p in ('bf16', 'fp16')] + [('writer', writer_case, (first,), 30)]
             + [case for model_name in check.models[1:] for case in steps(model_name)]
             + [('compile', compile_case, (first,), 120)])
 

@@ -229,15 +229,16 @@ def test_the_gpu_check_walks_every_case_on_the_cpu_and_a_broken_case_fails_it(tm
     steps = [[method, task, kind, 'tiny', at] for method, task, kind in gpu_check.STEPS for at in ('recipe', 'most')]
     assert [(line['case'], line.get('args')) for line in lines] == [('start', None), ('matmul', None)] + [
         ('step', args) for args in steps] + [('precision', ['tiny']), ('loop', ['bf16']), ('loop', ['fp16']),
-                                             ('compile', ['tiny'])]
+                                             ('writer', ['tiny']), ('compile', ['tiny'])]
     assert not [line for line in lines if {'error', 'oom', 'skipped'} & set(line)]
     for line in lines[2:12]:
         assert line['step_s'] > 0 and line['real_tokens_per_s'] > 0 and 0 < line['mfu'] and line['sdpa']
         assert line['estimate_gib'] > 0 and line['rows'] == 8
     assert lines[12]['grad_cosine'] > 0.99 and abs(lines[12]['gap']) < 0.05
     assert all(line['finished'] and line['steps'] == 8 and line['kept'] == ['best.pt'] for line in lines[13:15])
-    assert 1 <= lines[15]['graphs'] <= 3  # dynamic shapes: not one graph a length
-    assert all(n % 2 for n in lines[15]['lengths']) and lines[15]['widths'] == lines[15]['lengths']  # the CPU: as is
+    assert lines[15]['as_it_was'] and lines[15]['tied'] and 1 <= lines[15]['file_over_state'] < 1.1
+    assert 1 <= lines[16]['graphs'] <= 3  # dynamic shapes: not one graph a length
+    assert all(n % 2 for n in lines[16]['lengths']) and lines[16]['widths'] == lines[16]['lengths']  # the CPU: as is
     broken = lambda self, batch: (_ for _ in ()).throw(RuntimeError('planted'))
     monkeypatch.setattr(xlt.XMixup, 'loss', broken)
     every = gpu_check.cases
