@@ -291,124 +291,122 @@ class Training:
         self.precision = layers.Precision(run.args.precision, run.device)
         self.collate = data.collate_items(method.paired, run.tok.pad)
         self.state, self.log = {'step': 0, 'epoch': 0, 'best': -math.inf}, None  # log: log.jsonl, process 0's
-        self.epoch_loss, self.padding = [], 0.0  # the epoch's (mean loss, steps) a log line, its padding share
+        self.since, self.epoch_loss = [], []  # the steps' logs since the last log line; the epoch's mean losses
+        self.started, self.padding, self.bar = time.time(), 0.0, None  # padding: the epoch's share (begin_epoch)
         self.writer = layers.Writer()  # every checkpoint of the training, off the steps' path
 
 
 def train(run, method, items, validate, batches_of, keep_last=0):
-    """--epochs epochs of batches_of(epoch) (or --steps steps), each step cut over the processes and micro-batches
-    (train_step); after each epoch validate() and best.pt kept by the method's selection rule (end_epoch). --resume
-    goes on from last.pt, written every --save_minutes, at each epoch's end and at SIGTERM (ResumePoints)."""
-    args, per_epoch = run.args, len(batches_of(0))  # with --steps, an 'epoch' is --eval_every steps, or a pass
-    epochs = args.epochs or math.ceil(args.steps / per_epoch)
-    t = Training(run, method, items, validate, args.steps or per_epoch * epochs, epochs, keep_last)
-    with ResumePoints(t) as points:  # --resume: t.state from last.pt; SIGTERM's handler given back however it ends
-        first, started = t.state['step'], time.time()  # first: this process's
-        while t.state['epoch'] < epochs:
-            batches, since, t.epoch_loss = batches_of(t.state['epoch']), [], []  # since: the logs since the last line
-            t.padding = data.pad_share(functools.partial(data.item_lengths, items), batches, run.chunks)
-            start = t.state['step'] % per_epoch  # a resumed epoch goes on where it stopped
-            bar = data.bar(total=len(batches), initial=start, desc=f'epoch {t.state["epoch"] + 1}/{epochs}')
-            for batch in batches[start:]:
-                if t.state['step'] == first:
-                    probe(t, batches)  # on a GPU the epoch's largest batch first: out of memory now, not hours in
-                since.append(train_step(t, batch))
-                since[-1].update(optimizer_step(t, bar))
-                bar.update()
-                if t.state['step'] % args.log_every == 0 or batch is batches[-1]:  # the one host sync
-                    t.epoch_loss.append(log_line(t, bar, since, started, points))
-                    since = []
-                if args.eval_steps and t.state['step'] % args.eval_steps == 0 and t.state['step'] % per_epoch:
-                    end_epoch(t, started, within=round(t.state['step'] / per_epoch, 2))  # within the epoch
-                points.after_step(epoch_end=t.state['step'] % per_epoch == 0)
-            bar.close()
-            t.state['epoch'] += 1
-            end_epoch(t, started)
-            points.after_epoch(last=t.state['epoch'] == epochs)
-        points.trained()  # trained.json says so; last.pt, the optimiser's state too, goes
-    del t, points  # the DDP wrapper and the optimiser hold reference cycles: a GPU's memory is collected now
+    """--epochs epochs of batches_of(epoch), or --steps steps: for each batch one step (train_step, optimizer_step),
+    every --log_every steps a log line, and after each epoch the dev scores, which keep best.pt (end_epoch). Below the
+    divider, the machinery: --resume from last.pt, resume points and a scheduler's signal (ResumePoints), and each
+    epoch's progress bar and the memory probe (begin_epoch)."""
+    per_epoch = len(batches_of(0))  # with --steps, an 'epoch' is --eval_every steps, or a pass
+    epochs = run.args.epochs or math.ceil(run.args.steps / per_epoch)
+    training = Training(run, method, items, validate, run.args.steps or per_epoch * epochs, epochs, keep_last)
+    with ResumePoints(training) as resume_points:
+        while training.state['epoch'] < epochs:
+            batches = begin_epoch(training, batches_of(training.state['epoch']), per_epoch)  # resumed: the rest
+            for batch in batches:
+                training.since.append(train_step(training, batch))
+                training.since[-1].update(optimizer_step(training))
+                step = training.state['step']
+                if step % run.args.log_every == 0 or batch is batches[-1]:
+                    log_line(training, resume_points)  # the loop's one host sync
+                if run.args.eval_steps and step % run.args.eval_steps == 0 and step % per_epoch:
+                    end_epoch(training, within=round(step / per_epoch, 2))  # --eval_steps: within the epoch
+                resume_points.after_step(epoch_end=step % per_epoch == 0)
+            training.bar.close()
+            training.state['epoch'] += 1
+            end_epoch(training)
+            resume_points.after_epoch(last=training.state['epoch'] == epochs)
+        resume_points.trained()  # trained.json says so; last.pt, the optimiser's state too, goes
+    del training, resume_points  # the DDP wrapper and the optimiser hold reference cycles: collected now, on a GPU
     collect(run.device)
 
 
-def train_step(t, batch, probe=False):
+def train_step(training, batch, probe=False):
     """One optimiser step's gradients: the global batch cut into world x grad_accum chunks, chunk c on process c %
     world with its own dropout seed, so that any split over processes and micro-steps computes the same gradient;
     out of memory, one line (probe: the step's trial of the largest batch)."""
-    run, step, accum = t.run, t.state['step'], t.run.args.grad_accum
+    run, step, accum = training.run, training.state['step'], training.run.args.grad_accum
     chunks = np.array_split(np.array(batch), run.world * accum)
     mine = sum(len(chunks[a * run.world + run.rank]) for a in range(accum))
     logs = {}
-    t.model.train()  # validation leaves it in eval mode
+    training.model.train()  # validation leaves it in eval mode
     try:
         for a in range(accum):
             c = a * run.world + run.rank
-            torch.manual_seed(run.args.seed * 1_000_003 + step * 1009 + c)
-            sync = a == accum - 1 or not isinstance(t.model, DDP)
-            micro = t.method.host(t.collate([t.items[i] for i in chunks[c]], chunks[c].tolist())).to(run.device)
-            with (nullcontext() if sync else t.model.no_sync()), t.precision.autocast():
-                loss, chunk_logs = t.model(micro)
-            t.precision.backward(loss * len(chunks[c]) * run.world / len(batch))
+            torch.manual_seed(dropout_seed(run.args.seed, step, c))
+            sync = a == accum - 1 or not isinstance(training.model, DDP)
+            items = [training.items[i] for i in chunks[c]]
+            micro = training.method.host(training.collate(items, chunks[c].tolist())).to(run.device)
+            with (nullcontext() if sync else training.model.no_sync()), training.precision.autocast():
+                loss, chunk_logs = training.model(micro)
+            training.precision.backward(loss * len(chunks[c]) * run.world / len(batch))
             for k, v in chunk_logs.items():  # this process's micro-batches, weighted by their size
                 logs[k] = logs.get(k, 0.0) + v * len(chunks[c]) / mine
     except torch.OutOfMemoryError:
-        fail(out_of_memory(run.args, t.items, batch, step + 1, run.world, probe), own=True)
+        fail(out_of_memory(run.args, training.items, batch, step + 1, run.world, probe), own=True)
     return logs
 
 
-def optimizer_step(t, bar):
-    """The optimiser's step, the schedule's, the step counted. -> fp16's log of it (whether the scaler skipped it)."""
-    frozen = t.method.frozen()
-    for p in frozen:
-        p.grad = None  # AdamW leaves a parameter without a gradient as it is
-    logs = t.precision.step(t.opt, t.method.parameters(), t.run.args.clip, t.run.args.clip_by)
-    t.sched.step()
-    t.opt.zero_grad(set_to_none=not isinstance(t.model, DDP))  # under DDP zeroed views of its buckets (wrapped)
-    t.state['step'] += 1
-    t.method.step = t.state['step']  # does the method's frozen phase end here?
-    if frozen and not t.method.frozen() and t.log:  # log: the first process's
-        bar.write(f'step {t.state["step"]}: every parameter trains from here on')
-        t.log.write(json.dumps({'step': t.state['step'], 'event': 'every parameter trains from here on'}) + '\n')
+def optimizer_step(training):
+    """The optimiser's step and the schedule's, then the step counted. -> fp16's log (whether the scaler skipped it)."""
+    method, args = training.method, training.run.args
+    method.before_update()  # a method in a frozen phase drops the frozen parameters' gradients here
+    logs = training.precision.step(training.opt, method.parameters(), args.clip, args.clip_by)
+    training.sched.step()
+    training.opt.zero_grad(set_to_none=not isinstance(training.model, DDP))  # under DDP, zeroed views (wrapped)
+    training.state['step'] += 1
+    training.bar.update()
+    note_event(training, method.stepped(training.state['step']))  # a phase that ends at this step, if any
     return logs
 
 
-def log_line(t, bar, since, started, points):
-    """A line of log.jsonl every --log_every steps (the loop's one host sync): each logged value's mean since the last
-    line; a mean loss not finite on any process stops the run, in one line; the processes agree on the resume point
-    or stop any of them wishes for (points.agree). -> (the mean loss, its steps)."""
+def log_line(training, resume_points):
+    """A line of log.jsonl: each logged value's mean since the last line. The processes agree on their mean loss and
+    on a resume point or a stop that any of them asks for (resume_points.agree); a mean loss that is not finite stops
+    the run in one line."""
+    since, step = training.since, training.state['step']
     logs = {k: float(sum(s[k] for s in since if k in s)) / sum(k in s for s in since)
             for k in dict.fromkeys(k for s in since for k in s)}
-    loss = points.agree(logs['loss'])  # summed over the processes, with the wishes: every process stops together
+    loss = resume_points.agree(logs['loss'])  # summed over the processes
     if not math.isfinite(loss):
-        fail(diverged(t.run, loss, t.state['step'] - len(since) + 1, t.state['step']))
-    bar.set_postfix(loss=f'{logs["loss"]:.3f}')
-    if t.log:
-        t.log.write(json.dumps({'step': t.state['step'], 'epoch': t.state['epoch'], 'lr': t.sched.get_last_lr()[0],
-                                'time': round(time.time() - started, 2), **logs}) + '\n')
-        t.log.flush()
-    return logs['loss'], len(since)
+        fail(diverged(training.run, loss, step - len(since) + 1, step))
+    training.bar.set_postfix(loss=f'{logs["loss"]:.3f}')
+    write_log(training, lr=training.sched.get_last_lr()[0], time=round(time.time() - training.started, 2), **logs)
+    training.epoch_loss.append((logs['loss'], len(since)))
+    training.since = []
 
 
-def end_epoch(t, started, within=None):
-    """An epoch's end (or, with --eval_steps, a point `within` it, in epochs): the weights kept for
-    averaging, validate(), best.pt when the selection score is the best so far, the printed line and the log's."""
-    run, method, state, seconds = t.run, t.method, t.state, time.time() - started
-    if t.keep_last and within is None:  # fairseq's --save-interval-updates and --keep-interval-updates, each epoch's
-        save(run, f'checkpoints/step{state["step"]:07d}.pt', {'method': method.state_dict()}, t.writer, t.keep_last)
-    dev = t.validate()
+def end_epoch(training, within=None):
+    """An epoch's end, or with --eval_steps a point `within` it (in epochs): the weights kept for averaging (with
+    --average_last), the dev scores (validate), best.pt when they are the best so far, and the epoch's line."""
+    run, state = training.run, training.state
+    if training.keep_last and within is None:  # fairseq's --save-interval-updates and --keep-interval-updates
+        weights = {'method': training.method.state_dict()}
+        save(run, f'checkpoints/step{state["step"]:07d}.pt', weights, training.writer, training.keep_last)
+    dev = training.validate()
+    score = keep_if_best(training, dev)
+    epoch_line(training, dev, score, within)
+
+
+def keep_if_best(training, dev):
+    """best.pt, when the method's selection score of the dev scores (xlt.selection) is the best so far. -> the score."""
+    method, state = training.method, training.state
     score = xlt.selection(method.select, dev)[0]
     score = state['epoch'] if score is None else score  # no dev set: keep the last
     if score > state['best']:
         state['best'] = float(score)
         kept = {**layers.encoder_parts(method.encoder, method.mlm), 'method': method.state_dict()}
-        save(run, 'best.pt', kept, t.writer)
-    if run.rank == 0:
-        at = {**state, 'epoch': within or state['epoch']}
-        print(ev.epoch_line(at, t.epochs, t.epoch_loss, dev, method.select, seconds), flush=True)
-    if t.log:
-        scores = {k: v if method.select == 'loss' else v['score'] for k, v in dev.items()}  # the held-out losses whole
-        t.log.write(json.dumps({'step': state['step'], 'epoch': state['epoch'], 'dev': scores, 'dev_avg': float(score),
-                                'pad_share': round(t.padding, 4)}) + '\n')
-        t.log.flush()
+        save(training.run, 'best.pt', kept, training.writer)
+    return score
+
+
+def dropout_seed(seed, step, chunk):
+    """The dropout seed of a step's chunk: any split of the step over processes and micro-batches draws the same."""
+    return seed * 1_000_003 + step * 1009 + chunk
 
 
 def optimizer_and_schedule(method, args, total_steps):
@@ -1391,15 +1389,55 @@ SCARCE = ('cuda',)  # devices whose memory a run watches: the largest batch trie
 # seconds in a process of many objects, the probe a step)
 
 
-def probe(t, batches):
+def begin_epoch(training, batches, per_epoch):
+    """An epoch's batches from where the training stands (a resumed epoch: those left), with the epoch's progress bar
+    and padding share (its log reads it); before this process's first step, the memory probe on the epoch's."""
+    training.since, training.epoch_loss = [], []
+    training.padding = data.pad_share(functools.partial(data.item_lengths, training.items), batches,
+                                      training.run.chunks)
+    if training.bar is None:  # this process's first epoch
+        probe(training, batches)
+    start, epoch = training.state['step'] % per_epoch, training.state['epoch']
+    training.bar = data.bar(total=len(batches), initial=start, desc=f'epoch {epoch + 1}/{training.epochs}')
+    return batches[start:]
+
+
+def epoch_line(training, dev, score, within=None):
+    """The printed line of an epoch's end (or of a point within it) and its line in log.jsonl: the dev scores, their
+    selection score, the padding share."""
+    state, select = training.state, training.method.select
+    if training.run.rank == 0:
+        at, seconds = {**state, 'epoch': within or state['epoch']}, time.time() - training.started
+        print(ev.epoch_line(at, training.epochs, training.epoch_loss, dev, select, seconds), flush=True)
+    scores = {k: v if select == 'loss' else v['score'] for k, v in dev.items()}  # the held-out losses whole
+    write_log(training, dev=scores, dev_avg=float(score), pad_share=round(training.padding, 4))
+
+
+def write_log(training, **fields):
+    """A line of log.jsonl (the first process's): the step, the epoch and the fields."""
+    if training.log:
+        training.log.write(json.dumps({'step': training.state['step'], 'epoch': training.state['epoch'], **fields})
+                           + '\n')
+        training.log.flush()
+
+
+def note_event(training, event):
+    """An event of the training (a method's phase that ends), printed and logged, if there is one."""
+    if event and training.log:
+        training.bar.write(f'step {training.state["step"]}: {event}')
+        write_log(training, event=event)
+
+
+def probe(training, batches):
     """On a GPU, before the first step: the epoch's largest batch (data.largest_batch) run beside AdamW's moments to
     come, so that a run that cannot fit stops at step 1, in one line, not hours in."""
-    if t.run.device.type not in SCARCE:
+    if training.run.device.type not in SCARCE:
         return
-    moments = 0 if t.state['step'] else 2 * sum(p.numel() for p in t.model.parameters())
-    moments_to_come = torch.empty(moments, device=t.run.device)
-    train_step(t, data.largest_batch(functools.partial(data.item_lengths, t.items), batches, t.run.chunks), probe=True)
-    t.model.zero_grad(set_to_none=True)
+    moments = 0 if training.state['step'] else 2 * sum(p.numel() for p in training.model.parameters())
+    moments_to_come = torch.empty(moments, device=training.run.device)
+    largest = data.largest_batch(functools.partial(data.item_lengths, training.items), batches, training.run.chunks)
+    train_step(training, largest, probe=True)
+    training.model.zero_grad(set_to_none=True)
 
 
 def collect(device):
@@ -1433,16 +1471,18 @@ class ResumePoints(AbstractContextManager):
     last.pt every --save_minutes, at each epoch's end but the last and at SIGTERM (a scheduler's), written by
     layers.Writer's thread; the processes agree on a resume point or a stop at a log line (agree)."""
 
-    def __init__(self, t):
-        self.t, self.saved, self.signalled, self.point = t, time.time(), None, None  # point: last.pt's step
+    def __init__(self, training):
+        self.training, self.saved, self.signalled = training, time.time(), None
+        self.point = None  # the step last.pt holds
         self.asked = (False, False)  # (a resume point, a stop): what the processes agreed on at the last log line
 
     def __enter__(self):
-        t = self.t
-        t.state = t.run.args.resume and resumed(t) or t.state  # a new run, or nothing to resume: from the start
-        self.point = t.state['step'] if os.path.exists(t.run.path('last.pt')) and t.run.args.resume else None
-        t.log = open_log(t.run.path('log.jsonl'), t.state['step']) if t.run.rank == 0 else None
-        t.method.step = t.state['step']  # read by schedules (X-Mixup's p*, frozen phases)
+        training, run = self.training, self.training.run
+        training.state = run.args.resume and resumed(training) or training.state  # nothing to resume: from the start
+        step = training.state['step']
+        self.point = step if os.path.exists(run.path('last.pt')) and run.args.resume else None
+        training.log = open_log(run.path('log.jsonl'), step) if run.rank == 0 else None
+        training.method.step = step  # read by schedules (X-Mixup's p*, frozen phases)
         self.defaults = {s: signal.signal(s, self.on_signal) for s in STOPS}
         return self
 
@@ -1452,9 +1492,10 @@ class ResumePoints(AbstractContextManager):
     def agree(self, loss):
         """A log line's mean loss summed over the processes, and in the same collective their wishes: a resume
         point due by a process's clock, a stop asked by a signal (any process's is every process's). -> the loss."""
-        wishes = time.time() - self.saved >= 60 * self.t.run.args.save_minutes, self.signalled is not None
-        sums = torch.tensor([loss, *wishes], dtype=torch.float64, device=self.t.run.device)  # large losses stay finite
-        if self.t.run.world > 1:
+        run = self.training.run
+        wishes = time.time() - self.saved >= 60 * run.args.save_minutes, self.signalled is not None
+        sums = torch.tensor([loss, *wishes], dtype=torch.float64, device=run.device)  # large losses stay finite
+        if run.world > 1:
             dist.all_reduce(sums)  # every process stops together, and saves together
         self.asked = tuple(sums[1:].gt(0).tolist())
         return sums[0].item()
@@ -1463,9 +1504,9 @@ class ResumePoints(AbstractContextManager):
         """The resume point or stop agreed on, within an epoch (its last step saves after validation, after_epoch)."""
         if any(self.asked) and not epoch_end:
             self.save(stop=self.asked[1])
-        args = self.t.run.args
+        args = self.training.run.args
         if args.halt_after or args.term_after:
-            planted_stops(args, self.t.state['step'], self)
+            planted_stops(args, self.training.state['step'], self)
         self.asked = self.asked if epoch_end else (False, False)
 
     def after_epoch(self, last):
@@ -1476,41 +1517,42 @@ class ResumePoints(AbstractContextManager):
 
     def save(self, stop=False):
         if stop and not self.in_grace():
-            self.stop(self.t.state['step'], self.point)
-        self.saved, self.point = time.time(), self.t.state['step']
-        save(self.t.run, 'last.pt', resume_point(self.t), self.t.writer)
+            self.stop(self.training.state['step'], self.point)
+        self.saved, self.point = time.time(), self.training.state['step']
+        save(self.training.run, 'last.pt', resume_point(self.training), self.training.writer)
         if stop:
-            self.stop(self.t.state['step'])
+            self.stop(self.training.state['step'])
 
     def in_grace(self):
         """Would SIGTERM's last.pt (weights and AdamW's moments, 12 bytes a parameter) be written within --term_grace
         seconds, at the rate the writer last measured (unmeasured yet: yes), once the write in flight is done?"""
-        grace, rate = term_grace(self.t.run.args), self.t.writer.rate
-        size = 12 * sum(p.numel() for p in self.t.method.parameters())
+        grace, rate = term_grace(self.training.run.args), self.training.writer.rate
+        size = 12 * sum(p.numel() for p in self.training.method.parameters())
         return grace > 0 and (rate is None or size / rate <= grace)
 
     def trained(self):
         """The training is over and best.pt holds what it kept: trained.json says so (--resume reads it), and the
         resume point, the optimiser's state too, goes once written; every process waits for both."""
-        self.t.writer.wait()
-        if self.t.run.rank == 0:
-            layers.atomic_write(self.t.run.path('trained.json'), json.dumps(self.t.state))
-            self.t.run.folder.drop('last.pt')
+        self.training.writer.wait()
+        if self.training.run.rank == 0:
+            layers.atomic_write(self.training.run.path('trained.json'), json.dumps(self.training.state))
+            self.training.run.folder.drop('last.pt')
         data.barrier()  # every process reads best.pt (and the kept checkpoints) only once they are written
 
     def __exit__(self, *exception):
-        self.t.writer.wait()
+        self.training.writer.wait()
         for number, default in self.defaults.items():
             signal.signal(number, default)
 
     def stop(self, step, kept='it'):
         """A signal's end, once its resume point is saved (or, beyond --term_grace, at the last one, kept): one line,
         and the signal's exit status (another process's signal: SIGTERM's)."""
-        self.t.writer.wait()
-        last, number = self.t.run.path('last.pt'), self.signalled or signal.SIGTERM
+        run = self.training.run
+        self.training.writer.wait()
+        last, number = run.path('last.pt'), self.signalled or signal.SIGTERM
         where = (f'{last} holds it' if kept == 'it' else 'a new last.pt would outlast --term_grace, so the run stops '
                  'at its last resume point, ' + (f'step {kept} in {last}' if kept else 'none: --resume starts again'))
-        self.t.run.say(f'stopped by {number.name} at step {step}: {where}; run the same command with --resume to go on')
+        run.say(f'stopped by {number.name} at step {step}: {where}; run the same command with --resume to go on')
         raise SystemExit(128 + number)
 
 
@@ -1525,10 +1567,10 @@ def term_grace(args):
     return 20.0 if 'TORCHELASTIC_RUN_ID' in os.environ or 'SLURM_JOB_ID' in os.environ else 60.0
 
 
-def resumed(t):
+def resumed(training):
     """--resume: the loop's state from last.pt (the method, optimiser, schedule, fp16's loss scale and random state as
     they were), or from the start when it is not there."""
-    run = t.run
+    run = training.run
     last, trained = run.path('last.pt'), run.path('trained.json')
     if os.path.exists(trained):  # a finished training: best.pt holds what it kept
         return json.loads(data.read_text(trained))
@@ -1536,16 +1578,17 @@ def resumed(t):
         run.say(f'note: {last} not found: starting from the beginning')
         return None  # the loop starts afresh
     ckpt = layers.load_checkpoint(last, identity(run.args))
-    for part, name in ((t.method, 'method'), (t.opt, 'optimizer'), (t.sched, 'schedule'),
-                       (t.precision.scaler, 'scaler')):
+    for part, name in ((training.method, 'method'), (training.opt, 'optimizer'), (training.sched, 'schedule'),
+                       (training.precision.scaler, 'scaler')):
         part.load_state_dict(ckpt.get(name, {}))  # the scaler reads {} unless fp16's
     torch.set_rng_state(ckpt['rng'])
     return ckpt['state']
 
 
-def resume_point(t):
-    return {'method': t.method.state_dict(), 'optimizer': t.opt.state_dict(), 'schedule': t.sched.state_dict(),
-            'state': dict(t.state), 'rng': torch.get_rng_state(), 'scaler': t.precision.scaler.state_dict()}
+def resume_point(training):
+    return {'method': training.method.state_dict(), 'optimizer': training.opt.state_dict(),
+            'schedule': training.sched.state_dict(), 'state': dict(training.state), 'rng': torch.get_rng_state(),
+            'scaler': training.precision.scaler.state_dict()}
 
 
 def planted_stops(args, step, points):
@@ -1554,7 +1597,7 @@ def planted_stops(args, step, points):
     if args.term_after and step == args.term_after:
         os.kill(os.getpid(), signal.SIGTERM)
     if args.halt_after and step == args.halt_after:
-        points.t.writer.wait()
+        points.training.writer.wait()
         os._exit(3)
 
 

@@ -92,9 +92,9 @@ class Method(nn.Module):
                   not the task's dev sets; reads(args): [(path, what, needed)] beyond the task's
                   files; folder(args): the default run folder's name, in parts; resolve(args), variants(): the
                   class that runs (VECO's pre-training, translation, translate-train-all)
-      training    frozen(): the parameters the optimiser leaves alone this step; schedule(args, total): the
-                  learning rate's factor at each step; DECAY_ALL: weight decay on biases and LayerNorms too
-                  (fairseq's); `step`, the optimiser step, is set by the loop;
+      training    before_update(): VECO drops its frozen phase's gradients; stepped(step): the step counted in
+                  `step` -> an event for the log or None; schedule(args, total): the learning rate's factor at
+                  each step; DECAY_ALL: weight decay on biases and LayerNorms too (fairseq's);
                   host(batch): a micro-batch as loss() reads it, made on the host before it goes to the device
       prediction  predictor(run): the model a finished run predicts with (train.py --predict); KEEPS: what
                   --eval_only evaluates in a finished run's folder
@@ -208,8 +208,11 @@ class Method(nn.Module):
     # hooks: training
     DECAY_ALL = False
 
-    def frozen(self):
-        return []
+    def before_update(self):
+        pass
+
+    def stepped(self, step):
+        self.step = step
 
     def host(self, batch):
         return batch
@@ -1108,12 +1111,17 @@ class VecoPretrain(Method):
         loss = sum(terms[name] for name in counted)
         return loss, {'loss': loss.detach(), **{name: t.detach() for name, t in terms.items()}}
 
-    def frozen(self):
-        """Parameters the optimiser must leave alone at this step: in the first phase everything
-        but the new cross-attention (the paper: XLM-R frozen, cross-attention trained first)."""
-        if not self.cross_only():
-            return []
-        return [p for name, p in self.named_parameters() if not is_cross('enc.' + name.removeprefix('encoder.'))]
+    def before_update(self):
+        """In the first phase the optimiser leaves everything but the new cross-attention alone (the paper: XLM-R
+        frozen, the cross-attention trained first): their gradients go, and AdamW leaves a parameter without one."""
+        for name, p in self.named_parameters():
+            if self.cross_only() and not is_cross('enc.' + name.removeprefix('encoder.')):
+                p.grad = None
+
+    def stepped(self, step):
+        """The step counted -> the log's event when the first phase ends at this step."""
+        self.step = step
+        return 'every parameter trains from here on' if step == self.cross_only_steps else None
 
     def schedule(self, args, total):
         """Each phase its own warm-up and decay (Table 5's shape, --warmup of the phase's steps): in

@@ -725,19 +725,19 @@ def test_a_score_within_an_epoch_is_kept_when_it_is_the_best(tmp_path):
     method = run.build(encoder=layers.Encoder(layers.CONFIGS['tiny']))
     scores = iter([70.0, 60.0, 70.0])
     validate = lambda: {'en': {'score': next(scores)}, 'de': {'score': 50.0}}
-    t = train.Training(run, method, [], validate, 20, args.epochs)
-    state = t.state
+    training = train.Training(run, method, [], validate, 20, args.epochs)
+    state = training.state
     state['step'] = 5
-    train.end_epoch(t, time.time(), within=0.5)  # 70 at half an epoch: kept
-    t.writer.wait()  # written by the training's writer thread
+    train.end_epoch(training, within=0.5)  # 70 at half an epoch: kept
+    training.writer.wait()  # written by the training's writer thread
     kept = torch.load(tmp_path / 'best.pt', weights_only=True)['method']
     for score_step in (10, 15):  # the epoch's end (60) and later an equal 70: neither replaces it
         with torch.no_grad():
             next(method.parameters()).add_(1.0)
         state['step'] = score_step
-        train.end_epoch(t, time.time())
+        train.end_epoch(training)
     assert state['best'] == 70.0
-    t.writer.wait()
+    training.writer.wait()
     now = torch.load(tmp_path / 'best.pt', weights_only=True)['method']
     assert all(torch.equal(now[k], v) for k, v in kept.items())
 
