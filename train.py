@@ -40,8 +40,6 @@ from xlt import AT_LEAST_1, NON_NEGATIVE, POSITIVE, SHARE, Option
 
 def main(argv=None):
     """The command line (parse_args), the processes (one per GPU under torchrun), the run; any mistake, one line."""
-    global START, COMMAND
-    START, COMMAND = time.time(), list(sys.argv[1:] if argv is None else argv)  # a sweep's runs: this line, changed
     args = parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.precision != 'fp32'  # off autocast
     rank, world, device = setup_distributed() if not args.dry_run else (  # a dry run starts no process group
@@ -49,8 +47,8 @@ def main(argv=None):
     data.VERBOSE = rank == 0  # warnings about skipped data, once
     try:
         asked(args)(args, rank, world, device)
-    except (data.DataError, ev.EvalError, layers.CheckpointError, OSError) as e:  # once under way, maybe one's own
-        fail(f'{e.filename}: {e.strerror}' if isinstance(e, OSError) and e.strerror else str(e), own=UNDER_WAY)
+    except BAD_INPUT as e:  # found alike by every process (one_process_errors: once the run is under way)
+        fail(error_line(e))
     except KeyboardInterrupt:
         fail(interrupted(args))
     if dist.is_initialized():
@@ -65,7 +63,7 @@ def execute(args, rank, world, device):
         print(banner(args, world, files, model))
     if args.dry_run:
         return
-    with hold(args.out, rank):
+    with one_process_errors(), hold(args.out, rank):  # checked: an error from here on may be one process's own
         run = Run(args, rank, world, device, prepare(args, rank, world, device))
         if xlt.task_family(args) == 'retrieval':
             return run.cls.retrieval(run)
@@ -252,7 +250,7 @@ class Run:
     def stages_at_once(self):
         """--gpus N: the method's stages that have not finished with these settings (a --search's grid points, XLA's
         warm-ups), N at a time, each a train.py process of its own (fan_out), which stage() then reuses."""
-        todo = [(name, settings.out, command(only_stage=name)) for name in self.cls.stages(self.args)
+        todo = [(name, settings.out, command(self.args, only_stage=name)) for name in self.cls.stages(self.args)
                 if not finished_alike(settings := stage_settings(self.args, self.cls, name))]
         fan_out(todo, self.args.gpus)
 
@@ -426,9 +424,6 @@ def optimizer_and_schedule(method, args, total_steps):
 # ----------------------------------------------------------------------------------------
 # The command line: the trainer's options and each method's (xlt), checked, then the defaults.
 
-UNDER_WAY = False  # a run's checks passed: from here on an error may be one process's own
-
-
 def fail(message, own=False):
     """One line on stderr: from the first process, for what every process finds alike; under DDP an error of one
     process's own (own) from each process that meets it, naming it."""
@@ -438,7 +433,21 @@ def fail(message, own=False):
     raise SystemExit(f'error: {message}' if rank == 0 else 1)
 
 
-START = time.time()  # when main() began, for the total time a run reports
+BAD_INPUT = (data.DataError, ev.EvalError, layers.CheckpointError, OSError)  # each one line (error_line)
+
+
+def error_line(e):
+    return f'{e.filename}: {e.strerror}' if isinstance(e, OSError) and e.strerror else str(e)
+
+
+@contextmanager
+def one_process_errors():
+    """A run under way (its checks passed, alike on every process): an error may now be one process's own, and under
+    DDP its line names the process."""
+    try:
+        yield
+    except BAD_INPUT as e:
+        fail(error_line(e), own=True)
 
 
 # The demo: a tiny model from scratch, no warm-up (a ramp from 0 leaves it on a plateau for some seeds), random batches
@@ -549,7 +558,9 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
            changes='nothing'),
     Option('halt_after', int, argparse.SUPPRESS, changes='nothing'),  # tests: die abruptly after this many steps
     Option('term_after', int, argparse.SUPPRESS, changes='nothing'),  # tests: a SIGTERM to itself after this many steps
-    Option('only_stage', str, argparse.SUPPRESS, changes='nothing'))  # a sweep's process (fan_out): one stage alone
+    Option('only_stage', str, argparse.SUPPRESS, changes='nothing'),  # a sweep's process (fan_out): one stage alone
+    Option('started', float, argparse.SUPPRESS, changes='nothing'),  # when the command began (parse_args)
+    Option('command', str, argparse.SUPPRESS, nargs='*', changes='nothing'))  # its words (a sweep's runs change them)
 
 
 def parse_args(argv=None):
@@ -565,6 +576,7 @@ def parse_args(argv=None):
         for o in new:
             add_option(group, o._replace(default=None))  # a method's defaults once it is the one that runs
     args = p.parse_args(argv)
+    args.started, args.command = time.time(), list(sys.argv[1:] if argv is None else argv)
     for o in OPTIONS + tuple(o for c in xlt.classes() for o in c.OPTIONS):  # before the defaults: 0 is not 'not given'
         value = getattr(args, o.name)
         if o.valid and value is not None and not all(math.isfinite(v) and o.valid[0](v) for v in np.atleast_1d(value)):
@@ -703,10 +715,8 @@ def waits_group():
 
 def check(args, world):
     """Everything that can be checked before anything is made: --out, the processes, the options against the model,
-    every file the run reads, the checkpoints and runs it names, what --out holds. -> (files, meta-device model).
-    Once they pass the run is under way (UNDER_WAY): an error may then be one process's own."""
-    global UNDER_WAY
-    cls, UNDER_WAY = xlt.method_class(args), False
+    every file the run reads, the checkpoints and runs it names, what --out holds. -> (files, meta-device model)."""
+    cls = xlt.method_class(args)
     parent = os.path.dirname(first_missing(args.out) or os.path.abspath(args.out))
     if os.path.exists(args.out) and not os.path.isdir(args.out) or not os.path.isdir(parent):
         file = args.out if os.path.exists(args.out) else parent
@@ -743,7 +753,6 @@ def check(args, world):
     check_stages(args, cls)
     if args.resume or is_finished(args.out):  # a first run meets neither
         check_finished(args)
-    UNDER_WAY = True
     return files, model
 
 
@@ -1168,7 +1177,7 @@ class Folder:
                 files['config.json'] = self.config()
             for name, text in files.items():
                 layers.atomic_write(self.path(name), text)
-            print(f'{table}\n{where}; {ev.clock(time.time() - START)} in all')
+            print(f'{table}\n{where}; {ev.clock(time.time() - self.args.started)} in all')
         data.barrier()
 
 
@@ -1239,12 +1248,12 @@ def sweep(args, rank, world, device):
     if makes_demo_start(args) and args.gpus > 1:  # the runs' start, made once before they run at once (demo_start)
         demo_pretrained(args, rank, world, device)
     if args.commands:  # a job array's lines: nothing runs here
-        return say('\n'.join(shlex.join(command(**changes(v))) for v in values))
+        return say('\n'.join(shlex.join(command(args, **changes(v))) for v in values))
     if args.dry_run:  # the plan of the first run: the others' read the same
         execute(runs[values[0]], rank, world, device)
         return say(f'--{name}: the same run for {word} {", ".join(map(str, values[1:]))} too')
     if args.gpus > 1:  # the stages runs share (XLA's --warmup_dir), made once, N at a time, before the runs
-        fan_out([(f'{name} ({word} {v})', out, command(**changes(v), only_stage=name))
+        fan_out([(f'{name} ({word} {v})', out, command(args, **changes(v), only_stage=name))
                  for out, (v, name) in shared_stages(runs).items()
                  if not finished_alike(stage_settings(runs[v], xlt.method_class(args), name))], args.gpus)
     todo = []
@@ -1252,7 +1261,7 @@ def sweep(args, rank, world, device):
         if finished_alike(settings):
             say(f'{word} {v}: reused, the finished run in {settings.out} has these settings')
         elif args.gpus > 1:
-            todo.append((f'{word} {v}', settings.out, command(**changes(v))))
+            todo.append((f'{word} {v}', settings.out, command(args, **changes(v))))
         else:
             settings.resume = args.resume and began(settings.out)
             execute(settings, rank, world, device)
@@ -1301,7 +1310,7 @@ def stage_commands(args, rank, world, device):
     """--commands without --seeds: each of the method's stages' command lines, one a line (a job array's); nothing runs
     here, and the same command without --commands then reuses the stages and finishes the run."""
     check(args, world)
-    print('\n'.join(shlex.join(command(only_stage=name)) for name in xlt.method_class(args).stages(args)))
+    print('\n'.join(shlex.join(command(args, only_stage=name)) for name in xlt.method_class(args).stages(args)))
 
 
 def one_stage(args, rank, world, device):
@@ -1310,13 +1319,13 @@ def one_stage(args, rank, world, device):
     execute(stage_settings(args, xlt.method_class(args), args.only_stage), rank, world, device)
 
 
-def command(**changes):
-    """train.py's command line for one run of a sweep: this one's (COMMAND), its --seeds (--train_langs), --gpus and
-    --commands dropped, and each option of changes given its value (--seed and --out, or --only_stage)."""
+def command(args, **changes):
+    """train.py's command line for one run of a sweep: this one's (args.command), its --seeds (--train_langs), --gpus
+    and --commands dropped, and each option of changes given its value (--seed and --out, or --only_stage)."""
     dropped = ('--seeds', '--train_langs', '--gpus', *(f'--{name}' for name in changes))
     fresh = 'out' in changes and not began(changes['out'])  # a run of a sweep that never began: nothing to resume
     flags, kept, skip = ('--commands',) + ('--resume',) * fresh, [], False
-    for word in COMMAND:
+    for word in args.command:
         name = word.split('=', 1)[0]
         if skip or name in flags:
             skip = False
@@ -1627,7 +1636,7 @@ def interrupted(args):
     if args.eval_only:
         return 'interrupted while evaluating: nothing was changed; run the same command again'
     found = [os.path.join(d, n) for d, _, names in os.walk(args.out) for n in names if n in ('last.pt', 'trained.json')]
-    found = [p for p in found if os.path.getmtime(p) >= START]  # not an earlier run's
+    found = [p for p in found if os.path.getmtime(p) >= args.started]  # not an earlier run's
     if not found:
         return f'interrupted before the first checkpoint in {args.out}: run the same command again'
     last, go_on = max(found, key=os.path.getmtime), 'run the same command with --resume to go on'
