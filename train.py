@@ -212,7 +212,7 @@ class Run:
         scored = self.test_scores(preds)
         if self.args.translate_test and method.family == 'qa':  # English answers: scored on the translations' answers
             scored = {**scored, **{lang: s for lang, s in test.items() if lang != 'en'}}
-        self.finish(dev, scored, xlt.selection(method.select, dev)[1])
+        self.finish(dev, scored, xlt.selection(method.select, dev).rule)
 
     def load_best(self, method):
         """best.pt's weights into method, when the run kept one -> whether it had."""
@@ -295,10 +295,9 @@ class Training:
 
 
 def train(run, method, items, validate, batches_of, keep_last=0):
-    """--epochs epochs of batches_of(epoch), or --steps steps: for each batch one step (train_step, optimizer_step),
-    every --log_every steps a log line, and after each epoch the dev scores, which keep best.pt (end_epoch). Below the
-    divider, the machinery: --resume from last.pt, resume points and a scheduler's signal (ResumePoints), and each
-    epoch's progress bar and the memory probe (begin_epoch)."""
+    """--epochs epochs of batches_of(epoch), or --steps steps: for each batch a step, every --log_every steps a log
+    line, and after each epoch the dev scores, which keep best.pt. The machinery is below the divider: --resume,
+    resume points and signals (ResumePoints), and each epoch's progress bar and memory probe (begin_epoch)."""
     per_epoch = len(batches_of(0))  # with --steps, an 'epoch' is --eval_every steps, or a pass
     epochs = run.args.epochs or math.ceil(run.args.steps / per_epoch)
     training = Training(run, method, items, validate, run.args.steps or per_epoch * epochs, epochs, keep_last)
@@ -393,7 +392,7 @@ def end_epoch(training, within=None):
 def keep_if_best(training, dev):
     """best.pt, when the method's selection score of the dev scores (xlt.selection) is the best so far. -> the score."""
     method, state = training.method, training.state
-    score = xlt.selection(method.select, dev)[0]
+    score = xlt.selection(method.select, dev).score
     score = state['epoch'] if score is None else score  # no dev set: keep the last
     if score > state['best']:
         state['best'] = float(score)

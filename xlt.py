@@ -286,18 +286,23 @@ SELECTED_BY = {'en': 'best English dev score', 'average': 'best average dev scor
                'last': 'last epoch'}  # each method.select's
 
 
+Selection = NamedTuple('Selection', [('score', float), ('rule', str)])  # the score a checkpoint is kept by (None:
+# the last is kept) and the rule in words
+
+
 def selection(select, dev):
-    """-> (the dev score a checkpoint is chosen by, the rule in words): a language's dev score, the
+    """-> Selection(the dev score a checkpoint is chosen by, the rule in words): a language's dev score, the
     baselines' English (XTREME's zero-shot protocol has no target-language labels) or in-language's
     own (XTREME's run_tag.py --train_langs); X-Mixup's average over the dev languages (as its release
     selects); VECO's lowest held-out loss; none for 'last' (FILTER's runners and XTREME's QA keep the last)."""
     if select == 'last' or not dev:
-        return None, SELECTED_BY['last'] if dev else 'last epoch (no dev set)'
+        return Selection(None, SELECTED_BY['last'] if dev else 'last epoch (no dev set)')
     if select in dev:
-        return dev[select]['score'], SELECTED_BY['en'] if select == 'en' else f'best dev score of {select}'
+        return Selection(dev[select]['score'], SELECTED_BY['en'] if select == 'en' else f'best dev score of {select}')
     if select not in SELECTED_BY:  # a language without a dev set (in-language's Kazakh, say): not the others' average
-        return None, f'last epoch (no {select} dev set)'
-    return float(np.mean([s['score'] for s in dev.values()])), SELECTED_BY['loss' if select == 'loss' else 'average']
+        return Selection(None, f'last epoch (no {select} dev set)')
+    mean = float(np.mean([s['score'] for s in dev.values()]))
+    return Selection(mean, SELECTED_BY['loss' if select == 'loss' else 'average'])
 
 
 def warmup_then_decay(warm, start, end):
@@ -1054,7 +1059,7 @@ class VecoPretrain(Method):
         run.fit(method, items, validate, batches)
         run.load_best(method)
         losses = validate()
-        results = {'task': 'pretrain', 'method': 'veco', 'selected_by': selection(method.select, losses)[1],
+        results = {'task': 'pretrain', 'method': 'veco', 'selected_by': selection(method.select, losses).rule,
                    'held_out': losses, 'data': used}
         run.folder.write_results(results, ev.held_out_table(losses),
                           f'pre-trained model in {run.out}/best.pt: fine-tune it with --init {run.out}/best.pt')
