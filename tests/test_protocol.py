@@ -47,6 +47,18 @@ def registered():
     xlt.METHODS.update(before)
 
 
+def test_the_plan_counts_the_readme_example_s_two_passes(registered):
+    """R-Drop runs each batch through the model twice, and both passes keep their activations for backward: the plan's
+    peak for it is the zero-shot baseline's (the same encoder and head) plus one more pass's saved tensors."""
+    RDrop = readme_example()
+    cfg = layers.CONFIGS['tiny']
+    peak = lambda m: layers.peak_bytes(cfg, *m.passes(16, (40,)), sum(p.numel() for p in m.parameters()), 'cuda', 'bf16')
+    rdrop = RDrop(layers.Encoder(cfg), 'pawsx', argparse.Namespace(rdrop_alpha=1.0))
+    baseline = xlt.Baseline(layers.Encoder(cfg), 'pawsx')
+    one_pass = layers.pass_bytes(cfg, layers.Pass(16, 40, cfg.n_layer), 2, 'cuda')[0]  # what it keeps for backward
+    assert peak(rdrop) - peak(baseline) == one_pass > 0
+
+
 def test_readme_example_is_r_drop_by_hand(registered):
     RDrop = readme_example()
     args = train.parse_args(['--method', 'rdrop', '--task', 'panx'])
