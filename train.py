@@ -386,7 +386,7 @@ def end_epoch(training, within=None):
         save(run, f'checkpoints/step{state["step"]:07d}.pt', weights, training.writer, training.keep_last)
     dev = training.validate()
     score = keep_if_best(training, dev)
-    epoch_line(training, dev, score, within)
+    report_epoch(training, dev, score, within)
 
 
 def keep_if_best(training, dev):
@@ -1410,7 +1410,7 @@ def begin_epoch(training, batches, per_epoch):
     return batches[start:]
 
 
-def epoch_line(training, dev, score, within=None):
+def report_epoch(training, dev, score, within=None):
     """The printed line of an epoch's end (or of a point within it) and its line in log.jsonl: the dev scores, their
     selection score, the padding share."""
     state, select = training.state, training.method.select
