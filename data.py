@@ -1,5 +1,6 @@
 """Text to tensors: XLM-R's and BERT's tokenizers, the XTREME tasks, their files and batches."""
 import argparse
+import contextvars
 import csv
 import datetime
 import errno
@@ -24,6 +25,7 @@ import zlib
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from itertools import accumulate, chain, islice, zip_longest
+from typing import NamedTuple
 
 import numpy as np
 import sentencepiece as spm
@@ -470,18 +472,29 @@ class Features:
     draw: int = 0
 
 
+class Shape(NamedTuple):
+    """A shape of training data, which a method names by its trains_on, a key of TRAINS_ON."""
+    langs: str  # the languages besides English: None, 'one' (--train_lang) or 'every' target language
+    own: bool  # their own training data (in-language), not English's translations into them
+    english: bool  # English's examples too (with own: English's own data)
+
+
+TRAINS_ON = {'en': Shape(None, False, True), 'train_lang': Shape('one', False, False),
+             'every_lang': Shape('every', False, True), 'own_lang': Shape('one', True, False),
+             'every_own': Shape('every', True, True)}
+
+
 def training_set(spec, langs, trains_on='en', paired=False, round_trip=False, share=None, first=None, squad=False):
-    """The training items of a method (Items), made as spec (Features) says: features of English ('en'; a share of
-    it), of its translations into langs without English ('train_lang') or with it ('every_lang'), of the
-    languages' own training data ('own_lang'; 'every_own': English's too, each its first examples);
+    """The training items of a method (Items), made as spec (Features) says: of the shape TRAINS_ON[trains_on], in
+    langs, each language's first examples with `first`; a share of English's with `share`;
     for a paired method tuples (English, translation[, round trip]), English also paired with itself,
     as both released codes do; squad: SQuAD v1.1's English training set too, after TyDiQA's (FILTER's
     --use_squad_for_tydiqa). Tokenized once into <data_dir>/.cache (build_once), or with cache False into a
     temporary folder."""
-    tok, data_dir, task = spec.tok, spec.data_dir, spec.task
-    if trains_on == 'every_own':  # English and the languages with training data of their own
+    tok, data_dir, task, shape = spec.tok, spec.data_dir, spec.task, TRAINS_ON[trains_on]
+    if shape.own and shape.english:  # English and the languages with training data of their own
         langs = ['en'] + [lang for lang in langs if has_training_data(data_dir, task, lang)]
-    if trains_on in ('own_lang', 'every_own'):
+    if shape.own:
         files = tok.files + [split_path(data_dir, task, 'train', lang) for lang in langs]
     else:
         kinds = ('translate-train', 'round-trip')[:1 + round_trip]
@@ -506,14 +519,14 @@ def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share
     own first examples (in-language), or English (not for a single-text method on 'train_lang'),
     then each language's translations and their round trips where there are (write_items pairs the
     English itself where there are none)."""
-    if trains_on in ('own_lang', 'every_own'):
+    if TRAINS_ON[trains_on].own:
         for lang in langs:
             yield lang, read_split(data_dir, task, 'train', lang)[:first], None
         return
     english = read_split(data_dir, task, 'train')
     if share:  # XLA's warm-up on the 5% setting: its share of English
         english = share_of(english, share, part=0, seed=draw)
-    if paired or trains_on != 'train_lang':  # SQuAD's after the task's, whose positions the translations keep
+    if paired or TRAINS_ON[trains_on].english:  # SQuAD's after the task's, whose positions the translations keep
         yield 'en', english + (read_split(data_dir, 'xquad', 'train') if squad else []), None
     missing = []
     for lang in langs:
@@ -906,6 +919,16 @@ QA_FILES = {
 }
 
 
+def translated(data_dir, task, langs, reader):
+    """The languages of langs into which the data folder translates the task's English training data. A warning
+    names the others, which the reader (a method's name) trains without."""
+    there = [lang for lang in langs if os.path.exists(split_path(data_dir, task, 'translate-train', lang))]
+    if there != langs:
+        warn(f'{data_dir} translates no {task} training data into '
+             f'{", ".join(lang for lang in langs if lang not in there)}: {reader} trains without them')
+    return there
+
+
 def split_path(data_dir, task, split, lang='en'):
     """File of a split: 'train' (English's by default), 'dev', 'test', 'translate-train' (English -> lang),
     'translate-dev' / 'translate-test' (lang -> English) or 'round-trip' (the English training
@@ -1062,17 +1085,21 @@ def line_pairs(a_path, b_path):
         yield a, b
 
 
-VERBOSE = True  # warnings about skipped data; the training script turns them off on all but one process
-
-
-HEARD = None  # the warnings of a build under way: kept in its meta.json and given at every load (Items)
+# The warnings of a build under way (write_items), in this thread: kept in its meta.json and given at every load
+HEARD = contextvars.ContextVar('heard', default=None)
 
 
 def warn(message):
-    if HEARD is not None:
-        HEARD.append(message)
-    elif VERBOSE:
+    """A warning about the data, given once: by the first process of a run (RANK 0, as torchrun and srun set it)."""
+    heard = HEARD.get()
+    if heard is not None:
+        heard.append(message)
+    elif first_process():
         print(f'warning: {message}')
+
+
+def first_process():
+    return int(os.environ.get('RANK', 0)) == 0
 
 
 def report_skipped(path, total, reasons, what='examples'):
@@ -1086,7 +1113,7 @@ def report_skipped(path, total, reasons, what='examples'):
 def bar(iterable=None, quiet=False, **kwargs):
     """A tqdm progress bar, drawn by one process and only on a terminal (a log file would get
     every redraw)."""
-    return tqdm(iterable, disable=quiet or not VERBOSE or not sys.stderr.isatty(), **kwargs)
+    return tqdm(iterable, disable=quiet or not first_process() or not sys.stderr.isatty(), **kwargs)
 
 
 def progress(examples, what):
@@ -1384,8 +1411,8 @@ def task_files(data_dir, task, trained=(), round_trip=False, translations=False,
                trains_on='en', chosen=None):
     """-> [(path, what, needed)] of a task in the layout of docs/data.md: the training files (train):
     English's (but in-language's), the translate-train files of the languages `trained` (with their
-    round trips, read where they are), or their own training files (trains_on 'own_lang': needed;
-    'every_own': those there are, UD has none in some), every dev and test file, with translations
+    round trips, read where they are), or their own training files (needed for one language; for every language
+    those there are, UD has none in some), every dev and test file, with translations
     the translate-dev and translate-test files of the target languages (reader: who reads them, for
     the message), and the test labels; of the languages chosen (--langs) alone. Not needed: read where it is there."""
     family, langs = TASKS[task].family, languages(task, is_demo(data_dir), chosen)
@@ -1399,12 +1426,12 @@ def task_files(data_dir, task, trained=(), round_trip=False, translations=False,
                 for split, names in sides(lang) for side in names] + labels
     files = []
     add = lambda path, what, needed=True: files.append((path, what, needed))
-    own = trains_on in ('own_lang', 'every_own')
-    if train and trains_on != 'own_lang':
+    own, english = TRAINS_ON[trains_on].own, TRAINS_ON[trains_on].english
+    if train and (english or not own):  # translations are read beside their English
         add(split_path(data_dir, task, 'train'), get)
     for lang in trained if train and own else ():
         add(split_path(data_dir, task, 'train', lang), f'the training data of {lang} itself ({get}; UD v2.5 has '
-            'none in some languages)', trains_on == 'own_lang')
+            'none in some languages)', not english)
     if train and not own:
         for lang in trained:
             add(split_path(data_dir, task, 'translate-train', lang),
@@ -1591,13 +1618,13 @@ def usable_cores():
 
 
 def write_items(path, tok, jobs, work, index_of, meta):
-    """Items in a new folder moved into place whole (a build killed halfway leaves none): work(job)
+    """Items in a new folder moved into place whole (a build killed halfway leaves none): work(tok, job)
     -> (arrays, info) over jobs, (name, job) pairs, each result's arrays appended to flat files as
     it comes; then index_of([(name, features before it, info) of each job], features) -> (item
     index, more meta). Jobs go to forked worker processes a window at a time, so that a stream of
     them is held a window at a time; with work None they are results already (XLA's samples)."""
-    global TOKENIZER, HEARD
-    tmp, files, done, total, TOKENIZER, HEARD = f'{path}.tmp{os.getpid()}', {}, [], 0, tok, []
+    tmp, files, done, total, heard = f'{path}.tmp{os.getpid()}', {}, [], 0, []
+    hearing = HEARD.set(heard)
     os.makedirs(tmp)
     ends = {'ends': 0, 'word_ends': 0}  # the offsets of each feature's ids and words, from a first 0
     append(tmp, files, {key: np.zeros(1, np.int64) for key in ends})
@@ -1605,15 +1632,15 @@ def write_items(path, tok, jobs, work, index_of, meta):
     first = list(islice(jobs, 2))  # a set of one job (most evaluation sets) is not worth forking a pool for
     cores = usable_cores() if work and len(first) > 1 else 1
     try:
-        # forked with TOKENIZER before any thread starts (the bar's); the workers run sentencepiece and numpy and end
-        # at the pool's SIGTERM whatever handler the trainer set (ResumePoints)
+        # forked before any thread starts (the bar's): the workers run sentencepiece and numpy
         fork = multiprocessing.get_context('fork')
-        with fork.Pool(cores, signal.signal, (signal.SIGTERM, signal.SIG_DFL)) if cores > 1 else nullcontext() as pool:
+        with fork.Pool(cores, start_worker, (tok,)) if cores > 1 else nullcontext() as pool:
             jobs, progress = chain(first, jobs), bar(desc='tokenizing', unit=' jobs', leave=False)
-            apply = pool.imap if pool else map
-            work = work or (lambda job: job)  # XLA's samples are their arrays already
+            work = work or (lambda tok, job: job)  # XLA's samples are their arrays already
             while window := list(islice(jobs, 4 * cores)):
-                for (name, _), (arrays, info) in zip(window, apply(work, [job for _, job in window])):
+                calls = [(work, job) for _, job in window]
+                results = pool.imap(in_worker, calls) if pool else (fn(tok, job) for fn, job in calls)
+                for (name, _), (arrays, info) in zip(window, results):
                     done.append((name, total, info))
                     total += len(arrays['length'])
                     for key, counts in (('ends', arrays['length']), ('word_ends', arrays.pop('word_count', []))):
@@ -1630,7 +1657,7 @@ def write_items(path, tok, jobs, work, index_of, meta):
     finally:  # a build that fails leaves its folder for the next one to remove, its files closed
         for f in files.values():
             f.close()
-        heard, HEARD = HEARD, None
+        HEARD.reset(hearing)
     sizes = {name: os.path.getsize(f.name) for name, f in files.items()}  # what torn() checks at every open
     meta = dict(meta, sides=index.shape[1], warnings=heard, sizes=sizes, **more)
     atomic_write(os.path.join(tmp, 'meta.json'), json.dumps(meta))
@@ -1657,18 +1684,32 @@ def append(folder, files, arrays):
         values.tofile(files[name])
 
 
-TOKENIZER = None  # the tokenizer of the build under way, which the worker processes inherit
+WORKER = {}  # a forked tokenizing worker's own state: the tokenizer it was started with (start_worker)
+
+
+def start_worker(tok):
+    """A tokenizing worker, forked by write_items: it ends at the pool's SIGTERM whatever handler the trainer set
+    (ResumePoints), and keeps the build's tokenizer, which it inherits rather than unpickles."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    WORKER['tok'] = tok
+
+
+def in_worker(call):
+    work, job = call
+    return work(WORKER['tok'], job)
+
+
 flat = lambda lists: np.array([x for values in lists for x in values], np.int32)
 
 
-def feature_arrays(job):
+def feature_arrays(tok, job):
     """(task, examples, max_len, stride, number of the first example, train) -> (their features as
     flat int32 arrays: every feature's ids one after another, its length, example and label (a
     class, an answer's start and end, or tagging's label per token with each feature's word
     starts; QA's evaluation windows: each token's span, -1 off the context, and max_context);
     each example's first feature, and the features' count, counted from 0)."""
     task, examples, max_len, stride, base, train = job
-    feats = make_features(TOKENIZER, task, examples, max_len, train, stride)
+    feats = make_features(tok, task, examples, max_len, train, stride)
     arrays = {'ids': flat(f.ids for f in feats), 'length': np.array([len(f.ids) for f in feats], np.int32),
               'example': np.array([base + f.example for f in feats], np.int32)}
     family = TASKS[task].family
@@ -1804,11 +1845,11 @@ def slices(iterable, n):
         yield part
 
 
-def pair_arrays(job):
+def pair_arrays(tok, job):
     """(parallel, documents or line pairs, max_len) -> (the (x, y) pairs' features as flat arrays,
     x then y, and the counts of what each rule used)."""
     parallel, part, max_len = job
-    counts, tok = {}, TOKENIZER
+    counts = {}
     if not parallel:
         pairs = segment_pairs(tok, part, max_len, counts)
     else:
@@ -1953,6 +1994,9 @@ class Ragged:
         values = torch.cat([v for v, _ in parts]) if parts else torch.zeros(0)
         counts = torch.cat([c for _, c in parts]) if parts else torch.zeros(0, dtype=torch.long)
         return cls(values, torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
+
+
+torch.serialization.add_safe_globals([Ragged])  # a file may hold one: torch.load(weights_only=True) rebuilds it
 
 
 WINDOW = 64  # in_windows sorts this many batches by length at a time

@@ -44,7 +44,6 @@ def main(argv=None):
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.precision != 'fp32'  # off autocast
     rank, world, device = setup_distributed() if not args.dry_run else (  # a dry run starts no process group
         int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1)), None)
-    data.VERBOSE = rank == 0  # warnings about skipped data, once
     try:
         asked(args)(args, rank, world, device)
     except BAD_INPUT as e:  # found alike by every process (one_process_errors: once the run is under way)
@@ -57,14 +56,16 @@ def main(argv=None):
 
 def execute(args, rank, world, device):
     """The run of args in args.out (the command's, or a stage's): every option and file checked and the plan printed
-    (a dry run stops there), the folder held, the data prepared, then the method's procedure."""
-    files, model = check(args, world)
+    (a dry run stops there), the folder held, the demo's data made, then the method's procedure."""
+    check(args, world)
     if rank == 0:
-        print(banner(args, world, files, model))
+        print(banner(args, world))
     if args.dry_run:
         return
     with one_process_errors(), hold(args.out, rank):  # checked: an error from here on may be one process's own
-        run = Run(args, rank, world, device, prepare(args, rank, world, device))
+        if args.demo:
+            make_demo(args, rank, world, device)
+        run = Run(args, rank, world, device, tokenizer_of(args))
         if xlt.task_family(args) == 'retrieval':
             return run.cls.retrieval(run)
         run.cls.procedure(run)
@@ -86,13 +87,13 @@ class Run:
         self.features = data.Features(tok, args.data_dir, args.task, args.max_len, args.doc_stride, not args.no_cache,
                                       xlt.share_draw(args))
 
-    def build(self, cls=None, encoder=None, settings=None):
+    def build(self, cls=None, encoder=None, settings=None, **parts):
         """The method (the run's class, or cls) on the device: its encoder from --init (from random
-        weights for the demo and --from_scratch), its head seeded by --seed."""
+        weights for the demo and --from_scratch), its head seeded by --seed; parts: what else its class takes."""
         encoder = self.encoder()[0] if encoder is None else encoder
         torch.manual_seed(self.args.seed)  # the head's initialisation follows --seed, with --init too
         try:
-            method = (cls or self.cls)(encoder, self.args.task, settings or self.args).to(self.device)
+            method = (cls or self.cls)(encoder, self.args.task, settings or self.args, **parts).to(self.device)
         except ValueError as e:
             fail(str(e))
         method.select = getattr(settings or self.args, 'select', None) or method.select  # --select, or the release's
@@ -122,8 +123,8 @@ class Run:
         return encoder
 
     def restore(self, weights, cls=None):
-        """The method of a checkpoint, or of a finished run's folder (its best.pt), with its settings
-        and weights; as cls, given one, a model of this run's preset (XLA trains a warm-up's model)."""
+        """The method of a checkpoint, or of a finished run's folder (its best.pt), with its settings and weights.
+        Given cls, it is a model of that class and of this run's preset."""
         path = os.path.join(weights, 'best.pt') if os.path.isdir(weights) else weights
         expect = {'task': identity(self.args)['task'], **({'model': self.args.model} if cls else {})}
         ckpt = layers.load_checkpoint(path, expect)
@@ -216,7 +217,7 @@ class Run:
 
     def load_best(self, method):
         """best.pt's weights into method, when the run kept one -> whether it had."""
-        if os.path.exists(self.path('best.pt')):
+        if self.folder.holds('best.pt'):
             method.load_state_dict(layers.load_checkpoint(self.path('best.pt'), identity(self.args))['method'])
             return True
 
@@ -230,7 +231,7 @@ class Run:
         """results.json and the table of the run's scores (eval.results); runs: other rows, first
         (several models of one run), the run's then named `name`."""
         results, table = ev.results(vars(self.args), dev, test, selected_by, runs, name)
-        kept = ', the kept model in best.pt' if os.path.exists(self.path('best.pt')) else ''
+        kept = ', the kept model in best.pt' if self.folder.holds('best.pt') else ''
         self.folder.write_results(results, table, f'results in {self.out}/results.json and results.txt, predictions '
                                                   f'in {self.out}/predictions/{kept}')
 
@@ -337,6 +338,7 @@ def train_step(training, batch, probe=False):
             torch.manual_seed(dropout_seed(run.args.seed, step, c))
             sync = a == accum - 1 or not isinstance(training.model, DDP)
             items = [training.items[i] for i in chunks[c]]
+            # the batch keeps its items' positions (Batch.index), where a method may look up what it stored for them
             micro = training.method.host(training.collate(items, chunks[c].tolist())).to(run.device)
             with (nullcontext() if sync else training.model.no_sync()), training.precision.autocast():
                 loss, chunk_logs = training.model(micro)
@@ -611,7 +613,8 @@ def configure(args, owners):
             fail(f'--{name} belongs to {xlt.called(classes)}, not to {args.method} on {args.task}')
     if args.layer and (len(args.layer) > 2 or args.layer[0] > args.layer[-1]):
         fail(f'--layer {"-".join(map(str, args.layer))}: give a layer N or a range A-B with A at most B')
-    if args.with_squad and (args.task != 'tydiqa' or not (cls.paired or cls.trains_on in ('en', 'every_lang'))):
+    shape = data.TRAINS_ON[cls.trains_on]
+    if args.with_squad and (args.task != 'tydiqa' or not (cls.paired or (shape.english and not shape.own))):
         fail(f'--with_squad adds SQuAD to the English of TyDiQA\'s training set, which {args.method} on {args.task} '
              'does not train on: drop it')
     if args.translate_test and (xlt.task_family(args) not in ('classification', 'qa') or cls.paired):
@@ -636,11 +639,9 @@ def configure(args, owners):
         cls.configure(args, demo)
     except ValueError as e:
         fail(str(e))
-    if args.translations != 'xtreme':  # a data folder of its own: other translations, the rest linked to XTREME's
-        args.data_dir = os.path.join(args.data_dir, args.translations) if args.translations in (
-            'filter', 'xmixup') else args.translations
     named = argparse.Namespace(**{**vars(args), 'train_lang': None}) if args.train_langs else args
     args.out = args.out or os.path.join('runs', '-'.join(cls.folder(named) + default_folder(args, cls, seeded)))
+    args.data_dir = data_folder(args)
     args.dict = args.dict or data.beside(args.init, 'dict.txt')
     if (args.gpus > 1 or args.commands) and not (args.seeds or args.train_langs or cls.stages(args)):
         fail('--gpus and --commands spread the runs of a sweep: add --seeds a,b,c (--train_langs, --search), or drop '
@@ -653,6 +654,16 @@ def configure(args, owners):
     if args.demo and not args.init and not args.from_scratch and cls.pretrained_start and args.model == demo['model']:
         args.init = demo_start(args.out)  # made by the run when missing; recorded alike by every run of the folder
     return args
+
+
+def data_folder(args):
+    """The data folder the run reads: the demo's, made in the run's folder; other translations' own folder, where the
+    rest is linked to XTREME's (a release's data: <--data_dir>/filter or /xmixup); else --data_dir."""
+    if args.demo:
+        return os.path.join(args.out, 'demo-data')
+    if args.translations in ('filter', 'xmixup'):
+        return os.path.join(args.data_dir, args.translations)
+    return args.data_dir if args.translations == 'xtreme' else args.translations
 
 
 def default_folder(args, cls, seeded):
@@ -714,7 +725,7 @@ def waits_group():
 
 def check(args, world):
     """Everything that can be checked before anything is made: --out, the processes, the options against the model,
-    every file the run reads, the checkpoints and runs it names, what --out holds. -> (files, meta-device model)."""
+    every file the run reads, the checkpoints and runs it names, what --out holds."""
     cls = xlt.method_class(args)
     parent = os.path.dirname(first_missing(args.out) or os.path.abspath(args.out))
     if os.path.exists(args.out) and not os.path.isdir(args.out) or not os.path.isdir(parent):
@@ -728,7 +739,7 @@ def check(args, world):
         if size < world * args.grad_accum:
             fail(f'--{option} {size} cannot be cut into {world} processes x --grad_accum {args.grad_accum}: raise '
                  f'--{option} or lower --grad_accum')
-    model = check_options(args, cls)
+    check_options(args, cls)
     if args.translations in ('filter', 'xmixup') and not os.path.isdir(args.data_dir):
         fail(f'{args.data_dir} not found: {args.method} reads its release\'s data there (python data.py download '
              f'--task {args.task} --translations {args.translations} --out {os.path.dirname(args.data_dir)}); '
@@ -752,7 +763,6 @@ def check(args, world):
     check_stages(args, cls)
     if args.resume or is_finished(args.out):  # a first run meets neither
         check_finished(args)
-    return files, model
 
 
 def check_stages(args, cls):
@@ -766,14 +776,20 @@ def check_stages(args, cls):
 
 
 def check_options(args, cls):
-    """What needs the data's languages or a model: translate-train's language, and the method's
-    own layer counts, tried on its model on the meta device (no memory, no time) -> that model (retrieval: None)."""
+    """What needs the data's languages or a model: translate-train's language, and the method's own layer counts,
+    tried on its model (sketched)."""
     langs = target_langs(args) if args.task in data.TASKS or args.langs else ()  # --langs checked
-    if cls.trains_on in ('train_lang', 'own_lang') and xlt.task_family(args) != 'retrieval':
-        langs = ['en'] * (cls.trains_on == 'own_lang') + langs  # in-language English: XTREME's rows average it too
+    if data.TRAINS_ON[cls.trains_on].langs == 'one' and xlt.task_family(args) != 'retrieval':
+        langs = ['en'] * data.TRAINS_ON[cls.trains_on].own + langs  # in-language English: XTREME's rows average it
         for lang in args.train_langs or [args.train_lang]:
             if lang not in langs:
                 fail(f'{args.method} needs --train_lang, one of {", ".join(langs)}' + f' (not {lang})' * bool(lang))
+    sketched(args, cls)
+
+
+def sketched(args, cls):
+    """The method as the run builds it, on the meta device (no memory, no time), which the plan counts; None for a
+    retrieval task, which builds none. A layer count that does not fit the model stops here, in one line."""
     if xlt.task_family(args) != 'retrieval':
         try:
             with torch.device('meta'):
@@ -842,17 +858,19 @@ def check_run(args, name, folder):
         fail(f'--{name} {folder} is a run of {model}, this one of {backbone(args)}: give a run of the same model')
 
 
-def banner(args, world, files, model):
+def banner(args, world):
     """The run in a few named lines: the banner, and all that --dry_run prints."""
     status = ('dry run, nothing is trained or written' if args.dry_run else 'evaluating' if args.eval_only
               else 'resuming' if args.resume else 'a new run')
     title = f'{args.method} on {args.task}{f" ({args.stage})" if args.stage else ""} in {args.out}: {status}'
-    return '\n'.join([title] + [f'  {name:<9} {value}' for name, value in plan(args, world, files, model).items()])
+    return '\n'.join([title] + [f'  {name:<9} {value}' for name, value in plan(args, world).items()])
 
 
-def plan(args, world, files, model):
+def plan(args, world):
     """The plan's lines {name: text}: the model, data, training, memory, method, stages and the rule it keeps by."""
-    cls, found = xlt.method_class(args), [path for path, _, _ in files if os.path.isfile(path)]
+    cls = xlt.method_class(args)
+    files, model = [] if args.demo else planned_files(args, cls), sketched(args, cls)
+    found = [path for path, _, _ in files if os.path.isfile(path)]
     options = [(o.name, getattr(args, o.name, None)) for o in cls.OPTIONS]
     stages = [f'{name} in {stage_settings(args, cls, name).out}' for name in cls.stages(args)]
     made = ' (the demo\'s pre-trained model, made first)' if makes_demo_start(args) else ''
@@ -930,17 +948,19 @@ def planned_config(args):
 # ----------------------------------------------------------------------------------------
 # The data a run prepares: the tokenizer, the demo's data and its pre-trained start.
 
-def prepare(args, rank, world, device):
-    """-> the run's tokenizer; for the demo, its data made in the run folder and, for a method that starts from a
-    trained model, the demo's pre-trained model (demo_pretrained), made first."""
-    if args.demo:
-        args.data_dir = os.path.join(args.out, 'demo-data')
-        if rank == 0 and not data.is_demo(args.data_dir, current=True):
-            data.make_demo(args.data_dir, seed=0)
-        data.barrier()
+def make_demo(args, rank, world, device):
+    """The demo's data, made in its folder in the run's (--data_dir, which parse_args points there), and for a method
+    that starts from a trained model the demo's pre-trained model (demo_pretrained), made first."""
+    if rank == 0 and not data.is_demo(args.data_dir, current=True):
+        data.make_demo(args.data_dir, seed=0)
+    data.barrier()
     if makes_demo_start(args) and not args.eval_only:
         demo_pretrained(args, rank, world, device)
-    path = data.tokenizer_file(backbone(args), args.data_dir, args.spm, args.vocab, args.init)[0]  # --spm, --vocab
+
+
+def tokenizer_of(args):
+    """The run's tokenizer: --spm or --vocab where given, else the data folder's or --init's."""
+    path = data.tokenizer_file(backbone(args), args.data_dir, args.spm, args.vocab, args.init)[0]
     return data.tokenizer(backbone(args), path, args.qa_case == 'lower', args.dict)
 
 
@@ -1119,6 +1139,9 @@ class Folder:
     def path(self, name):
         return os.path.join(self.out, name)
 
+    def holds(self, name):
+        return os.path.exists(self.path(name))
+
     def begin(self):
         """All input read: the run begins, and results of an earlier run in its folder are no
         longer its; a new run (not --resume) also drops the earlier run's checkpoints."""
@@ -1202,7 +1225,7 @@ def predict(args, rank, world, device):
         fail(f'{args.out} keeps no {cls.KEEPS}: predict with the run that trained it')  # but an --eval_only of --init
     if settings.demo and not data.is_demo(demo, current=True):
         fail(f'{args.out} is a run of an older demo, whose tokenizer has changed since: run it again')
-    tok = prepare(settings, rank, world, device)
+    tok = tokenizer_of(settings)
     examples, pairs = data.read_input(args.predict[0], settings.task, cls.paired, (args.predict + [None])[1])
     run = Run(settings, rank, world, device, tok, sets={'dev': {}, 'test': {}})
     model = cls.predictor(run)
@@ -1314,7 +1337,8 @@ def stage_commands(args, rank, world, device):
 
 def one_stage(args, rank, world, device):
     """--only_stage NAME, a sweep's process (fan_out): the stage NAME of the run args describe, alone, in its folder."""
-    prepare(args, rank, world, device)  # the demo's data folder: the run's
+    if args.demo:
+        make_demo(args, rank, world, device)  # the demo's data folder, which the stage reads: the run's
     execute(stage_settings(args, xlt.method_class(args), args.only_stage), rank, world, device)
 
 

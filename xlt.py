@@ -6,10 +6,10 @@ attribute or a hook of that class, with a default there. A new method is one new
 entry in METHODS (the README's "Adding a method"). Methods read data through data.py and write
 nothing: the run object train.py hands to a procedure keeps what must survive a crash.
 """
+import argparse
 import itertools
 import json
 import math
-import os
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -67,9 +67,9 @@ class Method(nn.Module):
     What a method writes:
       NAME        its --method name (and an entry in METHODS)
       TASKS       the tasks it runs (default: every task of data.TASKS)
-      trains_on   'en': English; 'train_lang': English translated into --train_lang;
-                  'every_lang': English and its translations into every target language;
-                  'own_lang': --train_lang's own training data; 'every_own': every language's own
+      trains_on   the shape of its training data, a key of data.TRAINS_ON: 'en': English; 'train_lang': English
+                  translated into --train_lang; 'every_lang': English and its translations into every target
+                  language; 'own_lang': --train_lang's own training data; 'every_own': every language's own
       paired      batches are data.Pair (English, its translation): loss and predict read pairs;
                   round_trip: a pair also holds English's round trip through the target (Pair.alt)
       select      the checkpoint kept: 'en' best English dev, 'average' best dev average, 'last' the last,
@@ -77,7 +77,9 @@ class Method(nn.Module):
       RUN         its release's settings {task: {option: value}}, the learning rate among them; RUN_BERT: where
                   they differ on BERT (each value's source is in the settings table of its docs page)
       OPTIONS     its command-line options (Option); an option may belong to several methods
-      __init__(encoder, task, args)  the method on a layers.Encoder, for a task, with the run's options
+      __init__(encoder, task, args)  Method's sets what the trainer reads of every method: encoder, family,
+                  options (each option's value, or its default) and the task's usual head (HEAD: its settings;
+                  None: no such head); a method's own __init__ calls it first, then adds its own parts
       loss(batch) -> (mean loss, logs)  (forward is loss, so that DDP wraps a method as it is)
       predict(batch) -> class logits (B, C), tag logits (B, T, C) or span logits (B, T, 2)
     A method with stages (a teacher, warm-ups, a search) also writes:
@@ -108,13 +110,19 @@ class Method(nn.Module):
       BERT, demo  NOT_ON_BERT: why it does not run on BERT, in words (None: it does); pretrained_start: the
                   demo starts from the demo's pre-trained model, not random weights"""
     # what a method writes, with the defaults of those it may leave out
-    NAME, TASKS = None, tuple(TASKS)
+    NAME, TASKS, family = None, tuple(TASKS), None  # family: its own task's (VECO's), else the task's
     trains_on, paired, round_trip, select = 'en', False, False, 'en'
-    RUN, RUN_BERT, OPTIONS = {}, {}, ()
+    RUN, RUN_BERT, OPTIONS, HEAD = {}, {}, (), {}
 
-    def __init__(self):
+    def __init__(self, encoder, task, args=None):
         super().__init__()
-        self.step, self.p_teacher, self.mlm = 0, None, None  # mlm: an MLM head saved with the encoder (VECO's)
+        self.encoder, self.family = encoder, TASKS[task].family if task in TASKS else self.family
+        # the options of its class and of those it extends (a subclass may leave out an option that they read)
+        own = {o.name: o.default for c in type(self).__mro__[::-1] if issubclass(c, Method) for o in c.OPTIONS}
+        self.options = argparse.Namespace(**given_or(args, own))
+        if self.HEAD is not None and task in TASKS:
+            self.head = Head(self.family, encoder, TASKS[task].labels, **self.HEAD)
+        self.step, self.mlm = 0, None  # mlm: an MLM head saved with the encoder (VECO's)
 
     def forward(self, batch):
         return self.loss(batch)
@@ -142,9 +150,7 @@ class Method(nn.Module):
         if args.steps and args.epochs:
             raise ValueError('--steps counts the training in optimiser steps, --epochs in passes: give one')
         precision = args.precision
-        for option, value in cls.settings(args, demo).items():
-            if getattr(args, option, None) is None:
-                setattr(args, option, value)
+        vars(args).update(given_or(args, cls.settings(args, demo)))
         if precision is None and not torch.cuda.is_available():
             args.precision = 'fp32'  # the releases' fp16 is for GPUs
         if args.steps:  # a run counted in steps: train.train counts its 'epochs', --eval_every steps or passes
@@ -152,7 +158,7 @@ class Method(nn.Module):
         elif args.eval_every:
             raise ValueError('--eval_every counts the steps between evaluations of a run counted in --steps: add '
                              '--steps, or drop it')
-        if getattr(args, 'qa_case', None) == 'lower' and not (args.task in TASKS and TASKS[args.task].family == 'qa'):
+        if vars(args).get('qa_case') == 'lower' and not (args.task in TASKS and TASKS[args.task].family == 'qa'):
             raise ValueError(f'--qa_case lower lowercases the text of QA tasks, not of {args.task}: drop it')
 
     @classmethod
@@ -181,8 +187,7 @@ class Method(nn.Module):
     @classmethod
     def train_langs(cls, args, targets):
         """The languages besides English whose translations (or own data: in-language) it trains on, of targets."""
-        one = [args.train_lang]
-        return {'train_lang': one, 'every_lang': targets, 'own_lang': one, 'every_own': targets}.get(cls.trains_on, [])
+        return {'one': [args.train_lang], 'every': targets}.get(data.TRAINS_ON[cls.trains_on].langs, [])
 
     @classmethod
     def reads(cls, args):
@@ -226,7 +231,7 @@ class Method(nn.Module):
     @classmethod
     def predictor(cls, run):
         """best.pt, or in an --eval_only run of --init (a released model's) the --init weights as it evaluated them."""
-        return run.restore(run.path('best.pt')) if os.path.exists(run.path('best.pt')) else run.build()
+        return run.restore(run.path('best.pt')) if run.folder.holds('best.pt') else run.build()
 
     @classmethod
     def exported(cls, args, tok):
@@ -305,6 +310,14 @@ def selection(select, dev):
     return Selection(mean, SELECTED_BY['loss' if select == 'loss' else 'average'])
 
 
+def given_or(args, defaults):
+    """-> {name: its value in args, or its default where args leaves it unset (None) or lacks it} for each option of
+    defaults. This is the one place an option takes its default. A checkpoint's settings may lack an option that
+    is newer than the checkpoint."""
+    return {name: default if getattr(args, name, None) is None else getattr(args, name)
+            for name, default in defaults.items()}
+
+
 def warmup_then_decay(warm, start, end):
     """The learning rate's factor at a step of [start, end): a linear warm-up over its first `warm`
     steps, then a linear decay to 0 at end."""
@@ -348,28 +361,7 @@ class Head(nn.Module):
         if self.pooled:  # BertForSequenceClassification: the pooler is part of the model that is fine-tuned
             self.dense.load_state_dict(pooler.state_dict())
         if encoder.task_head:
-            self.start_from(*encoder.task_head[:3], labels, encoder.task_head.fusion is not None)
-
-    def start_from(self, kind, theirs, tensors, labels, filters=False):
-        """A transformers task model's head (layers.TaskHead): of this head's kind, its classes the task's (its
-        id2label), its rows put in the task's order; BERT's pooler came with the encoder. filters: FILTER's."""
-        if kind != self.family:
-            raise ValueError(f'--init is a {kind} model and the task a {self.family} one: give a model of the task')
-        if filters and self.act is not torch.relu:  # its layers were fine-tuned fused
-            raise ValueError('--init is FILTER\'s released model: run it with --method filter')
-        if kind == 'classification' and not filters and self.act is torch.relu:
-            raise ValueError('--init\'s classification head is RoBERTa\'s, and FILTER\'s is its released one: start '
-                             'it from the encoder alone (python layers.py convert)')
-        if self.family != 'qa' and sorted(theirs) != sorted(labels):
-            raise ValueError(f'--init predicts {", ".join(theirs)} (its id2label), not the task\'s '
-                             f'{", ".join(labels)}: give a model fine-tuned on the task')
-        needed = {k for k in self.state_dict() if not (self.pooled and k.startswith('dense.'))}
-        if set(tensors) != needed:
-            raise ValueError(f'--init\'s head holds {", ".join(sorted(tensors))}, this method\'s '
-                             f'{", ".join(sorted(needed))}: start it from the encoder alone (python layers.py convert)')
-        rows = [theirs.index(label) for label in labels] if self.family != 'qa' else slice(None)
-        self.load_state_dict({**self.state_dict(), **{k: t[rows] if k.startswith('out.') else t
-                                                       for k, t in tensors.items()}})
+            start_from_released(self, *encoder.task_head[:3], labels, encoder.task_head.fusion is not None)
 
     def forward(self, h, mask):
         if self.pooled:
@@ -432,7 +424,8 @@ def kl_per_example(family, p_teacher, logits, first=None, T=1.0):
 
 
 def teacher_kl(family, p_teacher, tgt, logits, T=1.0):
-    """KL(p_teacher || p) per example, p_teacher: the stored probabilities of the batch's items."""
+    """KL(p_teacher || p) per example. p_teacher holds the stored probabilities of every training item, and a batch
+    knows the positions of its items among them (Batch.index), so that row r reads p_teacher[tgt.index[r]]."""
     stored = torch.nn.utils.rnn.pad_sequence([p_teacher[i] for i in tgt.index], batch_first=True)
     return kl_per_example(family, data.moved(stored, logits.device), logits, tgt.first, T)
 
@@ -472,10 +465,8 @@ class Baseline(Method):
                'text; XNLI, PAWS-X: 0.05, the paper\'s 5%% setting; 1 for the 100%% setting)', valid=PART))
 
     def __init__(self, encoder, task, args=None):
-        super().__init__()
-        self.encoder, self.family = encoder, TASKS[task].family
-        self.head = Head(self.family, encoder, TASKS[task].labels)
-        self.conf_penalty = getattr(args, 'conf_penalty', None) or 0.0  # XLA's Eq. 1 weight (XLA's warm-up: 1)
+        super().__init__(encoder, task, args)
+        self.conf_penalty = self.options.conf_penalty or 0.0  # XLA's Eq. 1 weight (XLA's warm-up: 1)
 
     def predict(self, batch):
         return self.head(self.encoder.run(self.encoder.embed(batch.ids), batch.keys), batch.mask)
@@ -524,7 +515,7 @@ class InLanguage(Baseline):
 
     def __init__(self, encoder, task, args=None):
         super().__init__(encoder, task, args)
-        self.select = getattr(args, 'train_lang', None) or 'en'
+        self.select = self.options.train_lang or 'en'
 
     @classmethod
     def folder(cls, args):
@@ -544,12 +535,55 @@ class InLanguageAll(Baseline):
 # shares, whose translations have no labels.
 
 class Taught(Method):
-    """A paired method that can learn the target side from a teacher's stored probabilities."""
+    """A paired method that can learn the target side from a teacher's stored probabilities, p_teacher. Given them,
+    it is the student of FILTER's Algorithm 1; without them, it is the teacher, or a method that no one teaches."""
     teacher_method = 'filter'
     OPTIONS = (MINING, QA_CASE,
                Option('self_teach', bool, 'train a teacher into --out/teacher first, then this model taught by it'),
                Option('teacher', str, 'a finished run folder of this task whose predictions teach the target side',
                       path='run'))
+
+    def __init__(self, encoder, task, args=None, p_teacher=None):
+        super().__init__(encoder, task, args)
+        self.p_teacher = p_teacher  # a data.Ragged: p_teacher[i] holds training item i's probabilities
+
+    @classmethod
+    def procedure(cls, run):
+        """FILTER's Algorithm 1 in three steps: train a teacher, store its soft labels of the target side, and train
+        the student on them. A run without a teacher (no --self_teach or --teacher) trains as any method does."""
+        items, p_teacher = run.items(cls), None  # no items with --eval_only, which trains nothing
+        if items and (run.args.self_teach or run.args.teacher or cls.soft_labelled(run.args)):
+            teacher = cls.train_teacher(run)  # lines 1-8
+            # line 12, kept in the run's folder, so that --resume reads them back and trains no teacher again
+            p_teacher = run.folder.cached('p_teacher.pt', lambda: cls.soft_labels(run, teacher, items))
+        cls.train_student(run, items, p_teacher)  # lines 9-16
+
+    @classmethod
+    def train_teacher(cls, run):
+        """Algorithm 1, lines 1-8: the teacher, trained on L^s + L^t, as a folder. With --self_teach, it is a run of
+        its own in the folder teacher/ (the stage that stages() describes); --teacher names a finished run instead.
+        X-Mixup's tagging data holds its teacher's labels already, and there is no teacher to train (None)."""
+        if cls.soft_labelled(run.args):
+            return None
+        return run.args.teacher or run.path(run.stage('teacher'))
+
+    @classmethod
+    def soft_labels(cls, run, teacher, items):
+        """Algorithm 1, line 12: p^t_tea, the teacher's probabilities of the target side of every training item (a
+        data.Ragged). A single-text teacher reads the target text alone. Without a teacher, they are the
+        distributions that a release's data gives (released_probabilities)."""
+        if teacher is None:
+            return released_probabilities(run, items)
+        teacher = run.restore(teacher)
+        return run.outputs(teacher, items, lambda output: probabilities(teacher.family, output))
+
+    @classmethod
+    def train_student(cls, run, items, p_teacher):
+        """Algorithm 1, lines 9-16: the student, trained with Eq. 6's KL to p_teacher, then kept and evaluated as
+        every method is. Without p_teacher, it is a model that no one teaches."""
+        student = run.build(p_teacher=p_teacher)
+        run.fit(student, items)
+        run.report(student)
 
     @classmethod
     def configure(cls, args, demo=None):
@@ -575,35 +609,8 @@ class Taught(Method):
         """A release's data leaves some languages untranslated (FILTER's eu, jv, ka, my, tl, yo): its runners train
         without them, as here."""
         langs = [lang for lang in super().train_langs(args, targets) if lang != 'en']  # English: with itself
-        if args.translations == 'xtreme':
-            return langs
-        there = lambda lang: os.path.exists(data.split_path(args.data_dir, args.task, 'translate-train', lang))
-        if not all(map(there, langs)):
-            data.warn(f'{args.data_dir} translates no {args.task} training data into '
-                      f'{", ".join(lang for lang in langs if not there(lang))}: {cls.NAME} trains without them')
-        return [lang for lang in langs if there(lang)]
+        return langs if args.translations == 'xtreme' else data.translated(args.data_dir, args.task, langs, cls.NAME)
 
-    @classmethod
-    def procedure(cls, run):
-        """FILTER's Algorithm 1: the teacher trained on L_s + L_t (lines 1-8, a stage of its own, or --teacher)
-        or a release's distributions (X-Mixup's tagging), its target-side probabilities p_teacher computed once (line
-        12), then the student trained with Eq. 6's KL to them (lines 9-16). Without a teacher: as any method."""
-        items, p_teacher = run.items(run.cls), None  # None with --eval_only
-        if items and (run.args.self_teach or run.args.teacher or run.cls.soft_labelled(run.args)):
-            taught = released_probabilities if run.cls.soft_labelled(run.args) else teacher_probabilities
-            p_teacher = data.Ragged(*run.folder.cached('p_teacher.pt', lambda: taught(run, items)))  # teacher first
-        method = run.build()
-        method.p_teacher = p_teacher
-        run.fit(method, items)
-        run.report(method)
-
-
-def teacher_probabilities(run, items):
-    """The teacher's probabilities for the target side of every training item; a single-text
-    teacher reads the target text alone."""
-    teacher = run.restore(run.args.teacher or run.path(run.stage('teacher')))
-    p = run.outputs(teacher, items, lambda output: probabilities(teacher.family, output))
-    return p.values, p.ends  # (data.Ragged's, as torch.save keeps it)
 
 
 class Filter(Taught):
@@ -615,6 +622,7 @@ class Filter(Taught):
     NAME, trains_on, paired, teacher_method, TRANSLATIONS = 'filter', 'every_lang', True, 'filter', 'filter'
     EXPORT = 'FILTER predicts from a text fused with its English translation in the middle layers'
     select = 'last'  # its runners keep the last epoch; the paper's best dev average chose among learning rates
+    HEAD = {'act': torch.relu}  # its released head's activation
     # train.sh on 8 GPUs (XNLI in fp16), its runners' seeds and temperatures; each run keeps its last epoch
     QA = {'qa_case': 'lower', 'seed': 42, 'temperature': 6.0}
     RUN = {'xnli': {'lr': 3e-6, 'epochs': 5, 'batch_size': 64, 'max_len': 256, 'precision': 'fp16', 'seed': 52,
@@ -634,23 +642,21 @@ class Filter(Taught):
         Option('temperature', help='self-teaching KL of distributions softened by T, times T^2 (default 1, as the '
                'paper)', valid=POSITIVE))
 
-    def __init__(self, encoder, task, args):
-        super().__init__()
-        self.encoder, self.family = encoder, TASKS[task].family
+    def __init__(self, encoder, task, args, p_teacher=None):
+        super().__init__(encoder, task, args, p_teacher)
+        given, L = self.options, encoder.cfg.n_layer
         m, k, kl_weight = self.DEFAULTS[self.family]
-        L = encoder.cfg.n_layer
-        self.m = m if getattr(args, 'm', None) is None else args.m
-        self.k = min(scale_depth(k, L), L - self.m) if getattr(args, 'k', None) is None else args.k
+        self.m = m if given.m is None else given.m
+        self.k = min(scale_depth(k, L), L - self.m) if given.k is None else given.k
         released = encoder.task_head and encoder.task_head.fusion  # a released FILTER model's (m, k), its config's
-        if released and getattr(args, 'm', None) is None and getattr(args, 'k', None) is None:
+        if released and given.m is None and given.k is None:
             self.m, self.k = released
         if released and released != (self.m, self.k):
             raise ValueError(f'--init is FILTER fine-tuned with m = {released[0]}, k = {released[1]}: drop --m and --k')
-        self.kl_weight = kl_weight if getattr(args, 'kl_weight', None) is None else args.kl_weight
-        self.T = getattr(args, 'temperature', None) or 1.0  # softens both sides of the KL (the paper: none)
         if self.k + self.m > L or min(self.k, self.m) < 0:
             raise ValueError(f'--k {self.k} + --m {self.m} does not fit the model\'s {L} layers: choose k + m <= {L}')
-        self.head = Head(self.family, encoder, TASKS[task].labels, act=torch.relu)  # its released head's ReLU
+        self.lam = 1 - (kl_weight if given.kl_weight is None else given.kl_weight)  # Eq. 6's lambda
+        self.T = given.temperature or 1.0  # softens both sides of the KL (the paper: none)
 
     @classmethod
     def train_langs(cls, args, targets):  # its run_xqa.py trains QA without Chinese ("the tokenize issue")
@@ -669,17 +675,17 @@ class Filter(Taught):
         return self.head(self.encode(pair.src, pair.tgt, source_side=False)[1], pair.tgt.mask)
 
     def loss(self, pair):
+        """The teacher's L^s + L^t (Algorithm 1, lines 1-8), or with p_teacher the student's Eq. 6. Tagging's
+        translations carry no tags, so their L^t is 0, and lambda is 0 unless --kl_weight says otherwise."""
         h_s, h_t = self.encode(pair.src, pair.tgt)
         p_s, p_t = self.head(h_s, pair.src.mask), self.head(h_t, pair.tgt.mask)
         loss_s = per_example_loss(self.family, p_s, pair.src.labels)
-        # tagging has no labels on the translated side (lambda = 0)
         loss_t = 0.0 if self.family == 'tagging' else per_example_loss(self.family, p_t, pair.tgt.labels)
-        if self.p_teacher is None:  # the teacher: L_s + L_t (Algorithm 1, lines 1-8)
+        if self.p_teacher is None:
             loss = loss_s + loss_t
             return loss.mean(), {'loss': loss.mean().detach()}
-        lam = 0.0 if self.family == 'tagging' else 1 - self.kl_weight
         kl = teacher_kl(self.family, self.p_teacher, pair.tgt, p_t, self.T)
-        loss = loss_s + lam * loss_t + (1 - lam) * kl  # Eq. 6
+        loss = loss_s + self.lam * loss_t + (1 - self.lam) * kl  # Eq. 6
         return loss.mean(), {'loss': loss.mean().detach(), 'kl': kl.mean().detach()}
 
     # memory hooks: what the plan's estimate counts (Method's)
@@ -717,6 +723,9 @@ class XMixup(Taught):
     EXPORT = 'X-Mixup predicts from a text\'s states mixed with its English translation\'s'
     pretrained_start = True  # X-Mixup starts from a trained encoder, see train.demo_pretrained
     select = 'average'  # the best average over the dev languages (Section 4.1)
+    # X-Mixup's released mBERT code (xmixup/tasks/mbert/sequence_classification.py) classifies with a new
+    # RoBERTa-style head, not from BERT's pooler
+    HEAD = {'pooled': False}
     # the released scripts (train_classification.sh, train_tagging.sh, train_qa.sh): the dev average every 100 steps
     # keeps the best; every gradient clipped to [-1, 1] by value (its trainer.py)
     RUN = {**{task: {'lr': 5e-6, 'epochs': 4, 'batch_size': 64, 'eval_steps': 100, 'clip_by': 'value', 'seed': seed}
@@ -769,28 +778,23 @@ class XMixup(Taught):
         why = 'X-Mixup\'s released tag distributions (python data.py download --translations xmixup)'
         return [(data.soft_path(args.data_dir, args.task, lang), why, True) for lang in langs]
 
-    def __init__(self, encoder, task, args):
-        super().__init__()
-        self.encoder, self.family = encoder, TASKS[task].family
+    def __init__(self, encoder, task, args, p_teacher=None):
+        super().__init__(encoder, task, args, p_teacher)  # tagging's p_teacher: a source-language model's labels of T
+        given, L = self.options, encoder.cfg.n_layer
         layer, alpha, p_k = self.DEFAULTS[self.family]
-        L = encoder.cfg.n_layer
-        self.layer = getattr(args, 'mixup_layer', None)
+        self.layer = given.mixup_layer
         if self.layer is None:
             self.layer = scale_depth(layer, L) if self.family == 'qa' else min(layer, L)
         if not 1 <= self.layer <= L:
             raise ValueError(f'--mixup_layer {self.layer} is not a layer of the model (1 to {L})')
-        self.p_k, self.lambda_0 = getattr(args, 'p_k', None) or p_k, 0.5
-        self.alpha = alpha if getattr(args, 'mixup_alpha', None) is None else args.mixup_alpha
-        self.fixed_lambda, self.mixes = getattr(args, 'fixed_lambda', False), not getattr(args, 'no_mixup', False)
-        self.mixup_inference = self.mixes and not getattr(args, 'no_mixup_inference', False)
-        self.sampled = not getattr(args, 'no_scheduled_sampling', False)  # Eq. 6 (else the real English alone)
-        self.mse, self.kl = not getattr(args, 'no_mse', False), not getattr(args, 'no_kl', False)
+        self.p_k, self.lambda_0 = given.p_k or p_k, 0.5  # Eq. 6 decays with self.step, the steps taken
+        self.alpha = alpha if given.mixup_alpha is None else given.mixup_alpha
+        self.fixed_lambda, self.mixes = bool(given.fixed_lambda), not given.no_mixup
+        self.mixup_inference = self.mixes and not given.no_mixup_inference
+        self.sampled = not given.no_scheduled_sampling  # Eq. 6 (else the real English alone)
+        self.mse, self.kl = not given.no_mse, not given.no_kl
         if self.mixes and not self.fixed_lambda:  # Eq. 5's W and b (none to train with a fixed ratio, or no mixup)
             self.w, self.b = nn.Parameter(torch.ones(1)), nn.Parameter(torch.zeros(1))
-        # X-Mixup's released mBERT code (xmixup/tasks/mbert/sequence_classification.py) classifies with a new
-        # RoBERTa-style head, not from BERT's pooler
-        self.head = Head(self.family, encoder, TASKS[task].labels, pooled=False)
-        # self.step (Eq. 6 decays with it); tagging: p_teacher, a source-language model's labels of T
 
     def p_star(self):
         """Eq. 6's probability of feeding the real source: inverse sigmoid decay in the batch index."""
@@ -1065,11 +1069,11 @@ class VecoPretrain(Method):
                           f'pre-trained model in {run.out}/best.pt: fine-tune it with --init {run.out}/best.pt')
 
     def __init__(self, encoder, mask_id, mlm=None, cross_only_steps=0, cs_mlm=True):
-        super().__init__()
+        super().__init__(encoder, 'pretrain')
         if cs_mlm and not encoder.has_cross:
             raise ValueError('VECO pre-training needs an encoder with cross-attention '
                              '(layers.Encoder(cfg, cross=True))')
-        self.encoder, self.mask_id, self.cross_only_steps, self.cs_mlm = encoder, mask_id, cross_only_steps, cs_mlm
+        self.mask_id, self.cross_only_steps, self.cs_mlm = mask_id, cross_only_steps, cs_mlm
         self.mlm = mlm if mlm is not None else MLMHead(encoder.cfg, encoder.tok.weight)
 
     def inner(self, ids, mask):
@@ -1450,8 +1454,8 @@ class VecoTranslate(Method):
         return run.sharded(decode, data.item_lengths(test)[:, 0], 'decode')[0]
 
     def __init__(self, encoder, decoder, bos, eps=0.2):
-        super().__init__()
-        self.encoder, self.decoder, self.bos, self.eps = encoder, decoder, bos, eps  # bos: the [tgt] token
+        super().__init__(encoder, 'translate')
+        self.decoder, self.bos, self.eps = decoder, bos, eps  # bos: the [tgt] token
 
     def logits(self, h):
         return F.linear(h, self.encoder.tok.weight)  # the output layer is the token embedding
@@ -1575,7 +1579,7 @@ class XLA(Baseline):
                'share one folder between target languages)', changes='nothing'))
 
     def __init__(self, encoder, task, args=None):
-        super().__init__(encoder, task)  # the XLA epochs train without the warm-up's penalty
+        super().__init__(encoder, task)  # every option's default: the XLA epochs train without the warm-up's penalty
 
     @classmethod
     def released(cls, args):
@@ -2006,7 +2010,7 @@ METHODS = {cls.NAME: cls for cls in (Baseline, TranslateTrain, TranslateTrainAll
                                      XMixup, Veco, XLA)}
 
 
-# === Machinery: XLA's samples and training sets kept on disk, the classes a run may be, the trainer's checks ===
+# === Machinery: XLA's samples and sets on disk, released heads and tag distributions, the classes, the checks ===
 
 
 # ----------------------------------------------------------------------------------------
@@ -2131,11 +2135,37 @@ def search_grid(grid, terms):
 
 
 # ----------------------------------------------------------------------------------------
+# A released task model's head, the start of a Head (Head.__init__).
+
+def start_from_released(head, kind, theirs, tensors, labels, fused=False):
+    """A Head started from a transformers task model's head (layers.TaskHead) that --init read: the head's kind is
+    the task's family, and its classes (its id2label) are the task's, its rows put in the task's order. BERT's pooler
+    came with the encoder. fused: FILTER's released model, whose layers were fine-tuned fused."""
+    if kind != head.family:
+        raise ValueError(f'--init is a {kind} model and the task a {head.family} one: give a model of the task')
+    if fused and head.act is not torch.relu:  # its layers were fine-tuned fused
+        raise ValueError('--init is FILTER\'s released model: run it with --method filter')
+    if kind == 'classification' and not fused and head.act is torch.relu:
+        raise ValueError('--init\'s classification head is RoBERTa\'s, and FILTER\'s is its released one: start '
+                         'it from the encoder alone (python layers.py convert)')
+    if head.family != 'qa' and sorted(theirs) != sorted(labels):
+        raise ValueError(f'--init predicts {", ".join(theirs)} (its id2label), not the task\'s '
+                         f'{", ".join(labels)}: give a model fine-tuned on the task')
+    needed = {k for k in head.state_dict() if not (head.pooled and k.startswith('dense.'))}
+    if set(tensors) != needed:
+        raise ValueError(f'--init\'s head holds {", ".join(sorted(tensors))}, this method\'s '
+                         f'{", ".join(sorted(needed))}: start it from the encoder alone (python layers.py convert)')
+    rows = [theirs.index(label) for label in labels] if head.family != 'qa' else slice(None)
+    head.load_state_dict({**head.state_dict(), **{k: t[rows] if k.startswith('out.') else t
+                                                 for k, t in tensors.items()}})
+
+
+# ----------------------------------------------------------------------------------------
 # A release's tag distributions as stored teacher probabilities (X-Mixup's tagging, Taught.procedure).
 
 def released_probabilities(run, items):
     """The released tag distributions (data.soft_labels) of the target side of every training item, found by its
-    tokens; English paired with itself learns its own tags, on their first pieces. -> (data.Ragged's values, ends)"""
+    tokens; English paired with itself learns its own tags, on their first pieces. -> a data.Ragged of them"""
     langs = run.cls.train_langs(run.args, data.languages(run.args.task, run.args.demo, run.args.langs))
     found, tags, p = data.soft_labels(run.features, langs), len(TASKS[run.args.task].labels), []
     for i in range(len(items)):
@@ -2149,7 +2179,7 @@ def released_probabilities(run, items):
             raise data.DataError(f'{run.args.data_dir}: a translated {run.args.task} training sentence has no '
                                  'released tag distributions: convert X-Mixup\'s data again (python data.py download '
                                  '--translations xmixup)')
-    return torch.cat(p), torch.tensor(np.cumsum([0] + [len(x) for x in p]))
+    return data.Ragged(torch.cat(p), torch.tensor(np.cumsum([0] + [len(x) for x in p])))
 
 
 # ----------------------------------------------------------------------------------------

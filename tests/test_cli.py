@@ -221,6 +221,6 @@ def test_overwrite_trains_a_teacher_of_the_new_settings(workdir, tmp_path):
 
 def test_the_banner_says_the_demo_s_pre_trained_model_is_made_only_when_it_is(tmp_path):
     argv = ['--method', 'xla', '--task', 'panx', '--demo', '--out', str(tmp_path / 'run')]
-    planned = lambda args: train.plan(args, 1, [], train.check_options(args, xlt.method_class(args)))
+    planned = lambda args: train.plan(args, 1)
     made = lambda *more: 'made first' in planned(train.parse_args([*argv, *more]))['model']
     assert made() and not made('--init', str(tmp_path / 'converted.pt'))  # a checkpoint of the user's is not made

@@ -654,7 +654,6 @@ sys.path.insert(0, {root!r})
 import data, train
 fcntl.flock = lambda *args: None  # NFS local_lock=flock, Lustre localflock: every node gets the lock
 rank, world, device = train.setup_distributed()
-data.VERBOSE = False  # no notes on the demo's data between the lines the test reads
 say = lambda line: sys.stdout.write(line + '\\n') and sys.stdout.flush()  # one write: the processes' lines whole
 write = data.write_items
 for case, folders in {cases!r}.items():

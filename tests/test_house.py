@@ -81,8 +81,9 @@ def test_the_flagship_path_is_the_code_s_own_and_names_no_other_method():
     """docs/reading.md's table: every function of the path with its line count the code's own, the sum stated; the
     trainer's functions there name no method."""
     rows, text = flagship_rows(), doc('docs/reading.md', 'The flagship path')
-    assert {('train', 'main'), ('train', 'train'), ('train', 'Run.fit'), ('xlt', 'Filter.loss')} <= {
-        (m, n) for m, n, _ in rows}
+    assert {('train', 'main'), ('train', 'train'), ('train', 'Run.fit'), ('xlt', 'Filter.loss'), ('train', 'Run.stage'),
+            ('xlt', 'Taught.train_teacher'), ('xlt', 'Taught.soft_labels'), ('xlt', 'teacher_kl')} <= {
+        (m, n) for m, n, _ in rows}  # the teacher's stage and Eq. 6's KL branch too
     for module, name, count in rows:
         lines = definitions(module)[name][1]
         assert len(lines) == count, f'{module}.py: {name} has {len(lines)} lines, the table says {count}'
@@ -94,12 +95,13 @@ def test_the_flagship_path_is_the_code_s_own_and_names_no_other_method():
 
 def test_the_budgets_hold():
     """Non-blank lines (no statement joined to save one, lines of at most 120 characters: tests of their own): above
-    the dividers at most 3,450, train.py's part at most 400, the flagship path at most 450, the package 7,900."""
+    the dividers at most 3,450, train.py's part at most 400, the flagship path (the teacher's run and the student's)
+    at most 520, the package 7,900."""
     above = {m: sum(1 for line in lines_of(m)[:divider(m) - 1] if line.strip()) for m in MODULES}
     whole = sum(1 for m in MODULES for line in lines_of(m) if line.strip())
     assert sum(above.values()) <= 3450, above
     assert above['train'] <= 400
-    assert sum(c for _, _, c in flagship_rows()) <= 450
+    assert sum(c for _, _, c in flagship_rows()) <= 520
     assert whole <= 7900, whole
 
 

@@ -443,7 +443,7 @@ def test_fine_tuning_defaults_are_vecos():
         (2e-5, 2, 16, 1e-4, 500, 64, 200)
     base = train.parse_args(['--method', 'zeroshot', '--task', 'xquad'])
     assert (base.warmup_steps, base.weight_decay, base.doc_stride) == (500, 1e-4, 128)  # XTREME's train_qa.sh
-    factor = xlt.Method().schedule(qa, 2000)  # 500 steps up, then down to 0 at 2000
+    factor = xlt.Baseline(layers.Encoder(layers.CONFIGS['tiny']), 'xquad').schedule(qa, 2000)  # 500 steps up, then down to 0 at 2000
     assert [factor(s) for s in (0, 249, 499, 500, 1250, 1999)] == pytest.approx([1 / 500, 0.5, 1, 1, 0.5, 1 / 1500])
     assert train.parse_args(['--method', 'zeroshot', '--task', 'xnli']).weight_decay == 0.0  # XTREME's scripts, none
     pre = train.parse_args(['--method', 'veco', '--task', 'pretrain', '--init', 'x.pt', '--model', 'large'])
