@@ -459,7 +459,7 @@ def make_features(tok, task, examples, max_len=None, train=False, stride=128):
 # What a run reads: the examples a method trains and is evaluated on, as features tokenized once (Items).
 
 @dataclass(frozen=True)
-class Features:
+class Tokenization:
     """How a run makes the features of a task's examples: its tokenizer, its data folder (whose .cache keeps every
     set tokenized once; cache False: a temporary folder), the task, tokens per input, QA's stride between windows,
     the seed of a share's draw (training_set's and unlabelled_set's share)."""
@@ -485,7 +485,7 @@ TRAINS_ON = {'en': Shape(None, False, True), 'train_lang': Shape('one', False, F
 
 
 def training_set(spec, langs, trains_on='en', paired=False, round_trip=False, share=None, first=None, squad=False):
-    """The training items of a method (Items), made as spec (Features) says: of the shape TRAINS_ON[trains_on], in
+    """The training items of a method (Items), made as spec (Tokenization) says: of the shape TRAINS_ON[trains_on], in
     langs, each language's first examples with `first`; a share of English's with `share`;
     for a paired method tuples (English, translation[, round trip]), English also paired with itself,
     as both released codes do; squad: SQuAD v1.1's English training set too, after TyDiQA's (FILTER's

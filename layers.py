@@ -638,13 +638,22 @@ def is_cross(key):
     return key.startswith('enc.blocks.') and ('.cross.' in key or '.ln_cross.' in key)
 
 
+class Pretrained(NamedTuple):
+    """A pre-trained model as load_pretrained reads it: the encoder, its MLM head (None when the checkpoint has
+    none), a translation checkpoint's decoder (None unless asked for and there) and whether the cross-attention is
+    new (not the checkpoint's)."""
+    encoder: Encoder
+    mlm: MLMHead = None
+    decoder: Encoder = None
+    new_cross: bool = False
+
+
 def load_pretrained(path, cross=False, decoder=False):
-    """-> (Encoder, MLMHead or None when the checkpoint has no MLM head), every tensor checked; a transformers task
-    model's head goes to the encoder (its task_head). cross=True: VECO's encoder with a cross-attention in every
-    block, read from the checkpoint or newly initialised when it has none (XLM-R); cross=False leaves a checkpoint's
-    cross-attention out (VECO's NLU assembly). decoder=True: two more items, a translation checkpoint's decoder
-    (VECO's released NLG model: an Encoder with cross-attention, the token embedding shared) or None when the
-    checkpoint has none, and whether the cross-attention is new."""
+    """-> Pretrained, every tensor checked; a transformers task model's head goes to the encoder (its task_head).
+    cross=True: VECO's encoder with a cross-attention in every block, read from the checkpoint or newly initialised
+    when it has none (XLM-R); cross=False leaves a checkpoint's cross-attention out (VECO's NLU assembly).
+    decoder=True: a translation checkpoint's decoder too (VECO's released NLG model: an Encoder with
+    cross-attention, the token embedding shared)."""
     cfg, sd, unknown, head = read_checkpoint(path)
     dec_sd = {k.removeprefix('dec.'): sd.pop(k) for k in [k for k in sd if k.startswith('dec.')]}
     found = any(is_cross(k) for k in sd)
@@ -660,16 +669,14 @@ def load_pretrained(path, cross=False, decoder=False):
         sd.update({f'enc.pooler.{k}': v for k, v in enc.pooler.state_dict().items()})
     check_keys(path, {k: v for k, v in model.state_dict().items() if found or not is_cross(k)}, sd, unknown)
     model.load_state_dict(sd, strict=found or not cross)  # not strict: a new cross-attention keeps its initialisation
-    if not decoder:
-        return enc, mlm
-    if not dec_sd:
-        return enc, mlm, None, cross and not found
+    if not decoder or not dec_sd:
+        return Pretrained(enc, mlm, None, cross and not found)
     n_layer = 1 + max(int(k.split('.')[1]) for k in dec_sd if k.startswith('blocks.'))
     dec = Encoder(replace(cfg, n_layer=n_layer), cross=True)
     dec_sd['tok.weight'] = sd['enc.tok.weight']
     check_keys(path, dec.state_dict(), dec_sd, [])
     dec.load_state_dict(dec_sd)
-    return enc, mlm, dec, cross and not found
+    return Pretrained(enc, mlm, dec, cross and not found)
 
 
 def check_keys(path, expected, sd, unknown):
@@ -1235,7 +1242,7 @@ def main(argv=None):
     try:
         if args.cmd == 'export':
             return print(f'wrote {args.out}: {export(args.src, args.out, args.encoder, args.spm, args.vocab)}')
-        enc, mlm = load_pretrained(args.src)
+        enc, mlm = load_pretrained(args.src)[:2]
         meta = {'method': None, 'task': None, 'model': None, 'source': args.src}
         save_checkpoint(args.out, meta, **encoder_parts(enc, mlm))
     except (CheckpointError, OSError) as e:

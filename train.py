@@ -42,10 +42,9 @@ def main(argv=None):
     """The command line (parse_args), the processes (one per GPU under torchrun), the run; any mistake, one line."""
     args = parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.precision != 'fp32'  # off autocast
-    rank, world, device = setup_distributed() if not args.dry_run else (  # a dry run starts no process group
-        int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1)), None)
+    rank, world, device = setup_distributed(start=not args.dry_run)  # a dry run starts no process group
     try:
-        asked(args)(args, rank, world, device)
+        action(args)(args, rank, world, device)
     except BAD_INPUT as e:  # found alike by every process (one_process_errors: once the run is under way)
         fail(error_line(e))
     except KeyboardInterrupt:
@@ -76,21 +75,22 @@ class Run:
     encoder, ready, restore), the training data and loop (items, fit), evaluation (evaluate, outputs, sharded), the
     results (report, finish), stages (stage, results_of, sub); folder: the run folder's contract (Folder, below)."""
 
-    def __init__(self, args, rank, world, device, tok, sets=None, cache=None):
+    def __init__(self, args, rank, world, device, tok, sets=None, eval_items=None):
         self.args, self.rank, self.world, self.device, self.tok = args, rank, world, device, tok
         self.out, self.cls, self.chunks = args.out, xlt.method_class(args), world * args.grad_accum
         self.folder = Folder(args, rank)
-        evaluated = sets is None and args.task in data.TASKS and xlt.task_family(args) != 'retrieval'
-        self.sets = data.evaluation_sets(args.data_dir, args.task, args.translate_test, self.cls.paired, args.langs,
-                                         self.cls.selects_on(args)) if evaluated else sets or {}
-        self.cache = cache if cache is not None else {'dev': {}, 'test': {}}  # features, made once per language
-        self.features = data.Features(tok, args.data_dir, args.task, args.max_len, args.doc_stride, not args.no_cache,
-                                      xlt.share_draw(args))
+        self.tokenization = data.Tokenization(tok, args.data_dir, args.task, args.max_len, args.doc_stride,
+                                              not args.no_cache, xlt.share_draw(args))
+        self.sets = sets or {}  # a sub-run shares its run's evaluation sets
+        if sets is None and args.task in data.TASKS and xlt.task_family(args) != 'retrieval':
+            self.sets = data.evaluation_sets(args.data_dir, args.task, args.translate_test, self.cls.paired, args.langs,
+                                             self.cls.selects_on(args))
+        self.eval_items = {'dev': {}, 'test': {}} if eval_items is None else eval_items  # their features, made once
 
     def build(self, cls=None, encoder=None, settings=None, **parts):
         """The method (the run's class, or cls) on the device: its encoder from --init (from random
         weights for the demo and --from_scratch), its head seeded by --seed; parts: what else its class takes."""
-        encoder = self.encoder()[0] if encoder is None else encoder
+        encoder = self.pretrained().encoder if encoder is None else encoder
         torch.manual_seed(self.args.seed)  # the head's initialisation follows --seed, with --init too
         try:
             method = (cls or self.cls)(encoder, self.args.task, settings or self.args, **parts).to(self.device)
@@ -99,21 +99,22 @@ class Run:
         method.select = getattr(settings or self.args, 'select', None) or method.select  # --select, or the release's
         return method
 
-    def encoder(self, cross=False, init=None, decoder=False):
-        """-> (encoder, MLM head or None) from init (default --init), or random for the demo and --from_scratch.
-        cross: blocks with a cross-attention (the checkpoint's, or new), else a checkpoint's is left out; decoder:
-        also a translation checkpoint's decoder (or None) and whether the cross-attention is new (load_pretrained)."""
+    def pretrained(self, cross=False, init=None, decoder=False):
+        """-> layers.Pretrained from init (default --init): the encoder, its MLM head and, asked for, a translation
+        checkpoint's decoder; from random weights for the demo and --from_scratch. cross: blocks with a
+        cross-attention (the checkpoint's, or new), else a checkpoint's is left out."""
         args, init = self.args, init or self.args.init
         if init:
-            encoder, *rest = layers.load_pretrained(init, cross, decoder)  # a CheckpointError: main()'s one line
+            loaded = layers.load_pretrained(init, cross, decoder)  # a CheckpointError: main()'s one line
         else:
             check_init(args)
             torch.manual_seed(args.seed)
             cfg = replace(layers.CONFIGS[args.model], vocab_size=self.tok.vocab_size)
-            encoder, rest = layers.Encoder(cfg, cross), [None] + [None, cross] * decoder
-        check_encoder(args, init, encoder.cfg, self.tok)
-        layers.set_dropout(encoder, args.dropout, args.dropout if args.attn_dropout is None else args.attn_dropout)
-        return (self.ready(encoder), *rest)
+            loaded = layers.Pretrained(layers.Encoder(cfg, cross), new_cross=cross)
+        check_encoder(args, init, loaded.encoder.cfg, self.tok)
+        attention = args.dropout if args.attn_dropout is None else args.attn_dropout
+        layers.set_dropout(loaded.encoder, args.dropout, attention)
+        return loaded._replace(encoder=self.ready(loaded.encoder))
 
     def ready(self, encoder):
         """An encoder with --grad_checkpoint and --compile applied."""
@@ -126,7 +127,7 @@ class Run:
         """The method of a checkpoint, or of a finished run's folder (its best.pt), with its settings and weights.
         Given cls, it is a model of that class and of this run's preset."""
         path = os.path.join(weights, 'best.pt') if os.path.isdir(weights) else weights
-        expect = {'task': identity(self.args)['task'], **({'model': self.args.model} if cls else {})}
+        expect = {'task': checkpoint_identity(self.args)['task'], **({'model': self.args.model} if cls else {})}
         ckpt = layers.load_checkpoint(path, expect)
         settings = argparse.Namespace(**ckpt['meta']['settings'])
         encoder = layers.Encoder(layers.stored_config(ckpt['config']))
@@ -140,7 +141,7 @@ class Run:
         if args.eval_only:
             return None
         langs = method.train_langs(args, target_langs(args))
-        items = data.training_set(self.features, langs, method.trains_on, method.paired, method.round_trip,
+        items = data.training_set(self.tokenization, langs, method.trains_on, method.paired, method.round_trip,
                                   args.train_share, args.few_shot, args.with_squad)
         if not items:
             fail(f'no training examples for {args.task} in {args.data_dir}')
@@ -173,10 +174,10 @@ class Run:
         """-> ({lang: scores}, {lang: predictions}) in every language of the split (eval_sets), or in langs."""
         scores, preds = {}, {}
         for lang, (gold, inputs, pairs) in ((k, v) for k, v in self.sets[split].items() if langs is None or k in langs):
-            key = (lang, method.paired)
-            if key not in self.cache[split]:  # the features, kept on disk (data.evaluation_items), open for the run
-                self.cache[split][key] = data.evaluation_items(self.features, inputs, pairs if method.paired else None)
-            items = self.cache[split][key]
+            key, made = (lang, method.paired), self.eval_items[split]
+            if key not in made:  # the features, kept on disk (data.evaluation_items), open for the run
+                made[key] = data.evaluation_items(self.tokenization, inputs, pairs if method.paired else None)
+            items = made[key]
             feats = (item[1] if method.paired else item for item in items)  # the target side, read as it is scored
             preds[lang] = ev.predictions(self.args.task, feats, self.outputs(method, items), inputs)
             if ev.labelled(gold):
@@ -218,7 +219,8 @@ class Run:
     def load_best(self, method):
         """best.pt's weights into method, when the run kept one -> whether it had."""
         if self.folder.holds('best.pt'):
-            method.load_state_dict(layers.load_checkpoint(self.path('best.pt'), identity(self.args))['method'])
+            best = layers.load_checkpoint(self.path('best.pt'), checkpoint_identity(self.args))
+            method.load_state_dict(best['method'])
             return True
 
     def test_scores(self, preds):
@@ -240,20 +242,13 @@ class Run:
         --resume goes on with one that began. -> its folder, relative to this run's."""
         self.folder.begin()
         if self.args.gpus > 1:  # the first stage asked for: every stage at once
-            self.stages_at_once()
+            stages_at_once(self)
         settings = stage_settings(self.args, self.cls, name)
         if finished_alike(settings):
             self.say(f'{name}: reused, the finished run in {settings.out} has these settings')
         else:
             execute(settings, self.rank, self.world, self.device)
         return os.path.relpath(settings.out, self.out)
-
-    def stages_at_once(self):
-        """--gpus N: the method's stages that have not finished with these settings (a --search's grid points, XLA's
-        warm-ups), N at a time, each a train.py process of its own (fan_out), which stage() then reuses."""
-        todo = [(name, settings.out, command(self.args, only_stage=name)) for name in self.cls.stages(self.args)
-                if not finished_alike(settings := stage_settings(self.args, self.cls, name))]
-        fan_out(todo, self.args.gpus)
 
     def results_of(self, name):
         """The results of the stage `name`, or None when it has not finished."""
@@ -264,7 +259,7 @@ class Run:
         """A run in the folder `name` of this one, with changed settings, sharing its evaluation sets."""
         self.folder.keep(name)
         args = argparse.Namespace(**{**vars(self.args), 'out': self.path(name), **changes})
-        return Run(args, self.rank, self.world, self.device, self.tok, self.sets, self.cache)
+        return Run(args, self.rank, self.world, self.device, self.tok, self.sets, self.eval_items)
 
     def path(self, name):
         return self.folder.path(name)
@@ -686,8 +681,11 @@ def makes_demo_start(args):
     return args.demo and args.init == demo_start(args.out) and not is_finished(os.path.dirname(args.init))
 
 
-def setup_distributed():
-    """-> (rank, world size, device); under torchrun (or srun, docs/runs.md) one process per device."""
+def setup_distributed(start=True):
+    """-> (rank, world size, device); under torchrun (or srun, docs/runs.md) one process per device. start=False
+    (--dry_run): the rank and world size the launcher gives, no process group and no device."""
+    if not start:
+        return int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1)), None
     if 'RANK' not in os.environ:
         return 0, 1, torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     cuda = torch.cuda.is_available()
@@ -941,7 +939,7 @@ def planned_config(args):
     on a CPU keeps its weights), and for the demo at most the tiny preset's vocabulary (its own is smaller)."""
     cfg, given = layers.CONFIGS[args.model], lambda *values: next(v for v in values if v is not None)
     return replace(cfg, dropout=given(args.dropout, cfg.dropout),
-                   attn_dropout=given(args.attn_dropout, args.dropout, cfg.attn_dropout),  # as Run.encoder sets them
+                   attn_dropout=given(args.attn_dropout, args.dropout, cfg.attn_dropout),  # as Run.pretrained sets them
                    vocab_size=layers.CONFIGS['tiny'].vocab_size if args.demo else cfg.vocab_size)
 
 
@@ -1123,7 +1121,7 @@ def stage_settings(args, cls, name):
     return settings
 
 
-def identity(args):
+def checkpoint_identity(args):
     """What a run's checkpoint says it is and must say to be loaded (a translation's task names its pair)."""
     return {'method': args.method, 'task': xlt.method_class(args).folder(args)[0], 'model': args.model}
 
@@ -1229,7 +1227,7 @@ def predict(args, rank, world, device):
     examples, pairs = data.read_input(args.predict[0], settings.task, cls.paired, (args.predict + [None])[1])
     run = Run(settings, rank, world, device, tok, sets={'dev': {}, 'test': {}})
     model = cls.predictor(run)
-    items = data.evaluation_items(replace(run.features, cache=False), examples, pairs if model.paired else None)
+    items = data.evaluation_items(replace(run.tokenization, cache=False), examples, pairs if model.paired else None)
     feats, outputs = [item[1] if model.paired else item for item in items], run.outputs(model, items)
     stem = os.path.join(args.out, 'predicted', os.path.splitext(os.path.basename(args.predict[0]))[0])
     scores = ev.write_predicted(stem, settings.task, feats, outputs, examples) if rank == 0 else None
@@ -1246,10 +1244,16 @@ SWEPT = {'seeds': ('seed', 'seed{}', 'seed'), 'train_langs': ('train_lang', '{}'
 # folder, and what a value is called
 
 
-def asked(args):
-    """What the command asks for: a prediction, a sweep, one stage of a sweep, the stages' command lines, or the run."""
-    return (predict if args.predict else sweep if args.seeds or args.train_langs else one_stage if args.only_stage
-            else stage_commands if args.commands else execute)
+def action(args):
+    """The function that does what the command line asks for: a prediction, a sweep, one stage of a sweep, the
+    stages' command lines, or the run."""
+    if args.predict:
+        return predict
+    if args.seeds or args.train_langs:
+        return sweep
+    if args.only_stage:
+        return one_stage
+    return stage_commands if args.commands else execute
 
 
 def sweep(args, rank, world, device):
@@ -1358,6 +1362,14 @@ def command(args, **changes):
             kept.append(word)
     given = [word for option, value in changes.items() for word in (f'--{option}', str(value))]
     return [sys.executable, os.path.abspath(__file__), *kept, *given]
+
+
+def stages_at_once(run):
+    """--gpus N: the method's stages that have not finished with these settings (a --search's grid points, XLA's
+    warm-ups), N at a time, each a train.py process of its own (fan_out), which Run.stage then reuses."""
+    todo = [(name, settings.out, command(run.args, only_stage=name)) for name in run.cls.stages(run.args)
+            if not finished_alike(settings := stage_settings(run.args, run.cls, name))]
+    fan_out(todo, run.args.gpus)
 
 
 def fan_out(runs, gpus):
@@ -1506,7 +1518,7 @@ class ResumePoints(AbstractContextManager):
     def __init__(self, training):
         self.training, self.saved, self.signalled = training, time.time(), None
         self.point = None  # the step last.pt holds
-        self.asked = (False, False)  # (a resume point, a stop): what the processes agreed on at the last log line
+        self.agreed = (False, False)  # (a resume point, a stop): what the processes agreed on at the last log line
 
     def __enter__(self):
         training, run = self.training, self.training.run
@@ -1529,23 +1541,23 @@ class ResumePoints(AbstractContextManager):
         sums = torch.tensor([loss, *wishes], dtype=torch.float64, device=run.device)  # large losses stay finite
         if run.world > 1:
             dist.all_reduce(sums)  # every process stops together, and saves together
-        self.asked = tuple(sums[1:].gt(0).tolist())
+        self.agreed = tuple(sums[1:].gt(0).tolist())
         return sums[0].item()
 
     def after_step(self, epoch_end):
         """The resume point or stop agreed on, within an epoch (its last step saves after validation, after_epoch)."""
-        if any(self.asked) and not epoch_end:
-            self.save(stop=self.asked[1])
+        if any(self.agreed) and not epoch_end:
+            self.save(stop=self.agreed[1])
         args = self.training.run.args
         if args.halt_after or args.term_after:
             planted_stops(args, self.training.state['step'], self)
-        self.asked = self.asked if epoch_end else (False, False)
+        self.agreed = self.agreed if epoch_end else (False, False)
 
     def after_epoch(self, last):
         """last.pt at an epoch's end, but the last's (trained.json holds it) unless a stop was asked."""
-        if not last or self.asked[1]:
-            self.save(stop=self.asked[1])
-        self.asked = (False, False)
+        if not last or self.agreed[1]:
+            self.save(stop=self.agreed[1])
+        self.agreed = (False, False)
 
     def save(self, stop=False):
         if stop and not self.in_grace():
@@ -1609,7 +1621,7 @@ def resumed(training):
     if not os.path.exists(last):
         run.say(f'note: {last} not found: starting from the beginning')
         return None  # the loop starts afresh
-    ckpt = layers.load_checkpoint(last, identity(run.args))
+    ckpt = layers.load_checkpoint(last, checkpoint_identity(run.args))
     for part, name in ((training.method, 'method'), (training.opt, 'optimizer'), (training.sched, 'schedule'),
                        (training.precision.scaler, 'scaler')):
         part.load_state_dict(ckpt.get(name, {}))  # the scaler reads {} unless fp16's
@@ -1639,7 +1651,7 @@ def save(run, name, parts, writer, keep=0):
     if run.rank == 0:
         args = run.args
         exported = xlt.method_class(args).exported(args, run.tok)  # what python layers.py export reads
-        meta = {**identity(args), 'settings': json.loads(json.dumps(vars(args))), **exported}
+        meta = {**checkpoint_identity(args), 'settings': json.loads(json.dumps(vars(args))), **exported}
         folder = os.path.dirname(run.path(name))
         writer.save(run.path(name), meta, lambda: layers.keep_last(folder, keep), **parts)
 

@@ -117,9 +117,7 @@ class Method(nn.Module):
     def __init__(self, encoder, task, args=None):
         super().__init__()
         self.encoder, self.family = encoder, TASKS[task].family if task in TASKS else self.family
-        # the options of its class and of those it extends (a subclass may leave out an option that they read)
-        own = {o.name: o.default for c in type(self).__mro__[::-1] if issubclass(c, Method) for o in c.OPTIONS}
-        self.options = argparse.Namespace(**given_or(args, own))
+        self.options = argparse.Namespace(**given_or(args, option_defaults(type(self))))
         if self.HEAD is not None and task in TASKS:
             self.head = Head(self.family, encoder, TASKS[task].labels, **self.HEAD)
         self.step, self.mlm = 0, None  # mlm: an MLM head saved with the encoder (VECO's)
@@ -249,7 +247,7 @@ class Method(nn.Module):
     def retrieval(cls, run):
         """bucc2018 / tatoeba: nothing is trained; the mean-pooled states of the method's layer
         (retrieval_layer; --layer, --pool), mined as --mining says (eval.retrieve)."""
-        args, encoder = run.args, run.encoder()[0].to(run.device)
+        args, encoder = run.args, run.pretrained().encoder.to(run.device)
         which = args.layer or (cls.retrieval_layer(args.task, encoder.cfg.n_layer),)
         if which[-1] > encoder.cfg.n_layer:  # before the folder is begun: an earlier run's results stay
             run.fail(f'--layer {"-".join(map(str, which))}: the model has layers 1 to {encoder.cfg.n_layer}')
@@ -311,9 +309,8 @@ def selection(select, dev):
 
 
 def given_or(args, defaults):
-    """-> {name: its value in args, or its default where args leaves it unset (None) or lacks it} for each option of
-    defaults. This is the one place an option takes its default. A checkpoint's settings may lack an option that
-    is newer than the checkpoint."""
+    """-> {name: its value in args, or its default where args leaves it unset (None) or lacks it, as a checkpoint's
+    settings may}, for each option of defaults: the one place where an option takes its default."""
     return {name: default if getattr(args, name, None) is None else getattr(args, name)
             for name, default in defaults.items()}
 
@@ -375,7 +372,7 @@ class Head(nn.Module):
         return self.out(h).masked_fill(~mask[..., None], float('-inf'))
 
 
-def per_example(family, values, real=None):
+def to_examples(family, values, real=None):
     """values per example (B,), per token (B, T) or per answer end (B, 2) -> per example (B,), its
     mean the batch's: tagging's real tokens weighted as per_example_loss says, QA's two ends averaged."""
     if family == 'tagging':
@@ -392,7 +389,7 @@ def per_example_loss(family, logits, labels):
         return F.cross_entropy(logits.float(), labels, reduction='none')
     if family == 'tagging':
         tokens = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=IGNORE, reduction='none')
-        return per_example(family, tokens, labels.ne(IGNORE))
+        return to_examples(family, tokens, labels.ne(IGNORE))
     start, end = logits.float().unbind(-1)
     return (F.cross_entropy(start, labels[:, 0], reduction='none')
             + F.cross_entropy(end, labels[:, 1], reduction='none')) / 2
@@ -406,28 +403,28 @@ def entropy_per_example(family, logits, mask):
     dim = 1 if family == 'qa' else -1
     logp = logits.float().log_softmax(dim)
     h = -torch.where(logp.isfinite(), logp.exp() * logp, 0.0).sum(dim)
-    return per_example(family, h, mask)
+    return to_examples(family, h, mask)
 
 
-def kl_per_example(family, p_teacher, logits, first=None, T=1.0):
-    """KL(p_teacher || p_student) per example (B,), both softened by the temperature T and the KL
-    scaled by T^2 (as FILTER's released code: softmax(teacher / T) = p_teacher^(1/T), renormalised):
+def kl_per_example(family, p_teacher, logits, first=None, temperature=1.0):
+    """KL(p_teacher || p_student) per example (B,), both softened by the temperature t and the KL
+    scaled by t^2 (as FILTER's released code: softmax(teacher / t) = p_teacher^(1/t), renormalised):
     over classes; for tagging per word (first sub-words), the mean over the batch's words as the
     tagging loss; over positions for the start and the end of an answer, averaged, for QA."""
     dim = 1 if family == 'qa' else -1
-    if T != 1.0:
-        p_teacher = p_teacher ** (1 / T)
+    if temperature != 1.0:
+        p_teacher = p_teacher ** (1 / temperature)
         p_teacher = p_teacher / p_teacher.sum(dim, keepdim=True)
-    log_q = (logits.float() / T).log_softmax(dim)
-    kl = torch.where(p_teacher > 0, p_teacher * (p_teacher.clamp_min(1e-30).log() - log_q), 0.0) * T ** 2
-    return per_example(family, kl.sum(dim), first)
+    log_q = (logits.float() / temperature).log_softmax(dim)
+    kl = torch.where(p_teacher > 0, p_teacher * (p_teacher.clamp_min(1e-30).log() - log_q), 0.0) * temperature ** 2
+    return to_examples(family, kl.sum(dim), first)
 
 
-def teacher_kl(family, p_teacher, tgt, logits, T=1.0):
+def teacher_kl(family, p_teacher, tgt, logits, temperature=1.0):
     """KL(p_teacher || p) per example. p_teacher holds the stored probabilities of every training item, and a batch
     knows the positions of its items among them (Batch.index), so that row r reads p_teacher[tgt.index[r]]."""
     stored = torch.nn.utils.rnn.pad_sequence([p_teacher[i] for i in tgt.index], batch_first=True)
-    return kl_per_example(family, data.moved(stored, logits.device), logits, tgt.first, T)
+    return kl_per_example(family, data.moved(stored, logits.device), logits, tgt.first, temperature)
 
 
 def probabilities(family, logits):
@@ -560,18 +557,14 @@ class Taught(Method):
 
     @classmethod
     def train_teacher(cls, run):
-        """Algorithm 1, lines 1-8: the teacher, trained on L^s + L^t, as a folder. With --self_teach, it is a run of
-        its own in the folder teacher/ (the stage that stages() describes); --teacher names a finished run instead.
-        X-Mixup's tagging data holds its teacher's labels already, and there is no teacher to train (None)."""
-        if cls.soft_labelled(run.args):
-            return None
-        return run.args.teacher or run.path(run.stage('teacher'))
+        """Algorithm 1, lines 1-8: the folder of the teacher, trained on L^s + L^t, a run of its own in teacher/ (the
+        stage of stages()) or the finished run --teacher names; None where the data holds its labels (X-Mixup's)."""
+        return None if cls.soft_labelled(run.args) else run.args.teacher or run.path(run.stage('teacher'))
 
     @classmethod
     def soft_labels(cls, run, teacher, items):
-        """Algorithm 1, line 12: p^t_tea, the teacher's probabilities of the target side of every training item (a
-        data.Ragged). A single-text teacher reads the target text alone. Without a teacher, they are the
-        distributions that a release's data gives (released_probabilities)."""
+        """Algorithm 1, line 12: p^t_tea, a data.Ragged of the teacher's probabilities of each training item's target
+        side (a single-text teacher reads it alone); without a teacher, those a release's data gives."""
         if teacher is None:
             return released_probabilities(run, items)
         teacher = run.restore(teacher)
@@ -639,7 +632,7 @@ class Filter(Taught):
         Option('m', int, 'local layers (default 1)', NON_NEGATIVE),
         Option('k', int, 'fusion layers (default 1; 20 for QA)', NON_NEGATIVE),
         Option('kl_weight', help='self-teaching KL weight 1 - lambda (0.5 / 1.0 / 0.1)', valid=UNIT),
-        Option('temperature', help='self-teaching KL of distributions softened by T, times T^2 (default 1, as the '
+        Option('temperature', help='self-teaching KL of distributions softened by t, times t^2 (default 1, as the '
                'paper)', valid=POSITIVE))
 
     def __init__(self, encoder, task, args, p_teacher=None):
@@ -648,15 +641,11 @@ class Filter(Taught):
         m, k, kl_weight = self.DEFAULTS[self.family]
         self.m = m if given.m is None else given.m
         self.k = min(scale_depth(k, L), L - self.m) if given.k is None else given.k
-        released = encoder.task_head and encoder.task_head.fusion  # a released FILTER model's (m, k), its config's
-        if released and given.m is None and given.k is None:
-            self.m, self.k = released
-        if released and released != (self.m, self.k):
-            raise ValueError(f'--init is FILTER fine-tuned with m = {released[0]}, k = {released[1]}: drop --m and --k')
+        self.m, self.k = released_fusion(encoder, given, (self.m, self.k))  # a released FILTER model's own (m, k)
         if self.k + self.m > L or min(self.k, self.m) < 0:
             raise ValueError(f'--k {self.k} + --m {self.m} does not fit the model\'s {L} layers: choose k + m <= {L}')
         self.lam = 1 - (kl_weight if given.kl_weight is None else given.kl_weight)  # Eq. 6's lambda
-        self.T = given.temperature or 1.0  # softens both sides of the KL (the paper: none)
+        self.temperature = given.temperature or 1.0  # softens both sides of the KL (the paper: none)
 
     @classmethod
     def train_langs(cls, args, targets):  # its run_xqa.py trains QA without Chinese ("the tokenize issue")
@@ -684,7 +673,7 @@ class Filter(Taught):
         if self.p_teacher is None:
             loss = loss_s + loss_t
             return loss.mean(), {'loss': loss.mean().detach()}
-        kl = teacher_kl(self.family, self.p_teacher, pair.tgt, p_t, self.T)
+        kl = teacher_kl(self.family, self.p_teacher, pair.tgt, p_t, self.temperature)
         loss = loss_s + self.lam * loss_t + (1 - self.lam) * kl  # Eq. 6
         return loss.mean(), {'loss': loss.mean().detach(), 'kl': kl.mean().detach()}
 
@@ -835,11 +824,11 @@ class XMixup(Taught):
             return pair.src, torch.ones(pair.src.ids.size(0), dtype=torch.bool, device=pair.src.ids.device)
         real = torch.rand(pair.src.ids.size(0)) < self.p_star()  # drawn on the CPU: the same draws on any device
         real = data.moved(real, pair.src.ids.device)
-        T = max(pair.src.ids.size(1), pair.alt.ids.size(1))
+        longest = max(pair.src.ids.size(1), pair.alt.ids.size(1))
 
         def pick(a, b, pad=None):  # row by row: a where the source is real, else b (padded alike)
             if pad is not None:
-                a, b = F.pad(a, (0, T - a.size(1)), value=pad), F.pad(b, (0, T - b.size(1)), value=pad)
+                a, b = F.pad(a, (0, longest - a.size(1)), value=pad), F.pad(b, (0, longest - b.size(1)), value=pad)
             return torch.where(real.view(-1, *[1] * (a.dim() - 1)), a, b)
         s, r = pair.src, pair.alt
         trip = r.labels if r.labels is not None or s.labels is None else torch.full_like(r.ids, IGNORE)  # untagged
@@ -1040,7 +1029,7 @@ class VecoPretrain(Method):
         best.pt holds the encoder with its cross-attention and the MLM head; fine-tuning (Veco)
         reads it with --init and leaves the cross-attention out (Section 2.3)."""
         args = run.args
-        encoder, mlm = run.encoder(cross=not args.no_cs_mlm)
+        encoder, mlm = run.pretrained(cross=not args.no_cs_mlm)[:2]
         if args.init and mlm is None:
             run.fail(f'--init {args.init} has no MLM head: pre-training continues XLM-R with its MLM head (a converted '
                      'XLM-R checkpoint, python layers.py convert)')
@@ -1200,7 +1189,7 @@ class VecoPretrain(Method):
 
 class Veco(Baseline):
     """VECO for understanding (Section 2.3): the pre-trained self-attention and FFN modules make
-    the encoder, the cross-attention is thrown away (Run.encoder loads --init without it), and the
+    the encoder, the cross-attention is thrown away (Run.pretrained loads --init without it), and the
     encoder is fine-tuned as XLM-R: on English (cross-lingual transfer) or, with
     --translate_train_all, on English and its translations (VecoAll)."""
     NAME, NOT_ON_BERT = 'veco', VecoPretrain.NOT_ON_BERT
@@ -1423,8 +1412,9 @@ class VecoTranslate(Method):
         """The encoder-decoder (assemble) from --init, or new -> (the method, the ids of [src] and [tgt], the
         token embeddings' scale)."""
         args, tok = run.args, run.tok
-        pre, _, released, new_cross = run.encoder(cross=True, decoder=True)  # --init's cross-attention, or new
-        if args.init and released is None and new_cross:
+        loaded = run.pretrained(cross=True, decoder=True)  # --init's cross-attention, or new
+        pre, released = loaded.encoder, loaded.decoder
+        if args.init and released is None and loaded.new_cross:
             run.say(f'note: --init {args.init} is an encoder alone, without cross-attention or decoder (XLM-R, or '
                     'VECO\'s released NLU model): the cross-attention starts from random weights')
         lang_ids = tok.language_ids(args.src, args.tgt)  # [src], [tgt]: the --dict's lines, or new embedding rows
@@ -1650,12 +1640,12 @@ class XLA(Baseline):
         args = run.args
         if not args.xla_epochs:  # the warm-ups alone: the zero-shot rows (with --conf_penalty 0) and their ensemble
             return [f'{run.stage(name)}/best.pt' for name in cls.stages(args)]
-        english = data.training_set(run.features, [], share=args.train_share)  # D_s: the warm-ups' set
-        target = data.unlabelled_set(run.features, args.train_lang, args.train_share)  # D_t
+        english = data.training_set(run.tokenization, [], share=args.train_share)  # D_s: the warm-ups' set
+        target = data.unlabelled_set(run.tokenization, args.train_lang, args.train_share)  # D_t
         if not (args.mlm or args.init):
             run.fail('XLA\'s vicinal samples need a masked LM: '
                      'pass --mlm (a converted XLM-R checkpoint, python layers.py convert)')
-        encoder, mlm = run.encoder(init=args.mlm or args.init)  # now: a missing masked LM must not wait until epoch 2
+        encoder, mlm = run.pretrained(init=args.mlm or args.init)[:2]  # now: a missing MLM must not wait for epoch 2
         if mlm is None:
             run.fail(f'{args.mlm or args.init} has no MLM head: pass --mlm a converted XLM-R checkpoint '
                      '(python layers.py convert keeps it)')
@@ -2135,7 +2125,20 @@ def search_grid(grid, terms):
 
 
 # ----------------------------------------------------------------------------------------
-# A released task model's head, the start of a Head (Head.__init__).
+# A released task model's head, the start of a Head (Head.__init__), and a released FILTER model's layers (Filter).
+
+def released_fusion(encoder, given, planned):
+    """FILTER's (m, k): a released FILTER model's, its config's, unless --m or --k is given (planned: those given, or
+    the paper's); a released model's own, given otherwise, cannot run."""
+    released = encoder.task_head and encoder.task_head.fusion
+    if not released:
+        return planned
+    if given.m is None and given.k is None:
+        return released
+    if released != planned:
+        raise ValueError(f'--init is FILTER fine-tuned with m = {released[0]}, k = {released[1]}: drop --m and --k')
+    return planned
+
 
 def start_from_released(head, kind, theirs, tensors, labels, fused=False):
     """A Head started from a transformers task model's head (layers.TaskHead) that --init read: the head's kind is
@@ -2167,7 +2170,7 @@ def released_probabilities(run, items):
     """The released tag distributions (data.soft_labels) of the target side of every training item, found by its
     tokens; English paired with itself learns its own tags, on their first pieces. -> a data.Ragged of them"""
     langs = run.cls.train_langs(run.args, data.languages(run.args.task, run.args.demo, run.args.langs))
-    found, tags, p = data.soft_labels(run.features, langs), len(TASKS[run.args.task].labels), []
+    found, tags, p = data.soft_labels(run.tokenization, langs), len(TASKS[run.args.task].labels), []
     for i in range(len(items)):
         feat = items[i][1]
         if feat.label is not None:  # English paired with itself
@@ -2188,6 +2191,12 @@ def released_probabilities(run, items):
 def classes():
     """Every class a run may be: each method's, and the variants its resolve() picks."""
     return [c for method in METHODS.values() for c in (method, *method.variants())]
+
+
+def option_defaults(cls):
+    """{name: default} of the options of a method class and of the classes it extends, whose __init__ may read an
+    option that the class leaves out (Baseline's --conf_penalty, read by in-language)."""
+    return {o.name: o.default for c in cls.__mro__[::-1] if issubclass(c, Method) for o in c.OPTIONS}
 
 
 def called(classes):

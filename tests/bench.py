@@ -522,7 +522,7 @@ def xla_prepare(argv):
     import train
     args, start = train.parse_args(argv), time.perf_counter()
     tok = data.Tokenizer(args.spm)
-    spec = data.Features(tok, args.data_dir, args.task, args.max_len, args.doc_stride)
+    spec = data.Tokenization(tok, args.data_dir, args.task, args.max_len, args.doc_stride)
     data.training_set(spec, [], share=args.train_share)
     data.unlabelled_set(spec, args.train_lang, args.train_share)
     return time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

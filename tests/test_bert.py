@@ -154,7 +154,7 @@ def reference(tmp_path_factory):
 
 def test_encoder_pooler_and_mlm_equal_transformers_bert(reference):
     transformers, ref, folder = reference
-    enc, mlm = layers.load_pretrained(folder)
+    enc, mlm = layers.load_pretrained(folder)[:2]
     assert (enc.cfg.backbone, enc.cfg.pad_id, enc.cfg.ln_eps, enc.cfg.sep_id) == ('bert', 0, 1e-12, 102)
     ids, types = pairs(160)
     real = ids.ne(0)
@@ -175,7 +175,7 @@ def test_each_task_head_equals_its_bert_class(reference, family):
     cls = {'classification': 'BertForSequenceClassification', 'tagging': 'BertForTokenClassification',
            'qa': 'BertForQuestionAnswering'}[family]
     theirs = getattr(transformers, cls).from_pretrained(folder, num_labels=3 if family != 'qa' else 2).eval()
-    enc, _ = layers.load_pretrained(folder)
+    enc = layers.load_pretrained(folder).encoder
     head = xlt.Head(family, enc, ('a', 'b', 'c')).eval()
     last = theirs.classifier if family != 'qa' else theirs.qa_outputs
     head.out.load_state_dict(last.state_dict())
@@ -209,7 +209,7 @@ def test_every_bert_layout_reads_and_converts(layout, tmp_path):
         sd = {k: v for k, v in sd.items() if 'pooler' not in k and 'seq_relationship' not in k}
     folder = write_hf_dir(sd, cfg, tmp_path / 'bert', fmt='bin' if layout.startswith('bin') else 'safetensors')
     write_bert_vocab(folder, ['x'])
-    enc, mlm = layers.load_pretrained(folder)
+    enc, mlm = layers.load_pretrained(folder)[:2]
     assert (mlm is None) == layout.startswith('BertModel')
     gamma = 'LayerNorm.gamma' if layout.startswith('bin') else 'LayerNorm.weight'
     prefix = '' if layout.startswith('BertModel') else 'bert.'
@@ -218,7 +218,7 @@ def test_every_bert_layout_reads_and_converts(layout, tmp_path):
     if 'bert.pooler.dense.weight' in sd:
         assert torch.equal(enc.pooler.weight, sd['bert.pooler.dense.weight'])
     layers.main(['convert', folder, str(tmp_path / 'bert.pt')])
-    again, _ = layers.load_pretrained(str(tmp_path / 'bert.pt'))
+    again = layers.load_pretrained(str(tmp_path / 'bert.pt')).encoder
     assert again.cfg == enc.cfg and all(torch.equal(a, b) for a, b in zip(enc.state_dict().values(),
                                                                           again.state_dict().values()))
     if 'bert.pooler.dense.weight' not in sd:  # a new pooler, the same at every load

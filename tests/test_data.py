@@ -324,7 +324,7 @@ def test_a_lowercasing_tokenizer_reads_lower_case_and_keeps_character_positions(
         mock_tok, examples, 96, 32, train=True)))
     tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
     gold, inputs, _ = data.evaluation_set(demo_dir, 'mlqa', 'dev', 'de')
-    cased, lowered = (data.evaluation_items(data.Features(t, demo_dir, 'mlqa', 64), inputs, None) for t in (tok, data.Tokenizer(tok.path, True)))
+    cased, lowered = (data.evaluation_items(data.Tokenization(t, demo_dir, 'mlqa', 64), inputs, None) for t in (tok, data.Tokenizer(tok.path, True)))
     assert [cased[i].ids for i in range(len(cased))] != [lowered[i].ids for i in range(len(lowered))]
 
 
@@ -462,7 +462,7 @@ def test_training_sets_on_disk_hold_the_features_of_the_readers(demo_dir, monkey
     langs = [] if data.TASKS[task].family == 'tagging' and not paired else ['de', 'zh']  # untagged translations: English
     feats = features_by_hand(tok, demo_dir, task, paired, round_trip, max_len, langs)
     for cache in (False, True):
-        items = data.training_set(data.Features(tok, demo_dir, task, max_len, cache=cache), langs, 'every_lang', paired, round_trip)
+        items = data.training_set(data.Tokenization(tok, demo_dir, task, max_len, cache=cache), langs, 'every_lang', paired, round_trip)
         same_features(items, feats, example=not paired)  # a pair's sides number their examples apart
 
 
@@ -479,7 +479,7 @@ def test_evaluation_sets_on_disk_hold_the_features_of_the_readers(demo_dir, monk
     sides = lambda item: item[1:] if isinstance(item, tuple) else (item,)  # the target side's every field
     fields = lambda f: (f.ids, f.label, f.words, f.example, f.spans, f.max_context)
     for cache in (False, True):
-        items = data.evaluation_items(data.Features(tok, demo_dir, task, max_len, cache=cache), inputs, pairs)
+        items = data.evaluation_items(data.Tokenization(tok, demo_dir, task, max_len, cache=cache), inputs, pairs)
         assert len(items) == len(feats) > len(inputs) * (max_len is not None)  # short max_len: several a sentence
         assert [fields(f) for i in range(len(items)) for f in sides(items[i])] == [fields(f) for i in feats for f in sides(i)]
         if paired:  # the English side too
@@ -515,7 +515,7 @@ def test_a_labelled_english_side_beside_an_unlabelled_target_reads_each_side_s_o
     pair has its label, the target None; a batch of them has labels on the English side alone."""
     tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
     gold, inputs, pairs = data.evaluation_set(demo_dir, 'xnli', 'test', 'de', paired=True)
-    items = data.evaluation_items(data.Features(tok, demo_dir, 'xnli', cache=False), inputs, pairs)
+    items = data.evaluation_items(data.Tokenization(tok, demo_dir, 'xnli', cache=False), inputs, pairs)
     english, target = zip(*(items[i] for i in range(len(items))))
     assert [f.label for f in target] == [None] * len(inputs)
     assert [f.label for f in english] == labels_by_hand('xnli', [en for en, _ in pairs], target)
@@ -534,7 +534,7 @@ def test_a_labelled_target_with_an_unlabelled_or_missing_translation(tmp_path, s
     write_xtreme_tsv(tmp_path / 'xnli' / 'translate-dev' / 'dev-de-en-translated.tsv',
                      [(a, b, f'{a} (en)', f'{b} (en)') for a, b, _ in rows[:2]])
     gold, inputs, pairs = data.evaluation_set(str(tmp_path), 'xnli', 'dev', 'de', paired=True)
-    items = data.evaluation_items(data.Features(data.Tokenizer(spm_path), str(tmp_path), 'xnli', cache=False), inputs, pairs)
+    items = data.evaluation_items(data.Tokenization(data.Tokenizer(spm_path), str(tmp_path), 'xnli', cache=False), inputs, pairs)
     classes = data.TASKS['xnli'].labels
     assert [(en.label, t.label) for en, t in (items[i] for i in range(3))] == [
         (None, classes.index('contradiction')), (None, classes.index('neutral')), (classes.index('entailment'),) * 2]
@@ -548,7 +548,7 @@ def test_qa_translate_test_with_answers_on_one_side_reads_blind_and_scores_the_t
     tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
     gold, inputs, pairs = data.evaluation_set(demo_dir, 'mlqa', 'test', 'de', paired=True)
     assert all(en['answers'] and not ex['answers'] for en, ex in pairs)
-    items = data.evaluation_items(data.Features(tok, demo_dir, 'mlqa', 20, cache=False), inputs, pairs)
+    items = data.evaluation_items(data.Tokenization(tok, demo_dir, 'mlqa', 20, cache=False), inputs, pairs)
     assert len(items) > len(inputs) and all(f.label is None for i in range(len(items)) for f in items[i])
     gold, inputs, _ = data.evaluation_set(demo_dir, 'mlqa', 'test', 'de', translate_test=True)
     assert gold is inputs and all(ex['answers'] for ex in gold)
@@ -558,7 +558,7 @@ def test_tagging_translations_without_tags_train_filter_on_the_english_side(demo
     """FILTER's tagging translations have no tags: a pair (English, translation) has English's tags
     on its source side and None on its target; English with itself has them on both."""
     tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
-    items = data.training_set(data.Features(tok, demo_dir, 'panx', cache=False), ['de', 'zh'], 'every_lang', paired=True)
+    items = data.training_set(data.Tokenization(tok, demo_dir, 'panx', cache=False), ['de', 'zh'], 'every_lang', paired=True)
     english = data.read_split(demo_dir, 'panx', 'train')
     tags = lambda f: [data.TASKS['panx'].labels.index(t) for t in english[f.example]['tags']]
     first = lambda f: [f.label[i] for i in f.words]  # the label on each word's first piece
@@ -569,7 +569,7 @@ def test_tagging_translations_without_tags_train_filter_on_the_english_side(demo
     batch = data.collate_items(True)([items[0], items[len(english)]])
     assert batch.tgt.labels is None and batch.src.labels.ne(data.IGNORE).any()
     with pytest.raises(data.DataError, match=f'^panx: {2 * len(english)} of {3 * len(english)} training examples have no label: translations without tags'):
-        data.training_set(data.Features(tok, demo_dir, 'panx', cache=False), ['de', 'zh'], 'every_lang')  # a single-text method's set
+        data.training_set(data.Tokenization(tok, demo_dir, 'panx', cache=False), ['de', 'zh'], 'every_lang')  # a single-text method's set
 
 
 def test_a_missing_round_trip_pairs_the_english_with_itself_and_is_said_at_every_start(tmp_path, capsys):
@@ -577,7 +577,7 @@ def test_a_missing_round_trip_pairs_the_english_with_itself_and_is_said_at_every
     os.remove(data.split_path(demo, 'panx', 'round-trip', 'zh'))
     tok = data.Tokenizer(f'{demo}/sentencepiece.bpe.model')
     for start in ('built', 'read from the cache'):
-        items = data.training_set(data.Features(tok, demo, 'panx'), ['de', 'zh'], 'every_lang', True, True)
+        items = data.training_set(data.Tokenization(tok, demo, 'panx'), ['de', 'zh'], 'every_lang', True, True)
         assert capsys.readouterr().out.count('warning: no round-trip data for panx in zh') == 1, start
     same_features(items, features_by_hand(tok, demo, 'panx', True, True), example=False)
     assert data.item_lengths([]).shape == (0, 1)  # no items (XLA's peers agreeing on nothing): no lengths
@@ -587,7 +587,7 @@ def test_the_cache_is_built_once_and_again_when_a_file_the_tokenizer_or_a_settin
     demo = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=5)
     tok, other = data.Tokenizer(f'{demo}/sentencepiece.bpe.model'), data.Tokenizer(spm_path)
     builds = lambda: capsys.readouterr().out.count('tokenizing the training data into')
-    load = lambda tok=tok, max_len=None: data.training_set(data.Features(tok, demo, 'panx', max_len), ['de', 'zh'], 'every_lang', True)
+    load = lambda tok=tok, max_len=None: data.training_set(data.Tokenization(tok, demo, 'panx', max_len), ['de', 'zh'], 'every_lang', True)
     load(), load()
     assert builds() == 1
     load(max_len=16)
@@ -627,7 +627,7 @@ data.append = append
 if together:
     open(f'{{together}}/started-{{os.getpid()}}', 'w').close()
 tok = data.Tokenizer({demo!r} + '/sentencepiece.bpe.model')
-print(len(data.training_set(data.Features(tok, {demo!r}, 'xnli'), ['de', 'zh'], 'every_lang')))
+print(len(data.training_set(data.Tokenization(tok, {demo!r}, 'xnli'), ['de', 'zh'], 'every_lang')))
 '''
     return subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, text=True)
 
@@ -645,7 +645,7 @@ def test_a_build_killed_halfway_is_never_read_and_two_processes_build_once(tmp_p
     assert sum(out.count('tokenizing the training data into') for out in outs) == 1
     assert len(os.listdir(cache)) == 2 and not any('.tmp' in n for n in os.listdir(cache))  # the lock and one set
     tok = data.Tokenizer(f'{demo}/sentencepiece.bpe.model')
-    same_features(data.training_set(data.Features(tok, demo, 'xnli'), ['de', 'zh'], 'every_lang'),
+    same_features(data.training_set(data.Tokenization(tok, demo, 'xnli'), ['de', 'zh'], 'every_lang'),
                   features_by_hand(tok, demo, 'xnli', False, False))
 
 
@@ -660,7 +660,7 @@ for case, folders in {cases!r}.items():
     demo = folders[rank]
     data.write_items = lambda path, *args: say(f'{{case}}: built by process {{rank}}') or write(path, *args)
     tok = data.Tokenizer(os.path.join(demo, 'sentencepiece.bpe.model'))
-    say(f"{{case}}: features {{len(data.training_set(data.Features(tok, demo, 'xnli'), ['de', 'zh'], 'every_lang'))}}")
+    say(f"{{case}}: features {{len(data.training_set(data.Tokenization(tok, demo, 'xnli'), ['de', 'zh'], 'every_lang'))}}")
 """
 
 
@@ -734,7 +734,7 @@ def test_a_torn_cache_is_built_again(tmp_path, capsys):
     shorter array): the next load says so in one line, builds it again, and gives the same features."""
     demo = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=6)
     tok = data.Tokenizer(f'{demo}/sentencepiece.bpe.model')
-    features = lambda: (lambda items: [items[i] for i in range(len(items))])(data.training_set(data.Features(tok, demo, 'panx', 64), []))
+    features = lambda: (lambda items: [items[i] for i in range(len(items))])(data.training_set(data.Tokenization(tok, demo, 'panx', 64), []))
     first = features()
     folder = next(p for p in (tmp_path / 'demo' / '.cache').iterdir() if p.is_dir())
     arrays = sorted(p.name for p in folder.iterdir() if p.suffix == '.bin' and p.stat().st_size)
@@ -757,12 +757,12 @@ def test_in_language_reads_each_languages_own_first_examples(tmp_path, capsys):
     demo = data.make_demo(str(tmp_path / 'demo'), n_train=30, n_eval=5)
     tok = data.WordPiece(f'{demo}/vocab.txt')
     own = lambda lang: data.read_split(demo, 'tydiqa', 'train', lang)
-    items = data.training_set(data.Features(tok, demo, 'tydiqa', cache=False), ['de'], 'own_lang', first=7)
+    items = data.training_set(data.Tokenization(tok, demo, 'tydiqa', cache=False), ['de'], 'own_lang', first=7)
     questions = {tuple(tok.encode(ex['question'])) for ex in own('de')[:7]}
     assert {tuple(items[i].ids[1:items[i].ids.index(tok.eos)]) for i in range(len(items))} == questions
     assert len(questions) == 7 and questions.isdisjoint(tuple(tok.encode(ex['question'])) for ex in own('de')[7:])
     os.remove(data.split_path(demo, 'panx', 'train', 'zh'))
-    items = data.training_set(data.Features(tok, demo, 'panx', cache=False), ['de', 'zh'], 'every_own')
+    items = data.training_set(data.Tokenization(tok, demo, 'panx', cache=False), ['de', 'zh'], 'every_own')
     expected = [tok.encode_words(ex['words']) for lang in ('en', 'de') for ex in data.read_split(demo, 'panx', 'train', lang)]
     assert [items[i].ids for i in range(len(items))] == [[tok.bos] + sum(words, []) + [tok.eos] for words in expected]
     assert 'panx has no training data in zh' in capsys.readouterr().out
@@ -792,7 +792,7 @@ def test_tydiqa_with_squad_adds_squads_english_after_tydiqas_each_with_itself(de
     """--with_squad (FILTER's --use_squad_for_tydiqa): SQuAD's English training examples after TyDiQA's, a paired
     method's each with itself; TyDiQA's translations still pair with their own English."""
     tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
-    spec = data.Features(tok, demo_dir, 'tydiqa', 64, cache=False)
+    spec = data.Tokenization(tok, demo_dir, 'tydiqa', 64, cache=False)
     without = data.training_set(spec, ['de'], 'every_lang', paired=True)
     with_squad = data.training_set(spec, ['de'], 'every_lang', paired=True, squad=True)
     squad = data.make_features(tok, 'tydiqa', data.read_split(demo_dir, 'xquad', 'train'), 64, train=True)
@@ -820,7 +820,7 @@ def test_a_share_is_drawn_by_its_seed_and_xla_draws_anew_for_each_seed(demo_dir)
     assert {stage['share_seed'] for stage in xlt.XLA.stages(xla).values()} == {3}  # the warm-ups, seeds 9-11: the run's
     assert {stage['seed'] for stage in xlt.XLA.stages(xla).values()} == {3, 2003, 3003}  # UXLA's offsets
     tok = data.Tokenizer(f'{demo_dir}/sentencepiece.bpe.model')
-    sets = [data.training_set(data.Features(tok, demo_dir, 'xnli', cache=False, draw=seed), [], share=0.2)
+    sets = [data.training_set(data.Tokenization(tok, demo_dir, 'xnli', cache=False, draw=seed), [], share=0.2)
             for seed in (1, 2)]
     ids = lambda items: sorted(tuple(items[i].ids) for i in range(len(items)))
     assert len(sets[0]) == len(sets[1]) and ids(sets[0]) != ids(sets[1])

@@ -60,7 +60,7 @@ def test_an_exported_run_computes_the_projects_logits_and_ids(runs, task, tmp_pa
         assert hf_tok(a, b)['input_ids'] == tok.encode_pair(a, b)
     if task != 'mlqa':
         assert model.config.id2label == dict(enumerate(data.TASKS[task].labels))
-    items = data.evaluation_items(data.Features(tok, demo, task, 384 if task == 'mlqa' else 128, cache=False), examples,
+    items = data.evaluation_items(data.Tokenization(tok, demo, task, 384 if task == 'mlqa' else 128, cache=False), examples,
                                   None)
     batch = data.collate([items[i] for i in range(len(items))])
     with torch.no_grad():
@@ -81,7 +81,7 @@ def test_an_exported_run_computes_the_projects_logits_and_ids(runs, task, tmp_pa
         model.config.id2label = {i: labels[j] for i, j in enumerate(order)}
         model.config.label2id = {labels[j]: i for i, j in enumerate(order)}
     model.save_pretrained(tmp_path / 'saved')
-    enc, _ = layers.load_pretrained(str(tmp_path / 'saved'))  # --init's read: the encoder and the task head
+    enc, _ = layers.load_pretrained(str(tmp_path / 'saved'))[:2]  # --init's read: the encoder and the task head
     with torch.no_grad():
         again = xlt.Baseline(enc, task).eval().predict(batch)
     assert torch.allclose(again[real], ours[real], atol=1e-5)
@@ -101,7 +101,7 @@ def test_the_encoder_alone_and_veco_pretrainings_masked_lm(runs, tmp_path):
     pre = quick_pretrained(demo, tmp_path / 'pre', steps=4)
     layers.main(['export', pre, str(tmp_path / 'mlm')])
     model = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / 'mlm').eval()
-    enc, mlm = layers.load_pretrained(pre)  # the encoder without its cross-attention, as VECO's NLU model
+    enc, mlm = layers.load_pretrained(pre)[:2]  # the encoder without its cross-attention, as VECO's NLU model
     ids = torch.tensor([[0, 40, 7, 93, 2, 1], [0, 11, 2, 1, 1, 1]])
     with torch.no_grad():
         ours, theirs = mlm(enc.eval()(ids)), model(input_ids=ids, attention_mask=ids.ne(1)).logits
@@ -170,7 +170,7 @@ def test_an_exported_bert_run_computes_the_projects_logits_and_ids(bert_runs, ta
     examples = data.read_split(demo, task, 'dev', 'de') + data.read_split(demo, task, 'dev', 'zh')
     for a, b in (texts(task, ex) for ex in examples):
         assert hf_tok(a, b)['input_ids'] == tok.encode_pair(a, b)
-    items = data.evaluation_items(data.Features(tok, demo, task, 384 if task == 'mlqa' else 128, cache=False), examples,
+    items = data.evaluation_items(data.Tokenization(tok, demo, task, 384 if task == 'mlqa' else 128, cache=False), examples,
                                   None)
     batch = data.collate([items[i] for i in range(len(items))], pad_id=tok.pad)
     sep = batch.ids.eq(tok.eos).long()

@@ -154,7 +154,7 @@ def test_filter_loss_is_eq_6_by_hand(task, T):
     from test_xmixup import ce, kl, labelled_side
     family, n_labels = data.TASKS[task].family, max(2, len(data.TASKS[task].labels))
     f = filter_model(3, m=1, k=1, task=task)
-    f.T = T
+    f.temperature = T
     src, tgt = labelled_side(family, [9, 5, 7], 1, n_labels), labelled_side(family, [4, 7, 8], 2, n_labels)
     lengths = tgt.mask.sum(1).tolist()
     g = torch.Generator().manual_seed(7)
@@ -240,7 +240,7 @@ def filter_release(folder, vocab, m, k, n_layer=4, dim=32, ffn=64, heads=4, kind
 
 def test_filters_released_model_loads_every_tensor_in_its_place_and_its_head_is_dense_relu_dense(tmp_path):
     sd = filter_release(tmp_path / 'phase1', vocab=50, m=1, k=2)
-    enc, mlm = layers.load_pretrained(str(tmp_path / 'phase1'))  # strict: every tensor of the file accounted for
+    enc, mlm = layers.load_pretrained(str(tmp_path / 'phase1'))[:2]  # strict: every tensor of the file accounted for
     assert mlm is None and enc.cfg.n_layer == 4 and enc.task_head.fusion == (1, 2)
     assert enc.cfg.pad_id == 1  # pad_token_id null: XLM-R's padding
     assert enc.task_head.labels == ['contradiction', 'entailment', 'neutral']  # two LABEL_i: finetuning_task's order
@@ -276,7 +276,7 @@ def test_filters_released_tagging_and_qa_models_load_and_a_short_file_is_refused
         config = json.loads((tmp_path / kind / 'config.json').read_text())
         config['id2label'] = dict(enumerate(data.TASKS[task].labels)) if kind == 'tagging' else {}
         (tmp_path / kind / 'config.json').write_text(json.dumps(config))
-        enc, _ = layers.load_pretrained(str(tmp_path / kind))
+        enc, _ = layers.load_pretrained(str(tmp_path / kind))[:2]
         f = xlt.Filter(enc, task, argparse.Namespace(m=None, k=1, kl_weight=None))  # QA's 20 scaled to 4 layers: 3
         out = 'classifier' if kind == 'tagging' else 'qa_outputs'
         assert torch.equal(f.head.out.weight, sd[f'{out}.weight']) and torch.equal(f.head.out.bias, sd[f'{out}.bias'])

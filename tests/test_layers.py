@@ -52,7 +52,7 @@ def test_every_layout_matches_naive_implementation(weights, layout, tmp_path):
         path = write_fairseq(sd, cfg, tmp_path / 'model.pt', new_style=layout.endswith('new'))
     else:
         path = write_hf_dir(sd, cfg, tmp_path / 'hf', fmt=layout)
-    enc, mlm = layers.load_pretrained(path)
+    enc, mlm = layers.load_pretrained(path)[:2]
     assert (enc.cfg.n_layer, enc.cfg.dim, enc.cfg.n_head) == tuple(SHAPES['tiny' if cfg['hidden_size'] == 32 else 'base'][:3])
     check_same_as_naive(enc, mlm, sd, cfg)
 
@@ -61,7 +61,7 @@ def test_every_layout_matches_naive_implementation(weights, layout, tmp_path):
 def test_converted_checkpoint_gives_the_same_model(weights, tmp_path):
     cfg, sd = weights
     layers.main(['convert', write_hf_dir(sd, cfg, tmp_path / 'hf'), str(tmp_path / 'xlmr.pt')])
-    enc, mlm = layers.load_pretrained(str(tmp_path / 'xlmr.pt'))
+    enc, mlm = layers.load_pretrained(str(tmp_path / 'xlmr.pt'))[:2]
     check_same_as_naive(enc, mlm, sd, cfg)
     assert mlm.weight is enc.tok.weight  # the decoder stays tied after a round trip
 
@@ -71,7 +71,7 @@ def test_encoder_only_checkpoint_with_pooler(tmp_path):
     sd = random_hf_weights(cfg)
     bare = {k[len('roberta.'):]: v for k, v in sd.items() if k.startswith('roberta.')}
     bare['pooler.dense.weight'], bare['pooler.dense.bias'] = torch.randn(32, 32), torch.randn(32)
-    enc, mlm = layers.load_pretrained(write_hf_dir(bare, cfg, tmp_path, fmt='bin'))
+    enc, mlm = layers.load_pretrained(write_hf_dir(bare, cfg, tmp_path, fmt='bin'))[:2]
     assert mlm is None
     ids = padded_batch(cfg['vocab_size'], [8, 5])
     with torch.no_grad():
@@ -91,7 +91,7 @@ def test_same_as_huggingface_xlmr(shape, tmp_path):
         for p in ref.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     ref.eval().save_pretrained(tmp_path)
-    enc, mlm = layers.load_pretrained(str(tmp_path))
+    enc, mlm = layers.load_pretrained(str(tmp_path))[:2]
     ids = padded_batch(vocab, [20, 11, 4])
     with torch.no_grad():
         out = ref(input_ids=ids, attention_mask=ids.ne(1).long(), output_hidden_states=True)

@@ -299,7 +299,7 @@ def test_one_checkpoint_format_says_what_it_holds(tmp_path):
     torch.save(layers.encoder_parts(enc), tmp_path / 'old.pt')  # converted before the format had its name
     assert torch.equal(layers.load_pretrained(str(tmp_path / 'old.pt'))[0].tok.weight, enc.tok.weight)
     # a translation's checkpoint names its pair: an en-de model is not read as en-fr
-    pair = lambda tgt: train.identity(train.parse_args(['--method', 'veco', '--task', 'translate', '--tgt', tgt]))
+    pair = lambda tgt: train.checkpoint_identity(train.parse_args(['--method', 'veco', '--task', 'translate', '--tgt', tgt]))
     assert pair('de')['task'] == 'translate-en-de' != pair('fr')['task']
 
 

@@ -790,10 +790,10 @@ def test_sigusr1_stops_as_sigterm_does_and_the_grace_fits_the_launcher(tmp_path,
     before = signal.getsignal(signal.SIGUSR1)
     with pytest.raises(SystemExit) as stop, train.ResumePoints(t) as points:
         points.agree(1.0)
-        assert points.asked == (False, False)
+        assert points.agreed == (False, False)
         os.kill(os.getpid(), signal.SIGUSR1)
         points.agree(1.0)
-        assert points.asked == (False, True)
+        assert points.agreed == (False, True)
         points.after_step(epoch_end=False)
     assert stop.value.code == 128 + signal.SIGUSR1 and signal.getsignal(signal.SIGUSR1) is before
     assert torch.load(tmp_path / 'last.pt', weights_only=True)['state']['step'] == 7

@@ -252,9 +252,9 @@ def test_nlu_encoder_drops_the_cross_attention_and_equals_the_is_stream(tmp_path
     for p in m.encoder.parameters():  # LayerNorms and biases not at their initial values
         p.data += 0.05 * torch.randn_like(p)
     layers.save_checkpoint(tmp_path / 'veco.pt', {}, **layers.encoder_parts(m.encoder, m.mlm))
-    enc, mlm = layers.load_pretrained(str(tmp_path / 'veco.pt'))
+    enc, mlm = layers.load_pretrained(str(tmp_path / 'veco.pt'))[:2]
     assert not enc.has_cross and not any('cross' in n for n, _ in enc.named_parameters()) and mlm is not None
-    again, _ = layers.load_pretrained(str(tmp_path / 'veco.pt'), cross=True)
+    again, _ = layers.load_pretrained(str(tmp_path / 'veco.pt'), cross=True)[:2]
     assert torch.equal(again.blocks[1].cross.qkv.weight, m.encoder.blocks[1].cross.qkv.weight)
     x, xm = masked_pair()[:2]
     with torch.no_grad():
@@ -264,7 +264,7 @@ def test_nlu_encoder_drops_the_cross_attention_and_equals_the_is_stream(tmp_path
 def test_xlmr_weights_in_the_veco_model(tmp_path):
     cfg = hf_config(layers=2, dim=32, heads=4, ffn=64, vocab=V)
     sd = random_hf_weights(cfg)
-    enc, mlm = layers.load_pretrained(write_hf_dir(sd, cfg, tmp_path / 'hf'), cross=True)
+    enc, mlm = layers.load_pretrained(write_hf_dir(sd, cfg, tmp_path / 'hf'), cross=True)[:2]
     assert enc.has_cross and mlm is not None
     for i, block in enumerate(enc.blocks):  # every XLM-R tensor used: here the first layer's query and FFN
         p = f'roberta.encoder.layer.{i}.'
@@ -310,7 +310,7 @@ def test_pretraining_ddp_equals_one_process_and_resumes_exactly(tmp_path, demo_d
     results = json.load(open(tmp_path / 'one' / 'results.json'))
     assert {'mono', 'para'} == set(results['held_out']) and 'cs_shuffled' in results['held_out']['para']
     # the checkpoint starts a fine-tuning run: the cross-attention left out
-    enc, mlm = layers.load_pretrained(str(tmp_path / 'one' / 'best.pt'))
+    enc, mlm = layers.load_pretrained(str(tmp_path / 'one' / 'best.pt'))[:2]
     assert not enc.has_cross and mlm is not None
 
 
@@ -613,7 +613,7 @@ def test_released_nlu_checkpoint_is_the_encoder(tmp_path):
     its own): the encoder equals XLM-R's computation written out in float64."""
     cfg = {**hf_config(2, 32, 2, 64, 60), 'model_type': 'veco', 'architectures': ['VecoForMaskedLM']}
     sd = random_hf_weights(cfg)
-    enc, mlm = layers.load_pretrained(write_hf_dir(sd, cfg, tmp_path / 'veco-nlu', fmt='bin'))
+    enc, mlm = layers.load_pretrained(write_hf_dir(sd, cfg, tmp_path / 'veco-nlu', fmt='bin'))[:2]
     ids = torch.tensor([[0, 9, 33, 41, 2, 1], [0, 12, 2, 1, 1, 1]])
     with torch.no_grad():
         h = enc.eval()(ids)

@@ -608,9 +608,9 @@ def test_xla_under_two_processes_makes_the_samples_one_process_makes(demo_data, 
     args = train.parse_args(['--demo', '--out', str(out), *argv])
     args.data_dir, args.out = demo_data, str(tmp_path)
     tok = data.Tokenizer(f'{demo_data}/sentencepiece.bpe.model')
-    target = data.unlabelled_set(data.Features(tok, demo_data, 'panx', args.max_len), args.train_lang, args.train_share)
+    target = data.unlabelled_set(data.Tokenization(tok, demo_data, 'panx', args.max_len), args.train_lang, args.train_share)
     run = train.Run(args, 0, 1, torch.device('cpu'), tok)
-    one = xlt.vicinal_samples(run, target, [part.eval() for part in run.encoder(init=args.init)], 2, 'one')
+    one = xlt.vicinal_samples(run, target, [part.eval() for part in run.pretrained(init=args.init)[:2]], 2, 'one')
     two = data.Items(str(out / 'epoch2' / 'target-vicinal'))
     fields = lambda items: [(s.ids, s.example, s.words, s.label) for s in map(items.__getitem__, range(len(items)))]
     assert len(one) > len(target) and fields(one) == fields(two)

@@ -309,7 +309,7 @@ def test_xmixup_tagging_learns_the_target_from_its_releases_distributions(tmp_pa
     stored = torch.load(out / 'p_teacher.pt', weights_only=True)  # a data.Ragged
     values, ends = stored.values, stored.ends
     tok = data.Tokenizer(os.path.join(demo, 'sentencepiece.bpe.model'))
-    items = data.training_set(data.Features(tok, os.path.join(demo, 'xmixup'), 'udpos', 8), ['de'], 'every_lang',
+    items = data.training_set(data.Tokenization(tok, os.path.join(demo, 'xmixup'), 'udpos', 8), ['de'], 'every_lang',
                               paired=True, round_trip=True)
     first, seen = {}, {}  # where each target window's words start in its sentence (8 tokens: long ones are cut)
     for number in sorted(set(items.index[:, 1].tolist())):  # a sentence's windows are numbered in order
