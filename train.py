@@ -634,10 +634,20 @@ def configure(args, owners):
         cls.configure(args, demo)
     except ValueError as e:
         fail(str(e))
+    if args.qa_case == 'lower' and xlt.task_family(args) != 'qa':
+        fail(f'--qa_case lower lowercases the text of QA tasks, not of {args.task}: drop it')
     named = argparse.Namespace(**{**vars(args), 'train_lang': None}) if args.train_langs else args
     args.out = args.out or os.path.join('runs', '-'.join(cls.folder(named) + default_folder(args, cls, seeded)))
     args.data_dir = data_folder(args)
     args.dict = args.dict or data.beside(args.init, 'dict.txt')
+    check_spread(args, cls)
+    if args.demo and not args.init and not args.from_scratch and cls.pretrained_start and args.model == demo['model']:
+        args.init = demo_start(args.out)  # made by the run when missing; recorded alike by every run of the folder
+    return args
+
+
+def check_spread(args, cls):
+    """--gpus and --commands spread the runs of a sweep (or a method's stages), --gpus on the GPUs there are."""
     if (args.gpus > 1 or args.commands) and not (args.seeds or args.train_langs or cls.stages(args)):
         fail('--gpus and --commands spread the runs of a sweep: add --seeds a,b,c (--train_langs, --search), or drop '
              'them')
@@ -646,9 +656,6 @@ def configure(args, owners):
     if args.gpus > 1 and torch.cuda.is_available() and args.gpus > torch.cuda.device_count():
         fail(f'--gpus {args.gpus} asks for more GPUs than the {torch.cuda.device_count()} this process sees '
              '(CUDA_VISIBLE_DEVICES): give at most that many')
-    if args.demo and not args.init and not args.from_scratch and cls.pretrained_start and args.model == demo['model']:
-        args.init = demo_start(args.out)  # made by the run when missing; recorded alike by every run of the folder
-    return args
 
 
 def data_folder(args):

@@ -72,14 +72,16 @@ class Method(nn.Module):
                   language; 'own_lang': --train_lang's own training data; 'every_own': every language's own
       paired      batches are data.Pair (English, its translation): loss and predict read pairs;
                   round_trip: a pair also holds English's round trip through the target (Pair.alt)
-      select      the checkpoint kept: 'en' best English dev, 'average' best dev average, 'last' the last,
-                  'loss' lowest held-out loss; an instance may name another language (in-language's own)
+      select      the rule that keeps a checkpoint: a language's best dev score (its code: 'en' by default; an
+                  instance may name another, as in-language its own), 'average' the best dev average, 'loss' the
+                  lowest held-out loss, or 'last' the last
       RUN         its release's settings {task: {option: value}}, the learning rate among them; RUN_BERT: where
                   they differ on BERT (each value's source is in the settings table of its docs page)
       OPTIONS     its command-line options (Option); an option may belong to several methods
       __init__(encoder, task, args)  Method's sets what the trainer reads of every method: encoder, family,
-                  options (each option's value, or its default) and the task's usual head (HEAD: its settings;
-                  None: no such head); a method's own __init__ calls it first, then adds its own parts
+                  options (each option's value, or its default), the task's usual head (HEAD: its settings; None:
+                  no such head), step (the optimiser steps taken) and mlm (an MLM head kept with the encoder: VECO's);
+                  a method's own __init__ calls it first, then adds its own parts
       loss(batch) -> (mean loss, logs)  (forward is loss, so that DDP wraps a method as it is)
       predict(batch) -> class logits (B, C), tag logits (B, T, C) or span logits (B, T, 2)
     A method with stages (a teacher, warm-ups, a search) also writes:
@@ -87,8 +89,9 @@ class Method(nn.Module):
       procedure(run)   the run itself, handed a train.Run (default: build, fit, report)
 
     Hooks a method may override:
-      settings    DEMO: its changes to the demo's settings; configure(args, demo): fill the options left unset,
-                  raise ValueError on what cannot run; released(args): RUN and RUN_BERT for this run;
+      settings    DEMO: its changes to the demo's settings; settings(args, demo): the values a run takes where it
+                  gives none; configure(args, demo): fill the options left unset, raise ValueError on what cannot
+                  run; released(args): RUN and RUN_BERT for this run;
                   TRANSLATIONS: the translations it reads by default (--translations);
                   train_langs(args, targets); selects_on(args): the sets the kept checkpoint is chosen by, where
                   not the task's dev sets; reads(args): [(path, what, needed)] beyond the task's
@@ -156,8 +159,6 @@ class Method(nn.Module):
         elif args.eval_every:
             raise ValueError('--eval_every counts the steps between evaluations of a run counted in --steps: add '
                              '--steps, or drop it')
-        if vars(args).get('qa_case') == 'lower' and not (args.task in TASKS and TASKS[args.task].family == 'qa'):
-            raise ValueError(f'--qa_case lower lowercases the text of QA tasks, not of {args.task}: drop it')
 
     @classmethod
     def settings(cls, args, demo=None):
@@ -585,8 +586,8 @@ class Taught(Method):
 
     @classmethod
     def stages(cls, args):
-        return {'teacher': {'method': cls.teacher_method, 'self_teach': False, 'teacher': None,
-                            'stage': 'teacher'}} if args.self_teach else {}
+        teacher = {'method': cls.teacher_method, 'self_teach': False, 'teacher': None, 'stage': 'teacher'}
+        return {'teacher': teacher} if args.self_teach else {}
 
     @classmethod
     def folder(cls, args):
@@ -859,9 +860,10 @@ class XMixup(Taught):
         h_s, h_t, lam = self.encode(src, pair.tgt)
         p_s, p_t = self.head(h_s, src.mask), self.head(h_t, pair.tgt.mask)
         loss_s = per_example_loss(self.family, p_s, src.labels)
-        # tagging has no labels on T: a source-language model's label distribution instead
-        loss_t = (teacher_kl(self.family, self.p_teacher, pair.tgt, p_t) if self.family == 'tagging' else
-                  per_example_loss(self.family, p_t, pair.tgt.labels))
+        if self.family == 'tagging':  # no labels on T: a source-language model's label distribution instead
+            loss_t = teacher_kl(self.family, self.p_teacher, pair.tgt, p_t)
+        else:
+            loss_t = per_example_loss(self.family, p_t, pair.tgt.labels)
         task = self.alpha * loss_s + (1 - self.alpha) * loss_t  # Eq. 8
         if self.family != 'classification':  # a round-trip source's labels may not fit it: T's loss alone
             task = torch.where(real, task, loss_t)
@@ -1420,8 +1422,8 @@ class VecoTranslate(Method):
         lang_ids = tok.language_ids(args.src, args.tgt)  # [src], [tgt]: the --dict's lines, or new embedding rows
         new_rows = sum(i >= tok.vocab_size for i in lang_ids)
         scale = pre.cfg.embed_scale if args.init else math.sqrt(pre.cfg.dim)  # a new model: fairseq's default
-        run.say(f'token embeddings scaled by {scale:g}: ' + ('the scale --init was trained with' if args.init else
-                                                             'a new model, fairseq\'s sqrt(dim)'))
+        why = 'the scale --init was trained with' if args.init else 'a new model, fairseq\'s sqrt(dim)'
+        run.say(f'token embeddings scaled by {scale:g}: {why}')
         torch.manual_seed(args.seed)
         try:
             encoder, decoder = assemble(pre, args.dec_layers, args.dec_init, new_rows, args.dropout, args.attn_dropout,
@@ -1832,7 +1834,7 @@ def distil(run, model, unlabelled, eta):
     end (from a first 0), 'confidence', 'keep': bool per sample}}, keeping the top eta by
     confidence, or the samples whose posterior of the low-loss GMM component is at least
     --posterior; computed by every process (run.sharded), returned by process 0 (None elsewhere)."""
-    method, out = run.restore(run.path(model), XLA).eval(), {}
+    args, method, out = run.args, run.restore(run.path(model), XLA).eval(), {}
 
     def scored(items, index):  # a batch -> each sample's labels and scores
         batch = data.collate([items[i] for i in index]).to(run.device)
@@ -1845,8 +1847,9 @@ def distil(run, model, unlabelled, eta):
         if made is None:
             continue
         (label, ends), confidence, loss = (made[0].values, made[0].ends), made[1].values, made[2].values
-        keep = (top_confident(confidence, eta) if run.args.distil == 'confidence' else
-                gmm_good(loss) >= run.args.posterior) if len(loss) else torch.zeros(0, dtype=torch.bool)
+        keep = torch.zeros(0, dtype=torch.bool)  # no sample: nothing to keep
+        if len(loss):
+            keep = top_confident(confidence, eta) if args.distil == 'confidence' else gmm_good(loss) >= args.posterior
         out[name] = {'label': label.long(), 'ends': ends, 'confidence': confidence, 'keep': keep}
     return out if run.rank == 0 else None
 
@@ -1952,8 +1955,8 @@ def co_train(run, epoch, l, pair, parts, start):
             sub.load_best(method)
         after = score(target_dev(method))
         better = bool(batches) and (after is None or before is None or after > before)  # as the released code
-        dev = '' if after is None else f'; {args.train_lang} dev {before:.1f} -> {after:.1f}' + (
-            '' if better else ', not better: kept the model as it was')
+        dev = '' if after is None else f'; {args.train_lang} dev {before:.1f} -> {after:.1f}'
+        dev += '' if better or after is None else ', not better: kept the model as it was'
         run.say(f'XLA epoch {epoch}, model {l + 1} by {k + 1} and {j + 1}: trained on '
                 + ', '.join(f'{n} {name}' for name, n in zip(parts, sizes)) + f' samples{dev}')
         return {'kept': dict(zip(parts, sizes)), 'dev_before': before, 'dev_after': after, 'better': better}

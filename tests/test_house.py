@@ -136,3 +136,16 @@ def test_a_finished_stage_batched_the_other_way_is_not_reused(tmp_path):
     with pytest.raises(SystemExit, match=r'holds a finished warmup-1 with --group_by_length False \(this run: True\)'):
         train.check_stages(args, cls)
     train.check_stages(train.parse_args(argv + ['--no_group_by_length']), cls)  # the same batching: reused
+
+
+def test_the_loop_is_short_and_no_module_holds_state_set_at_run_time():
+    """train() reads as pseudo-code in at most 30 lines; no module of the package has a global statement; xlt.py
+    reads an option's value or default in one place (given_or), never by getattr(args, ...) elsewhere."""
+    assert len(definitions('train')['train'][1]) <= 30
+    for module in MODULES:
+        tree = ast.parse('\n'.join(lines_of(module)))
+        found = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Global)]
+        assert not found, f'{module}.py has a global statement at line {found[0]}'
+    start, body = definitions('xlt')['given_or']
+    reads = [n for n, line in enumerate(lines_of('xlt'), 1) if 'getattr(args' in line]
+    assert reads and all(start <= n < start + len(body) for n in reads), f'xlt.py reads getattr(args, ...) at {reads}'

@@ -341,3 +341,25 @@ def test_data_takes_plain_values_never_the_trainers_settings_or_a_method():
         own_class = any(getattr(d, 'id', None) == 'classmethod' for d in f.decorator_list)  # Ragged.joined's cls
         params = {a.arg for a in f.args.posonlyargs + f.args.args + f.args.kwonlyargs} - ({'cls'} if own_class else set())
         assert not params & {'args', 'cls', 'method', 'settings'}, f'data.{f.name} takes {params}'
+
+
+def test_the_protocol_names_every_attribute_of_a_method_that_the_trainer_reads():
+    """Every attribute of a method (or its class) that train.py, data.py, eval.py or layers.py reads, and that Method
+    defines or sets, is named in Method's docstring as a word of its own, not a quoted value."""
+    import ast
+    import re
+    import torch.nn as nn
+    read = set()
+    for module in ('train', 'data', 'eval', 'layers'):
+        for n in ast.walk(ast.parse(open(os.path.join(ROOT, f'{module}.py'), encoding='utf-8').read())):
+            if not isinstance(n, ast.Attribute):
+                continue
+            owner = n.value
+            if isinstance(owner, ast.Name) and owner.id in ('method', 'cls', 'model', 'student', 'teacher') or (
+                    isinstance(owner, ast.Attribute) and owner.attr in ('method', 'cls')):
+                read.add(n.attr)
+    set_by_init = {'encoder', 'family', 'options', 'head', 'step', 'mlm'}  # Method.__init__'s
+    protocol = sorted(a for a in read if (hasattr(xlt.Method, a) or a in set_by_init) and not hasattr(nn.Module, a))
+    assert {'encoder', 'family', 'mlm', 'step', 'paired', 'trains_on', 'before_update', 'stepped'} <= set(protocol)
+    unnamed = [a for a in protocol if not re.search(rf"(?<!')\b{a}\b(?!')", xlt.Method.__doc__)]
+    assert not unnamed, f'Method\'s docstring does not name {unnamed}'
