@@ -1,4 +1,4 @@
-"""Text to tensors: XLM-R's and BERT's tokenizers, the XTREME tasks, their files and batches."""
+"""From text to tensors: the XTREME tasks, the XLM-R and BERT tokenizers, the data files, features and batches."""
 import argparse
 import contextvars
 import csv
@@ -36,20 +36,20 @@ from layers import Parser, atomic_write
 
 
 # ----------------------------------------------------------------------------------------
-# The tasks: XTREME's nine (and CoNLL NER, XLA's), each of a family: classification, tagging, QA, retrieval.
+# The tasks: the nine XTREME tasks and XLA's CoNLL NER, each in one family (classification, tagging, QA, retrieval).
 
 @dataclass(frozen=True)
 class Task:
     name: str
-    family: str  # classification | tagging | qa | retrieval (also the leaderboard's group)
-    metric: str  # accuracy | f1 | em_f1 (QA: the mean of exact match and F1)
-    langs: tuple  # XTREME's languages, in the leaderboard's order (its averages sum in this order)
+    family: str  # classification, tagging, qa or retrieval, which is also the task's group on the leaderboard
+    metric: str  # accuracy, f1 or em_f1 (for QA, the mean of exact match and F1)
+    langs: tuple  # the task's XTREME languages in leaderboard order (the averages are summed in this order)
     labels: tuple = ()
-    xtreme: bool = True  # one of XTREME's nine (CoNLL NER, XLA's Table 1, is not)
+    xtreme: bool = True  # whether the task is one of the nine XTREME tasks (CoNLL NER from XLA's Table 1 is not)
 
 
 UPOS = tuple('ADJ ADP ADV AUX CCONJ DET INTJ NOUN NUM PART PRON PROPN PUNCT SCONJ SYM VERB X'.split())
-TASKS = {t.name: t for t in [  # the leaderboard's task order
+TASKS = {t.name: t for t in [  # in the leaderboard's task order
     Task('pawsx', 'classification', 'accuracy', tuple('de en es fr ja ko zh'.split()), ('0', '1')),
     Task('xnli', 'classification', 'accuracy', tuple('ar bg de el en es fr hi ru sw th tr ur vi zh'.split()),
          ('contradiction', 'entailment', 'neutral')),
@@ -64,27 +64,27 @@ TASKS = {t.name: t for t in [  # the leaderboard's task order
     Task('xquad', 'qa', 'em_f1', tuple('en es de el ru tr ar vi th zh hi'.split())),
     Task('mlqa', 'qa', 'em_f1', tuple('en es de ar hi vi zh'.split())),
     Task('tydiqa', 'qa', 'em_f1', tuple('en ar bn fi id ko ru sw te'.split())),
-    # CoNLL-2002 (es, nl), CoNLL-2003 (en, de) and Bari et al.'s ar and fi NER (XLA's Table 1), in UXLA's label order
+    # XLA's Table 1 NER: CoNLL-2002 (es, nl), CoNLL-2003 (en, de), Bari et al.'s ar and fi, labels in UXLA's order
     Task('conll', 'tagging', 'f1', tuple('en es nl de ar fi'.split()), ('O', 'B-MISC', 'I-MISC', 'B-PER', 'I-PER',
                                                                         'B-ORG', 'I-ORG', 'B-LOC', 'I-LOC'), False),
 ]}
-XTREME = tuple(task for task in TASKS if TASKS[task].xtreme)  # the leaderboard's nine
+XTREME = tuple(task for task in TASKS if TASKS[task].xtreme)  # the nine tasks on the leaderboard
 GROUPS = {'classification': ('pawsx', 'xnli'), 'tagging': ('udpos', 'panx'),
           'qa': ('xquad', 'mlqa', 'tydiqa'), 'retrieval': ('bucc2018', 'tatoeba')}
 
 
 # ----------------------------------------------------------------------------------------
-# Tokenizers: XLM-R's sentencepiece with fairseq's ids, BERT's WordPiece written out; one interface.
+# Tokenizers with one interface: XLM-R's sentencepiece with fairseq's ids, and BERT's WordPiece written out here.
 
 class Tokenizer:
-    """Ids over a sentencepiece model, as fairseq's dictionary gives them: <s>, <pad>, </s>, <unk>
-    at 0-3, line i of its dict.txt at 4 + i, <mask> last. XLM-R's dict.txt lists sentencepiece's
-    pieces in order, so by default a piece's id is its sentencepiece id + 1 (sentencepiece's own
-    <unk>, id 0, becomes 3). A model trained with another dict.txt (VECO's NLG model) is read
-    through it (`dictionary`): its pieces in its order, a piece it lacks as <unk> (as fairseq reads
-    it), and its lines that are no piece (language tokens such as [en]) in `symbols`."""
+    """Ids over a sentencepiece model, as fairseq's dictionary assigns them. Ids 0-3 are <s>, <pad>, </s> and
+    <unk>, line i of dict.txt gets id 4 + i, and <mask> comes last. XLM-R's dict.txt lists the sentencepiece pieces
+    in order, so by default a piece's id is its sentencepiece id + 1 (sentencepiece's own <unk>, id 0, becomes 3).
+    For a model trained with another dict.txt (VECO's NLG model), pass that file as `dictionary`. Its pieces then
+    get ids in its order, and a piece missing from it reads as <unk> (as fairseq reads it). Its lines that are not
+    pieces (language tokens such as [en]) go into `symbols`."""
     bos, pad, eos, unk = 0, 1, 2, 3
-    between = [eos, eos]  # the ids between a pair's two texts
+    between = [eos, eos]  # the ids that separate the two texts of a pair
 
     def __init__(self, path, lower=False, dictionary=None):
         if not os.path.isfile(path):
@@ -96,15 +96,15 @@ class Tokenizer:
             raise DataError(f'{path} is not a sentencepiece model: pass --spm with XLM-R\'s '
                             'sentencepiece.bpe.model') from None
         lines = read_dictionary(dictionary) if dictionary else None
-        pieces = np.arange(3, self.sp.get_piece_size())  # sentencepiece's own ids of XLM-R's dict.txt, in its order
+        pieces = np.arange(3, self.sp.get_piece_size())  # the sentencepiece ids of XLM-R's dict.txt lines, in order
         spm_ids = np.array([self.sp.piece_to_id(w) for w in lines], int) if lines else pieces
-        same = np.array_equal(spm_ids, pieces)  # XLM-R's own dict.txt changes nothing
+        same = np.array_equal(spm_ids, pieces)  # XLM-R's own dict.txt changes no id
         self.path, self.lower = path, lower
-        self.files = [os.path.abspath(p) for p in [path] + [dictionary] * (not same)]  # the caches' key, the export's
-        self.symbols = {w: 4 + i for i, w in enumerate(lines or []) if spm_ids[i] < 3}  # 0-2: not a piece of the model
-        self.to_spm = np.concatenate([[-1, -1, -1, 0], np.where(spm_ids < 3, -1, spm_ids), [-1]])  # -1: decodes to ''
+        self.files = [os.path.abspath(p) for p in [path] + [dictionary] * (not same)]  # keys the caches and the export
+        self.symbols = {w: 4 + i for i, w in enumerate(lines or []) if spm_ids[i] < 3}  # ids 0-2: the line is no piece
+        self.to_spm = np.concatenate([[-1, -1, -1, 0], np.where(spm_ids < 3, -1, spm_ids), [-1]])  # -1 decodes to ''
         self.to_id = np.full(self.sp.get_piece_size(), self.unk)
-        self.to_id[self.to_spm[self.to_spm > 0]] = np.flatnonzero(self.to_spm > 0)  # a repeated line: the later one
+        self.to_id[self.to_spm[self.to_spm > 0]] = np.flatnonzero(self.to_spm > 0)  # a repeated line: the later wins
         self.mask = 4 + len(spm_ids)
         self.vocab_size = self.mask + 1
 
@@ -112,43 +112,43 @@ class Tokenizer:
         return self.to_id[spm_ids].tolist()
 
     def language_ids(self, *langs):
-        """The ids of the language tokens [xx]: the dictionary's lines, or without a dictionary new ids
-        after the vocabulary (the model grows a row for each)."""
+        """The ids of the language tokens [xx]. With a dictionary, they are its lines. Without one, they are new
+        ids after the vocabulary, and the model grows a row for each."""
         missing = [f'[{lang}]' for lang in langs if f'[{lang}]' not in self.symbols]
-        if self.symbols and missing:  # fairseq would read it as <unk>
+        if self.symbols and missing:  # fairseq would read a missing token as <unk>
             raise DataError(f'{self.files[-1]} has no line {missing[0]}: '
                             'give the dict.txt that came with the checkpoint (--dict)')
         return tuple(self.symbols[f'[{lang}]'] if self.symbols else self.vocab_size + k for k, lang in enumerate(langs))
 
     def model_text(self, text):
-        """The text as the model reads it: lowercased where the run asks, one character at a time as transformers
-        2.x's tokenize lowered it for do_lower_case (XTREME's and FILTER's QA scripts on XLM-R), so a word-final Σ
-        becomes σ, not ς; a character whose lower case is longer is kept as it is, so that character positions
-        stay."""
+        """The text as the model reads it. Where the run asks, each character is lowercased on its own, as the
+        tokenize of transformers 2.x did for do_lower_case (XTREME's and FILTER's QA scripts on XLM-R). So a
+        word-final Σ becomes σ, not ς. A character whose lower case is longer stays as it is, so that character
+        positions stay."""
         if not self.lower:
             return text
         low = text.lower()
-        if len(low) == len(text) and 'Σ' not in text:  # str.lower's one rule of context is the final sigma
+        if len(low) == len(text) and 'Σ' not in text:  # the final sigma is the only context rule of str.lower
             return low
         return ''.join(c if len(c.lower()) > 1 else c.lower() for c in text)
 
     def encode(self, text):
-        """Ids of `text`, no special tokens."""
+        """The ids of `text`, without special tokens."""
         return self._ids(self.sp.encode(self.model_text(text)))
 
     def encode_lines(self, lines):
-        """Ids of each line, no special tokens (an empty line has none)."""
+        """The ids of each line, without special tokens (an empty line has no ids)."""
         return [self._ids(ids) for ids in self.sp.encode([self.model_text(line) for line in lines])]
 
     def encode_words(self, words):
-        """Ids of each word on its own (tagging); a word with no piece becomes <unk>."""
+        """The ids of each word on its own, for tagging. A word with no piece becomes <unk>."""
         return [self._ids(ids) or [self.unk] for ids in self.sp.encode([self.model_text(word) for word in words])]
 
     def encode_with_spans(self, text, cuts=()):
-        """(ids, spans): spans[i] = (start, end), the characters of `text` token i stands for,
-        leading whitespace excluded (so a lone '▁' has an empty span). Every position in `cuts`
-        (QA answer boundaries) becomes a token boundary: a token straddling one is split in two."""
-        text = self.model_text(text)  # as long as the text: its spans are the text's
+        """-> (ids, spans). spans[i] = (start, end) are the characters of `text` that token i stands for, without
+        leading whitespace (so a lone '▁' has an empty span). Every position in `cuts` (QA answer boundaries)
+        becomes a token boundary, and a token that straddles one is split in two."""
+        text = self.model_text(text)  # as long as the text, so its spans are the text's spans
         out = self.sp.encode_as_offset_mapping(text)
         ids, spans = out['ids'], [(s + len(text[s:e]) - len(text[s:e].lstrip()), e) for s, e in out['offsets']]
         for cut in cuts:
@@ -161,7 +161,7 @@ class Tokenizer:
         return self._ids(ids), spans
 
     def _piece_ids(self, text, start, end, word_start):
-        """sentencepiece ids and spans of text[start:end] alone; unless it starts a word, the
+        """The sentencepiece ids and spans of text[start:end] encoded alone. Unless the part starts a word, the
         word-start marker '▁' that sentencepiece puts in front is taken off again."""
         out = self.sp.encode_as_offset_mapping(text[start:end])
         ids, spans = out['ids'], [(start + s, start + e) for s, e in out['offsets']]
@@ -173,7 +173,7 @@ class Tokenizer:
         return ids, spans
 
     def encode_pair(self, a, b=None):
-        """<s> a </s> or <s> a </s></s> b </s>, from texts or from lists of ids."""
+        """The ids of <s> a </s>, or of <s> a </s></s> b </s> for a pair. a and b are texts or lists of ids."""
         a = self.encode(a) if isinstance(a, str) else list(a)
         ids = [self.bos] + a + [self.eos]
         if b is not None:
@@ -181,35 +181,35 @@ class Tokenizer:
         return ids
 
     def decode(self, ids):
-        """Text of ids; special tokens are dropped."""
+        """The text of ids, without the special tokens."""
         spm_ids = self.to_spm[[i for i in ids if 0 <= i < self.vocab_size]]
         return self.sp.decode(spm_ids[spm_ids >= 0].tolist())
 
-    @functools.cache  # the same list for every call: the pre-training build asks once a slice
+    @functools.cache  # built once, because the pre-training build asks for it once per slice
     def word_starts(self):
-        """For every id, whether its piece begins a word ('▁...'); the special tokens do not."""
+        """For every id, whether its piece begins a word ('▁...'). The special tokens do not."""
         return [bool(s > 0 and self.sp.id_to_piece(int(s)).startswith('▁')) for s in self.to_spm]
 
     def piece_chars(self):
-        """For every id, the characters its piece adds to a word's text, '▁' not counted; 0 for the
-        special tokens."""
+        """For every id, how many characters its piece adds to the text of a word, not counting '▁'. The special
+        tokens add 0."""
         return [len(self.sp.id_to_piece(int(s)).removeprefix('▁')) if s > 0 else 0 for s in self.to_spm]
 
 
-# BERT's BasicTokenizer sorts every character into one of these
-DROP, SPACE, CJK, PUNCTUATION, IN_WORD = range(5)  # removed; between words; words of their own; part of a word
+# BERT's BasicTokenizer sorts every character into one of these kinds.
+DROP, SPACE, CJK, PUNCTUATION, IN_WORD = range(5)  # dropped, between words, a word each (CJK, PUNCTUATION), in a word
 CJK_BLOCKS = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
-              (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))  # its "Chinese characters": CJK ideographs
+              (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))  # BERT's "Chinese characters": CJK ideographs
 
 
 @functools.cache
 def char_kind(c):
-    """DROP: NUL, U+FFFD and control characters (Unicode C*, but tab and newlines); SPACE: whitespace; CJK: an
-    ideograph; PUNCTUATION: ASCII's non-alphanumeric symbols and Unicode's P*; IN_WORD: the rest."""
+    """The kind of c: DROP for NUL, U+FFFD and control characters (Unicode C* except tab and newlines), SPACE for
+    whitespace, CJK for an ideograph, PUNCTUATION for non-alphanumeric ASCII symbols and Unicode P*, else IN_WORD."""
     cp, cat = ord(c), unicodedata.category(c)
     if cp in (0, 0xFFFD) or cat.startswith('C') and c not in '\t\n\r':
         return DROP
-    if c.isspace():  # BERT cleans its whitespace to ' ', then splits as str.split() does
+    if c.isspace():  # BERT turns whitespace into ' ' and then splits as str.split() does
         return SPACE
     if any(a <= cp <= b for a, b in CJK_BLOCKS):
         return CJK
@@ -218,31 +218,31 @@ def char_kind(c):
 
 
 class WordPiece:
-    """BERT's tokenizer as the Python BertTokenizer of XTREME's transformers computes it (docs/weights.md): the text
-    cleaned, split into words at whitespace, punctuation and CJK ideographs (lowercased with accents stripped first
-    for an uncased vocabulary, or with `lower`), each word cut greedily into the longest pieces of vocab.txt from its
-    start, '##' on a piece inside a word; a word of over 100 characters, or one no pieces make up, is [UNK]. The
-    interface of Tokenizer; [CLS] a [SEP] b [SEP] for pairs."""
-    LONGEST = 100  # characters of a word
+    """BERT's tokenizer, as the Python BertTokenizer of XTREME's transformers computes it (docs/weights.md). The text
+    is cleaned and split into words at whitespace, punctuation and CJK ideographs, after lowercasing and stripping
+    accents for an uncased vocabulary or with `lower`. Each word is cut greedily, from its start, into the longest
+    pieces of vocab.txt, and a piece inside a word gets '##'. A word of over 100 characters, or one that no pieces
+    make up, becomes [UNK]. The interface is Tokenizer's, with [CLS] a [SEP] b [SEP] for pairs."""
+    LONGEST = 100  # a longer word, in characters, becomes [UNK]
 
     def __init__(self, path, lower=False):
         if not os.path.isfile(path):
             raise FileNotFoundError(f'WordPiece vocabulary {path} not found: pass --vocab with the model\'s vocab.txt')
         with open(path, encoding='utf-8') as f:
             self.pieces = [line.rstrip('\n') for line in f]
-        self.vocab = {piece: i for i, piece in enumerate(self.pieces)}  # a repeated line: the later one, as BERT's
+        self.vocab = {piece: i for i, piece in enumerate(self.pieces)}  # a repeated line: the later wins, as in BERT's
         specials = [self.vocab.get(s) for s in ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')]
         if None in specials:
             raise DataError(f'{path} has no [PAD], [UNK], [CLS], [SEP] or [MASK] line: not a BERT vocab.txt; pass '
                             '--vocab with the model\'s')
         self.pad, self.unk, self.bos, self.eos, self.mask = self.specials = specials
         self.path, self.files, self.vocab_size = path, [os.path.abspath(path)], len(self.pieces)
-        self.between = [self.eos]  # the ids between a pair's two texts
-        self.lower, self.cache = lower or self.uncased(path), {}  # cache: word -> its pieces
+        self.between = [self.eos]  # the ids that separate the two texts of a pair
+        self.lower, self.cache = lower or self.uncased(path), {}  # the cache maps a word to its pieces
 
     def uncased(self, path):
-        """Is the vocabulary uncased? As its tokenizer_config.json says (do_lower_case), else when no piece has
-        a capital (bert-base-uncased's has none, the cased ones have many)."""
+        """Whether the vocabulary is uncased. Its tokenizer_config.json says so (do_lower_case) where there is one.
+        Otherwise it is uncased when no piece has a capital (bert-base-uncased's has none, the cased ones many)."""
         config = os.path.join(os.path.dirname(path), 'tokenizer_config.json')
         if os.path.isfile(config):
             with open(config, encoding='utf-8') as f:
@@ -250,12 +250,12 @@ class WordPiece:
         return all(p == p.lower() for p in self.pieces if not p.startswith('['))
 
     def words(self, text):
-        """-> [(word, at)]: the words of text as the vocabulary reads them; at[k]: the index in text of the
-        character the word's k-th character comes from."""
+        """-> [(word, at)], the words of text as the vocabulary reads them. at[k] is the index in text of the
+        character that the word's k-th character comes from."""
         words, chars, at = [], [], []
         for i, c in enumerate(text + ' '):
             kind = char_kind(c)
-            if kind in (SPACE, CJK):  # the end of a whitespace token; an ideograph is one of its own
+            if kind in (SPACE, CJK):  # a whitespace token ends here (an ideograph is a word by itself)
                 words += self.split(chars, at) + (self.split([c], [i]) if kind == CJK else [])
                 chars, at = [], []
             elif kind != DROP:
@@ -264,9 +264,9 @@ class WordPiece:
         return words
 
     def split(self, chars, at):
-        """A whitespace token -> its words: lowercased without accents (Unicode Mn after NFD) where the tokenizer
-        lowers, one character at a time as transformers 2.x's and 4.x's tokenize did before BERT's own lowering (so
-        a final Σ becomes σ, not ς), then cut around each punctuation mark."""
+        """Split a whitespace token into its words. Where the tokenizer lowers, each character is lowercased on its
+        own and loses its accents (Unicode Mn after NFD), as the tokenize of transformers 2.x and 4.x did before
+        BERT's own lowering (so a final Σ becomes σ, not ς). The token is then cut around each punctuation mark."""
         if self.lower and chars:
             kept = [(x, a) for c, a in zip(chars, at) for x in unicodedata.normalize('NFD', c.lower())
                     if unicodedata.category(x) != 'Mn']
@@ -279,9 +279,9 @@ class WordPiece:
         return words + [(''.join(chars[start:]), at[start:])] * (len(chars) > start)
 
     def word_pieces(self, word, inside=False):
-        """-> [(id, characters of word it stands for)]: the longest piece of vocab.txt first, '##' on those inside a
-        word (on every one when inside: the rest of a word cut at a QA answer's boundary); [UNK] for a word no pieces
-        make up."""
+        """-> [(id, number of characters of word it stands for)], taking the longest piece of vocab.txt first. A
+        piece inside a word gets '##'. With `inside`, every piece does (word is then the rest of a word cut at a QA
+        answer boundary). A word that no pieces make up gives [UNK]."""
         if (word, inside) not in self.cache:
             out, start = [], 0
             while start < len(word):
@@ -298,8 +298,8 @@ class WordPiece:
         return self.cache[word, inside]
 
     def encode_with_spans(self, text, cuts=()):
-        """(ids, spans): spans[i] = (start, end), the characters of text token i stands for. A position in cuts (QA
-        answer boundaries) inside a word cuts it there: the rest is read as a word's inside."""
+        """-> (ids, spans). spans[i] = (start, end) are the characters of text that token i stands for. A position
+        in cuts (QA answer boundaries) inside a word cuts it there, and the rest is read as the inside of a word."""
         ids, spans = [], []
         for word, at in self.words(text):
             if len(word) > self.LONGEST:
@@ -322,47 +322,47 @@ class WordPiece:
         return [self.encode(line) for line in lines]
 
     def encode_words(self, words):
-        """Ids of each word on its own (tagging); a word with no piece becomes [UNK]."""
+        """The ids of each word on its own, for tagging. A word with no piece becomes [UNK]."""
         return [self.encode(word) or [self.unk] for word in words]
 
     def encode_pair(self, a, b=None):
-        """[CLS] a [SEP] or [CLS] a [SEP] b [SEP], from texts or from lists of ids."""
+        """The ids of [CLS] a [SEP], or of [CLS] a [SEP] b [SEP] for a pair. a and b are texts or lists of ids."""
         ids = [self.bos] + (self.encode(a) if isinstance(a, str) else list(a)) + [self.eos]
         return ids if b is None else ids + (self.encode(b) if isinstance(b, str) else list(b)) + [self.eos]
 
     def decode(self, ids):
-        """Text of ids, pieces joined at '##'; special tokens are dropped."""
+        """The text of ids, with each '##' piece joined to the one before it. Special tokens are dropped."""
         kept = [self.pieces[i] for i in ids if 0 <= i < self.vocab_size and i not in self.specials]
         return ' '.join(kept).replace(' ##', '')
 
 
 def tokenizer(backbone, path, lower=False, dictionary=None):
-    """A backbone's tokenizer: BERT's WordPiece over its vocab.txt, or XLM-R's over its sentencepiece model."""
+    """The tokenizer of a backbone: BERT's WordPiece over its vocab.txt, or XLM-R's over its sentencepiece model."""
     return WordPiece(path, lower) if backbone == 'bert' else Tokenizer(path, lower, dictionary)
 
 
 class DataError(ValueError):
-    """Data that cannot be read; the message is one line: the file, the line and the fix."""
+    """Data that cannot be read. The message is one line that names the file, the line and the fix."""
 
 
 # ----------------------------------------------------------------------------------------
-# Features: token ids and what the head needs; one type for every family.
+# Features: the token ids and whatever the head needs. One type serves every family.
 
-IGNORE = -100  # label of tokens the loss skips (cross_entropy's ignore_index)
+IGNORE = -100  # the label of tokens that the loss skips (cross_entropy's ignore_index)
 
 
 @dataclass
 class Feature:
     ids: list
-    label: object = None  # class index | tag id per token (IGNORE but on first sub-words) | (start, end) token
-    example: int = 0  # index of the example it came from
-    words: list = None  # tagging: position of each word's first sub-word
-    spans: list = None  # QA windows: each token's character span in its example's context (None off
-    max_context: list = None  # the context), and whether this window is the token's fullest
+    label: object = None  # a class index, a tag id per token (IGNORE except on first sub-words), or (start, end) tokens
+    example: int = 0  # the index of the example it came from
+    words: list = None  # for tagging, the position of each word's first sub-word
+    spans: list = None  # for QA windows, each token's character span in the example's context (None outside it)
+    max_context: list = None  # for QA windows, whether this window gives each token its most context
 
 
 def truncate_pair(a, b, budget):
-    """Longest-first truncation of two id lists to at most `budget` ids together."""
+    """Truncate two id lists, the longer one first, to at most `budget` ids together."""
     la, lb = len(a), len(b)
     while la + lb > budget:
         la, lb = (la - 1, lb) if la > lb else (la, lb - 1)
@@ -370,7 +370,7 @@ def truncate_pair(a, b, budget):
 
 
 def classification_features(tok, task, examples, max_len=128):
-    labels, specials = TASKS[task].labels, len(tok.encode_pair([], []))  # <s> </s></s> </s>; [CLS] [SEP] [SEP]
+    labels, specials = TASKS[task].labels, len(tok.encode_pair([], []))  # <s> </s></s> </s>, or [CLS] [SEP] [SEP]
     feats = []
     for n, ex in enumerate(progress(examples, 'features')):
         a, b = truncate_pair(tok.encode(ex['a']), tok.encode(ex['b']), max_len - specials)
@@ -379,8 +379,8 @@ def classification_features(tok, task, examples, max_len=128):
 
 
 def tagging_features(tok, task, examples, max_len=128):
-    """<s> words </s>, each word's label on its first sub-word; a sentence longer than max_len is
-    cut, between words, into several features."""
+    """Features <s> words </s>, with each word's label on its first sub-word. A sentence longer than max_len is
+    cut between words into several features."""
     labels, feats = TASKS[task].labels, []
     for n, ex in enumerate(progress(examples, 'features')):
         pieces = [p[:max_len - 2] for p in tok.encode_words(ex['words'])]
@@ -398,8 +398,8 @@ def tagging_features(tok, task, examples, max_len=128):
 
 
 def word_predictions(features, token_preds, n_examples):
-    """Per-token predictions of tagging features -> one prediction per word of each example
-    (the prediction at the word's first sub-word), chunks joined back in order."""
+    """Turn the per-token predictions of tagging features into one prediction per word of each example (the one at
+    the word's first sub-word). The chunks of a cut sentence are joined back in order."""
     out = [[] for _ in range(n_examples)]
     for f, pred in zip(features, token_preds):
         out[f.example] += [pred[i] for i in f.words]
@@ -407,27 +407,28 @@ def word_predictions(features, token_preds, n_examples):
 
 
 def qa_features(tok, examples, max_len=384, stride=128, max_query=64, train=False):
-    """Sliding windows <s> question </s></s> context part </s> (BERT: [CLS] question [SEP] context part
-    [SEP]) over each context, window starts `stride` tokens apart. Training labels are the answer's
-    first and last tokens (0, 0 when the answer is not inside the window); in training the answer's
-    boundaries are made token boundaries, so that the tokens give back exactly its characters, in
-    scripts without spaces too. Evaluation tokenizes without looking at any answer."""
+    """Sliding windows <s> question </s></s> context part </s> over each context (for BERT, [CLS] question [SEP]
+    context part [SEP]), which start `stride` tokens apart. A training label is the answer's first and last token,
+    or (0, 0) when the answer is not inside the window. In training, the answer's boundaries become token
+    boundaries, so that its tokens give back exactly its characters, also in scripts without spaces. Evaluation
+    tokenizes without looking at any answer."""
     feats, specials = [], len(tok.encode_pair([], []))
     for n, ex in enumerate(progress(examples, 'QA windows')):
         if train and unusable_answer(ex):
-            continue  # the readers skip (and count) these already; features never learn from them
-        a0 = ex['answers'][0]['answer_start'] if train else None  # evaluation reads blind
+            continue  # the readers already skip and count these, and features never learn from them
+        a0 = ex['answers'][0]['answer_start'] if train else None  # evaluation does not look at the answer
         a1 = a0 + len(ex['answers'][0]['text']) if train else None
-        query = tok.encode(ex['question'])[:min(max_query, max_len - specials - 1)]  # a context token left, at least
+        query = tok.encode(ex['question'])[:min(max_query, max_len - specials - 1)]  # leaves room for a context token
         ctx, spans = tok.encode_with_spans(ex['context'], (a0, a1) if train else ())
-        if train:  # first and last token holding answer characters
+        if train:  # the first and last tokens that hold answer characters
             inside = [p for p, (s, e) in enumerate(spans) if s < e and s < a1 and e > a0]
             first, last = (inside[0], inside[-1]) if inside else (-1, -1)
         budget = max_len - len(query) - specials
         step = min(stride, budget)
-        # window starts step tokens apart, up to the first window that reaches the context's end
+        # Windows start step tokens apart, up to the first window that reaches the end of the context.
         windows = [(start, min(len(ctx) - start, budget)) for start in range(0, max(len(ctx) - budget, 0) + step, step)]
-        # the window where each token has the most context on both sides (SQuAD's max-context rule; ties: the first)
+        # Each token belongs to the window where it has the most context on both sides (SQuAD's max-context rule).
+        # On a tie, the first such window wins.
         score = np.full((len(windows), len(ctx)), -1.0)  # -1 outside the window
         for w, (start, length) in enumerate(windows):
             p = np.arange(start, start + length)
@@ -456,13 +457,13 @@ def make_features(tok, task, examples, max_len=None, train=False, stride=128):
 
 
 # ----------------------------------------------------------------------------------------
-# What a run reads: the examples a method trains and is evaluated on, as features tokenized once (Items).
+# What a run reads: the examples that a method trains and is evaluated on, as features tokenized once (Items).
 
 @dataclass(frozen=True)
 class Tokenization:
-    """How a run makes the features of a task's examples: its tokenizer, its data folder (whose .cache keeps every
-    set tokenized once; cache False: a temporary folder), the task, tokens per input, QA's stride between windows,
-    the seed of a share's draw (training_set's and unlabelled_set's share)."""
+    """How a run turns a task's examples into features: the tokenizer, the data folder (whose .cache keeps every set
+    tokenized once, or a temporary folder with cache False), the task, the tokens per input, the QA stride between
+    windows, and the seed that draws a share of the examples (the share of training_set and unlabelled_set)."""
     tok: object
     data_dir: str
     task: str
@@ -473,10 +474,10 @@ class Tokenization:
 
 
 class Shape(NamedTuple):
-    """A shape of training data, which a method names by its trains_on, a key of TRAINS_ON."""
+    """A shape of training data. A method names its shape with its trains_on, which is a key of TRAINS_ON."""
     langs: str  # the languages besides English: None, 'one' (--train_lang) or 'every' target language
-    own: bool  # their own training data (in-language), not English's translations into them
-    english: bool  # English's examples too (with own: English's own data)
+    own: bool  # their own training data (in-language), not translations of English into them
+    english: bool  # English examples as well (with own, English's own data)
 
 
 TRAINS_ON = {'en': Shape(None, False, True), 'train_lang': Shape('one', False, False),
@@ -485,12 +486,12 @@ TRAINS_ON = {'en': Shape(None, False, True), 'train_lang': Shape('one', False, F
 
 
 def training_set(spec, langs, trains_on='en', paired=False, round_trip=False, share=None, first=None, squad=False):
-    """The training items of a method (Items), made as spec (Tokenization) says: of the shape TRAINS_ON[trains_on], in
-    langs, each language's first examples with `first`; a share of English's with `share`;
-    for a paired method tuples (English, translation[, round trip]), English also paired with itself,
-    as both released codes do; squad: SQuAD v1.1's English training set too, after TyDiQA's (FILTER's
-    --use_squad_for_tydiqa). Tokenized once into <data_dir>/.cache (build_once), or with cache False into a
-    temporary folder."""
+    """The training items (Items) of a method, made as spec (a Tokenization) says, in the shape
+    TRAINS_ON[trains_on] and in langs. With `first`, each language gives only its first examples. With `share`,
+    only a share of English's examples is used. A paired method gets tuples (English, translation[, round trip]),
+    and English is also paired with itself, as both released codes do. With squad, SQuAD v1.1's English training
+    set follows TyDiQA's (FILTER's --use_squad_for_tydiqa). The items are tokenized once into <data_dir>/.cache
+    (build_once), or into a temporary folder with cache False."""
     tok, data_dir, task, shape = spec.tok, spec.data_dir, spec.task, TRAINS_ON[trains_on]
     if shape.own and shape.english:  # English and the languages with training data of their own
         langs = ['en'] + [lang for lang in langs if has_training_data(data_dir, task, lang)]
@@ -506,7 +507,7 @@ def training_set(spec, langs, trains_on='en', paired=False, round_trip=False, sh
     sources = lambda: training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first, squad,
                                        spec.draw)
     items = feature_set(spec, files, key, sources, (2 + round_trip) if paired else 1)
-    if not paired and not items.labelled.all():  # a single-text method learns every feature's own label
+    if not paired and not items.labelled.all():  # a single-text method learns each feature's own label
         unlabelled = len(items) - int(items.labelled.sum())
         raise DataError(f'{task}: {unlabelled} of {len(items)} training examples have no label: translations without '
                         'tags (XTREME publishes none for POS and NER, FILTER\'s have none) teach a single-text method '
@@ -515,18 +516,18 @@ def training_set(spec, langs, trains_on='en', paired=False, round_trip=False, sh
 
 
 def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share, first=None, squad=False, draw=0):
-    """-> (name, examples, positions of their English examples) a source at a time: each language's
-    own first examples (in-language), or English (not for a single-text method on 'train_lang'),
-    then each language's translations and their round trips where there are (write_items pairs the
-    English itself where there are none)."""
+    """Yields (name, examples, positions of their English examples), one source at a time. In-language, the sources
+    are each language's own first examples. Otherwise English comes first (except for a single-text method on
+    'train_lang'), then each language's translations and their round trips, where they exist (where they do not,
+    write_items pairs the English with itself)."""
     if TRAINS_ON[trains_on].own:
         for lang in langs:
             yield lang, read_split(data_dir, task, 'train', lang)[:first], None
         return
     english = read_split(data_dir, task, 'train')
-    if share:  # XLA's warm-up on the 5% setting: its share of English
+    if share:  # XLA's warm-up in the 5% setting uses a share of English
         english = share_of(english, share, part=0, seed=draw)
-    if paired or TRAINS_ON[trains_on].english:  # SQuAD's after the task's, whose positions the translations keep
+    if paired or TRAINS_ON[trains_on].english:  # SQuAD goes last, so the translations keep the task's positions
         yield 'en', english + (read_split(data_dir, 'xquad', 'train') if squad else []), None
     missing = []
     for lang in langs:
@@ -543,9 +544,9 @@ def training_sources(data_dir, task, langs, trains_on, paired, round_trip, share
 
 
 def share_of(examples, share, part=0, seed=0):
-    """A random share of the examples, in order, the same draw for every run of one seed: part 0
-    and part 1 are disjoint draws while two shares fit in the list (XLA's 5% setting: English
-    and target text that are not each other's translations); share 1 keeps them all."""
+    """A random share of the examples, kept in order. Every run with the same seed gets the same draw. Part 0 and
+    part 1 are disjoint draws while two shares fit in the list (XLA's 5% setting needs English and target text that
+    are not translations of each other). Share 1 keeps all the examples."""
     if share >= 1:
         return examples
     n = math.ceil(share * len(examples))
@@ -555,7 +556,7 @@ def share_of(examples, share, part=0, seed=0):
 
 
 def has_training_data(data_dir, task, lang):
-    """Has lang training data of its own? UD v2.5 has none for some languages (Thai, Tagalog, Yoruba)."""
+    """Whether lang has training data of its own. UD v2.5 has none for some languages (Thai, Tagalog, Yoruba)."""
     path = split_path(data_dir, task, 'train', lang)
     if path and os.path.exists(path):
         return True
@@ -564,34 +565,33 @@ def has_training_data(data_dir, task, lang):
 
 
 def unlabelled_set(spec, lang, share):
-    """XLA's D_t: lang's unlabelled training features (Items). They are the target language's
-    own training split without its labels (tagging: XTREME ships train-<lang>.tsv for PAN-X), or
-    the target side of translate-train (XNLI, PAWS-X). With share below 1 the draw is disjoint
-    from English's (training_set's share), so the two are not translations of each other (the
-    paper's 5% setting)."""
+    """XLA's D_t: the unlabelled training features (Items) of lang. For tagging, they are the target language's own
+    training split without its labels (XTREME ships train-<lang>.tsv for PAN-X). Otherwise they are the target side
+    of translate-train (XNLI, PAWS-X). With share below 1, the draw is disjoint from English's (the share in
+    training_set), so the two are not translations of each other (the paper's 5% setting)."""
     tok, data_dir, task = spec.tok, spec.data_dir, spec.task
     tagging = TASKS[task].family == 'tagging'
     text = split_path(data_dir, task, 'train' if tagging else 'translate-train', lang)
     files = tok.files + [split_path(data_dir, task, 'train'), text]
 
     def sources():
-        if tagging:  # the two languages' own training sets: each its own draw
+        if tagging:  # the two languages' own training sets, each with its own draw
             own = [dict(ex, tags=None) for ex in read_split(data_dir, task, 'train', lang)]
             yield lang, share_of(own, share, part=1, seed=spec.draw), None
         else:  # drawn from the pairs, so that the draw is disjoint from English's where translations are missing
             english = read_split(data_dir, task, 'train')
             pairs = share_of(read_translations(data_dir, task, 'train', lang, english), share, part=1, seed=spec.draw)
             yield lang, [dict(t, label=None) for _, t in pairs if t is not None], None
-    drawn = bool(spec.draw and share < 1)  # a share is drawn (at 100% nothing is)
+    drawn = bool(spec.draw and share < 1)  # True when a share is drawn (at 100%, nothing is)
     key = ['unlabelled', task, lang, share, spec.max_len, spec.stride] + [f'draw {spec.draw}'] * drawn
     return feature_set(spec, files, key, sources, 1)
 
 
 def evaluation_sets(data_dir, task, translate_test=False, paired=False, chosen=None, dev=None):
-    """Every file evaluation will read (of the languages chosen), read and checked before any training (labels,
-    columns, JSON shape, translations, test labels): {split: {lang: (examples scored against, model
-    inputs, (English translation, input) pairs for paired methods)}} (data.evaluation_set). dev: (task, split,
-    languages, first examples) of the sets a checkpoint is kept by where they are not the task's dev sets."""
+    """Read and check every file that evaluation will read, in the chosen languages, before any training (labels,
+    columns, JSON shape, translations, test labels). -> {split: {lang: (examples scored against, model inputs,
+    (English translation, input) pairs for paired methods)}} (data.evaluation_set). dev gives (task, split,
+    languages, first examples) of the sets that pick the kept checkpoint, where they are not the task's dev sets."""
     sets = {'dev': {}, 'test': {}}
     for lang in languages(task, is_demo(data_dir), chosen):
         sets['test'][lang] = evaluation_set(data_dir, task, 'test', lang, translate_test, paired)
@@ -599,17 +599,16 @@ def evaluation_sets(data_dir, task, translate_test=False, paired=False, chosen=N
     of, split, langs, first = dev or (task, 'dev', None, None)
     for lang in langs or languages(of, is_demo(data_dir), chosen if of == task else None):
         path = split_path(data_dir, of, split, lang)
-        if path and os.path.exists(path):  # no dev set in some languages (XQuAD, TyDiQA); the run checked the rest
+        if path and os.path.exists(path):  # some languages have no dev set (XQuAD, TyDiQA). The run checked the rest.
             gold, inputs, pairs = evaluation_set(data_dir, of, split, lang, translate_test, paired)
             sets['dev'][lang] = gold[:first], inputs[:first], pairs and pairs[:first]
     return sets
 
 
 def evaluation_set(data_dir, task, split, lang, translate_test=False, paired=False):
-    """(examples scored against, model inputs, [(English translation, input)] for paired methods
-    or None). translate-test reads the English translations (QA is then scored on the
-    translations' own answers, as XTREME does); English examples pair with themselves, and so does
-    an example whose translation is missing."""
+    """-> (examples scored against, model inputs, [(English translation, input)] for paired methods or None).
+    translate-test reads the English translations, and QA is then scored on the translations' own answers, as
+    XTREME does. English examples are paired with themselves, and so is an example whose translation is missing."""
     if translate_test and lang != 'en':
         pairs = read_translations(data_dir, task, split, lang)
         english = [t or o for o, t in pairs]  # an example without a translation is read as it is
@@ -624,44 +623,44 @@ def evaluation_set(data_dir, task, split, lang, translate_test=False, paired=Fal
 
 
 def evaluation_items(spec, inputs, pairs):
-    """The evaluation features of inputs (Items), or of pairs ((English translation, input), for
-    paired methods: each target feature once, with its English), kept as the training sets are,
-    keyed by the examples themselves (evaluation_set's: a split, or its translations)."""
-    english = None if pairs is None else [en for en, _ in pairs]  # the pairs' second sides are the inputs
+    """The evaluation features (Items) of inputs, or of pairs (English translation, input) for paired methods, with
+    each target feature once, next to its English. They are stored as the training sets are, keyed by the examples
+    themselves (those of evaluation_set: a split, or its translations)."""
+    english = None if pairs is None else [en for en, _ in pairs]  # the second side of each pair is the input
     digest = hashlib.sha1(json.dumps([inputs, english]).encode()).hexdigest()
-    # the inputs first, so that a feature's example is its input's number
+    # The inputs come first, so that a feature's example is its input's number.
     sources = lambda: [('input', inputs, None)] + ([] if english is None else [('en', english, None)])
     key = ['evaluation', spec.task, spec.max_len, spec.stride, digest]
     return feature_set(spec, spec.tok.files, key, sources, 1 if pairs is None else 2, train=False)
 
 
 # ----------------------------------------------------------------------------------------
-# Batches: padded to their own longest sequence.
+# Batches, each padded to its own longest sequence.
 
 @dataclass
 class Batch:
     ids: torch.Tensor  # (B, T)
     mask: torch.Tensor  # (B, T), True on real tokens
-    labels: torch.Tensor = None  # (B,) classes | (B, T) tags | (B, 2) answer start, end
-    index: list = None  # the features' positions in their list
-    first: torch.Tensor = None  # tagging: (B, T), True on each word's first sub-word
-    padded: bool = True  # a row shorter than another (collate knows it without asking the device)
+    labels: torch.Tensor = None  # (B,) classes, (B, T) tags, or (B, 2) answer start and end
+    index: list = None  # the positions of the features in their list
+    first: torch.Tensor = None  # for tagging, (B, T), True on each word's first sub-word
+    padded: bool = True  # True when a row is shorter than another (collate knows this without asking the device)
 
     @property
     def keys(self):
-        """The mask attention takes: None when no row is padded, so that SDPA may pick its fastest kernel."""
+        """The mask for attention. It is None when no row is padded, so that SDPA may pick its fastest kernel."""
         return self.mask if self.padded else None
 
     def to(self, device):
         move = lambda t: None if t is None else moved(t, device)
-        batch = aligned_for(self, device)  # on a GPU, padded on to a multiple of 8 positions (below the divider)
+        batch = aligned_for(self, device)  # on a GPU, padded up to a multiple of 8 positions (below the divider)
         return Batch(move(batch.ids), move(batch.mask), move(batch.labels), self.index, move(batch.first), self.padded)
 
 
 @dataclass
 class Pair:
-    """A source example and its translation: the one input shape of FILTER, X-Mixup and the
-    consistency-style methods (alt: the source's round trip through the target language)."""
+    """A source example and its translation, the one input shape of FILTER, X-Mixup and the consistency-style
+    methods. alt is the source's round trip through the target language."""
     src: Batch
     tgt: Batch
     alt: Batch = None
@@ -671,17 +670,18 @@ class Pair:
 
 
 def moved(t, device):
-    """t on device; to a GPU from page-locked memory, so that the copy runs while the device computes (no host sync)."""
+    """t on device. A copy to a GPU starts from page-locked memory, so that it runs while the device computes
+    (no host sync)."""
     pin = torch.device(device).type == 'cuda' and t.device.type == 'cpu'
     return (t.pin_memory() if pin else t).to(device, non_blocking=True)
 
 
 def collate(features, index=None, pad_id=1):
-    """A Batch of features, padded with pad_id (the tokenizer's: XLM-R's 1, BERT's 0)."""
+    """A Batch of features, padded with pad_id, the tokenizer's padding id (1 for XLM-R, 0 for BERT)."""
     pad = lambda rows, value: torch.nn.utils.rnn.pad_sequence([torch.tensor(r) for r in rows], True, value)
     ids = pad([f.ids for f in features], pad_id)
     labels = first = None
-    if all(f.label is not None for f in features):  # tag lists padded with IGNORE, else a class or a (start, end) each
+    if all(f.label is not None for f in features):  # tag lists pad with IGNORE, others are a class or (start, end)
         labels = [f.label for f in features]
         labels = pad(labels, IGNORE) if isinstance(labels[0], list) else torch.tensor(labels)
     if features[0].words is not None:
@@ -696,7 +696,7 @@ def collate_pairs(src, tgt, index=None, alt=None, pad_id=1):
 
 
 def collate_items(paired, pad_id=1):
-    """Batches of features, or Pairs of (English, target) features for paired methods."""
+    """A collate function that makes Batches of features, or Pairs of (English, target) features for paired methods."""
     if not paired:
         return lambda items, index=None: collate(items, index, pad_id)
     return lambda items, index=None: collate_pairs([i[0] for i in items], [i[1] for i in items], index,
@@ -704,14 +704,13 @@ def collate_items(paired, pad_id=1):
 
 
 MEGA = 50  # length grouping sorts mega-batches of this many batches
-BUCKET = 4  # by length in steps of this many tokens, not token by token: where length tells the label (the
-# demo's XNLI: 19, 20 and 22 tokens, one label each), batches of one length would hold one label each
+BUCKET = 4  # sort by length in steps of this many tokens, not token by token. Where the length tells the label
+# (the demo's XNLI has 19, 20 and 22 tokens, one label each), batches of one length would hold one label each.
 
 
 def item_lengths(items, index=None):
-    """(items, sides) array of the tokens of each side of items[index] (all items by default):
-    one side for a feature, one per side for a paired method's tuple (each side of a batch is
-    padded on its own)."""
+    """An (items, sides) array with the token count of each side of items[index] (all items by default). A feature
+    has one column, and a paired method's tuple has one per side (each side of a batch is padded on its own)."""
     if hasattr(items, 'lengths'):  # a set on disk (Items), or XLA's choice of samples
         return items.lengths(index)
     rows = [[len(f.ids) for f in (items[i] if isinstance(items[i], tuple) else (items[i],))]
@@ -720,25 +719,25 @@ def item_lengths(items, index=None):
 
 
 def global_batches(n, batch_size, seed, chunks, lengths=None, max_tokens=None, sources=None):
-    """An epoch's global batches of n items from a permutation fixed by seed, grouped by the
-    items' lengths when lengths are given (else random batches, as the papers' scripts), or in tokens with
-    max_tokens (token_batches). sources: each item's English feature; of the items of one, the epoch draws one."""
+    """The global batches of an epoch over n items, from a permutation fixed by seed. With lengths, items of similar
+    length are grouped (otherwise batches are random, as in the papers' scripts). max_tokens sizes batches in tokens
+    (token_batches). sources holds each item's English feature, and the epoch draws one item per feature."""
     if max_tokens:
         return token_batches(lengths, max_tokens, chunks, seed)
     g = torch.Generator().manual_seed(seed)
     order = torch.randperm(n, generator=g).numpy()
-    if sources is not None:  # the first of each English feature's items in the permutation (FILTER's tagging epochs)
+    if sources is not None:  # keep the first item of each English feature in the permutation (FILTER's tagging epochs)
         order = order[np.sort(np.unique(np.asarray(sources)[order], return_index=True)[1])]
     return cut_batches(order.tolist(), batch_size, chunks, g, lengths)
 
 
 def cut_batches(order, size, chunks, g, lengths=None):
-    """Batches of `size` items in `order`. With lengths, each mega-batch of MEGA batches is
-    sorted by length (in BUCKET steps) before it is cut, and the batches are then shuffled by g:
-    a batch holds items of similar length and pads little, and the split depends on no process
-    count. A last batch too small to give every process and micro-step (chunks) an item is dropped."""
-    if lengths is not None:  # a stable sort: lengths within BUCKET tokens keep their random order (and mix labels)
-        key, mega = np.asarray(lengths) // BUCKET, size * MEGA  # a pair: by one side, then the other
+    """Batches of `size` items in `order`. With lengths, each mega-batch of MEGA batches is sorted by length (in
+    BUCKET steps) before it is cut, and g then shuffles the batches. So a batch holds items of similar length and
+    pads little, and the split does not depend on the process count. A last batch too small to give every process
+    and micro-step (chunks) an item is dropped."""
+    if lengths is not None:  # a stable sort, so lengths in one BUCKET step keep their random order (and mix labels)
+        key, mega = np.asarray(lengths) // BUCKET, size * MEGA  # a pair sorts by one side, then the other
         parts = np.split(np.asarray(order), range(mega, len(order), mega))
         order = np.concatenate([part[np.lexsort(key[part].T[::-1])] for part in parts]).tolist()
     batches = [order[i:i + size] for i in range(0, len(order), size)]
@@ -748,25 +747,25 @@ def cut_batches(order, size, chunks, g, lengths=None):
 
 
 def length_batches(lengths, batch_size):
-    """Evaluation batches: positions sorted by their lengths (item_lengths' of a side), so each batch pads little."""
+    """Evaluation batches of positions sorted by length (one side of item_lengths), so that each batch pads little."""
     order = np.argsort(lengths, kind='stable').tolist()
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
 
 # ----------------------------------------------------------------------------------------
-# Pre-training text (VECO), one sentence or paragraph a line:
-#   pretrain/mono/{lang}.txt        monolingual documents, a blank line between two (CC-100's layout)
-#   pretrain/parallel/{a}-{b}.{a}   parallel sentences: line n of {a}-{b}.{a} and line n of
-#   pretrain/parallel/{a}-{b}.{b}   {a}-{b}.{b} translate each other (OPUS's Moses layout)
+# Pre-training text (VECO), with one sentence or paragraph per line:
+#   pretrain/mono/{lang}.txt        monolingual documents, separated by blank lines (CC-100's layout)
+#   pretrain/parallel/{a}-{b}.{a}   parallel sentences, where line n of {a}-{b}.{a} and line n of
+#   pretrain/parallel/{a}-{b}.{b}   {a}-{b}.{b} are translations of each other (OPUS's Moses layout)
 
-PARA_LEN = 128  # longest parallel sentence, in tokens (Table 5's bilingual length)
+PARA_LEN = 128  # the longest parallel sentence, in tokens (the bilingual length of Table 5)
 
 
 def pretraining_set(tok, data_dir, max_len, mono_only=False, cache=True):
-    """-> (items, {group: its items' positions}, counts): items are (x, y) Feature pairs, <s> x </s>
-    and <s> y </s>, labelled 1 on parallel pairs and 0 on adjacent monolingual segments; counts:
-    what each rule used and what was left out, {rule: [documents or lines, segments, pieces]}. The
-    text is read a slice at a time and tokenized once into <data_dir>/.cache (as training_set)."""
+    """-> (items, {group: positions of its items}, counts). The items are (x, y) Feature pairs <s> x </s> and
+    <s> y </s>, labelled 1 for parallel pairs and 0 for adjacent monolingual segments. counts says what each rule
+    used and what was left out, as {rule: [documents or lines, segments, pieces]}. The text is read one slice at a
+    time and tokenized once into <data_dir>/.cache, as in training_set."""
     groups = pretrain_files(data_dir, mono_only)
     text = lambda group, paths: documents(paths[0]) if group.startswith('mono:') else line_pairs(*paths)
     jobs = ((group, (group.startswith('para:'), part, max_len)) for group, paths in groups.items()
@@ -778,11 +777,11 @@ def pretraining_set(tok, data_dir, max_len, mono_only=False, cache=True):
 
 
 def segment_pairs(tok, documents, max_len, counts):
-    """Section 2.2's "two adjacent segments" of each document, as (x, y) id lists. Consecutive lines
-    are packed into segments of at most max_len - 2 pieces (a longer line is cut) and paired in
-    order, (1, 2), (3, 4) ...; an odd last segment pairs with the one before it. A document of one
-    segment is cut in two (cut_in_two). counts: {rule: [documents, segments, pieces]} adds up what
-    each rule used (the segment an odd last one pairs with is used twice) and what was left out."""
+    """The "two adjacent segments" of Section 2.2 in each document, as (x, y) id lists. Consecutive lines are packed
+    into segments of at most max_len - 2 pieces (a longer line is cut), paired in order as (1, 2), (3, 4) and so
+    on. An odd last segment pairs with the one before it. A document of one segment is cut in two (cut_in_two).
+    counts, {rule: [documents, segments, pieces]}, adds up what each rule used and what was left out (the segment
+    before an odd last one is used twice)."""
     pairs, budget, word_start = [], max_len - 2, tok.word_starts()
     tally = lambda rule, segments: count(counts, rule, 1, len(segments), sum(map(len, segments)))
     for doc in documents:
@@ -793,7 +792,7 @@ def segment_pairs(tok, documents, max_len, counts):
                 if len(segments[-1]) + len(piece) > budget:
                     segments.append([])
                 segments[-1] += piece
-        if len(segments) == 1:  # every line whole in it, so its lines end at their lengths' running sums
+        if len(segments) == 1:  # it holds every line whole, so lines end at the running sums of their lengths
             rule, made = cut_in_two(segments[0], list(accumulate(map(len, lines)))[:-1], word_start)
             tally(rule, segments)
             pairs += made
@@ -808,15 +807,15 @@ def segment_pairs(tok, documents, max_len, counts):
 
 
 def count(counts, rule, documents, segments, pieces):
-    """Add to what a rule of the pre-training data used: counts[rule] = [documents, segments, pieces]."""
+    """Add to what one rule of the pre-training data used: counts[rule] = [documents, segments, pieces]."""
     counts[rule] = [a + b for a, b in zip(counts.get(rule, (0, 0, 0)), (documents, segments, pieces))]
 
 
 def cut_in_two(segment, line_ends, word_start):
-    """-> (rule, pairs): a document of one segment cut at the line boundary nearest its middle, one
-    of a single line at the word start nearest its middle, or at the piece boundary nearest it
-    where the line has no word start past its first piece (text written without spaces: CC-100's
-    zh, ja, th; a single long word); a single piece is left out."""
+    """-> (rule, pairs). A document of one segment is cut at the line boundary nearest its middle. A single line is
+    cut at the word start nearest its middle, or at the nearest piece boundary when the line has no word start past
+    its first piece (text written without spaces, as CC-100's zh, ja and th, or a single long word). A single piece
+    is left out."""
     cuts, rule = line_ends, 'one segment, cut at a line'
     if not cuts:
         cuts, rule = [i for i in range(1, len(segment)) if word_start[segment[i]]], 'one line, cut at a word'
@@ -829,8 +828,8 @@ def cut_in_two(segment, line_ends, word_start):
 
 
 def split_held_out(groups, share=0.02, most=500):
-    """-> (training groups, held-out positions): the last `share` of each group (at most
-    `most`, at least 1 when the group has 20 pairs) is held out to measure the MLM losses."""
+    """-> (training groups, held-out positions). The last `share` of each group is held out to measure the MLM
+    losses: at most `most` pairs, and at least 1 when the group has 20 pairs or more."""
     train, held = {}, []
     for g, positions in groups.items():
         n = min(most, round(len(positions) * share), len(positions) - 1)
@@ -840,19 +839,19 @@ def split_held_out(groups, share=0.02, most=500):
 
 
 def sampling_weights(sizes, alpha=0.5):
-    """Smoothed sampling (XLM's for VECO's languages, XLA's Eq. 2 for its sets): set i is drawn with
-    probability q_i = f_i^alpha / sum_j f_j^alpha, f_i = n_i / sum_j n_j (alpha 1: in proportion
-    to the sizes; 0: uniform); an empty set never."""
+    """Smoothed sampling (XLM's for VECO's languages, XLA's Eq. 2 for its sets). Set i is drawn with probability
+    q_i = f_i^alpha / sum_j f_j^alpha, where f_i = n_i / sum_j n_j. Alpha 1 draws in proportion to the sizes, and
+    alpha 0 draws uniformly. An empty set is never drawn."""
     n = np.array(sizes, dtype=float)
     q = np.where(n > 0, (n / n.sum()) ** alpha, 0.0)
     return q / q.sum()
 
 
 def pretrain_batches(groups, sizes, n_steps, seed, alpha=0.5):
-    """The batches of n_steps steps: monolingual and bilingual steps alternate (when both kinds
-    are there), of sizes[group] pairs; each batch is drawn from one language (pair), chosen with
-    sampling_weights among its kind, its pairs drawn without replacement (with it when the group
-    is smaller)."""
+    """The batches of n_steps steps. Monolingual and bilingual steps alternate when both kinds exist, and a batch
+    holds sizes[group] pairs. Each batch comes from one language (or language pair), chosen among its kind with
+    sampling_weights. Its pairs are drawn without replacement, or with replacement when the group is smaller than
+    the batch."""
     rng = np.random.default_rng(seed)
     kinds = [names for names in ([g for g in groups if g.startswith(kind)] for kind in ('mono:', 'para:')) if names]
     weights = [sampling_weights([len(groups[g]) for g in names], alpha) for names in kinds]
@@ -867,17 +866,17 @@ def pretrain_batches(groups, sizes, n_steps, seed, alpha=0.5):
 
 
 # ----------------------------------------------------------------------------------------
-# Translation (VECO's generation task), plain text, line n of one side translating line n of
-# the other (WMT14 as the paper: test is newstest2014):
+# Translation (VECO's generation task) reads plain text, where line n of one side translates line n of the
+# other. The data is WMT14, as in the paper, and the test set is newstest2014:
 #   translation/{src}-{tgt}/{train,valid,test}.{src}  and  .{tgt}
-# (a folder named {tgt}-{src} serves both directions).
+# A folder named {tgt}-{src} serves both directions.
 
 def translation_items(tok, data_dir, src, tgt, split, lang_ids, max_len, max_ratio=None):
-    """-> [(source, target) Features]: `x </s> [src]`, and `[tgt] y` labelled `y </s>`. Training
-    and valid pairs with an empty side or more than max_len pieces on one are skipped, as the
-    released data preparation keeps 1 to 250 pieces, and with max_ratio those of one side more than max_ratio
-    times the other's (en-fr's clean-corpus-n.perl -ratio 1.5); every test line is kept (cut to fit 512
-    positions), so that each gets a translation."""
+    """-> [(source, target) Features]: the source `x </s> [src]`, and the target `[tgt] y` labelled `y </s>`.
+    Training and valid pairs are skipped when a side is empty or has more than max_len pieces, as the released
+    data preparation keeps 1 to 250 pieces. With max_ratio, so are pairs where one side is more than max_ratio
+    times as long as the other (en-fr's clean-corpus-n.perl -ratio 1.5). Every test line is kept (cut to fit 512
+    positions), so that each line gets a translation."""
     paths = parallel_files(data_dir, src, tgt, split)
     pairs = list(line_pairs(*paths))
     x_lines, y_lines = [x for x, _ in pairs], [y for _, y in pairs]

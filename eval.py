@@ -1,9 +1,9 @@
-"""XTREME's scores, exactly as its leaderboard computes them, and what produces predictions.
+"""XTREME's scores, computed exactly as its leaderboard computes them, and the code that produces predictions.
 
-The leaderboard is google-research/xtreme's evaluate.py: accuracy; seqeval 1.2.2 chunk F1 in
-its default mode for both tagging tasks (POS too); the SQuAD v1.1 script for XQuAD and TyDiQA
-and the MLQA script (language-aware) for MLQA; set-based F1 for BUCC. Their quirks are kept
-on purpose, so that the same predictions get the same numbers to the last digit.
+The leaderboard is google-research/xtreme's evaluate.py. It uses accuracy; seqeval 1.2.2 chunk F1 in its default
+mode for both tagging tasks (POS too); the SQuAD v1.1 script for XQuAD and TyDiQA; the MLQA script (language-aware)
+for MLQA; and set-based F1 for BUCC. Their quirks are kept on purpose, so that the same predictions get the same
+numbers to the last digit.
 
     python eval.py --predictions DIR --labels DIR --out scores.json
     python eval.py --collect RUN [RUN ...] --out DIR [--labels DIR]
@@ -33,16 +33,16 @@ from layers import Parser, atomic_write, mean_pool
 
 
 # ----------------------------------------------------------------------------------------
-# Metrics. Each takes gold labels first, returns {metric: value in 0-100}.
+# Metrics. Each takes the gold labels first and returns {metric: value in 0-100}.
 
 def accuracy(labels, preds):
     return {'accuracy': sum(p == g for p, g in zip(preds, labels)) / len(preds) * 100}
 
 
 def tag_chunks(sentences):
-    """seqeval 1.2.2 get_entities (default mode): sentences are joined with an 'O' after each,
-    a tag's first character is its B/I/E/S/O prefix and the rest (after a '-') its type, so
-    POS tags chunk too ('NOUN' = prefix 'N', type 'OUN': a run of NOUNs is one chunk)."""
+    """The chunks of the sentences, as seqeval 1.2.2's get_entities finds them in its default mode. The sentences are
+    joined with an 'O' after each. A tag's first character is its B/I/E/S/O prefix and the rest (after a '-') is its
+    type, so POS tags form chunks too: 'NOUN' has the prefix 'N' and the type 'OUN', and a run of NOUNs is one chunk."""
     seq = [tag for sentence in sentences for tag in sentence + ['O']] + ['O']
     found, prev_tag, prev_type, begin = set(), 'O', '', 0
     for i, chunk in enumerate(seq):
@@ -59,8 +59,8 @@ def tag_chunks(sentences):
 
 
 def chunk_f1(labels, preds, items=tag_chunks):
-    """Micro precision, recall and F1 over all chunks of a file, as seqeval's defaults (0 when undefined);
-    items: the set a file's labels make (bucc_f1: its pairs, each counted once)."""
+    """Micro precision, recall and F1 over all chunks of a file, as seqeval's defaults (0 when undefined).
+    items() turns a file's labels into a set (for bucc_f1, its pairs, each counted once)."""
     gold, pred = items(labels), items(preds)
     tp = len(gold & pred)
     p = tp / len(pred) if pred else 0.0
@@ -76,12 +76,12 @@ def bucc_f1(labels, preds):
 SQUAD_PUNCT = set(string.punctuation)
 
 
-# MLQA: every Unicode punctuation character plus ASCII's, articles per language.
+# MLQA removes every Unicode punctuation character plus ASCII's, and articles that depend on the language.
 MLQA_PUNCT = ({chr(i) for i in range(sys.maxunicode) if unicodedata.category(chr(i)).startswith('P')}
               | set(string.punctuation))
 
 
-# MLQA's Arabic regex: only its second branch can match, so every 'ال' goes, mid-word too
+# In MLQA's Arabic regex only the second branch can match, so every 'ال' is removed, even mid-word
 MLQA_ARTICLES = {'en': r'\b(a|an|the)\b', 'es': r'\b(un|una|unos|unas|el|la|los|las)\b',
                  'de': r'\b(ein|eine|einen|einem|eines|einer|der|die|das|den|dem|des)\b',
                  'vi': r'\b(của|là|cái|chiếc|những)\b', 'hi': None, 'zh': None,
@@ -89,15 +89,15 @@ MLQA_ARTICLES = {'en': r'\b(a|an|the)\b', 'es': r'\b(un|una|unos|unas|el|la|los|
 
 
 def normalize_answer(s, lang=None):
-    """SQuAD v1.1's normalisation (lang=None: XQuAD, TyDiQA) or MLQA's for `lang`: lower case,
-    drop punctuation, drop articles, split into tokens (Chinese: one token per CJK character)."""
+    """SQuAD v1.1's normalisation (lang=None, for XQuAD and TyDiQA), or MLQA's for `lang`. It lower-cases, drops
+    punctuation and articles, and splits into tokens (in Chinese, one token per CJK character)."""
     if lang is not None and lang not in MLQA_ARTICLES:
         raise EvalError(f'MLQA has no normalisation for language {lang!r}')
     punct, articles = (SQUAD_PUNCT, r'\b(a|an|the)\b') if lang is None else (MLQA_PUNCT, MLQA_ARTICLES[lang])
     s = ''.join(c for c in s.lower() if c not in punct)
     if articles:
         s = re.sub(articles, ' ', s)
-    if lang == 'zh':  # MLQA's mixed segmentation: CJK characters (U+4E00-U+9FA5) alone, the rest split at spaces
+    if lang == 'zh':  # MLQA's mixed segmentation: each CJK character (U+4E00-U+9FA5) alone, the rest split at spaces
         return ' '.join(re.findall(r'[\u4e00-\u9fa5]|[^\s\u4e00-\u9fa5]+', s))
     return ' '.join(s.split())
 
@@ -112,8 +112,8 @@ def qa_f1(pred, gold, lang=None):
 
 
 def qa_scores(dataset, predictions, lang=None):
-    """Exact match and F1 over every question of a SQuAD-format dataset (the 'data' list); an
-    unanswered question scores 0. EM and F1 each take their best gold answer."""
+    """Exact match and F1 over every question of a SQuAD-format dataset (the 'data' list). An unanswered question
+    scores 0. EM and F1 each take the best of the gold answers."""
     qas = [qa for article in dataset for paragraph in article['paragraphs'] for qa in paragraph['qas']]
     em = f1 = 0
     for qa in qas:
@@ -125,23 +125,23 @@ def qa_scores(dataset, predictions, lang=None):
 
 
 # ----------------------------------------------------------------------------------------
-# BLEU. bleu() gives the numbers of sacreBLEU 2.x's default, sacrebleu.corpus_bleu(hyps, [refs])
-# (13a tokens, 'exp' smoothing, one reference per line; tests/test_bleu.py compares the two).
-# tokenized_bleu() is multi-bleu.perl -lc, for text that is tokenised already.
+# BLEU. bleu() gives the same numbers as sacreBLEU 2.x's default, sacrebleu.corpus_bleu(hyps, [refs]), with 13a
+# tokens, 'exp' smoothing and one reference per line (tests/test_bleu.py compares the two).
+# tokenized_bleu() is multi-bleu.perl -lc, for text that is already tokenised.
 
-# mteval-v13a's rules, applied in this order to the line with a space added at each end. Each
-# pattern consumes the neighbour it tests, as mteval's do, so overlapping matches are skipped
-# ('..5' gives '. .5'; lookarounds would give '. . 5'). [0-9], not \d: only ASCII digits count.
+# mteval-v13a's rules, applied in this order to the line with a space added at each end. Each pattern consumes the
+# neighbour it tests, as mteval's do, so overlapping matches are skipped ('..5' gives '. .5', where lookarounds would
+# give '. . 5'). The patterns use [0-9], not \d, because only ASCII digits count.
 V13A_SYMBOL = re.compile(r'([{-~\[-` -&(-+:-@/])')  # ASCII punctuation except ' , - . becomes a token
-V13A_POINT_AFTER = re.compile(r'([^0-9])([.,])')     # '.' and ',' split unless a digit is before
-V13A_POINT_BEFORE = re.compile(r'([.,])([^0-9])')    # ... or after them (3.5 and 1,000 stay whole)
+V13A_POINT_AFTER = re.compile(r'([^0-9])([.,])')     # '.' and ',' split off unless a digit comes before
+V13A_POINT_BEFORE = re.compile(r'([.,])([^0-9])')    # ... or after (3.5 and 1,000 stay whole)
 V13A_DASH = re.compile(r'([0-9])(-)')                # '-' after a digit splits (1990-2000)
 
 
 def tokenize_13a(line):
     """sacreBLEU's default tokenizer (mteval-v13a) -> the tokens joined by single spaces."""
     line = line.replace('<skipped>', '').replace('-\n', '').replace('\n', ' ')
-    if '&' in line:  # in this order, so '&amp;lt;' becomes '<' but '&amp;quot;' stays '&quot;'
+    if '&' in line:  # this order turns '&amp;lt;' into '<' but leaves '&amp;quot;' as '&quot;'
         for entity, char in (('&quot;', '"'), ('&amp;', '&'), ('&lt;', '<'), ('&gt;', '>')):
             line = line.replace(entity, char)
     line = V13A_SYMBOL.sub(r' \1 ', f' {line} ')
@@ -155,8 +155,8 @@ def ngrams(tokens, n):
 
 
 def bleu_scores(hyps, refs, split, smooth, signature):
-    """BLEU from clipped n-gram matches and n-gram totals (n = 1..4) and both lengths, summed over the
-    corpus of lines split into tokens by split(); smooth: sacreBLEU's 'exp' smoothing, else none."""
+    """BLEU from the clipped n-gram matches, the n-gram totals (n = 1..4) and both lengths, summed over a corpus of
+    lines that split() cuts into tokens. smooth turns on sacreBLEU's 'exp' smoothing; otherwise there is none."""
     if len(hyps) != len(refs):
         raise EvalError(f'{len(hyps)} hypotheses for {len(refs)} references: BLEU needs one reference per hypothesis')
     counts, totals, sys_len, ref_len = [0] * 4, [0] * 4, 0, 0
@@ -164,17 +164,17 @@ def bleu_scores(hyps, refs, split, smooth, signature):
         h, r = split(hyp), split(ref)
         sys_len, ref_len = sys_len + len(h), ref_len + len(r)
         for n in range(1, 5):
-            counts[n - 1] += sum((ngrams(h, n) & ngrams(r, n)).values())  # & keeps the smaller count: clipping
+            counts[n - 1] += sum((ngrams(h, n) & ngrams(r, n)).values())  # & keeps the smaller count (clipping)
             totals[n - 1] += max(len(h) - n + 1, 0)
     bp = 1.0 if sys_len >= ref_len else math.exp(1 - ref_len / sys_len) if sys_len else 0.0
     precisions, halving = [], 1
     for c, t in zip(counts, totals):
         if c:
             precisions.append(100 * c / t)
-        elif smooth and t and any(counts):  # 'exp': the k-th order without a match gets 1 / 2^k matches
+        elif smooth and t and any(counts):  # 'exp' gives the k-th order without a match 1 / 2^k matches
             halving *= 2
             precisions.append(100 / (halving * t))
-        else:  # no n-grams of this order, or no match at all: sacreBLEU scores 0 rather than smoothing
+        else:  # no n-grams of this order, or no match at all: sacreBLEU gives 0 instead of smoothing
             precisions.append(0.0)
     score = bp * math.exp(sum(math.log(p) for p in precisions) / 4) if all(precisions) else 0.0
     return {'bleu': score, 'precisions': precisions, 'bp': bp, 'sys_len': sys_len, 'ref_len': ref_len,
@@ -182,24 +182,24 @@ def bleu_scores(hyps, refs, split, smooth, signature):
 
 
 def bleu(hyps, refs, lowercase=False):
-    """Corpus BLEU (0-100) of detokenised hypotheses, one reference each, with its n-gram
-    precisions (percent), brevity penalty, lengths, counts and sacreBLEU-style signature."""
+    """Corpus BLEU (0-100) of detokenised hypotheses with one reference each, together with its n-gram precisions
+    (percent), brevity penalty, lengths, counts and a sacreBLEU-style signature."""
     split = lambda line: tokenize_13a((line.lower() if lowercase else line).rstrip()).split()
-    # sacreBLEU 2.x's signature of the same numbers, with our marker where it has its version
+    # sacreBLEU 2.x's signature for the same numbers, with our marker in place of its version
     signature = f'nrefs:1|case:{"lc" if lowercase else "mixed"}|eff:no|tok:13a|smooth:exp|version:xlt'
     return bleu_scores(hyps, refs, split, smooth=True, signature=signature)
 
 
 def tokenized_bleu(hyps, refs):
-    """multi-bleu.perl -lc: lower case, whitespace tokens, no smoothing (a zero precision gives 0).
-    (Python lowercases every script; the Perl script, reading bytes, lowercases ASCII only.)"""
+    """BLEU as multi-bleu.perl -lc computes it: lower case, whitespace tokens, no smoothing (a zero precision gives
+    0). Python lowercases every script, while the Perl script reads bytes and lowercases ASCII only."""
     split = lambda line: line.lower().split()
     return bleu_scores(hyps, refs, split, smooth=False, signature='multi-bleu.perl -lc (whitespace tokens)')
 
 
 def translation_scores(hyps, refs):
-    """A translation run's test scores: sacreBLEU's BLEU of the detokenised text, and the tokenised
-    BLEU of its 13a tokens (multi-bleu.perl -lc)."""
+    """The test scores of a translation run: sacreBLEU's BLEU of the detokenised text, and the tokenised BLEU of its
+    13a tokens (multi-bleu.perl -lc)."""
     tokens = lambda lines: [tokenize_13a(line) for line in lines]
     return {'bleu': bleu(hyps, refs), 'tokenized_bleu': tokenized_bleu(tokens(hyps), tokens(refs))}
 
@@ -219,12 +219,12 @@ def predictions(task, feats, outputs, examples):
 
 
 def labelled(examples):
-    """Does every example carry its label (its tags, its answers), so that predictions can be scored against them?"""
+    """Whether every example carries its label (its tags, its answers), so predictions can be scored against them."""
     return all(ex.get('label', ex.get('tags', ex.get('answers'))) for ex in examples)
 
 
 def scores_of(task, lang, examples, preds):
-    """Scores of predictions against the examples' own labels -> {metric: value}, plus 'score'."""
+    """Score predictions against the examples' own labels. -> {metric: value}, plus 'score'"""
     family = TASKS[task].family
     if family == 'classification':
         s = accuracy([ex['label'] for ex in examples], preds)
@@ -236,14 +236,13 @@ def scores_of(task, lang, examples, preds):
 
 
 def decode_qa(windows, start_logits, end_logits, examples, max_answer_len=30, probability=False):
-    """Best answer per question over all its windows -> {question id: answer text} (probability: (text, its start
-    times end probability in its window)).
-    A span (i, j) is valid when both ends are context tokens, i <= j < i + max_answer_len and
-    token i has its fullest context in this window; the valid span with the highest start + end
-    score wins across windows and is cut from the original context by character offsets. (The
-    reference scripts search only the 20 best starts x 20 best ends; here every valid span is
-    scored at once.) windows: features from data.qa_features of the examples; logits: one (T,)
-    tensor each."""
+    """The best answer to each question over all its windows -> {question id: answer text}. With probability, each
+    answer is (text, its start probability times its end probability in its window).
+    A span (i, j) is valid when both ends are context tokens, i <= j < i + max_answer_len, and token i has its
+    fullest context in this window. The valid span with the highest start + end score wins across windows, and it is
+    cut from the original context by character offsets. The reference scripts search only the 20 best starts x 20
+    best ends; here every valid span is scored at once. windows are the features of the examples from
+    data.qa_features, and the logits are one (T,) tensor per window."""
     best = {}
     for w, s, e in zip(windows, start_logits, end_logits):
         qid, text = examples[w.example]['id'], examples[w.example]['context']
@@ -262,13 +261,13 @@ def decode_qa(windows, start_logits, end_logits, examples, max_answer_len=30, pr
 
 
 # ----------------------------------------------------------------------------------------
-# Retrieval (BUCC, Tatoeba): mean-pooled states, nearest neighbours and XTREME's margin mining; CKA (X-Mixup Eq. 1).
+# Retrieval (BUCC, Tatoeba): mean-pooled states, nearest neighbours, XTREME's margin mining. Also CKA (X-Mixup Eq. 1).
 
 @torch.no_grad()
 def embed_texts(encoder, tok, texts, which, batch_size, device, pool='mean'):
-    """Mean-pooled hidden states after which = (l,) blocks (0: the embeddings) of each text (<s> text </s>), or with
-    which = (a, b) those after a, ..., b blocks side by side, or pool 'cls' the first token's (XTREME's Table 14),
-    on the device: the nearest neighbours are searched there (knn)."""
+    """Embed each text (<s> text </s>) as its mean-pooled hidden states after which = (l,) blocks (0: the embeddings).
+    With which = (a, b), the states after a, ..., b blocks are put side by side; with pool 'cls', the first token's
+    state is used (XTREME's Table 14). The result stays on the device, where knn searches the nearest neighbours."""
     feats = [Feature(tok.encode_pair(ids[:encoder.longest - 2])) for ids in (tok.encode(t) for t in texts)]
     first, last = which[0], which[-1]
     out = torch.zeros(len(texts), encoder.cfg.dim * (last - first + 1), device=device)
@@ -283,8 +282,8 @@ def embed_texts(encoder, tok, texts, which, batch_size, device, pool='mean'):
 
 
 def retrieve(data_dir, task, embed, mining='margin', chosen=None):
-    """bucc2018 / tatoeba test predictions {lang: ...} from embed(texts) (mean-pooled states) in the languages chosen:
-    Tatoeba's cosine nearest neighbours; BUCC's mined candidates (bucc_candidates), kept above the
+    """The bucc2018 or tatoeba test predictions {lang: ...} in the chosen languages, from embed(texts) (mean-pooled
+    states). Tatoeba takes the cosine nearest neighbours. BUCC takes the mined candidates (bucc_candidates) above the
     threshold that is best on each language's dev gold pairs (XTREME's bucc_optimize)."""
     preds = {}
     for lang in languages(task, is_demo(data_dir), chosen):
@@ -292,7 +291,7 @@ def retrieve(data_dir, task, embed, mining='margin', chosen=None):
         if task == 'tatoeba':  # for every English sentence, the line of its source sentence
             preds[lang] = nearest(embed(eng), embed(src))[0].tolist()
             continue
-        dev_src, dev_eng, gold = read_retrieval(data_dir, task, 'dev', lang)  # BUCC: dev's best threshold
+        dev_src, dev_eng, gold = read_retrieval(data_dir, task, 'dev', lang)  # BUCC: the best threshold on dev
         dev_pairs, dev_scores = bucc_candidates(embed, dev_src, dev_eng, mining)
         threshold = best_threshold(dev_scores, dev_pairs, set(gold))
         pairs, scores = bucc_candidates(embed, src, eng, mining)
@@ -307,17 +306,17 @@ def nearest(queries, keys):
 
 
 def knn(x, y, k, block=256):
-    """The k largest inner products of each row of x with the rows of y -> (values, indices) (len(x), k),
-    a block of rows at a time (BUCC's 400k x 400k similarities are never held whole)."""
+    """The k largest inner products of each row of x with the rows of y -> (values, indices), each (len(x), k).
+    It works a block of rows at a time, so BUCC's 400k x 400k similarities are never held whole."""
     parts = [(x[i:i + block] @ y.T).topk(min(k, len(y)), dim=1) for i in range(0, len(x), block)]
     return torch.cat([p.values for p in parts]), torch.cat([p.indices for p in parts])
 
 
 def margin_mine(x, y, k=4):
-    """XTREME's bitext mining (utils_retrieve.mine_bitext's defaults): cosine similarities, the ratio
-    margin score(x, y) = cos(x, y) / ((mean of x's k nearest y + mean of y's k nearest x) / 2),
-    each sentence's best of its k nearest candidates both ways ('max' retrieval), taken in falling
-    score while neither side is taken yet. -> [(x row, y row, score)], scores above 0."""
+    """XTREME's bitext mining with the defaults of utils_retrieve.mine_bitext. It uses cosine similarities and the
+    ratio margin score(x, y) = cos(x, y) / ((mean of x's k nearest y + mean of y's k nearest x) / 2). Each sentence
+    proposes the best of its k nearest candidates, in both directions ('max' retrieval). The pairs are taken in
+    falling score while neither side is taken yet. -> [(x row, y row, score)], with scores above 0."""
     x, y = F.normalize(x.float(), dim=-1), F.normalize(y.float(), dim=-1)
     (x2y, x2y_at), (y2x, y2x_at) = knn(x, y, k), knn(y, x, k)
     x2y_mean, y2x_mean = x2y.mean(1), y2x.mean(1)
@@ -339,8 +338,8 @@ def margin_mine(x, y, k=4):
 
 
 def best_threshold(scores, pairs, gold):
-    """The similarity threshold that maximises BUCC F1 of `pairs` (sorted by falling score) against
-    the gold pairs: chosen on the dev split's own gold, then applied to test."""
+    """The similarity threshold that maximises the BUCC F1 of `pairs` (sorted by falling score) against the gold
+    pairs. It is chosen on the dev split's own gold and then applied to test."""
     order = sorted(range(len(pairs)), key=lambda k: -scores[k])
     hits, best_f1, threshold = 0, -1.0, float('inf')
     for rank, k in enumerate(order, 1):
@@ -353,15 +352,15 @@ def best_threshold(scores, pairs, gold):
 
 
 def bucc_candidates(embed, src, eng, mining='margin'):
-    """({id: sentence} of each side) -> ([(source id, English id)], [score]). 'margin': margin_mine over
-    the distinct sentences, as XTREME's release (duplicates embedded once; a sentence under several
-    ids in its file names no pair, as its read_sent2id drops it); 'cosine': each source sentence's
-    nearest English sentence."""
+    """({id: sentence} of each side) -> ([(source id, English id)], [score]). 'margin' runs margin_mine over the
+    distinct sentences, as XTREME's release does: duplicates are embedded once, and a sentence under several ids in
+    its file names no pair, as its read_sent2id drops it. 'cosine' pairs each source sentence with its nearest
+    English sentence."""
     if mining == 'cosine':
         index, score = nearest(embed(list(src.values())), embed(list(eng.values())))
         eng_ids = list(eng)
         return [(s, eng_ids[j]) for s, j in zip(src, index.tolist())], score.tolist()
-    ids = [{}, {}]  # each side's sentence -> its ids
+    ids = [{}, {}]  # for each side, sentence -> its ids
     for side, sentences in zip(ids, (src, eng)):
         for key, sentence in sentences.items():
             side.setdefault(sentence, []).append(key)
@@ -373,7 +372,7 @@ def bucc_candidates(embed, src, eng, mining='margin'):
 
 def linear_cka(x, y):
     """Linear CKA between representations x (n, d1) and y (n, d2) of the same n inputs (X-Mixup Eq. 1):
-    ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F) on centred features."""
+    ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F), computed on centred features."""
     x, y = x.double() - x.double().mean(0), y.double() - y.double().mean(0)
     return float((y.T @ x).norm() ** 2 / ((x.T @ x).norm() * (y.T @ y).norm()))
 

@@ -1,11 +1,9 @@
-"""The transformer, written out by hand: XLM-R (RoBERTa), BERT (mBERT, English BERT) and the pieces
-the methods reuse.
+"""The transformer, written out by hand: XLM-R (RoBERTa), BERT (mBERT, English BERT) and the pieces the methods reuse.
 
-Both are post-LayerNorm encoders with GELU and learned absolute positions. XLM-R numbers positions
-the fairseq way and has LayerNorm eps 1e-5; BERT counts positions from 0, adds a token-type
-(segment) embedding, has eps 1e-12 and a pre-trained pooler. `load_pretrained` reads the public
-weights (Hugging Face or fairseq layout) and this project's own converted checkpoint;
-`python layers.py convert SRC OUT` writes the latter.
+Both are post-LayerNorm encoders with GELU and learned absolute positions. XLM-R numbers positions the fairseq way
+and has LayerNorm eps 1e-5. BERT counts positions from 0, adds a token-type (segment) embedding, and has eps 1e-12
+and a pre-trained pooler. `load_pretrained` reads the public weights (Hugging Face or fairseq layout) and this
+project's own converted checkpoint, which `python layers.py convert SRC OUT` writes.
 """
 import argparse
 import json
@@ -36,15 +34,15 @@ class Config:
     n_head: int = 12
     dim: int = 768
     ffn_dim: int = 3072
-    max_positions: int = 514  # 512 tokens: positions start at pad_id + 1
+    max_positions: int = 514  # 512 tokens, because positions start at pad_id + 1
     pad_id: int = 1
     dropout: float = 0.1
     attn_dropout: float = 0.1
     ln_eps: float = 1e-5
-    embed_scale: float = 1.0  # token embeddings times this (fairseq's translation models: sqrt(dim))
+    embed_scale: float = 1.0  # the token embeddings are multiplied by this (sqrt(dim) in fairseq's translation models)
     backbone: str = 'xlmr'  # 'bert': positions from 0, token types, a pooler
     type_vocab_size: int = 0  # BERT's token types (2: segment B is the second text of a pair)
-    sep_id: int = 2  # the separator: BERT's segment B starts after the first
+    sep_id: int = 2  # the separator; BERT's segment B starts after the first one
 
 
 BERT = Config(backbone='bert', vocab_size=119547, max_positions=512, pad_id=0, ln_eps=1e-12, type_vocab_size=2,
@@ -62,8 +60,8 @@ CONFIGS = {
 
 
 def attention_mask(mask, causal, T, S, device):
-    """Boolean mask for scaled_dot_product_attention (True = may attend), or None.
-    mask: (B, S) key padding mask, True on real tokens; causal: forbid keys after the query."""
+    """The boolean mask for scaled_dot_product_attention (True = may attend), or None. mask is the (B, S) key
+    padding mask, True on real tokens. causal forbids the keys after the query."""
     allowed = None if mask is None else mask.bool()[:, None, None, :]  # (B, 1, 1, S)
     if causal:  # the T queries are the last T of the S positions (T < S when decoding step by step)
         tril = torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)
@@ -102,7 +100,7 @@ class Attention(nn.Module):
         causal_only = causal and mask is None and T == k.size(2) and not return_scores  # SDPA's causal kernel, no mask
         allowed = None if causal_only else attention_mask(mask, causal, T, k.size(2), x.device)
         p = self.p if self.training else 0.0
-        if return_scores:  # slow path: a method wants the attention itself (X-Mixup's entropy)
+        if return_scores:  # the slow path, for a method that needs the attention itself (X-Mixup's entropy)
             scores = (q / math.sqrt(q.size(-1))) @ k.transpose(-2, -1)  # (B, heads, T, S); scaled first: fp16's range
             masked = scores if allowed is None else scores.masked_fill(~allowed, float('-inf'))
             y = F.dropout(masked.softmax(dim=-1), p, self.training) @ v
@@ -119,14 +117,14 @@ class FFN(nn.Module):
         self.fc2 = nn.Linear(cfg.ffn_dim, cfg.dim)
 
     def forward(self, x):
-        return self.fc2(F.gelu(self.fc1(x)))  # exact (erf) GELU, as XLM-R
+        return self.fc2(F.gelu(self.fc1(x)))  # the exact (erf) GELU, as in XLM-R
 
 
 class Block(nn.Module):
-    """Post-LN transformer block: self-attention -> AddNorm -> [cross-attention on
-    `memory` -> AddNorm] -> FFN -> AddNorm. Cross-attention exists only when built with
-    cross=True (VECO's variable block, Eq. 2-3: the self-attention and the FFN serve a stream
-    with memory and one without, the cross-attention has weights of its own)."""
+    """A post-LN transformer block: self-attention -> AddNorm -> [cross-attention on `memory` -> AddNorm] -> FFN ->
+    AddNorm. The cross-attention exists only when the block is built with cross=True. This is VECO's variable block
+    (Eq. 2-3): the self-attention and the FFN serve a stream with memory and one without, and the cross-attention
+    has weights of its own."""
 
     def __init__(self, cfg, cross=False):
         super().__init__()
@@ -144,8 +142,8 @@ class Block(nn.Module):
         return self.ln2(h + self.drop(self.ffn(h)))
 
     def forward(self, x, mask=None, memory=None, memory_mask=None, causal=False, cache=None):
-        """memory (B, S, H): the states the cross-attention reads; None skips it. cache: this
-        block's {'self': {...}, 'cross': {...}} keys and values when decoding step by step."""
+        """memory (B, S, H) holds the states the cross-attention reads; None skips the cross-attention. cache holds
+        this block's {'self': {...}, 'cross': {...}} keys and values when decoding step by step."""
         part = lambda name: None if cache is None else cache.setdefault(name, {})
         x = self.ln1(self.attend(x, mask, causal, part('self')))
         if memory is not None:
@@ -160,16 +158,16 @@ def position_ids(ids, pad_id):
 
 
 def token_types(ids, sep_id):
-    """BERT's segments: 0 up to the first [SEP] and on it, 1 after it (the second text of a pair and its [SEP])."""
+    """BERT's segments: 0 up to and including the first [SEP], 1 after it (the second text of a pair and its [SEP])."""
     sep = ids.eq(sep_id).int()
     return (sep.cumsum(1) - sep).clamp(max=1)
 
 
 class Encoder(nn.Module):
-    """Embeddings and blocks. cross=True gives every block a cross-attention (VECO), used only
-    when run() is given a memory; load_pretrained(path) leaves a checkpoint's out (VECO's NLU
-    assembly). task_head: a transformers task model's head that came with the weights (load_pretrained), which
-    the method's head starts from (xlt.Head)."""
+    """Embeddings and blocks. cross=True gives every block a cross-attention (VECO), used only when run() is given a
+    memory. load_pretrained(path) leaves out a checkpoint's cross-attention (VECO's NLU assembly). task_head is the
+    head of a transformers task model that came with the weights (load_pretrained); the method's head starts from it
+    (xlt.Head)."""
 
     def __init__(self, cfg, cross=False, task_head=None):
         super().__init__()
@@ -179,8 +177,8 @@ class Encoder(nn.Module):
         self.pos = nn.Embedding(cfg.max_positions, cfg.dim, padding_idx=None if bert else cfg.pad_id)
         if cfg.type_vocab_size:
             self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.dim)
-        # BERT's pre-trained pooler, tanh(dense(h of [CLS])): kept, not trained, for the classification head
-        # to start from (xlt.Head); a parameter no loss reaches would stop DDP
+        # BERT's pre-trained pooler, tanh(dense(h of [CLS])), is kept but not trained: the classification head starts
+        # from it (xlt.Head), and a trainable parameter that no loss reaches would stop DDP
         self.pooler = nn.Linear(cfg.dim, cfg.dim).requires_grad_(False) if bert else None
         self.ln = nn.LayerNorm(cfg.dim, eps=cfg.ln_eps)
         self.drop = nn.Dropout(cfg.dropout)
@@ -190,16 +188,16 @@ class Encoder(nn.Module):
 
     @property
     def longest(self):
-        """The most tokens a sequence can have: the positions (XLM-R's start at pad_id + 1)."""
+        """The most tokens a sequence can have, set by the positions (XLM-R's start at pad_id + 1)."""
         return self.cfg.max_positions - (0 if self.cfg.backbone == 'bert' else self.cfg.pad_id + 1)
 
     def embed(self, ids, offset=0):
-        """Token + position (+ token type) embeddings of one sequence batch, positions from each row's
-        start; offset: how many positions came before (decoding step by step)."""
+        """Token + position (+ token type) embeddings of a batch of sequences, with positions counted from each row's
+        start. offset is how many positions came before (when decoding step by step)."""
         if ids.size(1) + offset > self.longest:
             raise ValueError(f'sequence of {ids.size(1) + offset} tokens is longer than the model\'s {self.longest}: '
                              'lower --max_len')
-        if self.cfg.backbone == 'bert':  # 0, 1, ... whatever the padding
+        if self.cfg.backbone == 'bert':  # 0, 1, ... regardless of the padding
             positions = torch.arange(offset, offset + ids.size(1), device=ids.device)
         else:
             positions = position_ids(ids, self.cfg.pad_id) + offset * ids.ne(self.cfg.pad_id)
@@ -209,9 +207,9 @@ class Encoder(nn.Module):
         return self.drop(self.ln(x))
 
     def run(self, x, mask=None, start=0, end=None, memory=None, memory_mask=None, causal=False, cache=None):
-        """Run blocks [start, end) on hidden states x (B, T, H), each cross-attending to memory
-        when one is given; causal: each position sees only itself and those before it; cache:
-        a dict that keeps each block's keys and values between decoding steps."""
+        """Run blocks [start, end) on hidden states x (B, T, H), each cross-attending to memory when one is given.
+        With causal, each position sees only itself and those before it. cache is a dict that keeps each block's keys
+        and values between decoding steps."""
         for i, block in enumerate(self.blocks[start:end], start):
             if self.grad_checkpoint and torch.is_grad_enabled() and cache is None:  # activation checkpointing:
                 # the block runs again in backward, with the same dropout masks (the RNG state is replayed)
@@ -225,7 +223,7 @@ class Encoder(nn.Module):
         return hasattr(self.blocks[0], 'cross')
 
     def forward(self, ids, mask=None):
-        """Last hidden states (B, T, H); mask defaults to the non-padding tokens."""
+        """The last hidden states (B, T, H). mask defaults to the non-padding tokens."""
         if mask is None:
             mask = ids.ne(self.cfg.pad_id)
         return self.run(self.embed(ids), mask)
@@ -238,7 +236,7 @@ def mean_pool(h, mask):
 
 
 class MLMHead(nn.Module):
-    """dense -> GELU -> LayerNorm -> decoder tied to the word embeddings, plus a bias."""
+    """The MLM head: dense -> GELU -> LayerNorm -> a decoder tied to the word embeddings, plus a bias."""
 
     def __init__(self, cfg, word_embeddings):
         super().__init__()
@@ -253,8 +251,8 @@ class MLMHead(nn.Module):
 
 
 def init_weights(module):
-    """BERT/XLM-R initialisation: N(0, 0.02) weights, zero biases, padding rows zero (on the meta device nothing: a
-    model built there only to be counted, by train.memory_plan)."""
+    """BERT/XLM-R initialisation: N(0, 0.02) weights, zero biases and zero padding rows. On the meta device it does
+    nothing: train.memory_plan builds a model there only to count it."""
     if isinstance(module, (nn.Linear, nn.Embedding)) and not module.weight.is_meta:
         nn.init.normal_(module.weight, std=0.02)
     if isinstance(module, nn.Linear) and module.bias is not None:
@@ -267,10 +265,10 @@ def init_weights(module):
 # Translation: beam search over a decoder that cross-attends to the encoder's states (VECO's generation).
 
 def next_log_probs(decoder, tokens, memory, memory_mask, cache=None):
-    """log p(next token | prefix, source) (N, V) for prefixes tokens (N, t) of a decoder (an Encoder
-    with cross-attention on memory) whose output layer is its token embedding, tied as fairseq's
-    share_all_embeddings. With a cache only the newest token runs through the decoder; without,
-    the whole prefix again."""
+    """log p(next token | prefix, source) (N, V) for the prefixes tokens (N, t). The decoder is an Encoder with
+    cross-attention on memory, and its output layer is its token embedding, tied as in fairseq's
+    share_all_embeddings. With a cache only the newest token runs through the decoder; without one, the whole
+    prefix runs again."""
     new = tokens if cache is None else tokens[:, -1:]
     x = decoder.embed(new, offset=tokens.size(1) - new.size(1))
     h = decoder.run(x, None, memory=memory, memory_mask=memory_mask, causal=True, cache=cache)
@@ -280,13 +278,12 @@ def next_log_probs(decoder, tokens, memory, memory_mask, cache=None):
 @torch.no_grad()
 def beam_search(decoder, memory, memory_mask, bos, beam=5, lenpen=1.0, max_new=200, min_len=1, cache=True,
                 eos=2, pad=1):
-    """Beam search as fairseq's SequenceGenerator, batched over sentences and beams, of the decoder
-    reading memory (B, S, H), the encoder's states of B sources. Each step takes the 2K best
-    extensions of a sentence's K hypotheses; those among the first K that end in </s> are finished
-    with the score log p / length ** lenpen (the length counts </s>), the K best others go on. A
-    sentence stops at K finished hypotheses or at max_new tokens. cache: each step runs the newest
-    token alone, the earlier keys and values kept. -> the best hypothesis of each source, token
-    ids after bos without </s>."""
+    """Beam search as in fairseq's SequenceGenerator, batched over sentences and beams. The decoder reads memory
+    (B, S, H), the encoder's states of B sources. Each step takes the 2K best extensions of a sentence's K hypotheses.
+    Those among the first K that end in </s> are finished with the score log p / length ** lenpen (the length counts
+    </s>), and the K best others go on. A sentence stops at K finished hypotheses or at max_new tokens. With cache,
+    each step runs only the newest token and keeps the earlier keys and values. -> the best hypothesis of each
+    source, as token ids after bos without </s>."""
     K, V, B, device = beam, decoder.cfg.vocab_size, memory.size(0), memory.device
     memory, memory_mask = memory.repeat_interleave(K, 0), memory_mask.repeat_interleave(K, 0)
     max_len = min(max_new, decoder.longest - 1)
@@ -303,10 +300,10 @@ def beam_search(decoder, memory, memory_mask, bos, beam=5, lenpen=1.0, max_new=2
             logp[:, eos] = -math.inf
         n = len(alive)
         total = (scores[:, None] + logp).view(n, K, V)
-        top, index = (total[:, :1] if step == 0 else total).reshape(n, -1).topk(2 * K)  # step 0: K equal beams
+        top, index = (total[:, :1] if step == 0 else total).reshape(n, -1).topk(2 * K)  # step 0: the K beams are equal
         beams, words = index // V, index % V
         ends = words.eq(eos) & top.ne(-math.inf)
-        for i, j in ends[:, :K].nonzero().tolist():  # at most K a sentence
+        for i, j in ends[:, :K].nonzero().tolist():  # at most K per sentence
             if len(finished[alive[i]]) < K:
                 hyp = tokens[i * K + beams[i, j], 1:].tolist()
                 finished[alive[i]].append((top[i, j].item() / (step + 1) ** lenpen, hyp))
@@ -314,7 +311,7 @@ def beam_search(decoder, memory, memory_mask, bos, beam=5, lenpen=1.0, max_new=2
         if not live:
             break
         live_rows = torch.tensor(live, device=device)
-        going = torch.where(ends, rank + 2 * K, rank)[live_rows].topk(K, largest=False).indices  # K best that go on
+        going = torch.where(ends, rank + 2 * K, rank)[live_rows].topk(K, largest=False).indices  # the K best that go on
         rows = (live_rows[:, None] * K + beams[live_rows].gather(1, going)).view(-1)
         tokens = torch.cat([tokens[rows], words[live_rows].gather(1, going).view(-1, 1)], 1)
         scores = top[live_rows].gather(1, going).view(-1)

@@ -1,14 +1,14 @@
 """Train a cross-lingual transfer method on an XTREME task, then evaluate it in every language.
 
-    python train.py --method filter --task xnli --demo             # built-in data, tiny model, CPU
+    python train.py --method filter --task xnli --demo             # built-in data and a tiny model, on a CPU
     python train.py --method translate-train-all --task pawsx --init xlmr-base.pt --data_dir data/
     torchrun --nproc_per_node 8 train.py ...                       # the same run on 8 GPUs (DDP)
 
-Read from the top: main -> execute -> Run, what a method's procedure (xlt.Method.procedure) is handed to build,
-feed, train, evaluate and report -> train, the one training loop of every method and stage. Below the divider:
-the command line, the checks and the plan, the run folder's lock and contract, --predict, resume and signals.
-A run writes to --out: config.json, log.jsonl, last.pt (resume point), best.pt (the kept model), results.json
-and .txt, and the test predictions in the leaderboard layout (predictions/<task>/test-<lang>.<ext>).
+Read from the top: main calls execute, which hands a Run to the method's procedure (xlt.Method.procedure) to build,
+feed, train, evaluate and report. Then comes train, the one training loop of every method and stage. Below the
+divider are the command line, the checks and the plan, the run folder's lock and contract, --predict, resuming and
+signals. A run writes to --out: config.json, log.jsonl, last.pt (the resume point), best.pt (the kept model),
+results.json and .txt, and the test predictions in the leaderboard layout (predictions/<task>/test-<lang>.<ext>).
 """
 import argparse
 import functools
@@ -39,13 +39,13 @@ from xlt import AT_LEAST_1, NON_NEGATIVE, POSITIVE, SHARE, Option
 
 
 def main(argv=None):
-    """The command line (parse_args), the processes (one per GPU under torchrun), the run; any mistake, one line."""
+    """Run the command line (parse_args) in its processes (one per GPU under torchrun). Any error prints one line."""
     args = parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.precision != 'fp32'  # off autocast
     rank, world, device = setup_distributed(start=not args.dry_run)  # a dry run starts no process group
     try:
         action(args)(args, rank, world, device)
-    except BAD_INPUT as e:  # found alike by every process (one_process_errors: once the run is under way)
+    except BAD_INPUT as e:  # every process finds these alike (after the checks, one_process_errors handles them)
         fail(error_line(e))
     except KeyboardInterrupt:
         fail(interrupted(args))
@@ -54,14 +54,14 @@ def main(argv=None):
 
 
 def execute(args, rank, world, device):
-    """The run of args in args.out (the command's, or a stage's): every option and file checked and the plan printed
-    (a dry run stops there), the folder held, the demo's data made, then the method's procedure."""
+    """Do the run that args describe (the command's, or a stage's) in args.out. Check every option and file, print the
+    plan (a dry run stops there), hold the folder, make the demo's data, then run the method's procedure."""
     check(args, world)
     if rank == 0:
         print(banner(args, world))
     if args.dry_run:
         return
-    with one_process_errors(), hold(args.out, rank):  # checked: an error from here on may be one process's own
+    with one_process_errors(), hold(args.out, rank):  # past the checks, an error may be one process's alone
         if args.demo:
             make_demo(args, rank, world, device)
         run = Run(args, rank, world, device, tokenizer_of(args))
@@ -71,9 +71,9 @@ def execute(args, rank, world, device):
 
 
 class Run:
-    """What a method's procedure is handed: args, tok, rank, world, device, out, its class (cls); the model (build,
-    encoder, ready, restore), the training data and loop (items, fit), evaluation (evaluate, outputs, sharded), the
-    results (report, finish), stages (stage, results_of, sub); folder: the run folder's contract (Folder, below)."""
+    """What a method's procedure is handed: args, tok, rank, world, device, out, its class (cls), and folder, the run
+    folder's contract (Folder, below). It covers the model (build, pretrained, ready, restore), training (items, fit),
+    evaluation (evaluate, outputs, sharded), the results (report, finish) and stages (stage, results_of, sub)."""
 
     def __init__(self, args, rank, world, device, tok, sets=None, eval_items=None):
         self.args, self.rank, self.world, self.device, self.tok = args, rank, world, device, tok
@@ -81,17 +81,17 @@ class Run:
         self.folder = Folder(args, rank)
         self.tokenization = data.Tokenization(tok, args.data_dir, args.task, args.max_len, args.doc_stride,
                                               not args.no_cache, xlt.share_draw(args))
-        self.sets = sets or {}  # a sub-run shares its run's evaluation sets
+        self.sets = sets or {}  # a sub-run shares the evaluation sets of its run
         if sets is None and args.task in data.TASKS and xlt.task_family(args) != 'retrieval':
             self.sets = data.evaluation_sets(args.data_dir, args.task, args.translate_test, self.cls.paired, args.langs,
                                              self.cls.selects_on(args))
-        self.eval_items = {'dev': {}, 'test': {}} if eval_items is None else eval_items  # their features, made once
+        self.eval_items = {'dev': {}, 'test': {}} if eval_items is None else eval_items  # the sets' features, made once
 
     def build(self, cls=None, encoder=None, settings=None, **parts):
-        """The method (the run's class, or cls) on the device: its encoder from --init (from random
-        weights for the demo and --from_scratch), its head seeded by --seed; parts: what else its class takes."""
+        """Build the method (the run's class, or cls) on the device. Its encoder comes from --init (random weights for
+        the demo and --from_scratch) and its head is seeded by --seed. parts are the other arguments its class takes."""
         encoder = self.pretrained().encoder if encoder is None else encoder
-        torch.manual_seed(self.args.seed)  # the head's initialisation follows --seed, with --init too
+        torch.manual_seed(self.args.seed)  # the head's initial weights follow --seed, with --init too
         try:
             method = (cls or self.cls)(encoder, self.args.task, settings or self.args, **parts).to(self.device)
         except ValueError as e:
@@ -100,12 +100,12 @@ class Run:
         return method
 
     def pretrained(self, cross=False, init=None, decoder=False):
-        """-> layers.Pretrained from init (default --init): the encoder, its MLM head and, asked for, a translation
-        checkpoint's decoder; from random weights for the demo and --from_scratch. cross: blocks with a
-        cross-attention (the checkpoint's, or new), else a checkpoint's is left out."""
+        """Load layers.Pretrained from init (default --init): the encoder, its MLM head and, with decoder, the decoder
+        of a translation checkpoint. The demo and --from_scratch start from random weights. With cross the blocks have
+        a cross-attention (the checkpoint's, or a new one); without it a checkpoint's cross-attention is left out."""
         args, init = self.args, init or self.args.init
         if init:
-            loaded = layers.load_pretrained(init, cross, decoder)  # a CheckpointError: main()'s one line
+            loaded = layers.load_pretrained(init, cross, decoder)  # a CheckpointError becomes main()'s one line
         else:
             check_init(args)
             torch.manual_seed(args.seed)
@@ -117,15 +117,15 @@ class Run:
         return loaded._replace(encoder=self.ready(loaded.encoder))
 
     def ready(self, encoder):
-        """An encoder with --grad_checkpoint and --compile applied."""
+        """Apply --grad_checkpoint and --compile to an encoder, and return it."""
         encoder.grad_checkpoint = self.args.grad_checkpoint
         if self.args.compile:
             layers.compile_blocks(encoder)
         return encoder
 
     def restore(self, weights, cls=None):
-        """The method of a checkpoint, or of a finished run's folder (its best.pt), with its settings and weights.
-        Given cls, it is a model of that class and of this run's preset."""
+        """Load the method of a checkpoint, or of a finished run's folder (its best.pt), with its settings and weights.
+        Given cls, the method is built as that class, and the checkpoint must be of this run's preset."""
         path = os.path.join(weights, 'best.pt') if os.path.isdir(weights) else weights
         expect = {'task': checkpoint_identity(self.args)['task'], **({'model': self.args.model} if cls else {})}
         ckpt = layers.load_checkpoint(path, expect)
@@ -136,7 +136,7 @@ class Run:
         return method
 
     def items(self, method):
-        """The training data of a method (or its class: data.training_set); None with --eval_only."""
+        """The training items of a method or of its class (data.training_set), or None with --eval_only."""
         args = self.args
         if args.eval_only:
             return None
@@ -148,19 +148,19 @@ class Run:
         return items
 
     def fit(self, method, items, validate=None, batches_of=None, keep_last=0):
-        """Train method on items (train), resumable from last.pt. validate() -> the scores best.pt is kept by (default:
-        the dev sets); batches_of(epoch) -> its global batches (default: shuffled); keep_last: N epochs' to average."""
+        """Train method on items (train), resumable from last.pt. validate(): the scores that keep best.pt (default: the
+        dev sets). batches_of(epoch): the global batches (default: shuffled). keep_last: N epochs to average."""
         if self.args.eval_only:
             return
         self.folder.begin()
-        if keep_last and not self.args.resume:  # an earlier run's are not to be averaged with these
+        if keep_last and not self.args.resume:  # an earlier run's checkpoints must not be averaged with these
             self.folder.drop('checkpoints')
         validate = validate or (lambda: self.evaluate(method, 'dev')[0])
         train(self, method, items, validate, batches_of or self.shuffled(items), keep_last)
 
     def shuffled(self, items):
-        """-> batches_of(epoch): a permutation fixed by (--seed, epoch), grouped by length with --group_by_length,
-        or in tokens (--max_tokens); a run counted in --steps reads pass after pass, an --eval_every steps 'epoch'."""
+        """Return batches_of(epoch): a permutation fixed by (--seed, epoch), grouped by length with --group_by_length or
+        cut by tokens with --max_tokens. A run in --steps reads pass after pass; each 'epoch' is --eval_every steps."""
         args = self.args
         lengths = data.item_lengths(items) if args.group_by_length or args.max_tokens else None
 
@@ -171,11 +171,11 @@ class Run:
         return data.stepped(cut, args.steps, args.eval_every, f'--batch_size {args.batch_size}') if args.steps else cut
 
     def evaluate(self, method, split, langs=None):
-        """-> ({lang: scores}, {lang: predictions}) in every language of the split (eval_sets), or in langs."""
+        """Score every language of the split (eval_sets), or those in langs. -> ({lang: scores}, {lang: predictions})"""
         scores, preds = {}, {}
         for lang, (gold, inputs, pairs) in ((k, v) for k, v in self.sets[split].items() if langs is None or k in langs):
             key, made = (lang, method.paired), self.eval_items[split]
-            if key not in made:  # the features, kept on disk (data.evaluation_items), open for the run
+            if key not in made:  # the features are kept on disk (data.evaluation_items) and stay open for the run
                 made[key] = data.evaluation_items(self.tokenization, inputs, pairs if method.paired else None)
             items = made[key]
             feats = (item[1] if method.paired else item for item in items)  # the target side, read as it is scored
@@ -185,8 +185,8 @@ class Run:
         return scores, preds
 
     def outputs(self, method, items, then=lambda output: output):
-        """The method's outputs for every item on its target side (a single-text method reads a pair's
-        second alone), each cut to its tokens and passed through then -> a data.Ragged of them."""
+        """Run the method on the target side of every item (a single-text method reads only the second text of a pair).
+        Each output is cut to its tokens and passed through then. -> a data.Ragged of the outputs."""
         method.eval()
         collate, tuples = data.collate_items(method.paired, self.tok.pad), len(items) and isinstance(items[0], tuple)
 
@@ -199,25 +199,25 @@ class Run:
 
     @torch.no_grad()
     def sharded(self, fn, lengths, desc='eval', fields=1, everywhere=True):
-        """fn over every position, each process its share (data.shared_out: the shares pass through the run's folder),
-        in the run's precision."""
+        """Run fn over every position in the run's precision. Each process takes its share, and the shares pass
+        through the run's folder (data.shared_out)."""
         with layers.autocast(self.device, self.args.precision):
             return data.shared_out(fn, lengths, (self.rank, self.world, self.out), self.args.eval_batch_size, desc,
                                    fields, everywhere)
 
     def report(self, method):
-        """The kept model's dev and test scores in every language and its test predictions:
-        results.json, results.txt, predictions/."""
+        """Write the kept model's dev and test scores in every language, and its test predictions, to results.json,
+        results.txt and predictions/."""
         self.load_best(method)
         dev = self.evaluate(method, 'dev')[0]
         test, preds = self.evaluate(method, 'test')
         scored = self.test_scores(preds)
-        if self.args.translate_test and method.family == 'qa':  # English answers: scored on the translations' answers
+        if self.args.translate_test and method.family == 'qa':  # English answers, scored on the translations' answers
             scored = {**scored, **{lang: s for lang, s in test.items() if lang != 'en'}}
         self.finish(dev, scored, xlt.selection(method.select, dev).rule)
 
     def load_best(self, method):
-        """best.pt's weights into method, when the run kept one -> whether it had."""
+        """Load the weights of best.pt into method if the run kept one. -> True when it did."""
         if self.folder.holds('best.pt'):
             best = layers.load_checkpoint(self.path('best.pt'), checkpoint_identity(self.args))
             method.load_state_dict(best['method'])
@@ -230,18 +230,18 @@ class Run:
         return ev.score_predictions(self.path('predictions'), labels, self.args.task, preds) if self.rank == 0 else {}
 
     def finish(self, dev, test, selected_by=None, runs=None, name=None):
-        """results.json and the table of the run's scores (eval.results); runs: other rows, first
-        (several models of one run), the run's then named `name`."""
+        """Write results.json and the table of the run's scores (eval.results). runs are other rows that come first
+        (several models of one run); the run's own row follows, named `name`."""
         results, table = ev.results(vars(self.args), dev, test, selected_by, runs, name)
         kept = ', the kept model in best.pt' if self.folder.holds('best.pt') else ''
         self.folder.write_results(results, table, f'results in {self.out}/results.json and results.txt, predictions '
                                                   f'in {self.out}/predictions/{kept}')
 
     def stage(self, name):
-        """Run the method's stage `name` (its stages()) unless it finished with these settings;
-        --resume goes on with one that began. -> its folder, relative to this run's."""
+        """Run the method's stage `name` (one of its stages()) unless it finished with these settings. --resume
+        continues a stage that began. -> the stage's folder, relative to this run's folder."""
         self.folder.begin()
-        if self.args.gpus > 1:  # the first stage asked for: every stage at once
+        if self.args.gpus > 1:  # at the first stage asked for, run every stage at once
             stages_at_once(self)
         settings = stage_settings(self.args, self.cls, name)
         if finished_alike(settings):
@@ -256,7 +256,7 @@ class Run:
         return json.load(open(os.path.join(folder, 'results.json'))) if is_finished(folder) else None
 
     def sub(self, name, **changes):
-        """A run in the folder `name` of this one, with changed settings, sharing its evaluation sets."""
+        """A run in the subfolder `name` of this run, with changed settings and the same evaluation sets."""
         self.folder.keep(name)
         args = argparse.Namespace(**{**vars(self.args), 'out': self.path(name), **changes})
         return Run(args, self.rank, self.world, self.device, self.tok, self.sets, self.eval_items)
@@ -273,55 +273,55 @@ class Run:
 
 
 class Training:
-    """What the steps of one training share: the run, the method (model: the method, or the method in DDP), its
-    items and how a batch of them is made (collate), AdamW and its schedule, the precision (autocast, fp16's loss
-    scaler), validate(), and the state: step, epoch, best dev score (ResumePoints reads it from last.pt)."""
+    """What the steps of one training share: the run, the method (model is the method, or the method in DDP), its
+    items and the way a batch of them is made (collate), AdamW and its schedule, the precision (autocast, fp16's loss
+    scaler), validate(), and the state: step, epoch and best dev score (ResumePoints reads it from last.pt)."""
 
     def __init__(self, run, method, items, validate, total_steps, epochs, keep_last=0):
         self.run, self.method, self.items, self.validate, self.keep_last = run, method, items, validate, keep_last
-        self.epochs = epochs  # --epochs, or the 'epochs' of --eval_every steps (or passes) that make --steps
+        self.epochs = epochs  # --epochs, or how many 'epochs' of --eval_every steps (or passes) make up --steps
         self.opt, self.sched = optimizer_and_schedule(method, run.args, total_steps)
         self.model = wrapped(method, run.device, run.args.ddp_bf16_grads) if run.world > 1 else method
         self.precision = layers.Precision(run.args.precision, run.device)
         self.collate = data.collate_items(method.paired, run.tok.pad)
-        self.state, self.log = {'step': 0, 'epoch': 0, 'best': -math.inf}, None  # log: log.jsonl, process 0's
-        self.since, self.epoch_loss = [], []  # the steps' logs since the last log line; the epoch's mean losses
-        self.started, self.padding, self.bar = time.time(), 0.0, None  # padding: the epoch's share (begin_epoch)
-        self.writer = layers.Writer()  # every checkpoint of the training, off the steps' path
+        self.state, self.log = {'step': 0, 'epoch': 0, 'best': -math.inf}, None  # log: process 0's log.jsonl
+        self.since, self.epoch_loss = [], []  # the step logs since the last log line, and the epoch's mean losses
+        self.started, self.padding, self.bar = time.time(), 0.0, None  # the epoch's share of padding (begin_epoch)
+        self.writer = layers.Writer()  # writes every checkpoint of the training in the background
 
 
 def train(run, method, items, validate, batches_of, keep_last=0):
-    """--epochs epochs of batches_of(epoch), or --steps steps: for each batch a step, every --log_every steps a log
-    line, and after each epoch the dev scores, which keep best.pt. The machinery is below the divider: --resume,
+    """Train for --epochs epochs of batches_of(epoch), or for --steps steps: a step for each batch, a log line every
+    --log_every steps, and after each epoch the dev scores, which choose best.pt. Below the divider are --resume,
     resume points and signals (ResumePoints), and each epoch's progress bar and memory probe (begin_epoch)."""
     per_epoch = len(batches_of(0))  # with --steps, an 'epoch' is --eval_every steps, or a pass
     epochs = run.args.epochs or math.ceil(run.args.steps / per_epoch)
     training = Training(run, method, items, validate, run.args.steps or per_epoch * epochs, epochs, keep_last)
     with ResumePoints(training) as resume_points:
         while training.state['epoch'] < epochs:
-            batches = begin_epoch(training, batches_of(training.state['epoch']), per_epoch)  # resumed: the rest
+            batches = begin_epoch(training, batches_of(training.state['epoch']), per_epoch)  # resumed: the batches left
             for batch in batches:
                 training.since.append(train_step(training, batch))
                 training.since[-1].update(optimizer_step(training))
                 step = training.state['step']
                 if step % run.args.log_every == 0 or batch is batches[-1]:
-                    log_line(training, resume_points)  # the loop's one host sync
+                    log_line(training, resume_points)  # the loop's only host sync
                 if run.args.eval_steps and step % run.args.eval_steps == 0 and step % per_epoch:
-                    end_epoch(training, within=round(step / per_epoch, 2))  # --eval_steps: within the epoch
+                    end_epoch(training, within=round(step / per_epoch, 2))  # --eval_steps: also within the epoch
                 resume_points.after_step(epoch_end=step % per_epoch == 0)
             training.bar.close()
             training.state['epoch'] += 1
             end_epoch(training)
             resume_points.after_epoch(last=training.state['epoch'] == epochs)
-        resume_points.trained()  # trained.json says so; last.pt, the optimiser's state too, goes
-    del training, resume_points  # the DDP wrapper and the optimiser hold reference cycles: collected now, on a GPU
+        resume_points.trained()  # writes trained.json, and removes last.pt with the optimiser's state
+    del training, resume_points  # the DDP wrapper and the optimiser hold reference cycles; on a GPU, collect them now
     collect(run.device)
 
 
 def train_step(training, batch, probe=False):
-    """One optimiser step's gradients: the global batch cut into world x grad_accum chunks, chunk c on process c %
-    world with its own dropout seed, so that any split over processes and micro-steps computes the same gradient;
-    out of memory, one line (probe: the step's trial of the largest batch)."""
+    """Compute the gradients of one optimiser step. The global batch is cut into world x grad_accum chunks. Chunk c
+    runs on process c % world with its own dropout seed, so any split over processes and micro-steps computes the same
+    gradient. Running out of memory prints one line (probe: this step is the trial of the largest batch)."""
     run, step, accum = training.run, training.state['step'], training.run.args.grad_accum
     chunks = np.array_split(np.array(batch), run.world * accum)
     mine = sum(len(chunks[a * run.world + run.rank]) for a in range(accum))
@@ -333,12 +333,12 @@ def train_step(training, batch, probe=False):
             torch.manual_seed(dropout_seed(run.args.seed, step, c))
             sync = a == accum - 1 or not isinstance(training.model, DDP)
             items = [training.items[i] for i in chunks[c]]
-            # the batch keeps its items' positions (Batch.index), where a method may look up what it stored for them
+            # the batch keeps its items' positions (Batch.index), so a method can look up what it stored for them
             micro = training.method.host(training.collate(items, chunks[c].tolist())).to(run.device)
             with (nullcontext() if sync else training.model.no_sync()), training.precision.autocast():
                 loss, chunk_logs = training.model(micro)
             training.precision.backward(loss * len(chunks[c]) * run.world / len(batch))
-            for k, v in chunk_logs.items():  # this process's micro-batches, weighted by their size
+            for k, v in chunk_logs.items():  # the mean over this process's micro-batches, weighted by size
                 logs[k] = logs.get(k, 0.0) + v * len(chunks[c]) / mine
     except torch.OutOfMemoryError:
         fail(out_of_memory(run.args, training.items, batch, step + 1, run.world, probe), own=True)
@@ -346,12 +346,12 @@ def train_step(training, batch, probe=False):
 
 
 def optimizer_step(training):
-    """The optimiser's step and the schedule's, then the step counted. -> fp16's log (whether the scaler skipped it)."""
+    """Step the optimiser and the schedule, then count the step. -> fp16's log (whether the scaler skipped the step)"""
     method, args = training.method, training.run.args
     method.before_update()  # a method in a frozen phase drops the frozen parameters' gradients here
     logs = training.precision.step(training.opt, method.parameters(), args.clip, args.clip_by)
     training.sched.step()
-    training.opt.zero_grad(set_to_none=not isinstance(training.model, DDP))  # under DDP, zeroed views (wrapped)
+    training.opt.zero_grad(set_to_none=not isinstance(training.model, DDP))  # under DDP, zero the views (wrapped)
     training.state['step'] += 1
     training.bar.update()
     note_event(training, method.stepped(training.state['step']))  # a phase that ends at this step, if any
@@ -359,9 +359,9 @@ def optimizer_step(training):
 
 
 def log_line(training, resume_points):
-    """A line of log.jsonl: each logged value's mean since the last line. The processes agree on their mean loss and
-    on a resume point or a stop that any of them asks for (resume_points.agree); a mean loss that is not finite stops
-    the run in one line."""
+    """Write a line of log.jsonl with the mean of each logged value since the last line. The processes agree on their
+    mean loss, and on any resume point or stop that one of them asks for (resume_points.agree). A mean loss that is
+    not finite stops the run with one line."""
     since, step = training.since, training.state['step']
     logs = {k: float(sum(s[k] for s in since if k in s)) / sum(k in s for s in since)
             for k in dict.fromkeys(k for s in since for k in s)}
@@ -375,8 +375,8 @@ def log_line(training, resume_points):
 
 
 def end_epoch(training, within=None):
-    """An epoch's end, or with --eval_steps a point `within` it (in epochs): the weights kept for averaging (with
-    --average_last), the dev scores (validate), best.pt when they are the best so far, and the epoch's line."""
+    """End an epoch, or with --eval_steps a point `within` it (in epochs). Keep the weights for averaging (with
+    --average_last), get the dev scores (validate), save best.pt if they are the best so far, and write the line."""
     run, state = training.run, training.state
     if training.keep_last and within is None:  # fairseq's --save-interval-updates and --keep-interval-updates
         weights = {'method': training.method.state_dict()}
@@ -387,10 +387,10 @@ def end_epoch(training, within=None):
 
 
 def keep_if_best(training, dev):
-    """best.pt, when the method's selection score of the dev scores (xlt.selection) is the best so far. -> the score."""
+    """Save best.pt when the selection score of the dev scores (xlt.selection) is the best so far. -> that score."""
     method, state = training.method, training.state
     score = xlt.selection(method.select, dev).score
-    score = state['epoch'] if score is None else score  # no dev set: keep the last
+    score = state['epoch'] if score is None else score  # without a dev set, keep the last
     if score > state['best']:
         state['best'] = float(score)
         kept = {**layers.encoder_parts(method.encoder, method.mlm), 'method': method.state_dict()}
@@ -399,7 +399,7 @@ def keep_if_best(training, dev):
 
 
 def dropout_seed(seed, step, chunk):
-    """The dropout seed of a step's chunk: any split of the step over processes and micro-batches draws the same."""
+    """The dropout seed of one chunk of a step. It is the same for any split over processes and micro-batches."""
     return seed * 1_000_003 + step * 1009 + chunk
 
 
@@ -407,7 +407,7 @@ def optimizer_and_schedule(method, args, total_steps):
     """AdamW (no weight decay on biases and LayerNorms unless the method says so) and the method's schedule."""
     decay = [p for n, p in method.named_parameters() if p.dim() >= 2 or method.DECAY_ALL]
     no_decay = [p for n, p in method.named_parameters() if p.dim() < 2 and not method.DECAY_ALL]  # biases, LayerNorms
-    # fused: one kernel over all parameters (CPU and CUDA), the same update up to rounding, and several times faster
+    # fused runs one kernel over all parameters (CPU and CUDA): the same update up to rounding, several times faster
     opt = torch.optim.AdamW([{'params': decay, 'weight_decay': args.weight_decay},
                              {'params': no_decay, 'weight_decay': 0.0}], lr=args.lr, betas=(0.9, args.adam_beta2),
                             eps=args.adam_eps, fused=True)

@@ -1,10 +1,10 @@
-"""The cross-lingual transfer methods: task heads, losses, and one class per method, each with
-its options, its released defaults and, where it has stages, its procedure.
+"""The cross-lingual transfer methods: the task heads, the losses, and one class per method. Each class holds
+the method's options, its released default settings and, for a method with stages, its procedure.
 
-`Method` below is the protocol: everything train.py, data.py and eval.py use of a method is an
-attribute or a hook of that class, with a default there. A new method is one new class and one
-entry in METHODS (the README's "Adding a method"). Methods read data through data.py and write
-nothing: the run object train.py hands to a procedure keeps what must survive a crash.
+The `Method` class below is the protocol. Everything that train.py, data.py and eval.py use of a method is an
+attribute or a hook of that class, with a default there. A new method is one new class and one entry in
+METHODS (see "Adding a method" in the README). Methods read data through data.py and write nothing themselves:
+the run object that train.py hands to a procedure keeps whatever must survive a crash.
 """
 import argparse
 import itertools
@@ -27,15 +27,15 @@ from layers import (CONFIGS, Encoder, MLMHead, Pass, autocast, average_checkpoin
 
 
 # ----------------------------------------------------------------------------------------
-# The protocol: a method's options (Option), its class (Method) and how its checkpoint is kept (selection).
+# The protocol: a method's options (Option), the base class (Method) and the rule that keeps a checkpoint (selection).
 
 class Option(NamedTuple):
-    """A command-line option (train.py builds the command line from every class's OPTIONS): --name,
-    its type (int, float, str; bool: a flag), help, the valid range (a test of a given value, the
-    range in words), nargs ('+': a list), choices, the default when it is not given, what it changes:
-    'results' (training), 'scores' (evaluation too) or 'nothing' (results alike), and for a path
-    what it names, checked before a run: a 'checkpoint', or a finished 'run' of the task; negated: a flag's
-    --no_<name> (its help), so that not giving either leaves the default to the method (None)."""
+    """A command-line option. train.py builds the command line from the OPTIONS of every class. The fields are:
+    name (the --name); type (int, float or str; bool makes a flag); help; valid (a test of a given value, and the
+    valid range in words); nargs ('+' takes a list); choices; default (the value when none is given); changes (what
+    the option changes: 'results' for training, 'scores' for evaluation too, or 'nothing' when the results stay
+    alike); path (for a path, what it names, checked before a run: a 'checkpoint' or a finished 'run' of the task);
+    negated (the help of the flag's --no_<name>, so that giving neither flag leaves the default to the method, None)."""
     name: str
     type: object = float
     help: str = ''
@@ -61,59 +61,59 @@ MINING = Option('mining', str, 'BUCC: margin (XTREME\'s ratio margin over 4 neig
 
 
 class Method(nn.Module):
-    """The protocol between a method and the trainer: first what a new method writes, then the hooks it may
-    override, each with a default here. The README's "Adding a method" is a whole method in 30 lines.
+    """The protocol between a method and the trainer. It lists first what a new method writes, then the hooks that a
+    method may override; each has a default here. "Adding a method" in the README shows a whole method in 30 lines.
 
     What a method writes:
-      NAME        its --method name (and an entry in METHODS)
+      NAME        its --method name (it also needs an entry in METHODS)
       TASKS       the tasks it runs (default: every task of data.TASKS)
-      trains_on   the shape of its training data, a key of data.TRAINS_ON: 'en': English; 'train_lang': English
-                  translated into --train_lang; 'every_lang': English and its translations into every target
-                  language; 'own_lang': --train_lang's own training data; 'every_own': every language's own
-      paired      batches are data.Pair (English, its translation): loss and predict read pairs;
-                  round_trip: a pair also holds English's round trip through the target (Pair.alt)
-      select      the rule that keeps a checkpoint: a language's best dev score (its code: 'en' by default; an
-                  instance may name another, as in-language its own), 'average' the best dev average, 'loss' the
-                  lowest held-out loss, or 'last' the last
-      RUN         its release's settings {task: {option: value}}, the learning rate among them; RUN_BERT: where
-                  they differ on BERT (each value's source is in the settings table of its docs page)
-      OPTIONS     its command-line options (Option); an option may belong to several methods
-      __init__(encoder, task, args)  Method's sets what the trainer reads of every method: encoder, family,
-                  options (each option's value, or its default), the task's usual head (HEAD: its settings; None:
-                  no such head), step (the optimiser steps taken) and mlm (an MLM head kept with the encoder: VECO's);
-                  a method's own __init__ calls it first, then adds its own parts
-      loss(batch) -> (mean loss, logs)  (forward is loss, so that DDP wraps a method as it is)
+      trains_on   the kind of training data, a key of data.TRAINS_ON. 'en' is English alone; 'train_lang' is English
+                  translated into --train_lang; 'every_lang' is English and its translations into every target
+                  language; 'own_lang' is --train_lang's own training data; 'every_own' is every language's own data
+      paired      True when batches are data.Pair (English and its translation), so that loss and predict read pairs;
+                  round_trip: True when a pair also holds English's round trip through the target language (Pair.alt)
+      select      the rule that keeps a checkpoint. A language code keeps that language's best dev score ('en' by
+                  default; an instance may name another, as in-language names its own); 'average' keeps the best dev
+                  average, 'loss' the lowest held-out loss, and 'last' the last checkpoint
+      RUN         the settings of its release, {task: {option: value}}, the learning rate among them. RUN_BERT holds
+                  those that differ on BERT (the settings table of the method's docs page gives each value's source)
+      OPTIONS     its command-line options (Option). An option may belong to several methods.
+      __init__(encoder, task, args)  Method.__init__ sets what the trainer reads of every method: encoder, family,
+                  options (each option's value, or its default), the task's usual head (HEAD holds its settings; None
+                  means no such head), step (the optimiser steps taken) and mlm (an MLM head kept with the encoder,
+                  VECO's). A method's own __init__ calls it first, then adds its own parts.
+      loss(batch) -> (the mean loss, the logs); forward calls loss, so that DDP can wrap a method as it is
       predict(batch) -> class logits (B, C), tag logits (B, T, C) or span logits (B, T, 2)
     A method with stages (a teacher, warm-ups, a search) also writes:
-      stages(args)     {name: option changes}: the runs made first, each in a folder of the run
-      procedure(run)   the run itself, handed a train.Run (default: build, fit, report)
+      stages(args)     {name: option changes}, the runs made first, each in its own folder inside the run's folder
+      procedure(run)   the run itself, given a train.Run (default: build, fit and report)
 
     Hooks a method may override:
-      settings    DEMO: its changes to the demo's settings; settings(args, demo): the values a run takes where it
-                  gives none; configure(args, demo): fill the options left unset, raise ValueError on what cannot
-                  run; released(args): RUN and RUN_BERT for this run;
-                  TRANSLATIONS: the translations it reads by default (--translations);
-                  train_langs(args, targets); selects_on(args): the sets the kept checkpoint is chosen by, where
-                  not the task's dev sets; reads(args): [(path, what, needed)] beyond the task's
-                  files; folder(args): the default run folder's name, in parts; resolve(args), variants(): the
-                  class that runs (VECO's pre-training, translation, translate-train-all)
-      training    before_update(): VECO drops its frozen phase's gradients; stepped(step): the step counted in
-                  `step` -> an event for the log or None; schedule(args, total): the learning rate's factor at
-                  each step; DECAY_ALL: weight decay on biases and LayerNorms too (fairseq's);
-                  host(batch): a micro-batch as loss() reads it, made on the host before it goes to the device
-      prediction  predictor(run): the model a finished run predicts with (train.py --predict); KEEPS: what
-                  --eval_only evaluates in a finished run's folder
-      export      EXPORT: what python layers.py export makes of its checkpoints ('head': XLM-R and its Head on
-                  one text; 'mlm': its MLM head; or why it cannot, in words); exported(args, tok)
-      retrieval   retrieval(run): the run of a retrieval task (BUCC, Tatoeba), nothing trained;
-                  retrieval_layer(task, n_layer): the layer whose states it pools
-      memory      sketch(args, cfg): its model as a run builds it (on the meta device, counted by the plan);
-                  micro_batches(args, parts, max_tokens): [(rows, lengths)] of its largest micro-batches;
-                  passes(rows, lengths): what its training keeps for backward (layers.peak_bytes)
-      BERT, demo  NOT_ON_BERT: why it does not run on BERT, in words (None: it does); pretrained_start: the
-                  demo starts from the demo's pre-trained model, not random weights"""
-    # what a method writes, with the defaults of those it may leave out
-    NAME, TASKS, family = None, tuple(TASKS), None  # family: its own task's (VECO's), else the task's
+      settings    DEMO: its changes to the demo's settings. settings(args, demo): the values a run takes where it
+                  gives none. configure(args, demo): fills in the options left unset, and raises ValueError on a
+                  setting that cannot run. released(args): RUN and RUN_BERT for this run. TRANSLATIONS: the
+                  translations it reads by default (--translations). train_langs(args, targets): the languages
+                  besides English that it trains on. selects_on(args): the sets that choose the kept checkpoint,
+                  when they are not the task's dev sets. reads(args): [(path, what, needed)], the files it reads
+                  beyond the task's. folder(args): the default run folder's name, in parts. resolve(args),
+                  variants(): the class that runs (VECO's pre-training, translation, translate-train-all).
+      training    before_update(): runs before each optimiser update (VECO drops its frozen phase's gradients).
+                  stepped(step): counts the step in `step` -> an event for the log, or None. schedule(args, total):
+                  the learning rate's factor per step. DECAY_ALL: weight decay on biases and LayerNorms too (fairseq's).
+                  host(batch): the micro-batch as loss() reads it, made on the host before it goes to the device.
+      prediction  predictor(run): the model that a finished run predicts with (train.py --predict). KEEPS: the
+                  file that --eval_only evaluates in a finished run's folder.
+      export      EXPORT: what `python layers.py export` makes of its checkpoints: 'head' (XLM-R and its Head on one
+                  text), 'mlm' (its MLM head), or in words why it cannot. exported(args, tok): what the export reads.
+      retrieval   retrieval(run): the run of a retrieval task (BUCC, Tatoeba), which trains nothing.
+                  retrieval_layer(task, n_layer): the layer whose states it pools.
+      memory      sketch(args, cfg): its model as a run builds it (on the meta device, for the plan to count).
+                  micro_batches(args, parts, max_tokens): [(rows, lengths)] of its largest micro-batches.
+                  passes(rows, lengths): what its training keeps for the backward pass (layers.peak_bytes).
+      BERT, demo  NOT_ON_BERT: in words, why it does not run on BERT (None when it does). pretrained_start: the
+                  demo starts from the demo's pre-trained model, not from random weights."""
+    # what a method writes, with defaults for those it may leave out
+    NAME, TASKS, family = None, tuple(TASKS), None  # family: that of its own task (VECO's), else the task's
     trains_on, paired, round_trip, select = 'en', False, False, 'en'
     RUN, RUN_BERT, OPTIONS, HEAD = {}, {}, (), {}
 
@@ -134,7 +134,7 @@ class Method(nn.Module):
 
     @classmethod
     def procedure(cls, run):
-        """Fine-tune on the training data, keep the best checkpoint, evaluate every language."""
+        """Fine-tune on the training data, keep the best checkpoint and evaluate every language."""
         method = run.build()
         run.fit(method, run.items(method))
         run.report(method)
@@ -144,8 +144,8 @@ class Method(nn.Module):
 
     @classmethod
     def configure(cls, args, demo=None):
-        """Fill the options left unset (settings), and on a CPU compute in fp32 unless asked; raise ValueError on
-        what cannot run."""
+        """Fill in the options left unset (settings) and, on a CPU, compute in fp32 unless told otherwise. Raise
+        ValueError on a setting that cannot run."""
         if cls.NOT_ON_BERT and CONFIGS[args.model].backbone == 'bert':
             raise ValueError(f'{cls.NAME} does not run on BERT (--model {args.model}): {cls.NOT_ON_BERT}')
         if args.steps and args.epochs:
@@ -153,8 +153,8 @@ class Method(nn.Module):
         precision = args.precision
         vars(args).update(given_or(args, cls.settings(args, demo)))
         if precision is None and not torch.cuda.is_available():
-            args.precision = 'fp32'  # the releases' fp16 is for GPUs
-        if args.steps:  # a run counted in steps: train.train counts its 'epochs', --eval_every steps or passes
+            args.precision = 'fp32'  # the releases' fp16 is meant for GPUs
+        if args.steps:  # in a run counted in steps, train.train makes its own 'epochs' of --eval_every steps or passes
             args.epochs = None
         elif args.eval_every:
             raise ValueError('--eval_every counts the steps between evaluations of a run counted in --steps: add '
@@ -162,11 +162,11 @@ class Method(nn.Module):
 
     @classmethod
     def settings(cls, args, demo=None):
-        """{option: value} a run takes where it gives none: the class's options' defaults; what every release's
-        runner leaves at its default (no warm-up or weight decay, clipping at norm 1, Adam's eps 1e-8, random
-        batches, fp32, up to 128 tokens or 384 for QA, windows 128 apart, seed 1 where none is set); ours where a
-        method gives none (2e-5, 4 epochs or 2 for XQuAD and MLQA, batch 32); then its release's settings for the
-        run (released) or the demo's."""
+        """{option: value}, the values a run takes where it gives none; each source overrides the ones before it.
+        First come the defaults of the class's options. Then what every release's runner leaves at its default: no
+        warm-up or weight decay, clipping at norm 1, Adam's eps 1e-8, random batches, fp32, up to 128 tokens (384
+        for QA), windows 128 apart, and seed 1 where none is set. Then ours where a method gives none: 2e-5, 4 epochs
+        (2 for XQuAD and MLQA) and batch 32. Last, the release's settings for the run (released) or the demo's."""
         qa = args.task in TASKS and TASKS[args.task].family == 'qa'
         epochs = (15 if qa else 8) if demo else 2 if args.task in ('xquad', 'mlqa') else 4  # the demo's QA needs longer
         runners = {'lr': 2e-5, 'epochs': epochs, 'batch_size': 32, 'warmup': 0.0, 'weight_decay': 0.0, 'clip': 1.0,
@@ -174,7 +174,7 @@ class Method(nn.Module):
                    'precision': 'fp32', 'doc_stride': 128, 'max_len': 384 if qa else 128, 'epoch_draw': 'all'}
         settings = {**{o.name: o.default for o in cls.OPTIONS}, **runners,
                     **(cls.released(args) if demo is None else demo)}
-        if args.epochs:  # counted in passes as asked, where the scripts count steps
+        if args.epochs:  # counted in passes as asked, even where the scripts count steps
             settings = {k: v for k, v in settings.items() if k not in ('steps', 'eval_every')}
         return settings
 
@@ -185,7 +185,7 @@ class Method(nn.Module):
 
     @classmethod
     def train_langs(cls, args, targets):
-        """The languages besides English whose translations (or own data: in-language) it trains on, of targets."""
+        """The languages of targets, besides English, whose translations (or own data, for in-language) it trains on."""
         return {'one': [args.train_lang], 'every': targets}.get(data.TRAINS_ON[cls.trains_on].langs, [])
 
     @classmethod
@@ -194,7 +194,7 @@ class Method(nn.Module):
 
     @classmethod
     def selects_on(cls, args):
-        """(task, split, languages, first examples) of the sets its checkpoint is kept by, None: the task's dev sets."""
+        """(task, split, languages, first examples) of the sets that keep its checkpoint; None: the task's dev sets."""
         return None
 
     @classmethod
@@ -229,28 +229,28 @@ class Method(nn.Module):
 
     @classmethod
     def predictor(cls, run):
-        """best.pt, or in an --eval_only run of --init (a released model's) the --init weights as it evaluated them."""
+        """best.pt; in an --eval_only run of --init (a released model), the --init weights as it evaluated them."""
         return run.restore(run.path('best.pt')) if run.folder.holds('best.pt') else run.build()
 
     @classmethod
     def exported(cls, args, tok):
-        """What its checkpoints tell python layers.py export: how it predicts (EXPORT, a head as its
-        task's family), the task's labels, the tokenizer's files and whether it lowercases."""
+        """What the checkpoints tell `python layers.py export`: how the method predicts (EXPORT, where 'head' becomes
+        the family of its task), the task's labels, the tokenizer's files and whether the tokenizer lowercases."""
         return {'export': task_family(args) if cls.EXPORT == 'head' else cls.EXPORT, 'tokenizer': tok.files,
                 'lower': tok.lower, 'labels': list(TASKS[args.task].labels) if args.task in TASKS else []}
 
-    # hooks: retrieval. XTREME's run_bucc2018.sh, run_tatoeba.sh (d224426 to 838c13b): --specific_layer of the last
-    # --num_layers hidden states, the embeddings' being the first: BUCC 7 of the last 12, Tatoeba 13 of 24 (XLM-R
-    # large), 7 of 12 (12 layers)
+    # hooks: retrieval. XTREME's run_bucc2018.sh and run_tatoeba.sh (d224426 to 838c13b) pool --specific_layer of
+    # the last --num_layers hidden states, counting the embeddings as the first. BUCC takes 7 of the last 12;
+    # Tatoeba takes 13 of 24 on XLM-R large and 7 of 12 on 12 layers.
     RETRIEVAL_LAYERS = {24: {'bucc2018': 20, 'tatoeba': 14}, 12: {'bucc2018': 8, 'tatoeba': 8}}
 
     @classmethod
     def retrieval(cls, run):
-        """bucc2018 / tatoeba: nothing is trained; the mean-pooled states of the method's layer
-        (retrieval_layer; --layer, --pool), mined as --mining says (eval.retrieve)."""
+        """bucc2018 or tatoeba: nothing is trained. The mean-pooled states of the method's layer (retrieval_layer;
+        --layer, --pool) are mined as --mining says (eval.retrieve)."""
         args, encoder = run.args, run.pretrained().encoder.to(run.device)
         which = args.layer or (cls.retrieval_layer(args.task, encoder.cfg.n_layer),)
-        if which[-1] > encoder.cfg.n_layer:  # before the folder is begun: an earlier run's results stay
+        if which[-1] > encoder.cfg.n_layer:  # checked before the folder is begun, so that an earlier run's results stay
             run.fail(f'--layer {"-".join(map(str, which))}: the model has layers 1 to {encoder.cfg.n_layer}')
         run.folder.begin()
         embed = lambda texts: ev.embed_texts(encoder, run.tok, texts, which, args.eval_batch_size, run.device,
@@ -260,10 +260,10 @@ class Method(nn.Module):
 
     @classmethod
     def retrieval_layer(cls, task, n_layer):
-        """XTREME's layer for the preset's depth, at another depth the same share as on a 12-layer model."""
+        """XTREME's layer for the preset's depth; at another depth, the same share of layers as on a 12-layer model."""
         return cls.RETRIEVAL_LAYERS.get(n_layer, {}).get(task) or max(1, round(n_layer * 8 / 12))
 
-    # hooks: memory, for the plan's estimate of a training step's peak (train.memory_plan)
+    # hooks: memory, for the plan that estimates the peak memory of a training step (train.memory_plan)
     @classmethod
     def sketch(cls, args, cfg):
         return cls(Encoder(cfg), args.task, args)
@@ -271,14 +271,14 @@ class Method(nn.Module):
     @classmethod
     def micro_batches(cls, args, parts, max_tokens=None):
         """A step cut into `parts` micro-batches (processes x --grad_accum), or ones of at most max_tokens tokens (a
-        pair counts its longer side) -> [(rows, lengths)] of its largest, every side (as item_lengths) at --max_len."""
+        pair counts its longer side) -> [(rows, lengths)] of the largest, each side (as item_lengths) at --max_len."""
         rows = max_tokens // args.max_len if max_tokens else math.ceil(max(batch_sizes(args).values()) / parts)
         return [(rows, (args.max_len,) * (1 + cls.paired + cls.round_trip))]
 
     def passes(self, rows, lengths):
-        """A training micro-batch of rows x lengths tokens (a length per side, as data.item_lengths) -> (the runs of
-        blocks its loss makes, layers.Pass; the bytes its head and loss keep beyond them: logits over the vocabulary
-        where a method makes them; a head's few floats a token are left out)."""
+        """A training micro-batch of rows x lengths tokens (a length per side, as in data.item_lengths) -> (the runs
+        of blocks that its loss makes, as layers.Pass; the bytes that its head and loss keep beyond them). Those bytes
+        are the logits over the vocabulary where a method makes them; a head's few floats per token are left out."""
         return [Pass(rows, lengths[0], self.encoder.cfg.n_layer)], 0
 
     # hooks: BERT, the demo
@@ -287,18 +287,18 @@ class Method(nn.Module):
 
 SELECTED_BY = {'en': 'best English dev score', 'average': 'best average dev score over languages',
                'loss': 'lowest held-out loss', 'train_lang': 'best dev score of --train_lang',
-               'last': 'last epoch'}  # each method.select's
+               'last': 'last epoch'}  # each method.select's rule, in words
 
 
-Selection = NamedTuple('Selection', [('score', float), ('rule', str)])  # the score a checkpoint is kept by (None:
-# the last is kept) and the rule in words
+Selection = NamedTuple('Selection', [('score', float), ('rule', str)])  # the score that chooses a checkpoint (None
+# when the last is kept), and the rule in words
 
 
 def selection(select, dev):
-    """-> Selection(the dev score a checkpoint is chosen by, the rule in words): a language's dev score, the
-    baselines' English (XTREME's zero-shot protocol has no target-language labels) or in-language's
-    own (XTREME's run_tag.py --train_langs); X-Mixup's average over the dev languages (as its release
-    selects); VECO's lowest held-out loss; none for 'last' (FILTER's runners and XTREME's QA keep the last)."""
+    """-> Selection(the dev score that chooses a checkpoint, the rule in words). The score is a language's dev score:
+    English for the baselines (XTREME's zero-shot protocol has no target-language labels), or the language's own for
+    in-language (XTREME's run_tag.py --train_langs). X-Mixup takes the average over the dev languages (as its release
+    selects) and VECO the lowest held-out loss. 'last' has none (FILTER's runners and XTREME's QA keep the last)."""
     if select == 'last' or not dev:
         return Selection(None, SELECTED_BY['last'] if dev else 'last epoch (no dev set)')
     if select in dev:
@@ -310,21 +310,21 @@ def selection(select, dev):
 
 
 def given_or(args, defaults):
-    """-> {name: its value in args, or its default where args leaves it unset (None) or lacks it, as a checkpoint's
-    settings may}, for each option of defaults: the one place where an option takes its default."""
+    """-> {name: the value in args, or the default where args leaves it unset (None) or lacks it, as a checkpoint's
+    settings may} for each option of defaults. This is the one place where an option takes its default."""
     return {name: default if getattr(args, name, None) is None else getattr(args, name)
             for name, default in defaults.items()}
 
 
 def warmup_then_decay(warm, start, end):
-    """The learning rate's factor at a step of [start, end): a linear warm-up over its first `warm`
+    """The learning rate's factor at a step in [start, end): a linear warm-up over the first `warm`
     steps, then a linear decay to 0 at end."""
     warm = max(1, warm)
     return lambda step: min((step - start + 1) / warm, max(0.0, (end - step) / max(1, end - start - warm)))
 
 
 def share_draw(args):
-    """The seed of --train_share's draw: --share_seed, else the run's --seed (a new draw for each seed)."""
+    """The seed of the draw that --train_share makes: --share_seed, or else the run's --seed (a new draw per seed)."""
     return args.seed if args.share_seed is None else args.share_seed
 
 
@@ -334,7 +334,7 @@ def method_class(args):
 
 
 def task_family(args):
-    """The family of the run's task: an XTREME task's, or that of a method's own task (VECO's pretrain, translate)."""
+    """The family of the run's task: that of an XTREME task, or of a method's own task (VECO's pretrain, translate)."""
     return TASKS[args.task].family if args.task in TASKS else method_class(args).family
 
 
@@ -342,10 +342,10 @@ def task_family(args):
 # Task heads and losses, shared by the methods.
 
 class Head(nn.Module):
-    """classification: <s> -> dense -> tanh -> classes (RoBERTa's head; act=torch.relu: FILTER's released one; BERT's:
-    the encoder's pre-trained pooler as the dense layer's start, and no dropout before it, unless pooled=False);
-    tagging: a class per token (labels, the task's); QA: a start and an end score per token. A transformers task model
-    that --init read (the encoder's task_head) is its start."""
+    """The task head. For classification: <s> -> dense -> tanh -> classes (RoBERTa's head; act=torch.relu gives
+    FILTER's released one). On BERT, the dense layer starts from the encoder's pre-trained pooler, with no dropout
+    before it, unless pooled=False. For tagging: a class per token (labels: the task's). For QA: a start and an end
+    score per token. A transformers task model that --init read (the encoder's task_head) is the head's start."""
 
     def __init__(self, family, encoder, labels, pooled=True, act=torch.tanh):
         super().__init__()
@@ -368,24 +368,24 @@ class Head(nn.Module):
             return self.out(self.drop(self.act(self.dense(self.drop(h[:, 0])))))
         if self.family == 'tagging':
             return self.out(self.drop(h))
-        # QA: no dropout before the span layer (XTREME, FILTER and X-Mixup have none); padding
-        # must not take part in the softmax over positions
+        # QA: no dropout before the span layer (XTREME, FILTER and X-Mixup have none). Padding
+        # must not take part in the softmax over positions.
         return self.out(h).masked_fill(~mask[..., None], float('-inf'))
 
 
 def to_examples(family, values, real=None):
-    """values per example (B,), per token (B, T) or per answer end (B, 2) -> per example (B,), its
-    mean the batch's: tagging's real tokens weighted as per_example_loss says, QA's two ends averaged."""
+    """Values per example (B,), per token (B, T) or per answer end (B, 2) -> values per example (B,) whose mean
+    is the batch's. Tagging weights its real tokens as per_example_loss says; QA averages its two ends."""
     if family == 'tagging':
         return (values * real).sum(1) * real.size(0) / real.sum().clamp(min=1)
     return values.mean(-1) if family == 'qa' else values
 
 
 def per_example_loss(family, logits, labels):
-    """Cross-entropy per example (B,), such that its mean is the batch's loss: classification and
-    QA (the mean of the start and end losses) per example; tagging is the mean over all labelled
-    tokens of the batch (XTREME's run_tag), so example i carries B x (its tokens' sum) / (the
-    batch's labelled tokens) and weighting an example weights its tokens."""
+    """Cross-entropy per example (B,), such that its mean is the batch's loss. Classification and QA (the mean of
+    the start and end losses) are per example. Tagging's loss is the mean over all labelled tokens of the batch
+    (XTREME's run_tag), so example i carries B x (the sum over its tokens) / (the batch's labelled tokens), and
+    weighting an example weights its tokens."""
     if family == 'classification':
         return F.cross_entropy(logits.float(), labels, reduction='none')
     if family == 'tagging':
@@ -397,10 +397,10 @@ def per_example_loss(family, logits, labels):
 
 
 def entropy_per_example(family, logits, mask):
-    """H(p) of the predictions per example (B,): per example; for tagging the mean over every real
-    token of the batch (mask: the attention mask), as the released model.py's NegEntropy over its
-    active logits, weighted per example as per_example_loss weights tokens; for QA the mean of the
-    start and the end distribution's entropy (padding has p = 0 and adds nothing)."""
+    """H(p) of the predictions per example (B,). For tagging, it is the mean over every real token of the batch
+    (mask: the attention mask), as the released model.py's NegEntropy over its active logits, weighted per example
+    as per_example_loss weights tokens. For QA, it is the mean of the entropies of the start and the end
+    distributions (padding has p = 0 and adds nothing)."""
     dim = 1 if family == 'qa' else -1
     logp = logits.float().log_softmax(dim)
     h = -torch.where(logp.isfinite(), logp.exp() * logp, 0.0).sum(dim)
@@ -408,10 +408,10 @@ def entropy_per_example(family, logits, mask):
 
 
 def kl_per_example(family, p_teacher, logits, first=None, temperature=1.0):
-    """KL(p_teacher || p_student) per example (B,), both softened by the temperature t and the KL
-    scaled by t^2 (as FILTER's released code: softmax(teacher / t) = p_teacher^(1/t), renormalised):
-    over classes; for tagging per word (first sub-words), the mean over the batch's words as the
-    tagging loss; over positions for the start and the end of an answer, averaged, for QA."""
+    """KL(p_teacher || p_student) per example (B,). Both are softened by the temperature t, and the KL is scaled by
+    t^2, as in FILTER's released code (softmax(teacher / t) = p_teacher^(1/t), renormalised). The KL is over classes;
+    for tagging, it is per word (first sub-words), averaged over the batch's words as the tagging loss; for QA, it
+    is over positions for the start and the end of an answer, averaged."""
     dim = 1 if family == 'qa' else -1
     if temperature != 1.0:
         p_teacher = p_teacher ** (1 / temperature)
@@ -434,7 +434,7 @@ def probabilities(family, logits):
 
 
 def scale_depth(n, n_layer):
-    """A layer count or index the papers give for XLM-R large (24 layers), at another depth."""
+    """A layer count or index that the papers give for XLM-R large (24 layers), scaled to another depth."""
     return min(n_layer, max(1, round(n * n_layer / 24)))
 
 
@@ -445,8 +445,8 @@ def scale_depth(n, n_layer):
 class Baseline(Method):
     """Fine-tuning the encoder and a task head on labelled examples of one text each."""
     NAME, EXPORT = 'zeroshot', 'head'
-    # XTREME's scripts of the paper's time on XLM-R and mBERT (9522b49): the English dev score every eval_steps keeps
-    # the best, QA the last; mBERT's QA as the paper trained it, with the original BERT codebase (RUN_BERT)
+    # XTREME's scripts of the paper's time on XLM-R and mBERT (9522b49) keep the best English dev score, checked every
+    # eval_steps, and QA keeps the last. RUN_BERT: mBERT's QA as the paper trained it, with the original BERT codebase.
     RUN = {'xnli': {'lr': 2e-5, 'epochs': 5, 'eval_steps': 100, 'seed': 42},
            'pawsx': {'lr': 2e-5, 'epochs': 5, 'eval_steps': 200, 'seed': 42},
            'udpos': {'lr': 2e-5, 'epochs': 10, 'eval_steps': 500},
@@ -464,7 +464,7 @@ class Baseline(Method):
 
     def __init__(self, encoder, task, args=None):
         super().__init__(encoder, task, args)
-        self.conf_penalty = self.options.conf_penalty or 0.0  # XLA's Eq. 1 weight (XLA's warm-up: 1)
+        self.conf_penalty = self.options.conf_penalty or 0.0  # the weight of XLA's Eq. 1 (XLA's warm-up uses 1)
 
     def predict(self, batch):
         return self.head(self.encoder.run(self.encoder.embed(batch.ids), batch.keys), batch.mask)
@@ -478,13 +478,13 @@ class Baseline(Method):
         return loss.mean(), {'loss': loss.mean().detach(), **logs}
 
 
-# The tasks whose translations carry labels: XTREME publishes no tagging translations, FILTER's have no
+# The tasks whose translations carry labels. XTREME publishes no tagging translations, FILTER's have no
 # tags, and XTREME, FILTER and VECO give no translation-trained baseline for POS and NER.
 LABELLED_TRANSLATIONS = tuple(task for task in TASKS if TASKS[task].family != 'tagging')
 
 
 class TranslateTrain(Baseline):
-    """Fine-tuning on English's translation into one target language, --train_lang."""
+    """Fine-tuning on the translation of English into one target language, --train_lang."""
     NAME, trains_on, TASKS = 'translate-train', 'train_lang', LABELLED_TRANSLATIONS
     OPTIONS = Baseline.OPTIONS + (Option('train_lang', str, 'the target language whose translation is trained on '
                                          '(XLA: whose text it adapts to)'),)
@@ -504,8 +504,8 @@ IN_LANGUAGE = ('udpos', 'panx', 'tydiqa', 'conll')
 
 
 class InLanguage(Baseline):
-    """Fine-tuning on a target language's own training data, --train_lang; the checkpoint kept by that
-    language's dev score (XTREME's run_tag.py --train_langs); with --few_shot its first examples alone."""
+    """Fine-tuning on a target language's own training data (--train_lang). That language's dev score keeps the
+    checkpoint (XTREME's run_tag.py --train_langs). With --few_shot N, it trains on its first N examples alone."""
     NAME, trains_on, TASKS, select = 'in-language', 'own_lang', IN_LANGUAGE, 'train_lang'
     OPTIONS = (QA_CASE, Option('train_lang', str, 'the language whose own training data is trained on'),
                Option('few_shot', int, 'train on its first N examples alone (XTREME\'s in-language few-shot: 1000)',
@@ -529,8 +529,8 @@ class InLanguageAll(Baseline):
 
 # ----------------------------------------------------------------------------------------
 # FILTER (Fang et al., 2021): fusion of a text and its translation in the middle layers (Eq. 1-3), and
-# self-teaching (Algorithm 1, Eq. 6): a teacher's labels on the target side (Taught), which X-Mixup's tagging
-# shares, whose translations have no labels.
+# self-teaching (Algorithm 1, Eq. 6), in which a teacher labels the target side (Taught). X-Mixup shares
+# self-teaching for tagging, whose translations have no labels.
 
 class Taught(Method):
     """A paired method that can learn the target side from a teacher's stored probabilities, p_teacher. Given them,
@@ -558,14 +558,14 @@ class Taught(Method):
 
     @classmethod
     def train_teacher(cls, run):
-        """Algorithm 1, lines 1-8: the folder of the teacher, trained on L^s + L^t, a run of its own in teacher/ (the
-        stage of stages()) or the finished run --teacher names; None where the data holds its labels (X-Mixup's)."""
+        """Algorithm 1, lines 1-8: the folder of the teacher trained on L^s + L^t: its own run in teacher/ (the
+        stage of stages()) or the finished run that --teacher names. None where the data holds labels (X-Mixup's)."""
         return None if cls.soft_labelled(run.args) else run.args.teacher or run.path(run.stage('teacher'))
 
     @classmethod
     def soft_labels(cls, run, teacher, items):
-        """Algorithm 1, line 12: p^t_tea, a data.Ragged of the teacher's probabilities of each training item's target
-        side (a single-text teacher reads it alone); without a teacher, those a release's data gives."""
+        """Algorithm 1, line 12: p^t_tea, a data.Ragged of the teacher's probabilities for each training item's target
+        side (a single-text teacher reads that side alone). Without a teacher, the release's data gives them."""
         if teacher is None:
             return released_probabilities(run, items)
         teacher = run.restore(teacher)
@@ -595,29 +595,29 @@ class Taught(Method):
 
     @classmethod
     def soft_labelled(cls, args):
-        """Does the run learn the target side from its data's released distributions, not a teacher it trains?"""
+        """Does the run learn the target side from released distributions in its data, not from a teacher it trains?"""
         return False
 
     @classmethod
     def train_langs(cls, args, targets):
-        """A release's data leaves some languages untranslated (FILTER's eu, jv, ka, my, tl, yo): its runners train
-        without them, as here."""
-        langs = [lang for lang in super().train_langs(args, targets) if lang != 'en']  # English: with itself
+        """A release's data leaves some languages untranslated (FILTER's eu, jv, ka, my, tl, yo). Its runners train
+        without them, and so does this method."""
+        langs = [lang for lang in super().train_langs(args, targets) if lang != 'en']  # English is paired with itself
         return langs if args.translations == 'xtreme' else data.translated(args.data_dir, args.task, langs, cls.NAME)
 
 
 
 class Filter(Taught):
-    """FILTER: a source text S and its translation T are encoded apart by m local
-    layers, together by k fusion layers over [H_l^s; H_l^t] (Eq. 1) and apart again by the
-    L - k - m domain layers (Eq. 2-3): one set of weights, one head on both sides. It trains on
-    English with its translation and predicts from the target side of (English translation,
-    target text). With stored teacher probabilities p_teacher it is the self-taught student."""
+    """FILTER. A source text S and its translation T are encoded apart by m local layers, together by k fusion
+    layers over [H_l^s; H_l^t] (Eq. 1), and apart again by the L - k - m domain layers (Eq. 2-3). Both sides share
+    one set of weights and one head. It trains on English with its translation, and it predicts from the target
+    side of (English translation, target text). With stored teacher probabilities p_teacher, it is the
+    self-taught student."""
     NAME, trains_on, paired, teacher_method, TRANSLATIONS = 'filter', 'every_lang', True, 'filter', 'filter'
     EXPORT = 'FILTER predicts from a text fused with its English translation in the middle layers'
-    select = 'last'  # its runners keep the last epoch; the paper's best dev average chose among learning rates
-    HEAD = {'act': torch.relu}  # its released head's activation
-    # train.sh on 8 GPUs (XNLI in fp16), its runners' seeds and temperatures; each run keeps its last epoch
+    select = 'last'  # its runners keep the last epoch (the paper's best dev average chose among learning rates)
+    HEAD = {'act': torch.relu}  # the activation of its released head
+    # train.sh on 8 GPUs (XNLI in fp16), with its runners' seeds and temperatures. Each run keeps its last epoch.
     QA = {'qa_case': 'lower', 'seed': 42, 'temperature': 6.0}
     RUN = {'xnli': {'lr': 3e-6, 'epochs': 5, 'batch_size': 64, 'max_len': 256, 'precision': 'fp16', 'seed': 52,
                     'temperature': 0.1},
@@ -626,8 +626,8 @@ class Filter(Taught):
               for task in ('udpos', 'panx')},
            'mlqa': {'lr': 5e-6, 'epochs': 2, 'batch_size': 64, **QA}, 'xquad': {'lr': 5e-6, 'epochs': 2, **QA},
            'tydiqa': {'lr': 1e-5, 'epochs': 4, **QA}}
-    # m, k and the KL weight 1 - lambda of the paper for XLM-R large (24 layers); k is scaled to
-    # other depths (QA on XLM-R base: m = 1, k = 10) unless --k is given
+    # The paper's m, k and KL weight 1 - lambda for XLM-R large (24 layers). Unless --k is given, k is scaled to
+    # other depths (QA on XLM-R base: m = 1, k = 10).
     DEFAULTS = {'classification': (1, 1, 0.5), 'tagging': (1, 1, 1.0), 'qa': (1, 20, 0.1)}
     OPTIONS = Taught.OPTIONS + (
         Option('m', int, 'local layers (default 1)', NON_NEGATIVE),
@@ -646,7 +646,7 @@ class Filter(Taught):
         if self.k + self.m > L or min(self.k, self.m) < 0:
             raise ValueError(f'--k {self.k} + --m {self.m} does not fit the model\'s {L} layers: choose k + m <= {L}')
         self.lam = 1 - (kl_weight if given.kl_weight is None else given.kl_weight)  # Eq. 6's lambda
-        self.temperature = given.temperature or 1.0  # softens both sides of the KL (the paper: none)
+        self.temperature = given.temperature or 1.0  # softens both sides of the KL (the paper has none)
 
     @classmethod
     def train_langs(cls, args, targets):  # its run_xqa.py trains QA without Chinese ("the tokenize issue")
@@ -665,8 +665,8 @@ class Filter(Taught):
         return self.head(self.encode(pair.src, pair.tgt, source_side=False)[1], pair.tgt.mask)
 
     def loss(self, pair):
-        """The teacher's L^s + L^t (Algorithm 1, lines 1-8), or with p_teacher the student's Eq. 6. Tagging's
-        translations carry no tags, so their L^t is 0, and lambda is 0 unless --kl_weight says otherwise."""
+        """The teacher's L^s + L^t (Algorithm 1, lines 1-8) or, with p_teacher, the student's Eq. 6. The translations
+        for tagging carry no tags, so their L^t is 0, and lambda is 0 unless --kl_weight says otherwise."""
         h_s, h_t = self.encode(pair.src, pair.tgt)
         p_s, p_t = self.head(h_s, pair.src.mask), self.head(h_t, pair.tgt.mask)
         loss_s = per_example_loss(self.family, p_s, pair.src.labels)
@@ -678,7 +678,7 @@ class Filter(Taught):
         loss = loss_s + self.lam * loss_t + (1 - self.lam) * kl  # Eq. 6
         return loss.mean(), {'loss': loss.mean().detach(), 'kl': kl.mean().detach()}
 
-    # memory hooks: what the plan's estimate counts (Method's)
+    # memory hooks (see Method): what the plan's estimate counts
     def passes(self, rows, lengths):
         (s, t), L, m, k = lengths[:2], self.encoder.cfg.n_layer, self.m, self.k
         apart = lambda start, blocks: [Pass(rows, n, blocks, embedded=start) for n in (s, t)]
@@ -686,45 +686,44 @@ class Filter(Taught):
 
 
 # ----------------------------------------------------------------------------------------
-# X-Mixup (Yang et al., 2022): the target's states mixed with the source's in one layer (Eq. 3-5), scheduled
-# sampling of the source (Eq. 6) and consistency losses (Eq. 7-8).
+# X-Mixup (Yang et al., 2022): mixing the target's states with the source's in one layer (Eq. 3-5), scheduled
+# sampling of the source (Eq. 6), and consistency losses (Eq. 7-8).
 
 def attention_entropy(scores, query_mask, key_mask):
-    """Eq. 5: H(A) = -1/I sum_i sum_j A_ij log A_ij per instance, A = softmax over the real keys j
-    of scores (B, heads, I, J), averaged over the I real query tokens and over heads."""
+    """Eq. 5: H(A) = -1/I sum_i sum_j A_ij log A_ij per instance, where A is the softmax of scores (B, heads, I, J)
+    over the real keys j. It is averaged over the I real query tokens and over the heads."""
     probs = scores.masked_fill(~key_mask[:, None, None, :], float('-inf')).softmax(-1)
     h = -(probs * probs.clamp_min(1e-30).log()).sum(-1).mean(1)  # (B, I)
     m = query_mask.float()
     return (h * m).sum(1) / m.sum(1)
 
 
-SCORES_KEPT = 11  # (heads, T, S) tensors X-Mixup's mixup layer keeps: scores, softmax and dropout; Eq. 5's, twice
+SCORES_KEPT = 11  # the (heads, T, S) tensors X-Mixup's mixup layer keeps: scores, softmax and dropout; Eq. 5's twice
 
 
 class XMixup(Taught):
-    """X-Mixup: the source S and the target T are encoded apart; in one layer the
-    target's self-attention output also attends to the source's with that layer's own weights
-    (Eq. 3), and the two are mixed with a per-instance ratio lambda (Eq. 4) that grows with the
-    two-way attention entropy (Eq. 5); the layer's FFN follows. Training feeds the real English
-    or its round-trip translation as S (scheduled sampling, Eq. 6) and adds consistency losses
-    (Eq. 7-8); inference mixes the target with its translation into English."""
+    """X-Mixup. The source S and the target T are encoded apart. In one layer, the target's self-attention output
+    also attends to the source's, with that layer's own weights (Eq. 3). The two are mixed with a per-instance ratio
+    lambda (Eq. 4) that grows with the two-way attention entropy (Eq. 5), and the layer's FFN follows. Training feeds
+    the real English or its round-trip translation as S (scheduled sampling, Eq. 6) and adds consistency losses
+    (Eq. 7-8). Inference mixes the target with its translation into English."""
     NAME, trains_on, paired, round_trip, teacher_method = 'xmixup', 'every_lang', True, True, 'zeroshot'
-    TRANSLATIONS = 'xmixup'  # its release's data: round trips; tagging's translations with its model's distributions
+    TRANSLATIONS = 'xmixup'  # its release's data: round trips, and tagging translations with its model's distributions
     EXPORT = 'X-Mixup predicts from a text\'s states mixed with its English translation\'s'
     pretrained_start = True  # X-Mixup starts from a trained encoder, see train.demo_pretrained
     select = 'average'  # the best average over the dev languages (Section 4.1)
     # X-Mixup's released mBERT code (xmixup/tasks/mbert/sequence_classification.py) classifies with a new
     # RoBERTa-style head, not from BERT's pooler
     HEAD = {'pooled': False}
-    # the released scripts (train_classification.sh, train_tagging.sh, train_qa.sh): the dev average every 100 steps
-    # keeps the best; every gradient clipped to [-1, 1] by value (its trainer.py)
+    # The released scripts (train_classification.sh, train_tagging.sh, train_qa.sh) keep the best dev average, checked
+    # every 100 steps, and clip every gradient to [-1, 1] by value (its trainer.py).
     RUN = {**{task: {'lr': 5e-6, 'epochs': 4, 'batch_size': 64, 'eval_steps': 100, 'clip_by': 'value', 'seed': seed}
               for task, seed in (('xnli', 1234), ('pawsx', 1234), ('udpos', 1), ('panx', 1))},
            **{task: {'lr': lr, 'epochs': epochs, 'warmup': 0.1, 'eval_steps': 100, 'clip_by': 'value', 'seed': 42}
               for task, lr, epochs in (('xquad', 5e-6, 2), ('mlqa', 5e-6, 2), ('tydiqa', 3e-5, 4))}}
-    DEMO = {'p_k': 50}  # p* decays within the demo's short runs
-    # mixup layer, alpha, p_k (Table 10 and the released scripts); only QA's layer depends on the
-    # depth (16 of 24 on XLM-R large, 8 of 12 on base: Section 4.1)
+    DEMO = {'p_k': 50}  # so that p* decays within the demo's short runs
+    # The mixup layer, alpha and p_k (Table 10 and the released scripts). Only QA's layer depends on the
+    # depth (16 of 24 on XLM-R large, 8 of 12 on base: Section 4.1).
     DEFAULTS = {'classification': (1, 0.4, 1000), 'tagging': (4, 0.8, 1000), 'qa': (16, 0.2, 2000)}
     OPTIONS = Taught.OPTIONS + (
         Option('mixup_layer', int, 'the layer that mixes (default 1 / 4 / 16 of 24, scaled)', AT_LEAST_1),
@@ -751,8 +750,8 @@ class XMixup(Taught):
 
     @classmethod
     def selects_on(cls, args):
-        """Its release's: XQuAD's model by MLQA's dev sets, TyDiQA's by the English TyDiQA-GoldP file XTREME tests
-        on (run_squad.py), tagging's by each language's first 1000 dev sentences (ner.py)."""
+        """As its release chooses: XQuAD's model by MLQA's dev sets, TyDiQA's by the English TyDiQA-GoldP file that
+        XTREME tests on (run_squad.py), and tagging's by each language's first 1000 dev sentences (ner.py)."""
         tagging = TASKS[args.task].family == 'tagging'
         return {'xquad': ('mlqa', 'dev', None, None), 'tydiqa': ('tydiqa', 'test', ('en',), None)}.get(
             args.task, (args.task, 'dev', None, 1000) if tagging else None)
@@ -781,13 +780,13 @@ class XMixup(Taught):
         self.alpha = alpha if given.mixup_alpha is None else given.mixup_alpha
         self.fixed_lambda, self.mixes = bool(given.fixed_lambda), not given.no_mixup
         self.mixup_inference = self.mixes and not given.no_mixup_inference
-        self.sampled = not given.no_scheduled_sampling  # Eq. 6 (else the real English alone)
+        self.sampled = not given.no_scheduled_sampling  # Eq. 6 (otherwise the real English alone)
         self.mse, self.kl = not given.no_mse, not given.no_kl
         if self.mixes and not self.fixed_lambda:  # Eq. 5's W and b (none to train with a fixed ratio, or no mixup)
             self.w, self.b = nn.Parameter(torch.ones(1)), nn.Parameter(torch.zeros(1))
 
     def p_star(self):
-        """Eq. 6's probability of feeding the real source: inverse sigmoid decay in the batch index."""
+        """Eq. 6's probability of feeding the real source: an inverse sigmoid decay in the batch index."""
         return self.p_k / (self.p_k + math.exp(min(self.step / self.p_k, 700.0)))
 
     def mixup_ratio(self, scores, mask_t, mask_s):
@@ -799,12 +798,12 @@ class XMixup(Taught):
         return (self.lambda_0 * torch.sigmoid(entropy * self.w + self.b)).view(-1, 1, 1)
 
     def mix(self, block, x_s, mask_s, x_t, mask_t):
-        """The mixup layer on both sides -> (source out, target out, lambda)."""
+        """The mixup layer on both sides -> (the source's output, the target's output, lambda)."""
         h_s, h_t = block.ln1(block.attend(x_s, mask_s)), block.ln1(block.attend(x_t, mask_t))  # Eq. 2
         h_ts, scores = block.attn(h_t, mask_s, memory=h_s, return_scores=True)  # Eq. 3: T queries S
         lam = self.mixup_ratio(scores, mask_t, mask_s)
-        # Eq. 4 as the released code: the normalised h_T mixed with the dropped-out cross-attention,
-        # then the sub-layer's LayerNorm once more (so lambda = 0 is LN(h_T), not the plain layer)
+        # Eq. 4 as in the released code: the normalised h_T is mixed with the cross-attention after its dropout,
+        # then the sub-layer's LayerNorm runs once more (so lambda = 0 gives LN(h_T), not the plain layer)
         mixed = block.ln1(lam * block.drop(h_ts) + (1 - lam) * h_t)
         return block.feed_forward(h_s), block.feed_forward(mixed), lam
 
@@ -819,15 +818,15 @@ class XMixup(Taught):
         return enc.run(x_s, src.mask, l), enc.run(x_t, tgt.mask, l), lam
 
     def scheduled_source(self, pair):
-        """Eq. 6: each example's source is the real English with probability p*, else its round
-        trip -> (source batch, (B,) True where the source is real)."""
+        """Eq. 6: each example's source is the real English with probability p*, or else its round trip
+        -> (the source batch, a (B,) mask that is True where the source is real)."""
         if pair.alt is None or not self.sampled:
             return pair.src, torch.ones(pair.src.ids.size(0), dtype=torch.bool, device=pair.src.ids.device)
         real = torch.rand(pair.src.ids.size(0)) < self.p_star()  # drawn on the CPU: the same draws on any device
         real = data.moved(real, pair.src.ids.device)
         longest = max(pair.src.ids.size(1), pair.alt.ids.size(1))
 
-        def pick(a, b, pad=None):  # row by row: a where the source is real, else b (padded alike)
+        def pick(a, b, pad=None):  # row by row: a where the source is real, else b (both padded alike)
             if pad is not None:
                 a, b = F.pad(a, (0, longest - a.size(1)), value=pad), F.pad(b, (0, longest - b.size(1)), value=pad)
             return torch.where(real.view(-1, *[1] * (a.dim() - 1)), a, b)
@@ -846,7 +845,7 @@ class XMixup(Taught):
         return (p_t + self.head(h_s, pair.src.mask)) / 2  # both sides: the mean of the logits, as the released code
 
     def representation(self, h, mask):
-        """r of Eq. 7 as the released code takes it: <s> for classification, else the mean over
+        """r of Eq. 7, as the released code takes it: <s> for classification, otherwise the mean over
         the real tokens between <s> and the last </s>."""
         if self.family == 'classification':
             return h[:, 0]
@@ -865,7 +864,7 @@ class XMixup(Taught):
         else:
             loss_t = per_example_loss(self.family, p_t, pair.tgt.labels)
         task = self.alpha * loss_s + (1 - self.alpha) * loss_t  # Eq. 8
-        if self.family != 'classification':  # a round-trip source's labels may not fit it: T's loss alone
+        if self.family != 'classification':  # a round trip's labels may not fit it, so T's loss alone
             task = torch.where(real, task, loss_t)
         mse = F.mse_loss(self.representation(h_s, src.mask), self.representation(h_t, pair.tgt.mask),
                          reduction='none').float().mean(-1)
@@ -875,10 +874,10 @@ class XMixup(Taught):
         return loss.mean(), {'loss': loss.mean().detach(), 'lambda': lam.mean().detach(), 'p_star': self.p_star(),
                              'real_source': real.float().mean(), 'mse': mse.mean().detach()}
 
-    # memory hooks: what the plan's estimate counts (Method's)
+    # memory hooks (see Method): what the plan's estimate counts
     def passes(self, rows, lengths):
-        """The mixup layer counted as a block on each side, plus its cross-attention's inputs and outputs and the
-        scores of T's queries on S, kept with their softmax and dropout for Eq. 3 and twice over for Eq. 5."""
+        """The mixup layer counts as a block on each side, plus the inputs and outputs of its cross-attention and the
+        scores of T's queries on S, kept with their softmax and dropout for Eq. 3, and twice over for Eq. 5."""
         s, t = max(lengths[0], lengths[-1]), lengths[1]  # scheduled sampling pads the source and its round trip alike
         L, l, cfg = self.encoder.cfg.n_layer, self.layer, self.encoder.cfg
         sides = [Pass(rows, n, l - 1) for n in (s, t)] + [Pass(rows, n, L - l + 1, embedded=False) for n in (s, t)]
@@ -890,10 +889,9 @@ class XMixup(Taught):
 # for understanding (Section 2.3).
 
 def bert_mask(ids, share, mask_id, first_piece=4):
-    """BERT's masking: each piece (ids >= first_piece: not <s>, <pad>, </s>, <unk>) is chosen
-    with probability `share` (a float, or (B, 1) per row); a chosen piece becomes <mask> (80%),
-    a random piece (10%) or stays itself (10%). -> (masked ids, targets: the original id where
-    chosen, IGNORE elsewhere)."""
+    """BERT's masking. Each piece (ids >= first_piece, so not <s>, <pad>, </s> or <unk>) is chosen with probability
+    `share` (a float, or (B, 1) for a share per row). A chosen piece becomes <mask> (80%), a random piece (10%) or
+    stays itself (10%). -> (the masked ids, the targets: the original id where chosen, IGNORE elsewhere)."""
     chosen = (torch.rand(ids.shape, device=ids.device) < share) & ids.ge(first_piece)
     action = torch.rand(ids.shape, device=ids.device)
     random_piece = torch.randint(first_piece, mask_id, ids.shape, device=ids.device)
@@ -902,20 +900,20 @@ def bert_mask(ids, share, mask_id, first_piece=4):
     return masked, torch.where(chosen, ids, IGNORE)
 
 
-MLM_KEPT = 4  # (dim,) tensors the MLM head keeps per masked token: its input, dense's output, GELU's, LayerNorm's
+MLM_KEPT = 4  # (dim,) tensors the MLM head keeps per masked token: its input and the outputs of dense, GELU, LayerNorm
 
 
 def mlm_loss(mlm, h, predicted):
     """-log P(original | masked) averaged over the chosen tokens (0 when none is). The head runs on the chosen
-    positions only (predicted: Predicted), the projection onto the vocabulary being the costly part."""
+    positions only (predicted, a Predicted), because the projection onto the vocabulary is the costly part."""
     logits = mlm(h.flatten(0, 1)[predicted.at]).float()
     return F.cross_entropy(logits, predicted.targets, reduction='sum') / max(len(predicted.targets), 1)
 
 
 @dataclass
 class Predicted:
-    """The tokens an MLM term predicts, found on the host: their positions in the flattened (B * T) states (at),
-    and the original ids there (targets); the device then indexes with them and never counts them."""
+    """The tokens that an MLM term predicts, found on the host: their positions in the flattened (B * T) states (at)
+    and the original ids there (targets). The device then indexes with them and never has to count them."""
     at: torch.Tensor
     targets: torch.Tensor
 
@@ -931,9 +929,9 @@ class Predicted:
 
 @dataclass
 class Masked:
-    """A pre-training micro-batch as VecoPretrain's step reads it, made on the host (VecoPretrain.host): x^ and y^
-    with their attention masks (None: no row padded), the tokens each term predicts, and TLM's rows, the parallel
-    pairs joined (None: no parallel pair). Nothing the step does then needs to ask the device a size."""
+    """A pre-training micro-batch as VecoPretrain's step reads it, made on the host (VecoPretrain.host). It holds x^
+    and y^ with their attention masks (None when no row is padded), the tokens each term predicts, and TLM's rows, the
+    parallel pairs joined (None when there is no parallel pair). The step then never asks the device for a size."""
     x: torch.Tensor
     x_keys: torch.Tensor
     x_predicted: Predicted
@@ -944,7 +942,7 @@ class Masked:
 
     @classmethod
     def of(cls, x, x_mask, x_bar, y, y_mask, y_bar, parallel):
-        """From masked ids, their masks (None: unpadded) and targets, and the parallel rows (bool, (B,))."""
+        """From the masked ids, their masks (None when unpadded), their targets and the parallel rows (bool, (B,))."""
         rows, tlm = parallel.nonzero().squeeze(1), None
         if len(rows):  # TLM (XLM): the pair as one sequence
             real = lambda ids, mask: torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
@@ -959,9 +957,9 @@ class Masked:
 
 
 def concat_pairs(a, a_mask, b, b_mask, eos=2):
-    """Rows <s> a </s></s> b </s> from padded rows <s> a </s> and <s> b </s> (b's <s> becomes
-    </s>: XLM-R's pair format), the real tokens of [a; b] moved left in order -> (ids, mask, the
-    positions of [a; b] each column came from, to move targets alike)."""
+    """Rows <s> a </s></s> b </s> from the padded rows <s> a </s> and <s> b </s>, in XLM-R's pair format (b's <s>
+    becomes </s>), with the real tokens of [a; b] moved left in order -> (ids, mask, the position in [a; b] that
+    each column came from, so that targets can be moved alike)."""
     b = torch.cat([torch.full_like(b[:, :1], eos), b[:, 1:]], 1)
     mask = torch.cat([a_mask, b_mask], 1)
     order = torch.argsort((~mask).int(), dim=1, stable=True)[:, :int(mask.sum(1).max())]
@@ -975,17 +973,16 @@ IN_TOKENS = (Option('max_tokens', int, 'pre-training and translation: batches in
 
 
 class VecoPretrain(Method):
-    """VECO pre-training (Section 2.2). A pair (x, y), two adjacent monolingual segments or a
-    sentence and its translation (src.labels 1), is masked as BERT into (x^, y^). IS-MLM
-    (Eq. 4-5) runs x^ through self-attention and FFN alone, and its last states X^N predict x's
-    masked tokens. CS-MLM (Eq. 6-7) runs y^ with a causal mask, each layer's cross-attention
-    reading X^N, detached, and Y^N predicts y's masked tokens. Eq. 8 adds both directions; on
-    parallel pairs TLM adds the masked concatenation x^ y^ (Section 3). One MLM head serves all.
-    Without CS-MLM (cs_mlm=False, no cross-attention) it is Table 2's XLM: MLM and TLM."""
+    """VECO pre-training (Section 2.2). A pair (x, y) is two adjacent monolingual segments, or a sentence and its
+    translation (src.labels 1). BERT's masking turns it into (x^, y^). IS-MLM (Eq. 4-5) runs x^ through
+    self-attention and FFN alone, and its last states X^N predict x's masked tokens. CS-MLM (Eq. 6-7) runs y^ with a
+    causal mask, each layer's cross-attention reading X^N (detached), and Y^N predicts y's masked tokens. Eq. 8 adds
+    both directions. On parallel pairs, TLM adds the masked concatenation x^ y^ (Section 3). One MLM head serves all
+    the terms. Without CS-MLM (cs_mlm=False, no cross-attention), it is Table 2's XLM: MLM and TLM."""
     NAME, TASKS, paired, family, select, EXPORT = 'veco', ('pretrain',), True, 'pretrain', 'loss', 'mlm'
     NOT_ON_BERT = 'VECO is a model of its own, pre-trained (and released) in XLM-R\'s layout and vocabulary'
-    MASKED_SHARE = {'mono': 0.15, 'para': 0.25}  # masked share of a monolingual / bilingual pair (Table 5)
-    # the demo: about a minute on a laptop CPU; segments of a sentence or two
+    MASKED_SHARE = {'mono': 0.15, 'para': 0.25}  # the masked share of a monolingual / bilingual pair (Table 5)
+    # the demo takes about a minute on a laptop CPU, with segments of a sentence or two
     DEMO = {'steps': 2000, 'eval_every': 500, 'max_len': 32, 'lr': 3e-3}
     OPTIONS = IN_TOKENS + (
         Option('cross_only_steps', int, 'phase 1: the first steps, which train only the cross-attention, the rest '
@@ -997,7 +994,7 @@ class VecoPretrain(Method):
         Option('mono_only', bool, 'the monolingual text alone (Table 2\'s first rows)'),
         Option('lang_alpha', float, 'languages drawn with p_i ~ n_i^alpha over their pairs n_i (Section 4: 0.5, as '
                'XLM; XLM-R took 0.3)', POSITIVE, default=0.5))
-    # Table 5: 3e-4 and Adam's beta2 0.999 small, 2e-4 and 0.98 large (released)
+    # Table 5: 3e-4 and Adam's beta2 0.999 for the small model, 2e-4 and 0.98 for the large one (released)
     RUN = {'pretrain': {'lr': 3e-4, 'steps': 240000, 'eval_every': 2000, 'warmup': 0.05, 'batch_size': 1024,
                         'max_len': 512, 'weight_decay': 0.01, 'adam_eps': 1e-6, 'precision': 'fp16'}}
 
@@ -1010,7 +1007,7 @@ class VecoPretrain(Method):
         if args.epochs:
             raise ValueError('pre-training is counted in --steps (Table 5: 240000), not --epochs: give --steps')
         super().configure(args, demo)
-        if args.cross_only_steps is None:  # phase 1 trains the new cross-attention, which XLM has not
+        if args.cross_only_steps is None:  # phase 1 trains the new cross-attention, which XLM does not have
             args.cross_only_steps = int(args.warmup * args.steps) if args.init and not args.no_cs_mlm else 0
         if args.no_cs_mlm and args.cross_only_steps:
             raise ValueError('--cross_only_steps trains the cross-attention alone, which --no_cs_mlm leaves out: '
@@ -1027,9 +1024,9 @@ class VecoPretrain(Method):
 
     @classmethod
     def procedure(cls, run):
-        """Pre-training on --data_dir/pretrain, the held-out losses every --eval_every steps. Its
-        best.pt holds the encoder with its cross-attention and the MLM head; fine-tuning (Veco)
-        reads it with --init and leaves the cross-attention out (Section 2.3)."""
+        """Pre-training on --data_dir/pretrain, with the held-out losses every --eval_every steps. Its best.pt holds
+        the encoder with its cross-attention and the MLM head. Fine-tuning (Veco) reads it with --init and leaves the
+        cross-attention out (Section 2.3)."""
         args = run.args
         encoder, mlm = run.pretrained(cross=not args.no_cs_mlm)[:2]
         if args.init and mlm is None:
@@ -1073,7 +1070,7 @@ class VecoPretrain(Method):
 
     def crossed(self, ids, mask, memory, memory_mask):
         """Eq. 6: S^(i) = SelfAttention(Y^(i-1)) with a causal mask, Z^(i) = CrossAttention(S^(i),
-        X^N), Y^(i) = FFN(Z^(i)) -> Y^N. X^N is detached: the two objectives train in isolation."""
+        X^N), Y^(i) = FFN(Z^(i)) -> Y^N. X^N is detached, so the two objectives train in isolation."""
         return self.encoder.run(self.encoder.embed(ids), mask, memory=memory.detach(), memory_mask=memory_mask,
                                 causal=True)
 
@@ -1081,8 +1078,8 @@ class VecoPretrain(Method):
         return self.step < self.cross_only_steps
 
     def terms(self, m):
-        """The loss terms of a Masked batch m {name: mean over the chosen tokens}: Eq. 8's four and, on the parallel
-        rows, TLM."""
+        """The loss terms of a Masked batch m, as {name: the mean over the chosen tokens}: Eq. 8's four terms and, on
+        the parallel rows, TLM."""
         with torch.no_grad() if self.cross_only() else nullcontext():  # phase 1 trains CS-MLM alone
             X, Y = self.inner(m.x, m.x_keys), self.inner(m.y, m.y_keys)
         terms = {'is_x': mlm_loss(self.mlm, X, m.x_predicted), 'is_y': mlm_loss(self.mlm, Y, m.y_predicted)}  # Eq. 5
@@ -1112,21 +1109,22 @@ class VecoPretrain(Method):
         return loss, {'loss': loss.detach(), **{name: t.detach() for name, t in terms.items()}}
 
     def before_update(self):
-        """In the first phase the optimiser leaves everything but the new cross-attention alone (the paper: XLM-R
-        frozen, the cross-attention trained first): their gradients go, and AdamW leaves a parameter without one."""
+        """In the first phase, the optimiser leaves everything but the new cross-attention alone (the paper freezes
+        XLM-R and trains the cross-attention first). Their gradients are dropped, and AdamW skips a parameter without
+        one."""
         for name, p in self.named_parameters():
             if self.cross_only() and not is_cross('enc.' + name.removeprefix('encoder.')):
                 p.grad = None
 
     def stepped(self, step):
-        """The step counted -> the log's event when the first phase ends at this step."""
+        """Count the step -> an event for the log when the first phase ends at this step, else None."""
         self.step = step
         return 'every parameter trains from here on' if step == self.cross_only_steps else None
 
     def schedule(self, args, total):
-        """Each phase its own warm-up and decay (Table 5's shape, --warmup of the phase's steps): in
-        phase 2 XLM-R's weights start their Adam moments afresh, so they warm up, while the
-        cross-attention keeps the moments of phase 1 (one optimiser all along)."""
+        """Each phase has its own warm-up and decay (Table 5's shape, --warmup of the phase's steps). In phase 2,
+        XLM-R's weights start their Adam moments afresh, so they warm up, while the cross-attention keeps the
+        moments of phase 1 (one optimiser all along)."""
         P = self.cross_only_steps
         first = warmup_then_decay(int(args.warmup * P), 0, P)
         second = warmup_then_decay(int(args.warmup * (total - P)), P, total)
@@ -1134,9 +1132,9 @@ class VecoPretrain(Method):
 
     @torch.no_grad()
     def held_out_losses(self, items, batch_size, seed, device, precision):
-        """The MLM losses of the held-out pairs with masks fixed by seed, per kind (mono, para), and
-        CS-MLM once more with each row reading another row's X^N (cs_shuffled): far above cs_xy,
-        the cross-attention uses its memory. score: minus the summed loss, higher is better."""
+        """The MLM losses of the held-out pairs per kind (mono, para), with masks fixed by seed. CS-MLM runs once more
+        with each row reading another row's X^N (cs_shuffled): when that is far above cs_xy, the cross-attention uses
+        its memory. score is minus the summed loss, so higher is better."""
         self.eval()
         sums, counts = {}, {}
         with torch.random.fork_rng():
@@ -1145,7 +1143,7 @@ class VecoPretrain(Method):
                 part = [item for item in items if item[0].label == (kind == 'para')]
                 for index in data.length_batches(data.item_lengths(part)[:, 0], batch_size):
                     pair = data.collate_pairs([part[i][0] for i in index], [part[i][1] for i in index])
-                    for name, t in self.held_out_terms(self.host(pair).to(device), precision).items():  # a mean
+                    for name, t in self.held_out_terms(self.host(pair).to(device), precision).items():  # t is a mean
                         total, count = sums.setdefault(kind, {}), counts.setdefault(kind, {})
                         total[name] = total.get(name, 0.0) + t.item() * len(index)
                         count[name] = count.get(name, 0) + len(index)
@@ -1155,7 +1153,7 @@ class VecoPretrain(Method):
         return out
 
     def held_out_terms(self, m, precision):
-        """A held-out Masked batch's loss terms, and CS-MLM once more with each row reading another row's X^N."""
+        """The loss terms of a held-out Masked batch, and CS-MLM once more with each row reading another row's X^N."""
         with autocast(m.x.device, precision):
             terms = self.terms(m)
             if len(m.x) > 1 and self.cs_mlm:
@@ -1164,23 +1162,23 @@ class VecoPretrain(Method):
                 terms['cs_shuffled'] = mlm_loss(self.mlm, shuffled, m.y_predicted)
         return terms
 
-    # memory hooks: what the plan's estimate counts (Method's)
+    # memory hooks (see Method): what the plan's estimate counts
     @classmethod
     def sketch(cls, args, cfg):
         return cls(Encoder(cfg, cross=not args.no_cs_mlm), cfg.vocab_size - 1, cs_mlm=not args.no_cs_mlm)
 
     @classmethod
     def micro_batches(cls, args, parts, max_tokens=None):
-        """A monolingual micro-batch of pairs of --max_len, a bilingual one of data.PARA_LEN; with max_tokens, as many
-        pairs as fit in it, both sides counted (data.token_sizes)."""
+        """A monolingual micro-batch of pairs of --max_len, and a bilingual one of data.PARA_LEN. With max_tokens, as
+        many pairs as fit in it, counting both sides (data.token_sizes)."""
         mono, para = args.max_len, min(args.max_len, data.PARA_LEN)
         rows = lambda size, n: max_tokens // (2 * n) if max_tokens else math.ceil(size / parts)
         shapes = [(rows(args.batch_size, mono), (mono, mono)), (rows(args.para_batch_size, para), (para, para))]
         return shapes[:1] if args.mono_only else shapes
 
     def passes(self, rows, lengths):
-        """Pairs short enough to be bilingual counted as bilingual, TLM's pass too (the most they keep). The MLM head
-        runs on the masked share of each term's tokens: its hidden layer, and the log-softmax over the vocabulary."""
+        """Pairs short enough to be bilingual count as bilingual, TLM's pass too (the most they keep). The MLM head runs
+        on the masked share of each term's tokens: its hidden layer and the log-softmax over the vocabulary."""
         (x, y), cfg = lengths[:2], self.encoder.cfg
         passes = [Pass(rows, n, cfg.n_layer) for n in (x, y, x + y)[:2 + (max(x, y) <= data.PARA_LEN)]]
         if self.cs_mlm:
@@ -1190,15 +1188,14 @@ class VecoPretrain(Method):
 
 
 class Veco(Baseline):
-    """VECO for understanding (Section 2.3): the pre-trained self-attention and FFN modules make
-    the encoder, the cross-attention is thrown away (Run.pretrained loads --init without it), and the
-    encoder is fine-tuned as XLM-R: on English (cross-lingual transfer) or, with
-    --translate_train_all, on English and its translations (VecoAll)."""
+    """VECO for understanding (Section 2.3). The pre-trained self-attention and FFN modules make the encoder, and the
+    cross-attention is thrown away (Run.pretrained loads --init without it). The encoder is fine-tuned as XLM-R is:
+    on English (cross-lingual transfer) or, with --translate_train_all, on English and its translations (VecoAll)."""
     NAME, NOT_ON_BERT = 'veco', VecoPretrain.NOT_ON_BERT
     select = 'en'  # the released run_classify.py keeps the best English dev checkpoint
-    # train_xnli.sh: the English dev score every 500 steps keeps the best; the tasks it did not script take XTREME's
-    # scripts, whose codebase the paper fine-tuned on (Section 4.1); train_squad.sh (XQuAD's; MLQA and TyDiQA train
-    # on SQuAD's English too): SQuAD's dev score every 200
+    # train_xnli.sh keeps the best English dev score, checked every 500 steps. The tasks it did not script take
+    # XTREME's scripts, whose codebase the paper fine-tuned on (Section 4.1). train_squad.sh (XQuAD's; MLQA and
+    # TyDiQA train on SQuAD's English too) checks SQuAD's dev score every 200 steps.
     RUN = {'xnli': {'lr': 2e-5, 'epochs': 2, 'batch_size': 64, 'eval_steps': 500, 'seed': 42},
            **{task: Baseline.RUN[task] for task in ('pawsx', 'udpos', 'panx')},
            **{task: {'lr': 2e-5, 'epochs': 2, 'batch_size': 16, 'weight_decay': 1e-4, 'warmup_steps': 500,
@@ -1212,7 +1209,7 @@ class Veco(Baseline):
                'translate-train-all lr 3e-6,5e-6,1e-5)', nargs='*'))
 
     @classmethod
-    def retrieval_layer(cls, task, n_layer):  # its run_tatoeba.sh: after layer 19 of 24, mean over every token
+    def retrieval_layer(cls, task, n_layer):  # its run_tatoeba.sh: after layer 19 of 24, the mean over every token
         return max(1, round(n_layer * 19 / 24))
 
     @classmethod
@@ -1224,11 +1221,11 @@ class Veco(Baseline):
         super().configure(args, demo)
         if args.search is not None and TASKS[args.task].family == 'retrieval':
             raise ValueError(f'--search fine-tunes, and {args.task} trains nothing: drop --search')
-        search_grid(cls.GRID, args.search)  # its mistakes, before anything runs
+        search_grid(cls.GRID, args.search)  # reports a bad --search before anything runs
 
     @classmethod
     def stages(cls, args):
-        """--search: a run per point of the grid, in --out/<point>."""
+        """With --search, a run per point of the grid, each in --out/<point>."""
         grid = search_grid(cls.GRID, args.search) if args.search is not None else {}
         points = list(itertools.product(*grid.values())) if grid else []
         return {'-'.join(f'{k}{v:g}' for k, v in zip(grid, p)): {**dict(zip(grid, p)), 'search': None,
@@ -1237,9 +1234,9 @@ class Veco(Baseline):
 
     @classmethod
     def procedure(cls, run):
-        """Fine-tuning, the baseline's; with --search, Table 6's search: a run per point of the grid
-        (stages), then the point with the best average dev score (the paper's rule, Appendix A) is
-        this run's result, evaluated again here, the table listing every point."""
+        """The baseline's fine-tuning. With --search, Table 6's search: a run per point of the grid (stages). The
+        point with the best average dev score (the paper's rule, Appendix A) is this run's result. It is evaluated
+        again here, and the table lists every point."""
         if run.args.search is None:
             return super().procedure(run)
         found = {}
@@ -1274,14 +1271,14 @@ class VecoAll(Veco):
 # encoder-decoder, fine-tuned on translation as the released fairseq scripts do.
 
 def assemble(pre, n, init='last', new_tokens=0, dropout=0.1, attn_dropout=0.0, embed_scale=None, released=None):
-    """-> (encoder, decoder) from a pre-trained encoder with cross-attention. The encoder is every
-    layer's self-attention and FFN; the decoder's n layers (causal self-attention, cross-attention
-    on the encoder's output, FFN) copy the last n pre-trained layers ('last', the paper's choice),
-    the first n ('first') or none ('random', a new decoder): Table 4's rows; from a released
-    decoder's layers when one is given (VECO's NLG model: its --keep-decoder-layers, the last n). One token embedding,
-    grown by `new_tokens` new rows (the language tokens), serves both sides and the output layer;
-    token embeddings are scaled by embed_scale, by default the scale the pre-trained model was
-    trained with (XLM-R and the pre-training here: 1; VECO's released NLG model: sqrt(dim))."""
+    """-> (encoder, decoder) from a pre-trained encoder with cross-attention. The encoder is every layer's
+    self-attention and FFN. The decoder's n layers (causal self-attention, cross-attention on the encoder's output,
+    FFN) copy the last n pre-trained layers ('last', the paper's choice), the first n ('first'), or none ('random',
+    a new decoder); these are Table 4's rows. When a released decoder is given, they copy its layers (VECO's NLG
+    model: its --keep-decoder-layers, the last n). One token embedding, grown by `new_tokens` new rows (the language
+    tokens), serves both sides and the output layer. Token embeddings are scaled by embed_scale, by default the
+    scale that the pre-trained model was trained with (XLM-R and the pre-training here: 1; VECO's released NLG
+    model: sqrt(dim))."""
     source = pre if released is None else released  # where the decoder's layers come from
     L = source.cfg.n_layer
     if not 1 <= n <= L:
@@ -1303,37 +1300,36 @@ def assemble(pre, n, init='last', new_tokens=0, dropout=0.1, attn_dropout=0.0, e
 
 
 def label_smoothed_loss(logits, targets, eps):
-    """fairseq's label-smoothed cross-entropy per target token (B, T), 0 where the target is
-    IGNORE: (1 - eps) (-log p(y)) + eps / V sum_v (-log p(v)); and -log p(y) alone."""
+    """fairseq's label-smoothed cross-entropy per target token (B, T), 0 where the target is IGNORE:
+    (1 - eps) (-log p(y)) + eps / V sum_v (-log p(v)). It also returns -log p(y) alone."""
     logp = logits.float().log_softmax(-1)
     real = targets.ne(IGNORE)
     nll = -logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     return ((1 - eps) * nll - eps * logp.mean(-1)) * real, nll * real
 
 
-# the valid loss makes the vocabulary's logits for this many target tokens at a time (1 GiB in fp32): a batch of 64
-# pairs of 251 tokens would make 64 x 251 x 250k of them, 16 GiB, and as much again for their log-softmax
+# The valid loss makes at most this many logits over the vocabulary at a time (1 GiB in fp32). A batch of 64
+# pairs of 251 tokens would make 64 x 251 x 250k of them, 16 GiB, and as much again for their log-softmax.
 VALID_LOGITS = 2 ** 28
 
 
 class VecoTranslate(Method):
-    """A VECO encoder-decoder (assemble) fine-tuned on translation with label-smoothed
-    cross-entropy. As the released code, the source is `x </s> [src]` and the decoder reads
-    `[tgt] y` to predict `y </s>` (the released code appends [tgt] after </s> too and stops at it;
-    we stop at </s>); the output layer is the token embedding, no bias. generate() is fairseq's
-    beam search with its length penalty."""
+    """A VECO encoder-decoder (assemble) fine-tuned on translation with label-smoothed cross-entropy. As in the
+    released code, the source is `x </s> [src]`, and the decoder reads `[tgt] y` to predict `y </s>`. The released
+    code also appends [tgt] after </s> and stops at it; we stop at </s>. The output layer is the token embedding,
+    without a bias. generate() is fairseq's beam search with its length penalty."""
     NAME, TASKS, paired, family, select, pretrained_start = 'veco', ('translate',), True, 'translation', 'loss', True
     EXPORT, NOT_ON_BERT = 'VECO\'s translation model is an encoder-decoder', VecoPretrain.NOT_ON_BERT
-    # finetune-wmt14en2{de,fr}.sh: 1e-4 (the paper: 1e-4 / 2e-4), 100k updates, 16k of them warm-up, then linear
-    # decay; fp16; weight decay on every parameter (DECAY_ALL); a checkpoint every 5k updates, the last 10 averaged
-    # (inference-wmt14en2{de,fr}.sh); train pairs of at most 250 pieces a side (prepare-wmt14en2{de,fr}.sh);
-    # dropout 0.1 and attention dropout 0 (veco_large)
+    # finetune-wmt14en2{de,fr}.sh: 1e-4 (the paper: 1e-4 / 2e-4) for 100k updates, 16k of them warm-up, then a
+    # linear decay, in fp16, with weight decay on every parameter (DECAY_ALL). A checkpoint every 5k updates, the last
+    # 10 averaged (inference-wmt14en2{de,fr}.sh). Training pairs of at most 250 pieces a side
+    # (prepare-wmt14en2{de,fr}.sh). Dropout 0.1 and attention dropout 0 (veco_large).
     RUN = {'translate': {'lr': 1e-4, 'steps': 100000, 'eval_every': 5000, 'warmup': 0.16, 'weight_decay': 0.01,
                          'clip': 0.1, 'label_smoothing': 0.2, 'average_last': 10, 'max_len': 250, 'batch_size': 2048,
                          'dropout': 0.1, 'attn_dropout': 0.0, 'precision': 'fp16', 'seed': 222}}
     DECAY_ALL = True
-    # 64k tokens a batch for en-de (4096 tokens x 2 accumulations x 8 GPUs), 256k for en-fr: in
-    # sentences of about 32 pieces, 2048 and 8192
+    # A batch holds 64k tokens for en-de (4096 tokens x 2 accumulations x 8 GPUs) and 256k for en-fr: in
+    # sentences of about 32 pieces, 2048 and 8192.
     PAIRS = {'en-de': {'dropout': 0.3, 'attn_dropout': 0.1}, 'en-fr': {'batch_size': 8192, 'length_ratio': 1.5}}
     # the demo: the tiny model's 2 layers make the decoder
     DEMO = {'steps': 500, 'eval_every': 125, 'lr': 1e-3, 'batch_size': 32, 'warmup': 0.1, 'dropout': 0.1,
@@ -1357,7 +1353,7 @@ class VecoTranslate(Method):
 
     @classmethod
     def configure(cls, args, demo=None):
-        args.src, args.tgt = args.src or 'en', args.tgt or 'de'  # before the defaults: the pair chooses some (PAIRS)
+        args.src, args.tgt = args.src or 'en', args.tgt or 'de'  # set first, as the pair chooses some defaults (PAIRS)
         if args.src == args.tgt:
             raise ValueError(f'--src and --tgt are both {args.src}: translation needs two languages')
         if args.epochs:
@@ -1380,10 +1376,10 @@ class VecoTranslate(Method):
 
     @classmethod
     def procedure(cls, run):
-        """Tables 3-4: the pre-trained blocks assembled into an encoder-decoder, fine-tuned on --src ->
-        --tgt; every --eval_every steps the valid loss (best.pt: the lowest) and a checkpoint kept;
-        then the test set decoded by beam search with the mean of the last --average_last
-        checkpoints (fairseq's average_checkpoints), one line per source, scored with BLEU."""
+        """Tables 3-4: the pre-trained blocks are assembled into an encoder-decoder and fine-tuned on --src -> --tgt.
+        Every --eval_every steps, the run computes the valid loss (best.pt has the lowest) and keeps a checkpoint.
+        Then beam search decodes the test set, one line per source, with the mean of the last --average_last
+        checkpoints (fairseq's average_checkpoints), and BLEU scores the translations."""
         args, tok = run.args, run.tok
         method, lang_ids, scale = cls.assembled(run)
         read = lambda split: data.translation_items(tok, args.data_dir, args.src, args.tgt, split, lang_ids,
@@ -1411,8 +1407,8 @@ class VecoTranslate(Method):
 
     @classmethod
     def assembled(cls, run):
-        """The encoder-decoder (assemble) from --init, or new -> (the method, the ids of [src] and [tgt], the
-        token embeddings' scale)."""
+        """The encoder-decoder (assemble) from --init, or a new one -> (the method, the ids of [src] and [tgt], the
+        scale of the token embeddings)."""
         args, tok = run.args, run.tok
         loaded = run.pretrained(cross=True, decoder=True)  # --init's cross-attention, or new
         pre, released = loaded.encoder, loaded.decoder
@@ -1435,11 +1431,11 @@ class VecoTranslate(Method):
 
     @classmethod
     def decoded(cls, run, method, test):
-        """The test sources' translations (token ids), shared out over the processes (run.sharded)."""
+        """The translations of the test sources (token ids), shared out over the processes (run.sharded)."""
         args = run.args
         method.eval()
 
-        def decode(index):  # in fp32 as the released inference script (TF32 off), unless --decode_bf16
+        def decode(index):  # in fp32 as in the released inference script (TF32 off), unless --decode_bf16
             with autocast(run.device, 'bf16') if args.decode_bf16 else exact_fp32(run.device):
                 batch = data.collate([test[i][0] for i in index]).to(run.device)
                 return [(torch.tensor(h, dtype=torch.long),) for h in method.generate(batch, args.beam, args.lenpen)]
@@ -1453,13 +1449,13 @@ class VecoTranslate(Method):
         return F.linear(h, self.encoder.tok.weight)  # the output layer is the token embedding
 
     def decode(self, ids, memory, memory_mask):
-        """Decoder states of the target prefixes ids (B, T); right padding needs no mask: the
-        causal mask keeps every real position off the padding after it."""
+        """The decoder states of the target prefixes ids (B, T). Right padding needs no mask, because
+        the causal mask keeps every real position off the padding after it."""
         return self.decoder.run(self.decoder.embed(ids), None, memory=memory, memory_mask=memory_mask, causal=True)
 
     def token_losses(self, pair, rows=None):
-        """-> (label-smoothed loss, nll) per target token (B, T), 0 on padding; the logits over the vocabulary made
-        for `rows` rows of the batch at a time (default all)."""
+        """-> (the label-smoothed loss, the nll) per target token (B, T), 0 on padding. The logits over the vocabulary
+        are made for `rows` rows of the batch at a time (default: all)."""
         memory = self.encoder.run(self.encoder.embed(pair.src.ids), pair.src.keys)
         h, labels = self.decode(pair.tgt.ids, memory, pair.src.keys), pair.tgt.labels
         parts = [label_smoothed_loss(self.logits(h_), y, self.eps) for h_, y in zip(h.split(rows or len(h)),
@@ -1475,7 +1471,7 @@ class VecoTranslate(Method):
 
     @torch.no_grad()
     def valid_losses(self, items, batch_size, device, precision):
-        """The label-smoothed loss and the nll per target token of items (the valid set); score: -loss."""
+        """The label-smoothed loss and the nll per target token of items (the valid set), with score = -loss."""
         self.eval()
         loss = nll = tokens = 0.0
         for index in data.length_batches(data.item_lengths(items)[:, 0], batch_size):
@@ -1493,29 +1489,29 @@ class VecoTranslate(Method):
         memory = self.encoder(src.ids, src.mask)
         return beam_search(self.decoder, memory, src.mask, self.bos, beam, lenpen, max_new, min_len, cache)
 
-    # memory hooks: what the plan's estimate counts (Method's)
+    # memory hooks (see Method): what the plan's estimate counts
     @classmethod
     def sketch(cls, args, cfg):
         return cls(*assemble(Encoder(cfg, cross=True), args.dec_layers, 'random', dropout=cfg.dropout,
                              attn_dropout=cfg.attn_dropout), bos=0)
 
     def passes(self, rows, lengths):
-        """The encoder on the source, the decoder on the target, and over the vocabulary per target token: the
-        log-softmax the label-smoothed loss keeps, and in backward its gradient and the logits'."""
+        """The encoder on the source and the decoder on the target. Per target token, over the vocabulary: the
+        log-softmax that the label-smoothed loss keeps and, in backward, its gradient and the logits' gradient."""
         (s, t), cfg = lengths[:2], self.encoder.cfg
         logits = rows * t * 12 * cfg.vocab_size
         return [Pass(rows, s, cfg.n_layer), Pass(rows, t, self.decoder.cfg.n_layer, memory=s)], logits
 
 
 # ----------------------------------------------------------------------------------------
-# XLA (Bari et al., 2021; Algorithm 1): self-training on unlabelled target-language text. Three
-# models warm up on English with Eq. 1's confidence penalty (Baseline.conf_penalty); every XLA
-# epoch a frozen masked LM makes vicinal samples (Section 3.2), each model labels the data and
-# keeps what it is sure of (DISTIL, Section 3.3), and each model trains on the samples the other
-# two keep with the same labels (AGREEMENT), drawn by Eq. 2: XLA.stages and XLA.algorithm_1.
+# XLA (Bari et al., 2021; Algorithm 1): self-training on unlabelled target-language text. Three models warm up on
+# English with Eq. 1's confidence penalty (Baseline.conf_penalty). In every XLA epoch, a frozen masked LM makes
+# vicinal samples (Section 3.2), and each model labels the data and keeps what it is sure of (DISTIL, Section 3.3).
+# Each model then trains on the samples that the other two keep with the same labels (AGREEMENT), drawn by Eq. 2.
+# See XLA.stages and XLA.algorithm_1.
 
 class XLA(Baseline):
-    """One XLA model: fine-tuned as the zero-shot baseline, on pseudo-labelled samples too. Its
+    """One XLA model, fine-tuned as the zero-shot baseline is, and on pseudo-labelled samples too. Its
     procedure is Algorithm 1."""
     NAME, TASKS = 'xla', ('xnli', 'pawsx', 'panx', 'udpos', 'conll')  # the paper's: a pair's or a sentence's words kept
     pretrained_start = True  # the demo starts from its pre-trained model, whose MLM makes the vicinal samples
@@ -1523,9 +1519,9 @@ class XLA(Baseline):
     NOT_ON_BERT = ('its vicinity model is XLM-R\'s masked LM, not mBERT\'s (the paper\'s Appendix E.2); its mBERT '
                    'rows are the warm-up alone: --method zeroshot --conf_penalty 1')
     KEEPS = 'final-models.json'
-    # Table 8 (XNER: CoNLL NER, also for panx and udpos). The warm-up (--lr, --batch_size, --epochs) and the XLA
-    # epochs (--xla_lr, --xla_batch_size); eta: the share kept per epoch in percent; share: P;
-    # delta: samples per sentence (one number) or per part of a pair (successive cross).
+    # Table 8 (XNER: CoNLL NER, also for panx and udpos) gives the warm-up (--lr, --batch_size, --epochs) and the XLA
+    # epochs (--xla_lr, --xla_batch_size). eta is the share kept per epoch, in percent; aug_share is P; delta is the
+    # samples per sentence (one number) or per part of a pair (successive cross).
     TAGGING = {'lr': 3e-5, 'batch_size': 20, 'steps': 3000, 'warmup_steps': 200, 'max_len': 280, 'eval_steps': 50,
                'xla_lr': 5e-6, 'xla_batch_size': 16, 'xla_weight_decay': 0.01, 'xla_eval_steps': 50,
                'eta': [80, 100, 100], 'aug_share': 0.3, 'delta': [3], 'train_share': 1.0, 'seed': 1000}
@@ -1534,7 +1530,7 @@ class XLA(Baseline):
             'seed': 1000}
     RUN = {'conll': TAGGING, 'panx': TAGGING, 'udpos': TAGGING, 'xnli': {**PAIR, 'epochs': 6, 'eta': [50, 80, 100]},
            'pawsx': {**PAIR, 'epochs': 10, 'xla_epochs': 6, 'eta': [80, 90, 80], 'aug_share': 0.4}}
-    # the demo: the warm-up as every demo's, the XLA epochs at a lower rate, selecting at their end; all its data
+    # the demo: the warm-up as in every demo, and the XLA epochs at a lower rate, selecting at their end, on all data
     DEMO = {'xla_lr': 1e-4, 'xla_batch_size': 32, 'xla_eval_steps': None, 'train_share': 1.0, 'train_lang': 'de',
             'seed': 1000}
     SETS = {1: ('source', 'target'), 2: ('target vicinal',),  # Algorithm 1, line 22: the sets of each epoch
@@ -1575,8 +1571,8 @@ class XLA(Baseline):
 
     @classmethod
     def released(cls, args):
-        """Table 8's settings; Table 8 gives XNLI's and PAWS-X's for 5% of the data alone: at 100% the
-        warm-up is the zero-shot baseline's (XTREME's scripts), the XLA epochs Table 8's."""
+        """Table 8's settings. Table 8 gives XNLI's and PAWS-X's for 5% of the data alone, so at 100% the warm-up
+        is the zero-shot baseline's (XTREME's scripts), and the XLA epochs take Table 8's."""
         run = cls.RUN.get(args.task, {})
         if not (args.train_share == 1 and run.get('train_share') == 0.05):
             return run
@@ -1586,7 +1582,7 @@ class XLA(Baseline):
 
     @classmethod
     def configure(cls, args, demo=None):
-        if demo is not None:  # Table 8's augmentation and distillation; the warm-up as every demo's
+        if demo is not None:  # Table 8's augmentation and distillation, with the warm-up of every demo
             demo = {**{k: v for k, v in cls.released(args).items() if k in {o.name for o in cls.OPTIONS}}, **demo}
         if args.posterior is not None and args.distil != 'gmm':
             raise ValueError('--posterior is the threshold of --distil gmm: add --distil gmm or drop --posterior')
@@ -1618,8 +1614,8 @@ class XLA(Baseline):
 
     @classmethod
     def stages(cls, args):
-        """The warm-up (Section 3.1, lines 1-3): three zero-shot runs on English with the
-        confidence penalty (weight 1, or --conf_penalty), seeded --seed + 0, 2000, 3000 (UXLA's 1000, 3000, 4000)."""
+        """The warm-up (Section 3.1, lines 1-3): three zero-shot runs on English with the confidence penalty
+        (weight 1, or --conf_penalty), seeded --seed + 0, 2000 and 3000 (UXLA's 1000, 3000, 4000)."""
         seed = '' if args.seed == cls.RUN['conll']['seed'] else f'seed{args.seed}/'  # --seeds: each seed's apart
         shared = lambda m: {'out': f'{args.warmup_dir}/{seed}warmup-{m + 1}'} if args.warmup_dir else {}  # other runs'
         penalty = 1.0 if args.conf_penalty is None else args.conf_penalty
@@ -1630,15 +1626,15 @@ class XLA(Baseline):
     @classmethod
     def procedure(cls, run):
         """Algorithm 1, then the report: each final model, their mean, and the ensemble that
-        averages their probabilities (the run's predictions), beside the warm-ups'."""
+        averages their probabilities (the run's predictions), beside the same for the warm-ups."""
         models = run.folder.cached('final-models.json', lambda: cls.algorithm_1(run))
         report_models(run, cls, models)
 
     @classmethod
     def algorithm_1(cls, run):
-        """Three warm-up models, then per XLA epoch: vicinal samples of the target text (from epoch 3
-        of English too; GEN-LM, lines 6-7), each model's labels and DISTIL's choice (lines 8-10),
-        and co-teaching (lines 3-22). -> the three final models' checkpoints."""
+        """Three warm-up models, then in each XLA epoch: vicinal samples of the target text (and from epoch 3
+        of English too; GEN-LM, lines 6-7), each model's labels and DISTIL's choice (lines 8-10), and
+        co-teaching (lines 3-22). -> the checkpoints of the three final models."""
         args = run.args
         if not args.xla_epochs:  # the warm-ups alone: the zero-shot rows (with --conf_penalty 0) and their ensemble
             return [f'{run.stage(name)}/best.pt' for name in cls.stages(args)]
@@ -1647,7 +1643,7 @@ class XLA(Baseline):
         if not (args.mlm or args.init):
             run.fail('XLA\'s vicinal samples need a masked LM: '
                      'pass --mlm (a converted XLM-R checkpoint, python layers.py convert)')
-        encoder, mlm = run.pretrained(init=args.mlm or args.init)[:2]  # now: a missing MLM must not wait for epoch 2
+        encoder, mlm = run.pretrained(init=args.mlm or args.init)[:2]  # here: a missing MLM must not wait for epoch 2
         if mlm is None:
             run.fail(f'{args.mlm or args.init} has no MLM head: pass --mlm a converted XLM-R checkpoint '
                      '(python layers.py convert keeps it)')
@@ -1665,10 +1661,10 @@ class XLA(Baseline):
 
     @classmethod
     def co_teaching(cls, run, e, models, unlabelled, english):
-        """Lines 3-22 of epoch e: for every ordered pair of peers (k, j), the third model l trains on
-        what k and j keep and agree on (AGREEMENT), so each model trains twice an epoch and later
-        pairs label with peers already trained in it. A checkpoint labels once an epoch (DISTIL).
-        models: each model's newest checkpoint -> the epoch's last ones."""
+        """Lines 3-22 of epoch e. For every ordered pair of peers (k, j), the third model l trains on what k and j
+        keep and agree on (AGREEMENT). So each model trains twice an epoch, and later pairs label with peers that
+        have already trained in it. A checkpoint labels only once an epoch (DISTIL). models: each model's newest
+        checkpoint -> the epoch's last checkpoints."""
         args, models, labelled = run.args, list(models), {}
         eta = args.eta[min(e, len(args.eta)) - 1] / 100
 
@@ -1690,18 +1686,18 @@ class XLA(Baseline):
 
     @classmethod
     def predictor(cls, run):
-        """The ensemble of the three final models, the run's predictions."""
+        """The ensemble of the three final models, which makes the run's predictions."""
         return Ensemble([run.restore(run.path(m), cls) for m in json.loads(data.read_text(run.path(cls.KEEPS)))])
 
 
 def vicinal_samples(run, feats, vicinity, epoch, name):
-    """GEN-LM (Section 3.2) as the released code: the vicinal samples of every feature, unlabelled,
-    made once and kept as a set on disk (data.Items) in the run's folder `name`. Each sentence (a
-    pair's each) gets --delta samples, each masking words chosen by masked_words and filled one at
-    a time by the frozen masked LM (fill_successively); a pair's δ1 and δ2 samples are crossed
-    into δ1 x δ2 (successive cross). A sample whose word count changed (a filled piece that does
-    not start a word) is dropped, as the released code drops it. The draws follow (--seed, epoch,
-    feature), so any number of processes makes the same samples. vicinity: (encoder, MLM head)."""
+    """GEN-LM (Section 3.2) as in the released code: the unlabelled vicinal samples of every feature, made once and
+    kept as a set on disk (data.Items) in the run's folder `name`. Each sentence (each one of a pair) gets --delta
+    samples. Each sample masks words chosen by masked_words, and the frozen masked LM fills them one at a time
+    (fill_successively). A pair's δ1 and δ2 samples are crossed into δ1 x δ2 (successive cross). A sample whose
+    word count changed (a filled piece that does not start a word) is dropped, as the released code drops it. The
+    draws follow (--seed, epoch, feature), so any number of processes makes the same samples. vicinity is
+    (encoder, MLM head)."""
     args, tok, device, family, source = run.args, run.tok, run.device, TASKS[run.args.task].family, 'source' in name
     if not (args.resume and data.is_whole(run.path(name))):  # a resumed run reads the set it made, if it is whole
         word_start, chars = torch.tensor(tok.word_starts()), torch.tensor(tok.piece_chars())
@@ -1739,9 +1735,9 @@ def vicinal_samples(run, feats, vicinity, epoch, name):
 
 
 def samples_per_feature(feats, plans, filled, ok, family, pad):
-    """A batch's filled rows (its features' samples, one after another) and whether each kept its word
-    count (ok) -> each feature's sample_arrays, its rows cut to its length; a pair's samples of its part
-    a and part b crossed (successive cross), a crossed sample kept where both of its parts are."""
+    """A batch's filled rows (the samples of its features, one after another) and whether each row kept its word
+    count (ok) -> each feature's sample_arrays, its rows cut to its length. A pair's samples of part a and part b
+    are crossed (successive cross), and a crossed sample is kept where both of its parts are."""
     out, at = [], 0
     for f, (parts, removed) in zip(feats, plans):
         counts = [len(sets) for sets in parts]
@@ -1756,8 +1752,8 @@ def samples_per_feature(feats, plans, filled, ok, family, pad):
 
 
 def parts_of(ids, family, eos=2):
-    """The (start, end) spans masked as one part: the sentence of <s> words </s> (tagging), or
-    a and b of <s> a </s></s> b </s> (a pair: successive cross generates each part apart)."""
+    """The (start, end) spans masked as one part: the sentence of <s> words </s> (tagging), or a and b
+    of <s> a </s></s> b </s> (for a pair, successive cross generates each part apart)."""
     if family == 'tagging':
         return [(1, len(ids) - 1)]
     cut = ids.index(eos)
@@ -1765,13 +1761,12 @@ def parts_of(ids, family, eos=2):
 
 
 def masked_words(feat, family, delta, share, word_start, chars, generator):
-    """What a feature's vicinal samples mask, as the released code chooses it. A part (parts_of) of
-    under 5 or over 150 words, or without a word of 3 or more characters, gives the feature no
-    sample. Each of a part's δ samples masks k = max(int(P x n), 1) of its n words (tagging: the
-    data's; a pair's: a piece that starts a word begins one), words of 3 or more characters only,
-    taken as successive windows of one random order of them (cycling); a set of words drawn
-    before is dropped. -> the sets per part, each word as its (first, end) positions in masking
-    order, and {filter: count removed}."""
+    """What a feature's vicinal samples mask, as the released code chooses it. A part (parts_of) of under 5 or over
+    150 words, or without a word of 3 or more characters, gives the feature no sample. Each of a part's δ samples
+    masks k = max(int(P x n), 1) of its n words (for tagging, the data's words; for a pair, a piece that starts a
+    word begins one). Only words of 3 or more characters are masked, taken as successive windows of one random
+    order of them (cycling). A set of words drawn before is dropped. -> the sets per part, each word as its
+    (first, end) positions in masking order, and {filter: count removed}."""
     parts = []
     for (start, end), d in zip(parts_of(feat.ids, family), delta):
         part = torch.tensor(feat.ids[start:end], dtype=torch.long)
@@ -1798,13 +1793,12 @@ def masked_words(feat, family, delta, share, word_start, chars, generator):
 
 @torch.no_grad()
 def fill_successively(encoder, mlm, ids, mask, words, fillable, mask_id, pad_id):
-    """Successive max (Section 3.2), a word at a time as the released code, on rows ids (B, T).
-    words (B, K, 2): each row's masked words in masking order, (first, end) positions, -1 padded.
-    Step s puts one <mask> in place of the word words[:, s]: its first piece becomes <mask>, the
-    others <pad>, which the attention mask and the position numbers skip as if removed. The
-    frozen MLM reads the row with the earlier steps' fills in place, and its most probable piece
-    that `fillable` allows (no special token) fills the mask; the replaced word may win. -> the
-    rows, a filled word as one piece followed by <pad> for its other pieces."""
+    """Successive max (Section 3.2) on the rows ids (B, T), a word at a time as in the released code. words
+    (B, K, 2) holds each row's masked words in masking order, as (first, end) positions padded with -1. Step s puts
+    one <mask> in place of the word words[:, s]: its first piece becomes <mask> and the others <pad>, which the
+    attention mask and the position numbers skip as if removed. The frozen MLM reads the row with the earlier
+    steps' fills in place, and its most probable piece that `fillable` allows (no special token) fills the mask;
+    the replaced word may win. -> the rows, with a filled word as one piece followed by <pad> for its other pieces."""
     ids, mask = ids.clone(), mask.clone()
     rows, columns = torch.arange(len(ids), device=ids.device), torch.arange(ids.size(1), device=ids.device)
     for s in range(words.size(1)):
@@ -1820,7 +1814,7 @@ def fill_successively(encoder, mlm, ids, mask, words, fillable, mask_id, pad_id)
 
 
 def successive_cross(a_samples, b_samples, a_span):
-    """Successive cross: every sample of part a with every sample of part b, δ1 x δ2 rows (all
+    """Successive cross: every sample of part a joined with every sample of part b, δ1 x δ2 rows (all
     rows hold the same pair, so part a's positions are the same in each)."""
     start, end = a_span
     out = b_samples.repeat(len(a_samples), 1)
@@ -1829,11 +1823,11 @@ def successive_cross(a_samples, b_samples, a_span):
 
 
 def distil(run, model, unlabelled, eta):
-    """One model's labels of each unlabelled set and DISTIL's choice (Section 3.3): {set: {'label':
-    its samples' labels one after another (a class, or a tag per word), 'ends': where each sample's
-    end (from a first 0), 'confidence', 'keep': bool per sample}}, keeping the top eta by
-    confidence, or the samples whose posterior of the low-loss GMM component is at least
-    --posterior; computed by every process (run.sharded), returned by process 0 (None elsewhere)."""
+    """One model's labels of each unlabelled set and DISTIL's choice (Section 3.3), as {set: {'label': the samples'
+    labels one after another (a class, or a tag per word), 'ends': where each sample's labels end (after a first 0),
+    'confidence', 'keep': a bool per sample}}. It keeps the top eta by confidence, or the samples whose posterior of
+    the low-loss GMM component is at least --posterior. Every process computes it (run.sharded), and process 0
+    returns it (None elsewhere)."""
     args, method, out = run.args, run.restore(run.path(model), XLA).eval(), {}
 
     def scored(items, index):  # a batch -> each sample's labels and scores
@@ -1855,11 +1849,11 @@ def distil(run, model, unlabelled, eta):
 
 
 def pseudo_labels(family, logits, first=None):
-    """A model's labels of a batch of unlabelled samples and DISTIL's scores, from logits (B, C) or
-    (B, T, C): (labels: the argmax class of each sample, or the argmax tag of each word on its
-    first piece (first: (B, T)), the batch's one after another; each sample's count of them;
-    confidence: max_c p_c, or its mean over the words (Section 3.3); loss: the cross-entropy
-    against that label, the same mean of -log max_c p_c)."""
+    """A model's labels of a batch of unlabelled samples and DISTIL's scores, from logits (B, C) or (B, T, C).
+    -> (labels, counts, confidence, loss). labels: the argmax class of each sample, or the argmax tag of each word
+    on its first piece (first: (B, T)), the batch's one after another. counts: each sample's number of labels.
+    confidence: max_c p_c, or its mean over the words (Section 3.3). loss: the cross-entropy against that label,
+    the same mean of -log max_c p_c."""
     top, label = logits.float().softmax(-1).max(-1)
     if family == 'classification':
         return label, torch.ones_like(label), top, -top.log()
@@ -1868,9 +1862,9 @@ def pseudo_labels(family, logits, first=None):
 
 
 def top_confident(confidence, eta):
-    """DISTIL by model confidence: the floor(eta * N) samples with the highest confidence, as the
+    """DISTIL by model confidence: the floor(eta * N) samples with the highest confidence, as in the
     released unsup_utils.py (len * top_k // 100)."""
-    keep = torch.zeros(len(confidence), dtype=torch.bool)  # (the round: 0.29 x 100 is 28.999999999999996)
+    keep = torch.zeros(len(confidence), dtype=torch.bool)  # (why the round: 0.29 x 100 is 28.999999999999996)
     keep[torch.argsort(confidence, descending=True, stable=True)[:math.floor(round(eta * len(confidence), 6))]] = True
     return keep
 
@@ -1893,8 +1887,8 @@ def responsibilities(x, mu, var, pi):
 
 def gmm_good(losses, iters=100, init=None):
     """DISTIL by clustering: p(z = g | loss) of each sample under a 2-component GMM of the
-    per-sample losses fitted by EM, g the component with the smaller mean (the clean samples).
-    init: the two starting means (default the smallest and the largest loss)."""
+    per-sample losses fitted by EM, where g is the component with the smaller mean (the clean samples).
+    init: the two starting means (default: the smallest and the largest loss)."""
     x = losses.double()
     mu = torch.tensor(init if init is not None else [x.min().item(), x.max().item()], dtype=torch.float64)
     var = torch.full((2,), max(x.var().item() if len(x) > 1 else 0.0, 1e-5), dtype=torch.float64)
@@ -1905,18 +1899,18 @@ def gmm_good(losses, iters=100, init=None):
 
 
 def agreement(a, b):
-    """AGREEMENT (Section 3.3): the samples both peers keep and label alike (every word's tag, for
-    tagging). a, b: two peers' distil output of one set ({'label', 'ends', 'keep'})."""
+    """AGREEMENT (Section 3.3): the samples that both peers keep and label alike (every word's tag, for
+    tagging). a and b are the distil outputs of two peers for one set ({'label', 'ends', 'keep'})."""
     differ = torch.cat([torch.zeros(1, dtype=torch.long), a['label'].ne(b['label']).long().cumsum(0)])[a['ends']]
     return a['keep'] & b['keep'] & (differ[1:] == differ[:-1])  # no label of the sample differs
 
 
 def taught_by_peers(by_k, by_j, unlabelled, english=None, union=False):
-    """The training sets a pair of peers k and j give the third model: English (when given) and,
-    of every unlabelled set, the samples both keep and label alike, with that label (AGREEMENT):
-    a model never learns from its own labels. union (the ablation, the released --agreement_param
-    2): the samples either keeps too, with its label. by_k, by_j: distil's {set: {'label', 'ends',
-    'keep'}}. -> {set: Chosen's part (items, positions, labels, ends)}."""
+    """The training sets that a pair of peers k and j give the third model: English (when given) and, of every
+    unlabelled set, the samples that both keep and label alike, with that label (AGREEMENT). A model never learns
+    from its own labels. With union (the ablation, the released --agreement_param 2), it also gets the samples that
+    either peer keeps, with that peer's label. by_k and by_j are distil's {set: {'label', 'ends', 'keep'}}.
+    -> {set: a part of Chosen (items, positions, labels, ends)}."""
     parts = {} if english is None else {'source': (english, None, None, None)}
     for name, items in unlabelled.items():
         a, b = by_k[name], by_j[name]
@@ -1929,11 +1923,10 @@ def taught_by_peers(by_k, by_j, unlabelled, english=None, union=False):
 
 
 def co_train(run, epoch, l, pair, parts, start):
-    """The training of model l by its peers pair = (k, j) (--single: (l, l)) in an XLA epoch: one pass of
-    Eq. 2's draws over the sets in `parts`, from its weights `start`, with a new optimiser (Table 8:
-    --xla_lr, 10% warm-up), the --train_lang dev score selecting every --xla_eval_steps (Table 8)
-    -> the best weights if that score beats `start`'s (strictly, as the released code), else
-    `start` (the model goes on as it was)."""
+    """Train model l, taught by its peers pair = (k, j) (with --single, (l, l)), in an XLA epoch: one pass of Eq. 2's
+    draws over the sets in `parts`, from its weights `start`, with a new optimiser (Table 8: --xla_lr, 10% warm-up).
+    The --train_lang dev score selects every --xla_eval_steps (Table 8). -> the best weights if their score beats
+    that of `start` (strictly, as in the released code), or else `start` (the model goes on as it was)."""
     (k, j), args = pair, run.args
     folder = f'epoch{epoch}/model{l + 1}-by{k + 1}{j + 1}'
     sub = run.sub(folder, epochs=1, steps=None, eval_every=None, lr=args.xla_lr, batch_size=args.xla_batch_size,
@@ -1954,7 +1947,7 @@ def co_train(run, epoch, l, pair, parts, start):
             sub.fit(method, items, lambda: target_dev(method), lambda _: batches)  # none: the last weights
             sub.load_best(method)
         after = score(target_dev(method))
-        better = bool(batches) and (after is None or before is None or after > before)  # as the released code
+        better = bool(batches) and (after is None or before is None or after > before)  # as in the released code
         dev = '' if after is None else f'; {args.train_lang} dev {before:.1f} -> {after:.1f}'
         dev += '' if better or after is None else ', not better: kept the model as it was'
         run.say(f'XLA epoch {epoch}, model {l + 1} by {k + 1} and {j + 1}: trained on '
@@ -1967,9 +1960,9 @@ def co_train(run, epoch, l, pair, parts, start):
 
 
 def mixture_batches(sizes, alpha, batch_size, seed, chunks, lengths=None):
-    """An XLA epoch's global batches over the concatenated sets: sum(n_i) draws, round(q_i x sum(n_i))
-    of them from set i (Eq. 2), each set read in shuffled passes, the draws shuffled together
-    (then grouped by length when lengths are given, as every run's batches)."""
+    """The global batches of an XLA epoch over the concatenated sets. There are sum(n_i) draws, round(q_i x sum(n_i))
+    of them from set i (Eq. 2). Each set is read in shuffled passes, and the draws are shuffled together (then
+    grouped by length when lengths are given, as every run's batches are)."""
     g, picks, offset = torch.Generator().manual_seed(seed), [], 0
     for n, q in zip(sizes, data.sampling_weights(sizes, alpha) if sum(sizes) else sizes):
         count = round(q * sum(sizes))
@@ -1984,8 +1977,8 @@ def mixture_batches(sizes, alpha, batch_size, seed, chunks, lengths=None):
 
 
 class Ensemble(nn.Module):
-    """XLA's ensemble of the three models: the mean of their probabilities (its log is returned,
-    which evaluation reads as logits: the argmax is the same)."""
+    """XLA's ensemble of the three models: the mean of their probabilities. It returns the log of that mean,
+    which evaluation reads as logits (the argmax is the same)."""
     paired = False
 
     def __init__(self, models):
