@@ -149,3 +149,12 @@ def test_the_loop_is_short_and_no_module_holds_state_set_at_run_time():
     start, body = definitions('xlt')['given_or']
     reads = [n for n, line in enumerate(lines_of('xlt'), 1) if 'getattr(args' in line]
     assert reads and all(start <= n < start + len(body) for n in reads), f'xlt.py reads getattr(args, ...) at {reads}'
+
+
+def test_no_conditional_expression_is_split_over_lines_above_the_dividers():
+    """A reader meets `a if c else b` on one line: one split over lines is written as an if statement instead."""
+    for module in MODULES:
+        tree = ast.parse('\n'.join(lines_of(module)))
+        split = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.IfExp) and n.lineno != n.end_lineno
+                 and n.lineno < divider(module)]
+        assert not split, f'{module}.py splits a conditional expression over lines at line {split[0]}'
