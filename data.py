@@ -1624,13 +1624,13 @@ def write_items(path, tok, jobs, work, index_of, meta):
     them is held a window at a time; with work None they are results already (XLA's samples)."""
     tmp, files, done, total, heard = f'{path}.tmp{os.getpid()}', {}, [], 0, []
     hearing = HEARD.set(heard)
-    os.makedirs(tmp)
-    ends = {'ends': 0, 'word_ends': 0}  # the offsets of each feature's ids and words, from a first 0
-    append(tmp, files, {key: np.zeros(1, np.int64) for key in ends})
-    jobs = iter(jobs)
-    first = list(islice(jobs, 2))  # a set of one job (most evaluation sets) is not worth forking a pool for
-    cores = usable_cores() if work and len(first) > 1 else 1
-    try:
+    try:  # a build that fails stops hearing the warnings too
+        os.makedirs(tmp)
+        ends = {'ends': 0, 'word_ends': 0}  # the offsets of each feature's ids and words, from a first 0
+        append(tmp, files, {key: np.zeros(1, np.int64) for key in ends})
+        jobs = iter(jobs)
+        first = list(islice(jobs, 2))  # a set of one job (most evaluation sets) is not worth forking a pool for
+        cores = usable_cores() if work and len(first) > 1 else 1
         # forked before any thread starts (the bar's): the workers run sentencepiece and numpy
         fork = multiprocessing.get_context('fork')
         with fork.Pool(cores, start_worker, (tok,)) if cores > 1 else nullcontext() as pool:

@@ -1277,6 +1277,8 @@ def sweep(args, rank, world, device):
     runs = {v: argparse.Namespace(**{**vars(args), 'seeds': None, 'train_langs': None, option: v, 'gpus': 1,
                                      'commands': False, 'out': os.path.join(args.out, folder.format(v))})
             for v in values}
+    for settings in runs.values():  # the demo makes each run's data in that run's folder, as the run alone does
+        settings.data_dir = os.path.join(settings.out, 'demo-data') if args.demo else settings.data_dir
     changes = lambda v: {option: v, 'out': runs[v].out, **({'init': runs[v].init} if runs[v].init else {})}
     if makes_demo_start(args) and args.gpus > 1:  # the runs' start, made once before they run at once (demo_start)
         demo_pretrained(args, rank, world, device)

@@ -903,3 +903,15 @@ def test_a_batch_with_padding_goes_to_a_gpu_aligned_and_no_score_changes(task):
     assert data.aligned_for(batch, 'cpu') is batch
     whole = data.collate(features[:1], pad_id=1)
     assert data.aligned_for(whole, 'cuda') is whole and not whole.padded
+
+
+def test_a_build_that_fails_stops_keeping_the_warnings_for_itself(tmp_path, capsys):
+    """A build keeps the readers' warnings for its meta.json rather than printing them; one that fails while it reads
+    its sources stops keeping them, so that a later warning is printed as ever."""
+    def jobs():  # a source that cannot be read
+        raise data.DataError('unreadable')
+        yield
+    with pytest.raises(data.DataError, match='unreadable'):
+        data.write_items(str(tmp_path / 'set'), None, jobs(), None, None, {})
+    data.warn('said after the build')
+    assert 'warning: said after the build' in capsys.readouterr().out

@@ -116,12 +116,7 @@ class Consistency(xlt.Method):
     RUN = {'xnli': {'lr': 1e-5}, 'pawsx': {'lr': 1e-5}}
     seen = []
 
-    def __init__(self, encoder, task, args):
-        super().__init__()
-        self.encoder, self.family = encoder, data.TASKS[task].family
-        self.head = xlt.Head(self.family, encoder, data.TASKS[task].labels)
-
-    def predict(self, pair):
+    def predict(self, pair):  # Method.__init__ made the encoder, the family and the task's head
         return self.head(self.encoder(pair.tgt.ids, pair.tgt.mask), pair.tgt.mask)
 
     def loss(self, pair):
