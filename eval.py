@@ -442,11 +442,11 @@ def score_folder(pred_dir, label_dir, demo=False, tasks=XTREME):
     return {**overall, **detailed}
 
 
-def write_predictions(folder, task, lang, preds):
-    """Predictions of one language in the submission layout, written atomically.
+def write_predictions(folder, task, lang, preds, split='test'):
+    """Predictions of one language in the submission layout, written atomically (split 'dev': beside the test's).
     preds: labels (classification), tag lists (tagging), {question id: answer} (QA),
     (source id, English id) pairs (bucc2018), English-side indices (tatoeba)."""
-    path = os.path.join(folder, task, f'test-{lang}.{suffix(task)}')
+    path = os.path.join(folder, task, f'{split}-{lang}.{suffix(task)}')
     atomic_write(path, prediction_text(task, preds))
     return path
 
@@ -779,6 +779,170 @@ def plot_test(ax, names, logs, results):
 
 
 # ----------------------------------------------------------------------------------------
+# The papers' analyses of a run's predictions (--analyse NAME RUN ...): a table as JSON and text, and a figure.
+
+def analyse(name, runs, out=None):
+    """The analysis NAME (ANALYSES) of finished runs, written into out (default: the first run's analyses/) as
+    NAME.json, NAME.txt and, where matplotlib is installed, NAME.png -> the paths written."""
+    if name not in ANALYSES:
+        raise EvalError(f'unknown analysis {name!r}: choose one of {", ".join(ANALYSES)}')
+    tasks, compute = ANALYSES[name]
+    found = {}
+    for run in runs:
+        config = analysed_config(run)
+        if config['task'] not in tasks:
+            raise EvalError(f'{run} is a run of {config["task"]}: --analyse {name} reads runs of {" or ".join(tasks)}')
+        found[run] = compute(run, config)
+    stem = os.path.join(out or os.path.join(runs[0], 'analyses'), name)
+    os.makedirs(os.path.dirname(stem), exist_ok=True)
+    atomic_write(f'{stem}.json', json.dumps({'analysis': name, 'runs': found}, indent=1, ensure_ascii=False))
+    atomic_write(f'{stem}.txt', '\n\n'.join(f'{run}\n{format_table(table)}' for run, table in found.items()) + '\n')
+    return [f'{stem}.json', f'{stem}.txt'] + draw_bars(f'{stem}.png', found)
+
+
+def analysed_config(run):
+    """A finished run's config.json, its data folder found: the one it names, or the demo's in the run's folder."""
+    if not os.path.isfile(os.path.join(run, 'results.json')):
+        raise EvalError(f'{run} is not a finished run (no results.json): give the --out folder of a finished run')
+    config = json.loads(read_text(os.path.join(run, 'config.json')))
+    if not os.path.isdir(config.get('data_dir', '')) and os.path.isdir(os.path.join(run, 'demo-data')):
+        config['data_dir'] = os.path.join(run, 'demo-data')
+    return config
+
+
+def run_predictions(run, task, split, lang):
+    """A run's predictions of one language: its dev predictions (written by every run whose dev sets are the task's
+    own) or its test ones."""
+    path = os.path.join(run, 'predictions', task, f'{split}-{lang}.{suffix(task)}')
+    if not os.path.isfile(path):
+        raise EvalError(f'{path} is not there: the analysis reads the {split} predictions that a run of this version '
+                        'writes; run it again')
+    read = {'tagging': read_tag_file, 'qa': read_qa_file}.get(TASKS[task].family, read_labels)
+    return read(path)
+
+
+def tag_ngram_accuracy(english, gold, predicted, n):
+    """XTREME's Table 4 and 10 (ours in detail, as its release has no code for it): over every window of n
+    consecutive words in the dev sentences, whether its n predicted tags are all the gold ones, apart for the windows
+    whose gold tag n-gram occurs in English's training sentences (seen) and those whose does not (unseen).
+    -> {'seen': (right, windows), 'unseen': (right, windows)}"""
+    seen = {tuple(tags[i:i + n]) for tags in english for i in range(len(tags) - n + 1)}
+    counts = {'seen': [0, 0], 'unseen': [0, 0]}
+    for tags, guess in zip(gold, predicted):
+        for i in range(len(tags) - n + 1):
+            kind = counts['seen' if tuple(tags[i:i + n]) in seen else 'unseen']
+            kind[0] += tags[i:i + n] == guess[i:i + n]
+            kind[1] += 1
+    return {kind: tuple(count) for kind, count in counts.items()}
+
+
+def pos_ngrams(run, config, orders=(3, 4)):
+    """Table 4 and 10 of XTREME for a POS run: the accuracy on tag trigrams and 4-grams seen and unseen in English's
+    training data, in each language from the run's dev predictions; avg: the other languages' mean, gap: English's
+    score less that mean (the tables' 'difference'). -> {row: {language: accuracy}}"""
+    data_dir, langs = config['data_dir'], config.get('langs') or languages('udpos', is_demo(config['data_dir']))
+    english = [ex['tags'] for ex in data.read_split(data_dir, 'udpos', 'train', 'en')]
+    table = {f'{n}-gram, {kind}': {} for n in orders for kind in ('seen', 'unseen')}
+    for lang in (['en'] + [lang for lang in langs if lang != 'en']):
+        gold = [ex['tags'] for ex in data.read_split(data_dir, 'udpos', 'dev', lang)]
+        predicted = run_predictions(run, 'udpos', 'dev', lang)
+        for n in orders:
+            for kind, (right, windows) in tag_ngram_accuracy(english, gold, predicted, n).items():
+                if windows:
+                    table[f'{n}-gram, {kind}'][lang] = 100 * right / windows
+    for row in table.values():
+        others = [score for lang, score in row.items() if lang != 'en']
+        if others:
+            row['avg'] = sum(others) / len(others)
+        if others and 'en' in row:
+            row['gap'] = row['en'] - row['avg']
+    return table
+
+
+def shared_errors(run, config):
+    """XTREME's Section 5 for a run of a task whose other languages translate English's examples: in each language,
+    the share of the examples that English gets right that the language gets right too, and of those English gets
+    wrong; for classification (XNLI, PAWS-X: the dev predictions) also the share on which the language predicts what
+    English predicts (consistent). QA (XQuAD: the test predictions, scored by the data folder's labels) counts an
+    answer right on an exact match. -> {row: {language: percent}}"""
+    task = config['task']
+    langs = config.get('langs') or languages(task, is_demo(config['data_dir']))
+    right_en, predicted_en = judged(run, config, 'en')
+    table = {'right where English is right': {}, 'right where English is wrong': {}, 'consistent with English': {}}
+    for lang in (lang for lang in langs if lang != 'en'):
+        right, predicted = judged(run, config, lang)
+        if right.keys() != right_en.keys():
+            raise EvalError(f'{run}: the {task} examples of {lang} are not those of English: the analysis compares '
+                            'parallel sets, whole')
+        for row, where in (('right where English is right', True), ('right where English is wrong', False)):
+            pairs = [right[key] for key in right_en if right_en[key] == where]
+            if pairs:
+                table[row][lang] = 100 * sum(pairs) / len(pairs)
+        if predicted is not None:  # a QA answer is in its own language, and cannot match English's
+            table['consistent with English'][lang] = 100 * sum(
+                predicted[key] == predicted_en[key] for key in predicted) / len(predicted)
+    for row in table.values():
+        if row:
+            row['avg'] = sum(row.values()) / len(row)
+    return {row: scores for row, scores in table.items() if scores}
+
+
+def judged(run, config, lang):
+    """-> ({example: whether the run's prediction is right}, {example: the prediction}, None for QA) of a language:
+    classification's dev examples by position, QA's test questions by id."""
+    task, data_dir = config['task'], config['data_dir']
+    if TASKS[task].family != 'qa':
+        gold = [ex['label'] for ex in data.read_split(data_dir, task, 'dev', lang)]
+        predicted = dict(enumerate(run_predictions(run, task, 'dev', lang)))
+        if len(predicted) != len(gold):
+            raise EvalError(f'{run}: {len(predicted)} {lang} dev predictions for {len(gold)} examples: run it again')
+        return {i: predicted[i] == label for i, label in enumerate(gold)}, predicted
+    predicted = run_predictions(run, task, 'test', lang)
+    labels = os.path.join(data_dir, 'labels', task, f'test-{lang}.{suffix(task)}')
+    if not os.path.isfile(labels):
+        raise EvalError(f'{labels} is not there: the analysis scores {task}\'s test answers against its labels')
+    qas = [qa for article in read_qa_file(labels) for paragraph in article['paragraphs'] for qa in paragraph['qas']]
+    right = {}
+    for qa in qas:  # an exact match, after SQuAD's normalisation, with one of the gold answers
+        answers = {normalize_answer(answer['text']) for answer in qa['answers']}
+        right[qa['id']] = normalize_answer(predicted.get(qa['id'], '')) in answers
+    return right, None
+
+
+# each analysis: the tasks of the runs it reads, and the function that computes its table
+ANALYSES = {'pos-ngrams': (('udpos',), pos_ngrams), 'shared-errors': (('xnli', 'pawsx', 'xquad'), shared_errors)}
+
+
+def draw_bars(path, found, columns=None):
+    """found {run: {row: {language: value}}} as grouped bars, a panel a run: the languages along x, a bar a row.
+    -> [path], or [] with a line that says why where matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f'no {os.path.basename(path)}: the figure needs matplotlib (pip install matplotlib); the numbers are '
+              'written')
+        return []
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(found), 1, figsize=(8, 3.2 * len(found)), squeeze=False)
+    for ax, (run, table) in zip(axes[:, 0], found.items()):
+        langs = list(dict.fromkeys(lang for row in table.values() for lang in row if lang != 'gap'))
+        width = 0.8 / max(1, len(table))
+        for i, (row, scores) in enumerate(table.items()):
+            ax.bar([x + i * width for x in range(len(langs))], [scores.get(lang, 0) for lang in langs], width,
+                   label=row)
+        ax.set_xticks([x + width * (len(table) - 1) / 2 for x in range(len(langs))], langs)
+        ax.set(title=f'{os.path.splitext(os.path.basename(path))[0]}: {os.path.normpath(run)}', ylabel='%')
+        ax.grid(alpha=0.3, axis='y')
+        ax.legend(fontsize='small', loc='lower right')
+    fig.tight_layout()
+    fig.savefig(f'{path}.tmp.png', dpi=120)
+    os.replace(f'{path}.tmp.png', path)
+    plt.close(fig)
+    return [path]
+
+
+# ----------------------------------------------------------------------------------------
 # The command line.
 
 def bleu_files(hyp_path, ref_path, tokenized=False):
@@ -821,8 +985,11 @@ def main(argv=None):
                                                      'target representations, per language, and its Spearman\'s rho '
                                                      'with the run\'s test scores (--out: optional, a JSON)')
     parser.add_argument('--eval_batch_size', type=int, default=64, help='--cka: examples a batch')
+    parser.add_argument('--analyse', nargs='+', metavar='NAME_AND_RUNS', help='NAME RUN [RUN ...]: a paper\'s '
+                        f'analysis of finished runs ({", ".join(ANALYSES)}; docs/evaluation.md), written to --out '
+                        '(default: RUN/analyses) as NAME.json, NAME.txt and NAME.png')
     args = parser.parse_args(argv)
-    modes = [name for name in ('bleu', 'cka', 'collect', 'plot', 'predictions') if getattr(args, name)]
+    modes = [name for name in ('analyse', 'bleu', 'cka', 'collect', 'plot', 'predictions') if getattr(args, name)]
     if len(modes) > 1:
         sys.exit(f'error: --{" and --".join(modes)} are different modes: give one')
     try:
@@ -830,6 +997,8 @@ def main(argv=None):
             return bleu_main(args)
         if args.cka:
             return cka_main(args)
+        if args.analyse:
+            return analyse_main(args)
         if args.plot:
             for path in plot(args.plot, args.out or os.path.join(args.plot[0], 'plots')):
                 print(f'wrote {path}')
@@ -848,6 +1017,14 @@ def main(argv=None):
     except (EvalError, DataError, OSError) as e:
         sys.exit(f'error: {e}')
     print(xtreme_table(scores, args.demo))
+
+
+def analyse_main(args):
+    """--analyse NAME RUN [RUN ...]: the analysis written, a line a file."""
+    if len(args.analyse) < 2:
+        sys.exit(f'error: --analyse takes NAME RUN [RUN ...]: an analysis ({", ".join(ANALYSES)}) and finished runs')
+    for path in analyse(args.analyse[0], args.analyse[1:], args.out):
+        print(f'wrote {path}')
 
 
 def cka_main(args):

@@ -209,7 +209,8 @@ class Run:
         """Write the kept model's dev and test scores in every language, and its test predictions, to results.json,
         results.txt and predictions/."""
         self.load_best(method)
-        dev = self.evaluate(method, 'dev')[0]
+        dev, dev_preds = self.evaluate(method, 'dev')
+        write_dev_predictions(self, dev_preds)  # beside the test predictions, for eval.py --analyse
         test, preds = self.evaluate(method, 'test')
         scored = self.test_scores(preds)
         if self.args.translate_test and method.family == 'qa':  # English answers, scored on the translations' answers
@@ -1371,6 +1372,14 @@ def command(args, **changes):
             kept.append(word)
     given = [word for option, value in changes.items() for word in (f'--{option}', str(value))]
     return [sys.executable, os.path.abspath(__file__), *kept, *given]
+
+
+def write_dev_predictions(run, preds):
+    """The dev predictions in the leaderboard's layout (predictions/<task>/dev-<lang>.<ext>), written by process 0
+    where the dev sets are the task's own, whole (a method's selects_on may choose others, or their first examples)."""
+    if run.rank == 0 and run.cls.selects_on(run.args) is None:
+        for lang, p in preds.items():
+            ev.write_predictions(run.path('predictions'), run.args.task, lang, p, 'dev')
 
 
 def stages_at_once(run):

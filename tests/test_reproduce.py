@@ -40,6 +40,20 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.slow
+def test_a_run_writes_its_dev_predictions_and_they_score_as_its_dev_results(runs):
+    """Beside its test predictions a run writes its dev predictions (predictions/<task>/dev-<lang>.<ext>), which
+    eval.py --analyse reads: read back and scored against each language's dev set, they give results.json's dev."""
+    root, demo, _ = runs
+    for task in ('panx', 'xnli', 'udpos', 'mlqa'):
+        dev = json.load(open(root / task / 'results.json'))['dev']
+        for lang in data.languages(task, True):
+            preds = ev.run_predictions(root / task, task, 'dev', lang)
+            scores = ev.scores_of(task, lang, data.read_split(demo, task, 'dev', lang), preds)
+            assert scores['score'] == pytest.approx(dev[lang], abs=1e-9), (task, lang)
+    assert not os.path.exists(root / 'tydiqa' / 'predictions' / 'tydiqa' / 'dev-en.json')  # TyDiQA has no dev set
+
+
+@pytest.mark.slow
 def test_each_epoch_prints_one_line_and_the_run_ends_with_its_table(runs):
     root, _, printed = runs
     log = [json.loads(line) for line in open(root / 'panx' / 'log.jsonl')]

@@ -1,0 +1,132 @@
+"""eval.py --analyse: the papers' analyses of a run's predictions, each checked against counts written out by hand on
+files made here in the real layout, and its PNG written and opened."""
+import json
+import os
+import re
+
+import pytest
+
+import eval as ev
+
+NOUN, VERB, DET, ADJ = 'NOUN', 'VERB', 'DET', 'ADJ'
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'w', encoding='utf-8') as f:
+        f.write(text)
+
+
+def tagged(sentences):
+    """A tagging file of the layout XTREME ships: a word and its tag a line, a blank line after each sentence."""
+    return ''.join(''.join(f'w{i}\t{tag}\n' for i, tag in enumerate(tags)) + '\n' for tags in sentences)
+
+
+def tag_lines(sentences):
+    """A tagging predictions file of the leaderboard's layout: a tag a line, a blank line after each sentence."""
+    return ''.join(''.join(f'{tag}\n' for tag in tags) + '\n' for tags in sentences)
+
+
+def finished_run(folder, task, data_dir, predictions):
+    """A finished run's folder as train.py leaves it: results.json, config.json, dev predictions {lang: text}."""
+    write(os.path.join(folder, 'results.json'), json.dumps({'task': task}))
+    write(os.path.join(folder, 'config.json'), json.dumps({'task': task, 'data_dir': data_dir, 'langs': ['de']}))
+    for lang, text in predictions.items():
+        write(os.path.join(folder, 'predictions', task, f'dev-{lang}.{ev.suffix(task)}'), text)
+    return folder
+
+
+def test_tag_ngram_accuracy_counts_the_windows_seen_in_english_by_hand():
+    """English's tags N V D N give the trigrams (N V D), (V D N) and the bigrams (N V), (V D), (D N). The dev
+    sentence N V D A, predicted N V D N, has the trigram windows (N V D), seen and right, and (V D A), unseen and
+    wrong; its bigram windows (N V) and (V D) are seen and right, (D A) unseen and wrong. D N, predicted as it is,
+    has no trigram window and one bigram window, seen and right."""
+    english = [[NOUN, VERB, DET, NOUN]]
+    gold, predicted = [[NOUN, VERB, DET, ADJ], [DET, NOUN]], [[NOUN, VERB, DET, NOUN], [DET, NOUN]]
+    assert ev.tag_ngram_accuracy(english, gold, predicted, 3) == {'seen': (1, 1), 'unseen': (0, 1)}
+    assert ev.tag_ngram_accuracy(english, gold, predicted, 2) == {'seen': (3, 3), 'unseen': (0, 1)}
+    assert ev.tag_ngram_accuracy(english, gold, gold, 3) == {'seen': (1, 1), 'unseen': (1, 1)}
+
+
+def test_pos_ngrams_writes_xtreme_s_table_4_and_its_figure(tmp_path):
+    """Table 4's rows from a run's dev predictions: each language's accuracy on the trigram and 4-gram windows seen
+    and unseen in English's training data, the other languages' mean (avg) and English's score less it (gap)."""
+    data_dir = str(tmp_path / 'data')
+    write(os.path.join(data_dir, 'udpos', 'train-en.tsv'), tagged([[NOUN, VERB, DET, NOUN, VERB]]))
+    write(os.path.join(data_dir, 'udpos', 'dev-en.tsv'), tagged([[NOUN, VERB, DET, NOUN]]))
+    write(os.path.join(data_dir, 'udpos', 'dev-de.tsv'), tagged([[DET, NOUN, VERB, ADJ]]))
+    run = finished_run(str(tmp_path / 'run'), 'udpos', data_dir, {
+        'en': tag_lines([[NOUN, VERB, DET, VERB]]),  # trigrams: (N V D) right, (V D N) wrong; the 4-gram wrong
+        'de': tag_lines([[DET, NOUN, VERB, ADJ]])})  # (D N V) seen, (N V A) unseen, the 4-gram (D N V A) unseen: right
+    written = ev.analyse('pos-ngrams', [run], str(tmp_path / 'out'))
+    table = json.load(open(tmp_path / 'out' / 'pos-ngrams.json'))['runs'][run]
+    assert table == {'3-gram, seen': {'en': 50.0, 'de': 100.0, 'avg': 100.0, 'gap': -50.0},
+                     '3-gram, unseen': {'de': 100.0, 'avg': 100.0},
+                     '4-gram, seen': {'en': 0.0},
+                     '4-gram, unseen': {'de': 100.0, 'avg': 100.0}}
+    assert '3-gram, unseen' in open(tmp_path / 'out' / 'pos-ngrams.txt').read()
+    figure = tmp_path / 'out' / 'pos-ngrams.png'
+    assert str(figure) in written and figure.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and figure.stat().st_size > 5000
+
+
+def test_shared_errors_compares_each_language_with_english_on_the_same_examples(tmp_path):
+    """XTREME's Section 5 on four parallel XNLI dev examples. English is right on 1, 2 and 3 and wrong on 4; German
+    is right on 1 and 4 and wrong on 2 and 3, so it is right on 1 of English's 3 rights (33.3%) and on English's one
+    wrong (100%), and it predicts what English predicts on example 1 alone (25%)."""
+    data_dir = str(tmp_path / 'data')
+    rows = [('a1', 'b1', 'entailment'), ('a2', 'b2', 'neutral'), ('a3', 'b3', 'contradiction'), ('a4', 'b4', 'neutral')]
+    for lang in ('en', 'de'):
+        write(os.path.join(data_dir, 'xnli', f'dev-{lang}.tsv'), ''.join('\t'.join(row) + '\n' for row in rows))
+    run = finished_run(str(tmp_path / 'run'), 'xnli', data_dir, {
+        'en': 'entailment\nneutral\ncontradiction\nentailment\n',
+        'de': 'entailment\ncontradiction\nneutral\nneutral\n'})
+    ev.analyse('shared-errors', [run], str(tmp_path / 'out'))
+    table = json.load(open(tmp_path / 'out' / 'shared-errors.json'))['runs'][run]
+    assert table['right where English is right']['de'] == pytest.approx(100 / 3)
+    assert table['right where English is wrong']['de'] == 100.0
+    assert table['consistent with English']['de'] == 25.0
+    with pytest.raises(ev.EvalError, match='reads runs of xnli or pawsx or xquad'):
+        ev.analyse('shared-errors', [finished_run(str(tmp_path / 'pos'), 'udpos', data_dir, {})], str(tmp_path))
+
+
+def test_shared_errors_on_xquad_counts_exact_matches_of_the_test_answers(tmp_path):
+    """XQuAD's half of Section 5: the test answers, right on an exact match after SQuAD's normalisation (articles and
+    case dropped). English gets q1 right ('the Rhine' for 'Rhine') and q2 wrong; German gets both right: 100% of
+    English's rights and 100% of its wrongs. A QA answer is in its own language, so no consistency row."""
+    data_dir = str(tmp_path / 'data')
+    for lang, first, second in (('en', 'Rhine', 'Paris'), ('de', 'Rhein', 'Paris')):
+        qas = [{'id': 'q1', 'question': '?', 'answers': [{'text': first, 'answer_start': 0}]},
+               {'id': 'q2', 'question': '?', 'answers': [{'text': second, 'answer_start': 0}]}]
+        labels = {'data': [{'title': 't', 'paragraphs': [{'context': f'{first} {second}', 'qas': qas}]}]}
+        write(os.path.join(data_dir, 'labels', 'xquad', f'test-{lang}.json'), json.dumps(labels))
+    run = finished_run(str(tmp_path / 'run'), 'xquad', data_dir, {})
+    write(os.path.join(run, 'predictions', 'xquad', 'test-en.json'), json.dumps({'q1': 'the Rhine', 'q2': 'Lyon'}))
+    write(os.path.join(run, 'predictions', 'xquad', 'test-de.json'), json.dumps({'q1': 'Rhein', 'q2': 'paris'}))
+    ev.analyse('shared-errors', [run], str(tmp_path / 'out'))
+    table = json.load(open(tmp_path / 'out' / 'shared-errors.json'))['runs'][run]
+    assert table == {'right where English is right': {'de': 100.0, 'avg': 100.0},
+                     'right where English is wrong': {'de': 100.0, 'avg': 100.0}}
+
+
+def test_an_analysis_names_what_it_lacks_in_one_line(tmp_path):
+    with pytest.raises(ev.EvalError, match="unknown analysis 'pos'"):
+        ev.analyse('pos', [str(tmp_path)])
+    with pytest.raises(ev.EvalError, match='is not a finished run'):
+        ev.analyse('pos-ngrams', [str(tmp_path)])
+    run = finished_run(str(tmp_path / 'run'), 'udpos', str(tmp_path / 'data'), {})
+    write(os.path.join(tmp_path, 'data', 'udpos', 'train-en.tsv'), tagged([[NOUN]]))
+    write(os.path.join(tmp_path, 'data', 'udpos', 'dev-en.tsv'), tagged([[NOUN]]))
+    with pytest.raises(ev.EvalError, match='dev-en.tsv is not there: the analysis reads the dev predictions'):
+        ev.analyse('pos-ngrams', [run], str(tmp_path / 'out'))
+
+
+def test_every_analysis_the_reproduction_page_runs_exists():
+    """The ledger's analysis rows cite `eval.py --analyse NAME` commands: each NAME is one of eval.ANALYSES, and the
+    tasks of the runs they name are the analysis's."""
+    page = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'docs', 'reproducing.md'),
+                encoding='utf-8').read()
+    commands = re.findall(r'^python eval\.py --analyse (\S+) (.+)$', page, flags=re.M)
+    assert len(commands) >= 2
+    for name, runs in commands:
+        assert name in ev.ANALYSES, name
+        assert all(os.path.basename(run).split('-')[0] in ev.ANALYSES[name][0] for run in runs.split()), runs
