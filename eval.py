@@ -783,7 +783,8 @@ def plot_test(ax, names, logs, results):
 
 def analyse(name, runs, out=None):
     """The analysis NAME (ANALYSES) of finished runs, written into out (default: the first run's analyses/) as
-    NAME.json, NAME.txt and, where matplotlib is installed, NAME.png -> the paths written."""
+    NAME.json (each run's table and the counts behind it), NAME.txt (the tables) and, where matplotlib is installed,
+    NAME.png -> the paths written."""
     if name not in ANALYSES:
         raise EvalError(f'unknown analysis {name!r}: choose one of {", ".join(ANALYSES)}')
     tasks, compute = ANALYSES[name]
@@ -792,12 +793,14 @@ def analyse(name, runs, out=None):
         config = analysed_config(run)
         if config['task'] not in tasks:
             raise EvalError(f'{run} is a run of {config["task"]}: --analyse {name} reads runs of {" or ".join(tasks)}')
-        found[run] = compute(run, config)
+        table, counts = compute(run, config)
+        found[run] = {'table': table, 'counts': counts}
     stem = os.path.join(out or os.path.join(runs[0], 'analyses'), name)
     os.makedirs(os.path.dirname(stem), exist_ok=True)
+    tables = {run: result['table'] for run, result in found.items()}
     atomic_write(f'{stem}.json', json.dumps({'analysis': name, 'runs': found}, indent=1, ensure_ascii=False))
-    atomic_write(f'{stem}.txt', '\n\n'.join(f'{run}\n{format_table(table)}' for run, table in found.items()) + '\n')
-    return [f'{stem}.json', f'{stem}.txt'] + draw_bars(f'{stem}.png', found)
+    atomic_write(f'{stem}.txt', '\n\n'.join(f'{run}\n{format_table(table)}' for run, table in tables.items()) + '\n')
+    return [f'{stem}.json', f'{stem}.txt'] + draw_bars(f'{stem}.png', tables)
 
 
 def analysed_config(run):
@@ -839,15 +842,17 @@ def tag_ngram_accuracy(english, gold, predicted, n):
 def pos_ngrams(run, config, orders=(3, 4)):
     """Table 4 and 10 of XTREME for a POS run: the accuracy on tag trigrams and 4-grams seen and unseen in English's
     training data, in each language from the run's dev predictions; avg: the other languages' mean, gap: English's
-    score less that mean (the tables' 'difference'). -> {row: {language: accuracy}}"""
+    score less that mean (the tables' 'difference'). -> ({row: {language: accuracy}}, {row: {language: windows}})"""
     data_dir, langs = config['data_dir'], config.get('langs') or languages('udpos', is_demo(config['data_dir']))
     english = [ex['tags'] for ex in data.read_split(data_dir, 'udpos', 'train', 'en')]
     table = {f'{n}-gram, {kind}': {} for n in orders for kind in ('seen', 'unseen')}
+    counts = {row: {} for row in table}
     for lang in (['en'] + [lang for lang in langs if lang != 'en']):
         gold = [ex['tags'] for ex in data.read_split(data_dir, 'udpos', 'dev', lang)]
         predicted = run_predictions(run, 'udpos', 'dev', lang)
         for n in orders:
             for kind, (right, windows) in tag_ngram_accuracy(english, gold, predicted, n).items():
+                counts[f'{n}-gram, {kind}'][lang] = windows
                 if windows:
                     table[f'{n}-gram, {kind}'][lang] = 100 * right / windows
     for row in table.values():
@@ -856,7 +861,7 @@ def pos_ngrams(run, config, orders=(3, 4)):
             row['avg'] = sum(others) / len(others)
         if others and 'en' in row:
             row['gap'] = row['en'] - row['avg']
-    return table
+    return table, counts
 
 
 def shared_errors(run, config):
@@ -864,13 +869,15 @@ def shared_errors(run, config):
     the share of the examples that English gets right that the language gets right too, and of those English gets
     wrong; for classification (XNLI, PAWS-X: the dev predictions) also the share on which the language predicts what
     English predicts (consistent). QA (XQuAD: the test predictions, scored by the data folder's labels) counts an
-    answer right on an exact match. -> {row: {language: percent}}"""
+    answer right on an exact match. -> ({row: {language: percent}}, {language: the examples compared})"""
     task = config['task']
     langs = config.get('langs') or languages(task, is_demo(config['data_dir']))
     right_en, predicted_en = judged(run, config, 'en')
     table = {'right where English is right': {}, 'right where English is wrong': {}, 'consistent with English': {}}
+    counts = {'en': len(right_en)}
     for lang in (lang for lang in langs if lang != 'en'):
         right, predicted = judged(run, config, lang)
+        counts[lang] = len(right)
         if right.keys() != right_en.keys():
             raise EvalError(f'{run}: the {task} examples of {lang} are not those of English: the analysis compares '
                             'parallel sets, whole')
@@ -884,7 +891,7 @@ def shared_errors(run, config):
     for row in table.values():
         if row:
             row['avg'] = sum(row.values()) / len(row)
-    return {row: scores for row, scores in table.items() if scores}
+    return {row: scores for row, scores in table.items() if scores}, counts
 
 
 def judged(run, config, lang):
@@ -909,8 +916,68 @@ def judged(run, config, lang):
     return right, None
 
 
+def ner_entities(run, config):
+    """XTREME's Table 11 for a NER run (PAN-X): in each language, the accuracy on the dev entities (an entity is right
+    when the run predicts its span and its type) that are (a) seen in English's training data, (b) not seen, (c) of
+    at most two words, (d) of Latin letters alone, and (e) found at least twice in the language's dev data; then
+    (a) - (b), and the least of (a) - (c), (a) - (d) and (a) - (e). The paper gives no code: an entity counts as
+    seen here when its words are an English training entity's, or when at least two of its words are words of one.
+    -> ({row: {language: accuracy}}, {set: {language: entities}})"""
+    data_dir, task = config['data_dir'], 'panx'
+    langs = config.get('langs') or languages(task, is_demo(data_dir))
+    english = [tuple(ex['words'][begin:end + 1]) for ex in data.read_split(data_dir, task, 'train', 'en')
+               for _, begin, end in tag_chunks([ex['tags']])]
+    holding = {}  # a word -> the English entities that hold it
+    for number, words in enumerate(english):
+        for word in set(words):
+            holding.setdefault(word, set()).add(number)
+    exact = set(english)
+
+    def seen(words):  # its words are an English entity's, or at least two of them are words of one
+        shared = Counter(number for word in set(words) for number in holding.get(word, ()))
+        return words in exact or max(shared.values(), default=0) >= 2
+    sets = ('(a) seen', '(b) not seen', '(c) short', '(d) Latin', '(e) frequent')
+    table, counts = {row: {} for row in sets + ('(a) - (b)', 'min((a) - (c-e))')}, {row: {} for row in sets}
+    for lang in ['en'] + [lang for lang in langs if lang != 'en']:
+        found = judged_entities(run, data_dir, lang)
+        frequency = Counter(words for words, _ in found)
+        member = {'(a) seen': seen, '(b) not seen': lambda words: not seen(words),
+                  '(c) short': lambda words: len(words) <= 2, '(d) Latin': latin,
+                  '(e) frequent': lambda words: frequency[words] >= 2}
+        for row in sets:
+            chosen = [right for words, right in found if member[row](words)]
+            counts[row][lang] = len(chosen)
+            if chosen:
+                table[row][lang] = 100 * sum(chosen) / len(chosen)
+        if lang in table['(a) seen'] and lang in table['(b) not seen']:
+            table['(a) - (b)'][lang] = table['(a) seen'][lang] - table['(b) not seen'][lang]
+        apart = [table['(a) seen'][lang] - table[row][lang] for row in sets[2:] if lang in table[row]]
+        if lang in table['(a) seen'] and apart:
+            table['min((a) - (c-e))'][lang] = min(apart)
+    return {row: scores for row, scores in table.items() if scores}, counts
+
+
+def judged_entities(run, data_dir, lang):
+    """-> [(an entity's words, whether the run predicted its span and type)] of every entity in lang's dev data."""
+    examples, predicted = data.read_split(data_dir, 'panx', 'dev', lang), run_predictions(run, 'panx', 'dev', lang)
+    if len(predicted) != len(examples):
+        raise EvalError(f'{run}: {len(predicted)} {lang} dev predictions for {len(examples)} sentences: run it again')
+    found = []
+    for ex, guess in zip(examples, predicted):
+        guessed = tag_chunks([guess])
+        found += [(tuple(ex['words'][chunk[1]:chunk[2] + 1]), chunk in guessed) for chunk in tag_chunks([ex['tags']])]
+    return found
+
+
+def latin(words):
+    """Are all the letters of words Latin ones (and is there one)?"""
+    letters = [c for word in words for c in word if unicodedata.category(c).startswith('L')]
+    return bool(letters) and all('LATIN' in unicodedata.name(c, '') for c in letters)
+
+
 # each analysis: the tasks of the runs it reads, and the function that computes its table
-ANALYSES = {'pos-ngrams': (('udpos',), pos_ngrams), 'shared-errors': (('xnli', 'pawsx', 'xquad'), shared_errors)}
+ANALYSES = {'pos-ngrams': (('udpos',), pos_ngrams), 'ner-entities': (('panx',), ner_entities),
+            'shared-errors': (('xnli', 'pawsx', 'xquad'), shared_errors)}
 
 
 def draw_bars(path, found, columns=None):

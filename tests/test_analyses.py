@@ -59,7 +59,10 @@ def test_pos_ngrams_writes_xtreme_s_table_4_and_its_figure(tmp_path):
         'en': tag_lines([[NOUN, VERB, DET, VERB]]),  # trigrams: (N V D) right, (V D N) wrong; the 4-gram wrong
         'de': tag_lines([[DET, NOUN, VERB, ADJ]])})  # (D N V) seen, (N V A) unseen, the 4-gram (D N V A) unseen: right
     written = ev.analyse('pos-ngrams', [run], str(tmp_path / 'out'))
-    table = json.load(open(tmp_path / 'out' / 'pos-ngrams.json'))['runs'][run]
+    result = json.load(open(tmp_path / 'out' / 'pos-ngrams.json'))['runs'][run]
+    table = result['table']
+    assert result['counts'] == {'3-gram, seen': {'en': 2, 'de': 1}, '3-gram, unseen': {'en': 0, 'de': 1},
+                                '4-gram, seen': {'en': 1, 'de': 0}, '4-gram, unseen': {'en': 0, 'de': 1}}
     assert table == {'3-gram, seen': {'en': 50.0, 'de': 100.0, 'avg': 100.0, 'gap': -50.0},
                      '3-gram, unseen': {'de': 100.0, 'avg': 100.0},
                      '4-gram, seen': {'en': 0.0},
@@ -81,7 +84,9 @@ def test_shared_errors_compares_each_language_with_english_on_the_same_examples(
         'en': 'entailment\nneutral\ncontradiction\nentailment\n',
         'de': 'entailment\ncontradiction\nneutral\nneutral\n'})
     ev.analyse('shared-errors', [run], str(tmp_path / 'out'))
-    table = json.load(open(tmp_path / 'out' / 'shared-errors.json'))['runs'][run]
+    result = json.load(open(tmp_path / 'out' / 'shared-errors.json'))['runs'][run]
+    table = result['table']
+    assert result['counts'] == {'en': 4, 'de': 4}
     assert table['right where English is right']['de'] == pytest.approx(100 / 3)
     assert table['right where English is wrong']['de'] == 100.0
     assert table['consistent with English']['de'] == 25.0
@@ -103,7 +108,7 @@ def test_shared_errors_on_xquad_counts_exact_matches_of_the_test_answers(tmp_pat
     write(os.path.join(run, 'predictions', 'xquad', 'test-en.json'), json.dumps({'q1': 'the Rhine', 'q2': 'Lyon'}))
     write(os.path.join(run, 'predictions', 'xquad', 'test-de.json'), json.dumps({'q1': 'Rhein', 'q2': 'paris'}))
     ev.analyse('shared-errors', [run], str(tmp_path / 'out'))
-    table = json.load(open(tmp_path / 'out' / 'shared-errors.json'))['runs'][run]
+    table = json.load(open(tmp_path / 'out' / 'shared-errors.json'))['runs'][run]['table']
     assert table == {'right where English is right': {'de': 100.0, 'avg': 100.0},
                      'right where English is wrong': {'de': 100.0, 'avg': 100.0}}
 
@@ -130,3 +135,31 @@ def test_every_analysis_the_reproduction_page_runs_exists():
     for name, runs in commands:
         assert name in ev.ANALYSES, name
         assert all(os.path.basename(run).split('-')[0] in ev.ANALYSES[name][0] for run in runs.split()), runs
+
+
+def test_ner_entities_writes_xtreme_s_table_11_by_hand(tmp_path):
+    """Table 11 on German dev entities against English's training entities New York City, Paris and Anna Müller.
+    Neu York City (two words of New York City: seen, long, Latin) is predicted right; Paris, twice, once wrong (seen,
+    short, frequent); Берлин (unseen, short, not Latin) right; Anna Schmidt (one word of Anna Müller: unseen) right.
+    (a) 2 of 3, (b) 2 of 2, (c) 3 of 4, (d) 3 of 4, (e) 1 of 2; (a) - (b) = -33.3, the least of (a) - (c-e) -8.3."""
+    data_dir = str(tmp_path / 'data')
+    sentence = lambda *pairs: ''.join(f'{w}\t{t}\n' for w, t in pairs) + '\n'
+    write(os.path.join(data_dir, 'panx', 'train-en.tsv'), sentence(('New', 'B-LOC'), ('York', 'I-LOC'), (
+        'City', 'I-LOC'), ('and', 'O'), ('Paris', 'B-LOC')) + sentence(('Anna', 'B-PER'), ('Müller', 'I-PER')))
+    write(os.path.join(data_dir, 'panx', 'dev-en.tsv'), sentence(('Paris', 'B-LOC'), ('is', 'O')))
+    write(os.path.join(data_dir, 'panx', 'dev-de.tsv'), sentence(
+        ('Neu', 'B-LOC'), ('York', 'I-LOC'), ('City', 'I-LOC'), ('liegt', 'O')) + sentence(
+        ('Paris', 'B-LOC'), ('ist', 'O')) + sentence(('Берлин', 'B-LOC')) + sentence(
+        ('Anna', 'B-PER'), ('Schmidt', 'I-PER'), ('und', 'O'), ('Paris', 'B-LOC')))
+    run = finished_run(str(tmp_path / 'run'), 'panx', data_dir, {
+        'en': tag_lines([['B-LOC', 'O']]),
+        'de': tag_lines([['B-LOC', 'I-LOC', 'I-LOC', 'O'], ['B-ORG', 'O'], ['B-LOC'], ['B-PER', 'I-PER', 'O', 'B-LOC']])})
+    ev.analyse('ner-entities', [run], str(tmp_path / 'out'))
+    result = json.load(open(tmp_path / 'out' / 'ner-entities.json'))['runs'][run]
+    table, counts = result['table'], result['counts']
+    assert {row: table[row]['de'] for row in table if 'de' in table[row]} == pytest.approx({
+        '(a) seen': 200 / 3, '(b) not seen': 100.0, '(c) short': 75.0, '(d) Latin': 75.0, '(e) frequent': 50.0,
+        '(a) - (b)': 200 / 3 - 100, 'min((a) - (c-e))': 200 / 3 - 75})
+    assert {row: counts[row]['de'] for row in counts} == {'(a) seen': 3, '(b) not seen': 2, '(c) short': 4,
+                                                          '(d) Latin': 4, '(e) frequent': 2}
+    assert table['(a) seen']['en'] == 100.0 and 'en' not in table['(b) not seen']  # English's Paris: seen, right
