@@ -585,10 +585,11 @@ def format_table(rows):
     """rows: {row name: {column: value}} -> a plain text table (values to 1 decimal)."""
     cols = list(dict.fromkeys(c for r in rows.values() for c in r if c not in ('avg', 'gap')))
     cols += [c for c in ('avg', 'gap') if any(c in r for r in rows.values())]
-    width = max(len(n) for n in rows) + 2
-    lines = [' ' * width + ''.join(f'{c:>7}' for c in cols)]
+    width, widths = max(len(n) for n in rows) + 2, {c: max(7, len(c) + 2) for c in cols}
+    lines = [' ' * width + ''.join(f'{c:>{widths[c]}}' for c in cols)]
     for name, r in rows.items():
-        lines.append(f'{name:<{width}}' + ''.join(f'{r[c]:7.1f}' if c in r else ' ' * 7 for c in cols))
+        cells = [f'{r[c]:{widths[c]}.1f}' if c in r else ' ' * widths[c] for c in cols]
+        lines.append(f'{name:<{width}}' + ''.join(cells))
     return '\n'.join(lines)
 
 
@@ -975,9 +976,39 @@ def latin(words):
     return bool(letters) and all('LATIN' in unicodedata.name(c, '') for c in letters)
 
 
+def xla_epochs(run, config):
+    """XLA's Figure 2: each model's --train_lang dev score after its warm-up and at the end of each co-teaching epoch,
+    from the results.json of each of its trainings (epoch<e>/model<l>-by<k><j>/), in the order the epoch trains
+    them (XLA.co_teaching). A training that was not better leaves the score it found.
+    -> ({model: {stage: score}}, {model: the trainings read})"""
+    if config.get('method') != 'xla':
+        raise EvalError(f'{run} is a run of {config.get("method")}: --analyse xla-epochs reads XLA runs')
+    pairs = [(k, j) for k in range(3) for j in range(3) if j != k]  # Algorithm 1's pairs of peers, in order
+    pairs = [(m, m) for m in range(3)] if config.get('single') else pairs  # --single: each model by itself
+    epochs = sorted(int(name[5:]) for name in os.listdir(run) if re.fullmatch(r'epoch\d+', name))
+    table, counts = {}, {}
+    for e in epochs:
+        for k, j in pairs:
+            l = k if k == j else 3 - k - j  # the model that the pair (k, j) teaches
+            path = os.path.join(run, f'epoch{e}', f'model{l + 1}-by{k + 1}{j + 1}', 'results.json')
+            if not os.path.isfile(path):
+                continue
+            result, scores = json.loads(read_text(path)), table.setdefault(f'model {l + 1}', {})
+            if result['dev_before'] is not None:
+                scores.setdefault('warm-up', result['dev_before'])  # a model's first training starts from it
+            if (score := result['dev_after'] if result['better'] else result['dev_before']) is not None:
+                scores[f'epoch {e}'] = score
+            counts[f'model {l + 1}'] = counts.get(f'model {l + 1}', 0) + 1
+    if not table:
+        raise EvalError(f'{run} holds no XLA training\'s results (epoch<e>/model<l>-by<k><j>/results.json): give a '
+                        'finished XLA run')
+    return dict(sorted(table.items())), counts
+
+
 # each analysis: the tasks of the runs it reads, and the function that computes its table
 ANALYSES = {'pos-ngrams': (('udpos',), pos_ngrams), 'ner-entities': (('panx',), ner_entities),
-            'shared-errors': (('xnli', 'pawsx', 'xquad'), shared_errors)}
+            'shared-errors': (('xnli', 'pawsx', 'xquad'), shared_errors),
+            'xla-epochs': (('conll', 'panx', 'xnli', 'pawsx'), xla_epochs)}
 
 
 def draw_bars(path, found, columns=None):

@@ -163,3 +163,29 @@ def test_ner_entities_writes_xtreme_s_table_11_by_hand(tmp_path):
     assert {row: counts[row]['de'] for row in counts} == {'(a) seen': 3, '(b) not seen': 2, '(c) short': 4,
                                                           '(d) Latin': 4, '(e) frequent': 2}
     assert table['(a) seen']['en'] == 100.0 and 'en' not in table['(b) not seen']  # English's Paris: seen, right
+
+
+def test_xla_epochs_draws_xla_s_figure_2_from_each_training_s_results(tmp_path):
+    """Figure 2 from an XLA run's trainings, in the order an epoch trains them: the pairs (1, 2), (1, 3), (2, 1),
+    (2, 3), (3, 1), (3, 2) teach models 3, 2, 3, 1, 2, 1. Model 1 starts at 60 (its first training's score before)
+    and is 70 after epoch 1 (its last training there, better). In epoch 2 it reaches 72, and its last training (72 to
+    71) is not better, so 72 stays. Model 2's 45 to 44 in epoch 1 leaves 45. A missing training (model 3's in epoch 2)
+    leaves no score for that epoch."""
+    run = finished_run(str(tmp_path / 'run'), 'panx', str(tmp_path), {})
+    write(os.path.join(run, 'config.json'), json.dumps({'task': 'panx', 'method': 'xla', 'data_dir': str(tmp_path)}))
+    trainings = {(1, 'model3-by12'): (50, 55, True), (1, 'model2-by13'): (40, 45, True),
+                 (1, 'model3-by21'): (55, 58, True), (1, 'model1-by23'): (60, 65, True),
+                 (1, 'model2-by31'): (45, 44, False), (1, 'model1-by32'): (65, 70, True),
+                 (2, 'model2-by13'): (45, 50, True), (2, 'model1-by23'): (70, 72, True),
+                 (2, 'model2-by31'): (50, 52, True), (2, 'model1-by32'): (72, 71, False)}
+    for (epoch, name), (before, after, better) in trainings.items():
+        write(os.path.join(run, f'epoch{epoch}', name, 'results.json'),
+              json.dumps({'dev_before': before, 'dev_after': after, 'better': better}))
+    ev.analyse('xla-epochs', [run], str(tmp_path / 'out'))
+    result = json.load(open(tmp_path / 'out' / 'xla-epochs.json'))['runs'][run]
+    assert result['table'] == {'model 1': {'warm-up': 60, 'epoch 1': 70, 'epoch 2': 72},
+                               'model 2': {'warm-up': 40, 'epoch 1': 45, 'epoch 2': 52},
+                               'model 3': {'warm-up': 50, 'epoch 1': 58}}
+    assert result['counts'] == {'model 1': 4, 'model 2': 4, 'model 3': 2}
+    with pytest.raises(ev.EvalError, match='reads XLA runs'):
+        ev.analyse('xla-epochs', [finished_run(str(tmp_path / 'other'), 'panx', str(tmp_path), {})], str(tmp_path))
