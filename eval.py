@@ -703,12 +703,8 @@ def plot(runs, out):
     dev.png (each epoch's dev scores: per language for one run, the average for several; held-out
     losses for pre-training and translation) and test.png (test scores per language, English's
     dashed, the transfer gap in the legend). -> the files written."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise EvalError('--plot draws with matplotlib, which is not installed: pip install matplotlib') from None
-    matplotlib.use('Agg')  # files only, no window
-    import matplotlib.pyplot as plt
+    if (plt := pyplot()) is None:
+        raise EvalError('--plot draws with matplotlib, which is not installed: pip install matplotlib')
     names = [os.path.basename(os.path.normpath(r)) for r in runs]
     names = names if len(set(names)) == len(names) else [os.path.normpath(r) for r in runs]
     logs = [[json.loads(line) for line in read_lines(p)] if os.path.exists(p := os.path.join(r, 'log.jsonl')) else []
@@ -724,11 +720,7 @@ def plot(runs, out):
         if draw(ax, names, logs, results):
             ax.grid(alpha=0.3)
             ax.legend(fontsize='small')
-            fig.tight_layout()
-            path = os.path.join(out, name)
-            fig.savefig(f'{path}.tmp.png', dpi=120)
-            os.replace(f'{path}.tmp.png', path)
-            written.append(path)
+            written.append(save_figure(fig, os.path.join(out, name)))
         plt.close(fig)
     for run, log in zip(runs, logs):
         if not log:
@@ -783,9 +775,8 @@ def plot_test(ax, names, logs, results):
 # The papers' analyses of a run's predictions (--analyse NAME RUN ...): a table as JSON and text, and a figure.
 
 def analyse(name, runs, out=None):
-    """The analysis NAME (ANALYSES) of finished runs, written into out (default: the first run's analyses/) as
-    NAME.json (each run's table and the counts behind it), NAME.txt (the tables) and, where matplotlib is installed,
-    NAME.png -> the paths written."""
+    """The analysis NAME (ANALYSES) of finished runs, written into out (default: the first run's analyses/): NAME.json
+    (each run's table and the counts behind it), NAME.txt and, with matplotlib, NAME.png -> the paths written."""
     if name not in ANALYSES:
         raise EvalError(f'unknown analysis {name!r}: choose one of {", ".join(ANALYSES)}')
     tasks, compute = ANALYSES[name]
@@ -896,8 +887,7 @@ def shared_errors(run, config):
 
 
 def judged(run, config, lang):
-    """-> ({example: whether the run's prediction is right}, {example: the prediction}, None for QA) of a language:
-    classification's dev examples by position, QA's test questions by id."""
+    """-> ({example: right or not}, {example: prediction}, None for QA): dev examples by position, QA's by id."""
     task, data_dir = config['task'], config['data_dir']
     if TASKS[task].family != 'qa':
         gold = [ex['label'] for ex in data.read_split(data_dir, task, 'dev', lang)]
@@ -1011,17 +1001,12 @@ ANALYSES = {'pos-ngrams': (('udpos',), pos_ngrams), 'ner-entities': (('panx',), 
             'xla-epochs': (('conll', 'panx', 'xnli', 'pawsx'), xla_epochs)}
 
 
-def draw_bars(path, found, columns=None):
+def draw_bars(path, found):
     """found {run: {row: {language: value}}} as grouped bars, a panel a run: the languages along x, a bar a row.
     -> [path], or [] with a line that says why where matplotlib is not installed."""
-    try:
-        import matplotlib
-    except ImportError:
-        print(f'no {os.path.basename(path)}: the figure needs matplotlib (pip install matplotlib); the numbers are '
-              'written')
+    if (plt := pyplot()) is None:
+        print(f'no {os.path.basename(path)}: a figure needs matplotlib (pip install matplotlib); the numbers are there')
         return []
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
     fig, axes = plt.subplots(len(found), 1, figsize=(8, 3.2 * len(found)), squeeze=False)
     for ax, (run, table) in zip(axes[:, 0], found.items()):
         langs = list(dict.fromkeys(lang for row in table.values() for lang in row if lang != 'gap'))
@@ -1033,11 +1018,28 @@ def draw_bars(path, found, columns=None):
         ax.set(title=f'{os.path.splitext(os.path.basename(path))[0]}: {os.path.normpath(run)}', ylabel='%')
         ax.grid(alpha=0.3, axis='y')
         ax.legend(fontsize='small', loc='lower right')
+    save_figure(fig, path)
+    plt.close(fig)
+    return [path]
+
+
+def pyplot():
+    """matplotlib's pyplot, drawing into files alone (no window), or None where matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path):
+    """The figure as a PNG at path, written whole (a temporary file moved into place) -> path."""
     fig.tight_layout()
     fig.savefig(f'{path}.tmp.png', dpi=120)
     os.replace(f'{path}.tmp.png', path)
-    plt.close(fig)
-    return [path]
+    return path
 
 
 # ----------------------------------------------------------------------------------------

@@ -1255,13 +1255,9 @@ SWEPT = {'seeds': ('seed', 'seed{}', 'seed'), 'train_langs': ('train_lang', '{}'
 def action(args):
     """The function that does what the command line asks for: a prediction, a sweep, one stage of a sweep, the
     stages' command lines, or the run."""
-    if args.predict:
-        return predict
-    if args.seeds or args.train_langs:
-        return sweep
-    if args.only_stage:
-        return one_stage
-    return stage_commands if args.commands else execute
+    asked = [(args.predict, predict), (args.seeds or args.train_langs, sweep), (args.only_stage, one_stage),
+             (args.commands, stage_commands)]
+    return next((function for wanted, function in asked if wanted), execute)
 
 
 def sweep(args, rank, world, device):
