@@ -806,8 +806,7 @@ def analysed_config(run):
 
 
 def run_predictions(run, task, split, lang):
-    """A run's predictions of one language: its dev predictions (written by every run whose dev sets are the task's
-    own) or its test ones."""
+    """A run's dev or test predictions of one language (its dev ones where its dev sets are the task's own)."""
     path = os.path.join(run, 'predictions', task, f'{split}-{lang}.{suffix(task)}')
     if not os.path.isfile(path):
         raise EvalError(f'{path} is not there: the analysis reads the {split} predictions that a run of this version '

@@ -210,9 +210,8 @@ class Run:
         results.txt and predictions/."""
         self.load_best(method)
         dev, dev_preds = self.evaluate(method, 'dev')
-        write_dev_predictions(self, dev_preds)  # beside the test predictions, for eval.py --analyse
         test, preds = self.evaluate(method, 'test')
-        scored = self.test_scores(preds)
+        scored = self.test_scores(preds, dev_preds)
         if self.args.translate_test and method.family == 'qa':  # English answers, scored on the translations' answers
             scored = {**scored, **{lang: s for lang, s in test.items() if lang != 'en'}}
         self.finish(dev, scored, xlt.selection(method.select, dev).rule)
@@ -224,10 +223,11 @@ class Run:
             method.load_state_dict(best['method'])
             return True
 
-    def test_scores(self, preds):
+    def test_scores(self, preds, dev_preds=None):
         """Write the test predictions in the leaderboard layout and score them (eval.py) against
-        labels/<task>/test-<lang>.* where the data folder has them."""
+        labels/<task>/test-<lang>.* where the data folder has them. Write dev_preds beside them."""
         labels = os.path.join(self.args.data_dir, 'labels')
+        write_dev_predictions(self, dev_preds or {})  # beside the test ones, for eval.py --analyse
         return ev.score_predictions(self.path('predictions'), labels, self.args.task, preds) if self.rank == 0 else {}
 
     def finish(self, dev, test, selected_by=None, runs=None, name=None):
@@ -1371,8 +1371,7 @@ def command(args, **changes):
 
 
 def write_dev_predictions(run, preds):
-    """The dev predictions in the leaderboard's layout (predictions/<task>/dev-<lang>.<ext>), written by process 0
-    where the dev sets are the task's own, whole (a method's selects_on may choose others, or their first examples)."""
+    """The dev predictions (predictions/<task>/dev-<lang>.<ext>) by process 0, where the dev sets are the task's."""
     if run.rank == 0 and run.cls.selects_on(run.args) is None:
         for lang, p in preds.items():
             ev.write_predictions(run.path('predictions'), run.args.task, lang, p, 'dev')

@@ -1245,7 +1245,8 @@ class Veco(Baseline):
             found[name] = run.results_of(name)
         best = max(found, key=lambda name: found[name]['dev']['avg'])
         method = run.restore(run.path(best))
-        run.finish(run.evaluate(method, 'dev')[0], run.test_scores(run.evaluate(method, 'test')[1]),
+        dev, dev_preds = run.evaluate(method, 'dev')
+        run.finish(dev, run.test_scores(run.evaluate(method, 'test')[1], dev_preds),
                    f'the best average dev score of the grid: {best}',
                    {name: {'dev': r['dev'], 'test': r['test']} for name, r in found.items()})
 
@@ -2091,15 +2092,16 @@ def report_models(run, cls, models):
     rows = {'warm-up (zero-shot + penalty), mean': ev.statistic(warm)} if all(warm) and trained else {}
     kind = 'XLA' if trained else 'warm-up'  # --xla_epochs 0: the warm-ups are the models
     for m, (method, path) in enumerate(zip(ensemble.models, models)):  # each model's test predictions in model<m>/
-        dev = run.evaluate(method, 'dev')[0]
-        test = run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1])
+        dev, dev_preds = run.evaluate(method, 'dev')
+        test = run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1], dev_preds)
         rows[f'{kind} model {m + 1}'] = {'dev': ev.summary(dev), 'test': ev.summary(test), 'checkpoint': path}
     each = [rows[f'{kind} model {m + 1}'] for m in range(len(models))]
     for stat in ('mean', 'std'):
         rows[f'{kind} {stat} of the models'] = ev.statistic(each, stat)
     kept = ('each model\'s last XLA epoch that kept the --train_lang dev score (or its warm-up: the best English '
             'dev)' if trained else 'each warm-up\'s best English dev')
-    run.finish(run.evaluate(ensemble, 'dev')[0], run.test_scores(run.evaluate(ensemble, 'test')[1]),
+    dev, dev_preds = run.evaluate(ensemble, 'dev')
+    run.finish(dev, run.test_scores(run.evaluate(ensemble, 'test')[1], dev_preds),
                f'{kept}; the ensemble averages the models\' probabilities', rows, 'ensemble')
 
 
