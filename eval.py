@@ -7,7 +7,7 @@ numbers to the last digit.
 
     python eval.py --predictions DIR --labels DIR --out scores.json
     python eval.py --collect RUN [RUN ...] --out DIR [--labels DIR]
-    python eval.py --plot RUN [RUN ...] [--out DIR]
+    python eval.py --plot RUN [RUN ...] [--out DIR]         # or --analyse NAME RUN [RUN ...]: the papers' analyses
     python eval.py --bleu HYP --ref REF [--tokenized] [--out bleu.json]
 """
 import json
