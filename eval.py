@@ -796,12 +796,15 @@ def analyse(name, runs, out=None):
 
 
 def analysed_config(run):
-    """A finished run's config.json, its data folder found: the one it names, or the demo's in the run's folder."""
+    """A finished run's config.json, its data folder found (the one it names, or the demo's in the run's folder) and
+    its languages listed, English first."""
     if not os.path.isfile(os.path.join(run, 'results.json')):
         raise EvalError(f'{run} is not a finished run (no results.json): give the --out folder of a finished run')
     config = json.loads(read_text(os.path.join(run, 'config.json')))
     if not os.path.isdir(config.get('data_dir', '')) and os.path.isdir(os.path.join(run, 'demo-data')):
         config['data_dir'] = os.path.join(run, 'demo-data')
+    langs = config.get('langs') or languages(config['task'], is_demo(config['data_dir']))  # --langs, or every one
+    config['langs'] = ['en'] + [lang for lang in langs if lang != 'en']  # English first: the others compare with it
     return config
 
 
@@ -834,11 +837,11 @@ def pos_ngrams(run, config, orders=(3, 4)):
     """Table 4 and 10 of XTREME for a POS run: the accuracy on tag trigrams and 4-grams seen and unseen in English's
     training data, in each language from the run's dev predictions; avg: the other languages' mean, gap: English's
     score less that mean (the tables' 'difference'). -> ({row: {language: accuracy}}, {row: {language: windows}})"""
-    data_dir, langs = config['data_dir'], config.get('langs') or languages('udpos', is_demo(config['data_dir']))
+    data_dir = config['data_dir']
     english = [ex['tags'] for ex in data.read_split(data_dir, 'udpos', 'train', 'en')]
     table = {f'{n}-gram, {kind}': {} for n in orders for kind in ('seen', 'unseen')}
     counts = {row: {} for row in table}
-    for lang in (['en'] + [lang for lang in langs if lang != 'en']):
+    for lang in config['langs']:
         gold = [ex['tags'] for ex in data.read_split(data_dir, 'udpos', 'dev', lang)]
         predicted = run_predictions(run, 'udpos', 'dev', lang)
         for n in orders:
@@ -862,11 +865,10 @@ def shared_errors(run, config):
     English predicts (consistent). QA (XQuAD: the test predictions, scored by the data folder's labels) counts an
     answer right on an exact match. -> ({row: {language: percent}}, {language: the examples compared})"""
     task = config['task']
-    langs = config.get('langs') or languages(task, is_demo(config['data_dir']))
     right_en, predicted_en = judged(run, config, 'en')
     table = {'right where English is right': {}, 'right where English is wrong': {}, 'consistent with English': {}}
     counts = {'en': len(right_en)}
-    for lang in (lang for lang in langs if lang != 'en'):
+    for lang in config['langs'][1:]:
         right, predicted = judged(run, config, lang)
         counts[lang] = len(right)
         if right.keys() != right_en.keys():
@@ -914,7 +916,6 @@ def ner_entities(run, config):
     seen here when its words are an English training entity's, or when at least two of its words are words of one.
     -> ({row: {language: accuracy}}, {set: {language: entities}})"""
     data_dir, task = config['data_dir'], 'panx'
-    langs = config.get('langs') or languages(task, is_demo(data_dir))
     english = [tuple(ex['words'][begin:end + 1]) for ex in data.read_split(data_dir, task, 'train', 'en')
                for _, begin, end in tag_chunks([ex['tags']])]
     holding = {}  # a word -> the English entities that hold it
@@ -928,7 +929,7 @@ def ner_entities(run, config):
         return words in exact or max(shared.values(), default=0) >= 2
     sets = ('(a) seen', '(b) not seen', '(c) short', '(d) Latin', '(e) frequent')
     table, counts = {row: {} for row in sets + ('(a) - (b)', 'min((a) - (c-e))')}, {row: {} for row in sets}
-    for lang in ['en'] + [lang for lang in langs if lang != 'en']:
+    for lang in config['langs']:
         found = judged_entities(run, data_dir, lang)
         frequency = Counter(words for words, _ in found)
         member = {'(a) seen': seen, '(b) not seen': lambda words: not seen(words),
@@ -972,22 +973,21 @@ def xla_epochs(run, config):
     -> ({model: {stage: score}}, {model: the trainings read})"""
     if config.get('method') != 'xla':
         raise EvalError(f'{run} is a run of {config.get("method")}: --analyse xla-epochs reads XLA runs')
-    pairs = [(k, j) for k in range(3) for j in range(3) if j != k]  # Algorithm 1's pairs of peers, in order
-    pairs = [(m, m) for m in range(3)] if config.get('single') else pairs  # --single: each model by itself
     epochs = sorted(int(name[5:]) for name in os.listdir(run) if re.fullmatch(r'epoch\d+', name))
     table, counts = {}, {}
     for e in epochs:
-        for k, j in pairs:
-            l = k if k == j else 3 - k - j  # the model that the pair (k, j) teaches
-            path = os.path.join(run, f'epoch{e}', f'model{l + 1}-by{k + 1}{j + 1}', 'results.json')
+        folder = os.path.join(run, f'epoch{e}')
+        # a model's trainings in name order are those of the epoch: by<k><j> before by<j><k> for k < j (--single: one)
+        for name in sorted(name for name in os.listdir(folder) if re.fullmatch(r'model\d-by\d\d', name)):
+            path, model = os.path.join(folder, name, 'results.json'), f'model {name[5]}'
             if not os.path.isfile(path):
                 continue
-            result, scores = json.loads(read_text(path)), table.setdefault(f'model {l + 1}', {})
+            result, scores = json.loads(read_text(path)), table.setdefault(model, {})
             if result['dev_before'] is not None:
                 scores.setdefault('warm-up', result['dev_before'])  # a model's first training starts from it
             if (score := result['dev_after'] if result['better'] else result['dev_before']) is not None:
                 scores[f'epoch {e}'] = score
-            counts[f'model {l + 1}'] = counts.get(f'model {l + 1}', 0) + 1
+            counts[model] = counts.get(model, 0) + 1
     if not table:
         raise EvalError(f'{run} holds no XLA training\'s results (epoch<e>/model<l>-by<k><j>/results.json): give a '
                         'finished XLA run')

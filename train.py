@@ -1275,7 +1275,7 @@ def sweep(args, rank, world, device):
                                      'commands': False, 'out': os.path.join(args.out, folder.format(v))})
             for v in values}
     for settings in runs.values():  # the demo makes each run's data in that run's folder, as the run alone does
-        settings.data_dir = os.path.join(settings.out, 'demo-data') if args.demo else settings.data_dir
+        settings.data_dir = data_folder(settings) if args.demo else settings.data_dir
     changes = lambda v: {option: v, 'out': runs[v].out, **({'init': runs[v].init} if runs[v].init else {})}
     if makes_demo_start(args) and args.gpus > 1:  # the runs' start, made once before they run at once (demo_start)
         demo_pretrained(args, rank, world, device)
