@@ -520,6 +520,8 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('with_squad', bool, 'tydiqa: SQuAD v1.1\'s English training set too (FILTER\'s leaderboard runs)'),
     Option('langs', lambda text: [lang for lang in text.split(',') if lang], 'the target languages to run, e.g. de,sw '
            '(XTREME\'s --predict_languages): the others\' files are not read; English, the source, runs too'),
+    Option('seen_langs', lambda text: [lang for lang in text.split(',') if lang], 'a,b,c: with a method that trains '
+           'on every language\'s translations, train on these alone and evaluate on all (X-Mixup\'s Table 6)'),
     Option('layer', lambda text: tuple(int(n) for n in text.split('-')), 'retrieval: layer pooled (default XTREME\'s: '
            'BUCC 20, Tatoeba 14 of 24; 8 of 12), or A-B: layers A to B\'s, side by side (XTREME\'s Table 14)',
            (lambda v: v >= 1, 'a layer, at least 1'), changes='scores'),
@@ -613,6 +615,9 @@ def configure(args, owners):
     if args.with_squad and (args.task != 'tydiqa' or not (cls.paired or (shape.english and not shape.own))):
         fail(f'--with_squad adds SQuAD to the English of TyDiQA\'s training set, which {args.method} on {args.task} '
              'does not train on: drop it')
+    if args.seen_langs and (shape.langs != 'every' or not set(args.seen_langs) <= set(target_langs(args))):
+        fail(f'--seen_langs {",".join(args.seen_langs)}: name some of {",".join(target_langs(args))}, with a method '
+             'that trains on every language together (translate-train-all, FILTER, X-Mixup), or drop it')
     if args.translate_test and (xlt.task_family(args) not in ('classification', 'qa') or cls.paired):
         fail('--translate_test needs a method that reads one text and a task whose labels survive translation '
              '(tags would need a word alignment): drop --translate_test')
@@ -670,11 +675,12 @@ def data_folder(args):
 
 
 def default_folder(args, cls, seeded):
-    """The rest of a default folder's name: translate-test, translations not the method's own, a preset not the
-    default, a seed given, the demo."""
+    """The rest of a default folder's name: translate-test, translations not the method's own, the languages seen in
+    training, a preset not the default, a seed given, the demo."""
     other = os.path.basename(os.path.normpath(args.translations))  # xtreme, filter, xmixup, or the folder's name
     own = 'xtreme' if args.demo else cls.TRANSLATIONS
     return (['translate-test'] * args.translate_test + [f'{other}-translations'] * (args.translations != own)
+            + ['seen-' + '-'.join(args.seen_langs or [])] * bool(args.seen_langs)
             + [args.model] * (args.model != ('tiny' if args.demo else 'base'))
             + [f'seed{args.seed}'] * seeded + ['demo'] * args.demo)
 

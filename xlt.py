@@ -185,8 +185,10 @@ class Method(nn.Module):
 
     @classmethod
     def train_langs(cls, args, targets):
-        """The languages of targets, besides English, whose translations (or own data, for in-language) it trains on."""
-        return {'one': [args.train_lang], 'every': targets}.get(data.TRAINS_ON[cls.trains_on].langs, [])
+        """The languages of targets, besides English, whose translations (or own data, for in-language) it trains on.
+        With --seen_langs, a method that trains on every language trains on those alone (X-Mixup's Table 6)."""
+        seen = [lang for lang in targets if lang in given_or(args, {'seen_langs': targets})['seen_langs']]
+        return {'one': [args.train_lang], 'every': seen}.get(data.TRAINS_ON[cls.trains_on].langs, [])
 
     @classmethod
     def reads(cls, args):

@@ -136,10 +136,26 @@ def test_default_folders_keep_apart_what_changes_the_result():
     folder = lambda *argv: train.parse_args(['--task', 'xnli', *argv]).out
     runs = [folder('--method', 'filter'), folder('--method', 'filter', '--self_teach'), folder('--translate_test'),
             folder(), folder('--seed', '2'), folder('--model', 'large'), folder('--method', 'translate-train', '--train_lang', 'de'),
-            folder('--method', 'veco', '--translate_train_all'), folder('--demo')]
+            folder('--method', 'veco', '--translate_train_all'), folder('--demo'),
+            folder('--method', 'xmixup', '--seen_langs', 'bg,el')]
     assert len(set(runs)) == len(runs)
     assert runs[:5] == ['runs/xnli-filter', 'runs/xnli-filter-self-teach', 'runs/xnli-zeroshot-translate-test',
                         'runs/xnli-zeroshot', 'runs/xnli-zeroshot-seed2']
+
+
+def test_seen_langs_train_on_those_languages_alone_and_evaluate_on_all():
+    """X-Mixup's Table 6: --seen_langs keeps the other languages' translations out of training, not out of the test."""
+    def planned(*argv):
+        args = train.parse_args(['--task', 'xnli', '--demo', *argv])
+        return {os.path.basename(path) for path, _, _ in train.planned_files(args, xlt.method_class(args))}
+
+    seen, every = planned('--method', 'xmixup', '--seen_langs', 'de'), planned('--method', 'xmixup')
+    assert every - seen == {'en-zh-translated.tsv', 'train-en-zh-en.tsv'}
+    assert {'en-de-translated.tsv', 'test-zh.tsv', 'test-de.tsv'} <= seen
+    assert planned('--method', 'translate-train-all', '--seen_langs', 'zh') & {'en-de-translated.tsv'} == set()
+    for wrong in (['--method', 'zeroshot', '--seen_langs', 'de'], ['--method', 'xmixup', '--seen_langs', 'xx']):
+        with pytest.raises(SystemExit, match='--seen_langs .*: name some of de,zh, with a method that trains on every'):
+            planned(*wrong)
 
 
 def test_a_finished_run_is_replaced_only_with_its_settings_or_overwrite(workdir, tmp_path, capsys):
