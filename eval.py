@@ -461,30 +461,34 @@ def prediction_text(task, preds):
 
 
 def with_probabilities(task, feats, outputs, examples):
-    """-> (predictions(), the probability of each): classification the softmax's at its label, tagging each word's
-    at its tag (its first piece's), QA {question id: its answer's start times end probability in the window it was
-    cut from}, from the one decoding that picks the answers."""
+    """-> (predictions(), the probability of each, the distribution over the labels of each): classification the
+    softmax's at its label, tagging each word's at its tag (its first piece's), QA {question id: its answer's start
+    times end probability in the window it was cut from}, from the one decoding that picks the answers (and no
+    distribution)."""
     family = TASKS[task].family
     if family == 'qa':
         found = decode_qa(feats, [o[:, 0] for o in outputs], [o[:, 1] for o in outputs], examples, probability=True)
-        return {qid: text for qid, (text, _) in found.items()}, {qid: p for qid, (_, p) in found.items()}
-    preds = predictions(task, feats, outputs, examples)
+        return {qid: text for qid, (text, _) in found.items()}, {qid: p for qid, (_, p) in found.items()}, None
+    preds, dists = predictions(task, feats, outputs, examples), [o.float().softmax(-1) for o in outputs]
+    rounded = [d.double().mul(1e4).round().div(1e4).tolist() for d in dists]  # four decimals keep the file small
     if family == 'classification':
-        return preds, [o.float().softmax(-1).max().item() for o in outputs]
-    return preds, word_predictions(feats, [o.float().softmax(-1).max(-1).values.tolist() for o in outputs],
-                                   len(examples))
+        return preds, [d.max().item() for d in dists], rounded
+    return (preds, word_predictions(feats, [d.max(-1).values.tolist() for d in dists], len(examples)),
+            word_predictions(feats, rounded, len(examples)))
 
 
 def write_predicted(stem, task, feats, outputs, examples):
     """train.py --predict's files: stem.<tsv|json>, the predictions in the leaderboard's format, and stem.scores.json,
-    each with its probability (probabilities), and the scores where the examples have labels -> those scores."""
-    preds, probs = with_probabilities(task, feats, outputs, examples)
+    each with its probability and its distribution over the labels, and the scores where the examples have labels
+    -> those scores."""
+    preds, probs, dists = with_probabilities(task, feats, outputs, examples)
     family = TASKS[task].family
     scores = scores_of(task, None, examples, preds) if examples and labelled(examples) else None
     if family == 'qa':
         each = {qid: {'answer': answer, 'probability': probs[qid]} for qid, answer in preds.items()}
     else:
-        each = [{'tags' if family == 'tagging' else 'label': p, 'probability': q} for p, q in zip(preds, probs)]
+        each = [{'tags' if family == 'tagging' else 'label': p, 'probability': q, 'distribution': d}
+                for p, q, d in zip(preds, probs, dists)]
     atomic_write(f'{stem}.{suffix(task)}', prediction_text(task, preds))
     atomic_write(f'{stem}.scores.json', json.dumps({'task': task, 'scores': scores, 'predictions': each}, indent=1,
                                                    ensure_ascii=False))
@@ -698,6 +702,22 @@ def collect(runs, out, demo=False):
     return gaps
 
 
+def collect_figure(runs, out):
+    """The runs' test scores by language, a panel a task and a bar a run, as OUT.png beside the submission folder
+    (which holds task folders alone) -> the line that says where it is, or why there is none."""
+    if (plt := pyplot()) is None:
+        return 'no figure of the scores by language: it needs matplotlib (pip install matplotlib)'
+    panels = {}
+    for run in runs:
+        test = json.loads(read_text(os.path.join(run, 'results.json'))).get('test', {})
+        scores = {lang: score for lang, score in test.items() if isinstance(score, (int, float)) and lang != 'gap'}
+        panels.setdefault(finished_task(run), {})[os.path.normpath(run)] = scores
+    fig = bar_panels(plt, panels, 'test score')
+    save_figure(fig, f'{os.path.normpath(out)}.png')
+    plt.close(fig)
+    return f'the test scores by language: {os.path.normpath(out)}.png'
+
+
 def plot(runs, out):
     """PNG figures of finished runs, several runs overlaid: loss.png (training loss by step),
     dev.png (each epoch's dev scores: per language for one run, the average for several; held-out
@@ -779,20 +799,26 @@ def analyse(name, runs, out=None):
     (each run's table and the counts behind it), NAME.txt and, with matplotlib, NAME.png -> the paths written."""
     if name not in ANALYSES:
         raise EvalError(f'unknown analysis {name!r}: choose one of {", ".join(ANALYSES)}')
-    tasks, compute = ANALYSES[name]
+    tasks, compute, draw = ANALYSES[name]
     found = {}
     for run in runs:
         config = analysed_config(run)
-        if config['task'] not in tasks:
+        if tasks and config['task'] not in tasks:
             raise EvalError(f'{run} is a run of {config["task"]}: --analyse {name} reads runs of {" or ".join(tasks)}')
-        table, counts = compute(run, config)
-        found[run] = {'table': table, 'counts': counts}
+        table, counts, *points = compute(run, config)
+        found[run] = {'table': table, 'counts': counts, **({'points': points[0]} if points else {})}
     stem = os.path.join(out or os.path.join(runs[0], 'analyses'), name)
     os.makedirs(os.path.dirname(stem), exist_ok=True)
     tables = {run: result['table'] for run, result in found.items()}
     atomic_write(f'{stem}.json', json.dumps({'analysis': name, 'runs': found}, indent=1, ensure_ascii=False))
     atomic_write(f'{stem}.txt', '\n\n'.join(f'{run}\n{format_table(table)}' for run, table in tables.items()) + '\n')
-    return [f'{stem}.json', f'{stem}.txt'] + draw_bars(f'{stem}.png', tables)
+    if (plt := pyplot()) is None:
+        print(f'no {name}.png: a figure needs matplotlib (pip install matplotlib); the numbers are there')
+        return [f'{stem}.json', f'{stem}.txt']
+    fig = draw(plt, name, found)
+    save_figure(fig, f'{stem}.png')
+    plt.close(fig)
+    return [f'{stem}.json', f'{stem}.txt', f'{stem}.png']
 
 
 def analysed_config(run):
@@ -803,8 +829,9 @@ def analysed_config(run):
     config = json.loads(read_text(os.path.join(run, 'config.json')))
     if not os.path.isdir(config.get('data_dir', '')) and os.path.isdir(os.path.join(run, 'demo-data')):
         config['data_dir'] = os.path.join(run, 'demo-data')
-    langs = config.get('langs') or languages(config['task'], is_demo(config['data_dir']))  # --langs, or every one
-    config['langs'] = ['en'] + [lang for lang in langs if lang != 'en']  # English first: the others compare with it
+    if config['task'] in TASKS:  # the translation runs have a pair of languages, not a task's
+        langs = config.get('langs') or languages(config['task'], is_demo(config['data_dir']))  # --langs, or every one
+        config['langs'] = ['en'] + [lang for lang in langs if lang != 'en']  # English first: the others compare to it
     return config
 
 
@@ -994,32 +1021,269 @@ def xla_epochs(run, config):
     return dict(sorted(table.items())), counts
 
 
-# each analysis: the tasks of the runs it reads, and the function that computes its table
-ANALYSES = {'pos-ngrams': (('udpos',), pos_ngrams), 'ner-entities': (('panx',), ner_entities),
-            'shared-errors': (('xnli', 'pawsx', 'xquad'), shared_errors),
-            'xla-epochs': (('conll', 'panx', 'xnli', 'pawsx'), xla_epochs)}
+# XTREME's Table 5, as the paper prints it: each language's Wikipedia articles (millions), script and family.
+LANGUAGE_FACTS = {
+    'af': (0.09, 'Latin', 'IE: Germanic'), 'ar': (1.02, 'Arabic', 'Afro-Asiatic'), 'eu': (0.34, 'Latin', 'Basque'),
+    'bn': (0.08, 'Brahmic', 'IE: Indo-Aryan'), 'bg': (0.26, 'Cyrillic', 'IE: Slavic'),
+    'my': (0.05, 'Brahmic', 'Sino-Tibetan'), 'nl': (1.99, 'Latin', 'IE: Germanic'), 'en': (5.98, 'Latin', 'IE: Germanic'),
+    'et': (0.20, 'Latin', 'Uralic'), 'fi': (0.47, 'Latin', 'Uralic'), 'fr': (2.16, 'Latin', 'IE: Romance'),
+    'ka': (0.13, 'Georgian', 'Kartvelian'), 'de': (2.37, 'Latin', 'IE: Germanic'), 'el': (0.17, 'Greek', 'IE: Greek'),
+    'he': (0.25, 'Hebrew', 'Afro-Asiatic'), 'hi': (0.13, 'Devanagari', 'IE: Indo-Aryan'),
+    'hu': (0.46, 'Latin', 'Uralic'), 'id': (0.51, 'Latin', 'Austronesian'), 'it': (1.57, 'Latin', 'IE: Romance'),
+    'ja': (1.18, 'Ideograms', 'Japonic'), 'jv': (0.06, 'Brahmic', 'Austronesian'), 'kk': (0.23, 'Arabic', 'Turkic'),
+    'ko': (0.47, 'Hangul', 'Koreanic'), 'ms': (0.33, 'Latin', 'Austronesian'), 'ml': (0.07, 'Brahmic', 'Dravidian'),
+    'zh': (1.09, 'Chinese ideograms', 'Sino-Tibetan'), 'mr': (0.06, 'Devanagari', 'IE: Indo-Aryan'),
+    'fa': (0.70, 'Perso-Arabic', 'IE: Iranian'), 'pt': (1.02, 'Latin', 'IE: Romance'),
+    'ru': (1.58, 'Cyrillic', 'IE: Slavic'), 'es': (1.56, 'Latin', 'IE: Romance'), 'sw': (0.05, 'Latin', 'Niger-Congo'),
+    'tl': (0.08, 'Brahmic', 'Austronesian'), 'ta': (0.12, 'Brahmic', 'Dravidian'), 'te': (0.07, 'Brahmic', 'Dravidian'),
+    'th': (0.13, 'Brahmic', 'Kra-Dai'), 'tr': (0.34, 'Latin', 'Turkic'), 'ur': (0.15, 'Perso-Arabic', 'IE: Indo-Aryan'),
+    'vi': (1.24, 'Latin', 'Austro-Asiatic'), 'yo': (0.03, 'Arabic', 'Niger-Congo')}
 
 
-def draw_bars(path, found):
-    """found {run: {row: {language: value}}} as grouped bars, a panel a run: the languages along x, a bar a row.
-    -> [path], or [] with a line that says why where matplotlib is not installed."""
-    if (plt := pyplot()) is None:
-        print(f'no {os.path.basename(path)}: a figure needs matplotlib (pip install matplotlib); the numbers are there')
+def run_scores(run, config):
+    """A finished run's test score in each of its languages that XTREME's Table 5 lists (results.json)."""
+    test = json.loads(read_text(os.path.join(run, 'results.json'))).get('test', {})
+    return {lang: test[lang] for lang in config['langs'] if lang in LANGUAGE_FACTS and lang in test}
+
+
+def wikipedia(run, config):
+    """XTREME's Figure 2 and Table 9 for a run of any task: its test score in each language beside the language's
+    Wikipedia articles, and Pearson's rho of the two over the languages.
+    -> ({task: {language: score}}, {'articles': {language: millions}, 'rho': rho})"""
+    scores = run_scores(run, config)
+    articles = {lang: LANGUAGE_FACTS[lang][0] for lang in scores}
+    rho = float(np.corrcoef(list(scores.values()), list(articles.values()))[0, 1]) if len(scores) > 2 else None
+    return {config['task']: scores}, {'articles': articles, 'rho': rho}
+
+
+def families(run, config):
+    """XTREME's Figures 3 and 6 for a run of any task: its mean test score over the languages of each family and of
+    each script, the groups in the order of their languages' mean Wikipedia articles (low-resource first), each
+    named with its number of languages. -> ({'family' or 'script': {group: score}}, {the same: {group: languages}})"""
+    table, counts = {}, {}
+    for kind, column in (('family', 2), ('script', 1)):
+        groups = {}
+        for lang, score in run_scores(run, config).items():
+            groups.setdefault(LANGUAGE_FACTS[lang][column], []).append((LANGUAGE_FACTS[lang][0], score, lang))
+        ordered = sorted(groups.items(), key=lambda group: np.mean([articles for articles, _, _ in group[1]]))
+        table[kind] = {f'{name} ({len(rows)})': np.mean([score for _, score, _ in rows]) for name, rows in ordered}
+        counts[kind] = {name: [lang for _, _, lang in rows] for name, rows in ordered}
+    return table, counts
+
+
+def draw_wikipedia(plt, name, found):
+    """Figure 2: each run's scores against the languages' Wikipedia articles (log scale), with its linear fit."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for run, result in found.items():
+        (task, scores), = result['table'].items()
+        x, y = np.array([result['counts']['articles'][lang] for lang in scores]), np.array(list(scores.values()))
+        rho = result['counts']['rho']
+        dots = ax.scatter(x, y, label=f'{task} ({os.path.basename(os.path.normpath(run))})' + (
+            '' if rho is None else f', rho {rho:.2f}'))
+        for lang, at, score in zip(scores, x, y):
+            ax.annotate(lang, (at, score), fontsize='x-small')
+        if len(x) > 1:
+            line = np.linspace(x.min(), x.max(), 50)
+            ax.plot(line, np.polyval(np.polyfit(x, y, 1), line), color=dots.get_facecolor()[0], lw=1)
+    ax.set(xscale='log', xlabel='Wikipedia articles (millions, XTREME\'s Table 5)', ylabel='test score', title=name)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize='small')
+    return fig
+
+
+def draw_families(plt, name, found):
+    """Figures 3 and 6: a panel a grouping (family, script), a bar a run, the groups along x."""
+    panels = {f'{name}: by {kind}': {os.path.normpath(run): found[run]['table'][kind] for run in found}
+              for kind in ('family', 'script')}
+    return bar_panels(plt, panels, 'mean test score')
+
+
+def representations(run, config):
+    """X-Mixup's Figures 1 and 4: the sentence representations of the run's test sets (the mean of the last layer's
+    states, its footnote; best.pt's encoder) reduced to two dimensions by PCA over all its languages. The table gives
+    each language's centroid (the mean) on the two axes and its distance to English's centroid in the full space;
+    the points are those of the four languages of Figure 1 (English, Spanish, Arabic, Swahili), or of the run's own.
+    -> (the table, {language: sentences}, {'points': {language: [[x, y]]}, 'centroids': {language: [x, y]}})"""
+    encoder, tok, settings, device = run_encoder(run)
+    settings['data_dir'] = config['data_dir']  # the demo's data, found in the run's folder
+    embedded = {lang: encoded(encoder, tok, settings, device, lang) for lang in config['langs']}
+    together = np.concatenate(list(embedded.values()))
+    mean, axes = pca(together)
+    flat = {lang: (x - mean) @ axes for lang, x in embedded.items()}
+    centre = {lang: x.mean(0) for lang, x in embedded.items()}
+    table = {'centroid, first axis': {lang: float(x.mean(0)[0]) for lang, x in flat.items()},
+             'centroid, second axis': {lang: float(x.mean(0)[1]) for lang, x in flat.items()},
+             'distance to English': {lang: float(np.linalg.norm(c - centre['en'])) for lang, c in centre.items()}}
+    figure_1 = [lang for lang in ('en', 'es', 'ar', 'sw') if lang in flat]
+    shown = (figure_1 + [lang for lang in flat if lang not in figure_1])[:4]  # the run's others where it lacks some
+    points = {'points': {lang: flat[lang].round(3).tolist() for lang in shown},
+              'centroids': {lang: x.mean(0).round(3).tolist() for lang, x in flat.items()}}
+    return table, {lang: len(x) for lang, x in embedded.items()}, points
+
+
+def pca(x, dims=2):
+    """PCA: -> (the mean of the rows of x, the `dims` directions of largest variance as columns), from the
+    eigenvectors of the covariance, each signed so that its largest entry is positive (the same axes every time)."""
+    mean = x.mean(0)
+    values, vectors = np.linalg.eigh(np.cov(x - mean, rowvar=False))
+    axes = vectors[:, np.argsort(values)[::-1][:dims]]
+    return mean, axes * np.sign(axes[np.abs(axes).argmax(0), range(dims)])
+
+
+def draw_points(plt, name, found):
+    """Figures 1 and 4 (and XLA's 3): a panel a run, each group's points and its centroid (a labelled cross)."""
+    fig, axes = plt.subplots(1, len(found), figsize=(5 * len(found), 4.5), squeeze=False)
+    for ax, (run, result) in zip(axes[0], found.items()):
+        for group, xy in result['points']['points'].items():
+            ax.scatter(*np.array(xy).reshape(-1, 2).T, s=3, alpha=0.3, label=group)
+        for group, (x, y) in result['points']['centroids'].items():
+            ax.scatter(x, y, marker='x', color='black')
+            ax.annotate(group, (x, y), fontsize='small')
+        ax.set(title=f'{name}: {os.path.normpath(run)}', xlabel='first axis', ylabel='second axis')
+        ax.legend(fontsize='small', markerscale=3)
+    return fig
+
+
+def bleu_curve(run, config):
+    """VECO's Figure 4 (right): a translation run's test BLEU with each checkpoint it kept (results.json's curve,
+    which --curve writes). -> ({'BLEU': {step: BLEU}}, {'checkpoints': how many})"""
+    curve = json.loads(read_text(os.path.join(run, 'results.json'))).get('curve')
+    if config.get('task') != 'translate' or not curve:
+        raise EvalError(f'{run} has no BLEU curve: give a VECO translation run made with --curve')
+    return {'BLEU': curve}, {'checkpoints': len(curve)}
+
+
+def draw_curves(plt, name, found):
+    """A line a run: its table's row against the steps."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run, result in found.items():
+        (row, values), = result['table'].items()
+        ax.plot([int(step) for step in values], list(values.values()), marker='o', label=os.path.normpath(run))
+        ax.set(xlabel='step', ylabel=f'test {row}', title=name)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize='small')
+    return fig
+
+
+def xla_losses(run, config, kept=0.8):
+    """XLA's Figures 4 to 6 for a warm-up (a zero-shot run, with or without --conf_penalty) that has labelled each
+    target language's training set (train.py --predict, predicted/train-<lang>.scores.json). A sentence's loss is the
+    mean of -log p over its words' predicted tags, as DISTIL's; a sentence is accurate-2 when at most two of its tags
+    are wrong; DISTIL keeps the `kept` share of sentences that are most confident (Table 8's first epoch: 80%).
+    -> (the table, {language: sentences}, {language: {'loss', 'length', 'wrong', 'kept'}: a value a sentence})"""
+    table, counts, points = {}, {}, {}
+    for lang in config['langs'][1:]:
+        found = predicted_with_gold(run, config, 'train', lang)
+        if not found:
+            continue
+        probs = [np.array(p['probability']) for p, _ in found]
+        loss, length = [float(-np.log(p).mean()) for p in probs], [len(p) for p in probs]
+        wrong = [sum(t != g for t, g in zip(p['tags'], gold)) for p, gold in found]
+        confidence = np.array([p.mean() for p in probs])
+        keep = np.zeros(len(found), bool)
+        keep[np.argsort(-confidence, kind='stable')[:math.floor(round(kept * len(found), 6))]] = True
+        points[lang] = {'loss': loss, 'length': length, 'wrong': wrong, 'kept': keep.tolist()}
+        clean = np.array(wrong) <= 2
+        for row, value in (('accurate-2, % of sentences', 100 * clean.mean()),
+                           ('loss, accurate-2', np.mean(np.array(loss)[clean]) if clean.any() else None),
+                           ('loss, noisy', np.mean(np.array(loss)[~clean]) if (~clean).any() else None),
+                           ('length, all', np.mean(length)), ('length, kept', np.mean(np.array(length)[keep]))):
+            if value is not None:
+                table.setdefault(row, {})[lang] = float(value)
+        counts[lang] = len(found)
+    if not points:
+        raise EvalError(f'{run} holds no predicted/train-<lang>.scores.json: label each target language\'s training '
+                        f'set first (python train.py --out {run} --predict DATA/<task>/train-<lang>.tsv)')
+    return table, counts, points
+
+
+def predicted_with_gold(run, config, split, lang):
+    """A run's --predict output of a tagging split, each sentence's prediction with its gold tags, or [] without it."""
+    path = os.path.join(run, 'predicted', f'{split}-{lang}.scores.json')
+    if not os.path.isfile(path):
         return []
-    fig, axes = plt.subplots(len(found), 1, figsize=(8, 3.2 * len(found)), squeeze=False)
-    for ax, (run, table) in zip(axes[:, 0], found.items()):
-        langs = list(dict.fromkeys(lang for row in table.values() for lang in row if lang != 'gap'))
+    predicted = json.loads(read_text(path))['predictions']
+    gold = [ex['tags'] for ex in data.read_split(config['data_dir'], config['task'], split, lang)]
+    if len(gold) != len(predicted):
+        raise EvalError(f'{path} holds {len(predicted)} sentences and {lang}\'s {split} set {len(gold)}: predict the '
+                        'split of the run\'s data folder')
+    return list(zip(predicted, gold))
+
+
+def draw_losses(plt, name, found):
+    """Figures 4 to 6, a row a run and language: the losses of accurate-2 and noisy sentences, the loss against
+    the length, and the lengths of all sentences and of those kept."""
+    rows = [(run, lang, each) for run, result in found.items() for lang, each in result['points'].items()]
+    fig, axes = plt.subplots(len(rows), 3, figsize=(13, 3.4 * len(rows)), squeeze=False)
+    for (run, lang, each), (hist, scatter, lengths) in zip(rows, axes):
+        loss, clean = np.array(each['loss']), np.array(each['wrong']) <= 2
+        hist.hist([loss[clean], loss[~clean]], bins=30, label=['accurate-2', 'noisy'])
+        scatter.scatter(each['length'], loss, s=3, alpha=0.4, c=np.where(clean, 'tab:blue', 'tab:orange'))
+        lengths.hist([np.array(each['length']), np.array(each['length'])[each['kept']]], bins=30, label=['all', 'kept'])
+        where = f'{os.path.normpath(run)}, {lang}'
+        hist.set(title=f'losses: {where}', xlabel='loss')
+        scatter.set(title='loss against length', xlabel='words', ylabel='loss')
+        lengths.set(title='lengths, all and kept', xlabel='words')
+        hist.legend(fontsize='small')
+        lengths.legend(fontsize='small')
+    return fig
+
+
+def xla_logits(run, config):
+    """XLA's Figure 3 for a warm-up that has labelled each target language's dev set (train.py --predict,
+    predicted/dev-<lang>.scores.json): every word's log-probabilities of the tags, reduced to two dimensions by PCA
+    (where the paper uses t-SNE), grouped by the word's gold tag. The table gives each gold tag's accuracy.
+    -> (the table, {language: words}, {'points': {tag: [[x, y]]}, 'centroids': {tag: [x, y]}}) of its first language"""
+    for lang in config['langs'][1:]:
+        if found := predicted_with_gold(run, config, 'dev', lang):
+            logp = np.log(np.maximum([d for p, _ in found for d in p['distribution']], 1e-6))
+            gold = [tag for _, tags in found for tag in tags]
+            right = [t == g for p, tags in found for t, g in zip(p['tags'], tags)]
+            mean, axes = pca(logp)
+            flat = (logp - mean) @ axes
+            tags = sorted(set(gold), key=gold.index)
+            rows = {tag: np.array([g == tag for g in gold]) for tag in tags}
+            table = {f'accuracy by gold tag, {lang}': {tag: 100 * np.mean(np.array(right)[rows[tag]]) for tag in tags}}
+            return table, {lang: len(gold)}, {'points': {tag: flat[rows[tag]].round(3).tolist() for tag in tags},
+                                               'centroids': {tag: flat[rows[tag]].mean(0).round(3).tolist()
+                                                             for tag in tags}}
+    raise EvalError(f'{run} holds no predicted/dev-<lang>.scores.json: label a target language\'s dev set first '
+                    f'(python train.py --out {run} --predict DATA/<task>/dev-<lang>.tsv)')
+
+
+def draw_bars(plt, name, found):
+    """Each run's table as grouped bars, a panel a run: the columns along x (languages, most often), a bar a row."""
+    panels = {f'{name}: {os.path.normpath(run)}': result['table'] for run, result in found.items()}
+    return bar_panels(plt, panels, '%')
+
+
+def bar_panels(plt, panels, ylabel):
+    """panels {title: {bar: {x: value}}} as grouped bars, a panel a title -> the figure."""
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3.2 * len(panels)), squeeze=False)
+    for ax, (title, table) in zip(axes[:, 0], panels.items()):
+        xs = list(dict.fromkeys(x for row in table.values() for x in row if x != 'gap'))
         width = 0.8 / max(1, len(table))
-        for i, (row, scores) in enumerate(table.items()):
-            ax.bar([x + i * width for x in range(len(langs))], [scores.get(lang, 0) for lang in langs], width,
-                   label=row)
-        ax.set_xticks([x + width * (len(table) - 1) / 2 for x in range(len(langs))], langs)
-        ax.set(title=f'{os.path.splitext(os.path.basename(path))[0]}: {os.path.normpath(run)}', ylabel='%')
+        for i, (row, values) in enumerate(table.items()):
+            ax.bar([x + i * width for x in range(len(xs))], [values.get(x, 0) for x in xs], width, label=row)
+        ax.set_xticks([x + width * (len(table) - 1) / 2 for x in range(len(xs))], xs,
+                      rotation=30 if max(map(len, xs), default=0) > 4 else 0, fontsize='small')
+        ax.set(title=title, ylabel=ylabel)
         ax.grid(alpha=0.3, axis='y')
         ax.legend(fontsize='small', loc='lower right')
-    save_figure(fig, path)
-    plt.close(fig)
-    return [path]
+    return fig
+
+
+# each analysis: the tasks of the runs it reads (None: any), the function that computes its tables, and its figure
+ANALYSES = {'pos-ngrams': (('udpos',), pos_ngrams, draw_bars),
+            'ner-entities': (('panx',), ner_entities, draw_bars),
+            'shared-errors': (('xnli', 'pawsx', 'xquad'), shared_errors, draw_bars),
+            'xla-epochs': (('conll', 'panx', 'xnli', 'pawsx'), xla_epochs, draw_bars),
+            'wikipedia': (XTREME, wikipedia, draw_wikipedia),
+            'families': (XTREME, families, draw_families),
+            'representations': (('xnli', 'pawsx', 'udpos', 'panx'), representations, draw_points),
+            'bleu-curve': (('translate',), bleu_curve, draw_curves),
+            'xla-losses': (('conll', 'panx'), xla_losses, draw_losses),
+            'xla-logits': (('conll', 'panx'), xla_logits, draw_points)}
 
 
 def pyplot():
@@ -1131,27 +1395,18 @@ def cka_main(args):
     representations of the task's parallel test sets (row i of each translates row i of English's: XNLI, PAWS-X)
     with RUN's fine-tuned encoder (best.pt), the mean of a text pair's states after the last layer (the paper's
     sentence representation, its Figure 1), and Spearman's rho between the languages' CKA and RUN's test scores."""
-    ckpt = layers.load_checkpoint(os.path.join(args.cka, 'best.pt'))
-    meta, settings = ckpt['meta'], ckpt['meta']['settings']
+    encoder, tok, settings, device = run_encoder(args.cka, args.eval_batch_size)
     task, data_dir = settings['task'], settings['data_dir']
     if task not in TASKS or TASKS[task].family != 'classification':
         raise EvalError(f'--cka compares the parallel test sets of XNLI and PAWS-X, not {task}\'s: give such a run')
-    cfg = layers.stored_config(ckpt['config'])
-    tok = data.tokenizer(cfg.backbone, meta['tokenizer'][0], meta['lower'], (meta['tokenizer'][1:] or [None])[0])
-    encoder = layers.Encoder(cfg)
-    encoder.load_state_dict(ckpt['encoder'])
-    device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-    encoder = encoder.to(device)
-    examples = lambda lang: data.read_split(data_dir, task, 'test', lang)
-    embed = lambda lang: states(encoder, data.make_features(tok, task, examples(lang), settings.get('max_len')),
-                                tok.pad, args.eval_batch_size, device)
+    embed = lambda lang: encoded(encoder, tok, settings, device, lang)
     english, scores, ckas = embed('en'), json.loads(read_text(os.path.join(args.cka, 'results.json')))['test'], {}
     for lang in (lang for lang in languages(task, is_demo(data_dir)) if lang != 'en'):
         target = embed(lang)
         if len(target) != len(english):
             raise EvalError(f'{task}\'s test set has {len(target)} examples in {lang} and {len(english)} in English: '
                             '--cka needs the parallel test sets as XTREME ships them')
-        ckas[lang] = linear_cka(english, target)
+        ckas[lang] = linear_cka(torch.from_numpy(english), torch.from_numpy(target))
     rho = spearman([ckas[lang] for lang in ckas], [scores[lang] for lang in ckas]) if set(ckas) <= set(scores) else None
     out = {'run': args.cka, 'task': task, 'cka': ckas, 'test': {lang: scores.get(lang) for lang in ckas}, 'rho': rho}
     if args.out:
@@ -1159,6 +1414,27 @@ def cka_main(args):
     print(format_table({'CKA with English': {k: 100 * v for k, v in ckas.items()}, 'test': out['test']}))
     print(f'Spearman\'s rho of CKA and test score over {len(ckas)} languages: ' + ('no test scores (no labels)'
                                                                                   if rho is None else f'{rho:.3f}'))
+
+
+def run_encoder(run, batch_size=64):
+    """A finished run's fine-tuned encoder (best.pt) on the GPU where there is one -> (the encoder, its tokenizer,
+    the run's settings with batch_size, the device)."""
+    ckpt = layers.load_checkpoint(os.path.join(run, 'best.pt'))
+    meta, settings = ckpt['meta'], {**ckpt['meta']['settings'], 'batch_size': batch_size}
+    cfg = layers.stored_config(ckpt['config'])
+    tok = data.tokenizer(cfg.backbone, meta['tokenizer'][0], meta['lower'], (meta['tokenizer'][1:] or [None])[0])
+    encoder = layers.Encoder(cfg)
+    encoder.load_state_dict(ckpt['encoder'])
+    device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    return encoder.to(device), tok, settings, device
+
+
+def encoded(encoder, tok, settings, device, lang):
+    """The sentence representations of a language's test set (states) as a float64 array, a row an example."""
+    task = settings['task']
+    examples = data.read_split(settings['data_dir'], task, 'test', lang)
+    feats = data.make_features(tok, task, examples, settings.get('max_len'))
+    return states(encoder, feats, tok.pad, settings['batch_size'], device).double().numpy()
 
 
 @torch.no_grad()
@@ -1205,6 +1481,7 @@ def collect_main(args):
         print(f'missing: {gap}')
     incomplete = {g.split(':')[0] for g in gaps}  # each gap begins '<task>:'
     print(f'submission in {args.out}: {len(XTREME) - len(incomplete)} of {len(XTREME)} tasks complete')
+    print(collect_figure(args.collect, args.out))
     groups = {}  # runs of one command differ in --seed and in options that leave results alike (--out, ...)
     for run in args.collect:
         config = json.loads(read_text(f'{run}/config.json')) if os.path.isfile(f'{run}/config.json') else {}

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import queue
+import re
 import shlex
 import shutil
 import signal
@@ -549,7 +550,7 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('resume', bool, 'continue from --out/last.pt', changes='nothing'),
     Option('eval_only', bool, 'evaluate --out/best.pt (or --init) without training', changes='nothing'),
     Option('predict', str, 'FILE [TRANSLATION]: the finished run in --out predicts FILE, a TSV of the task\'s '
-           'columns or a QA JSON (docs/runs.md), into --out/predicted/; nothing else is read', nargs='+',
+           'columns or a QA JSON (docs/runs.md), or a split of its data (train-de), into --out/predicted/', nargs='+',
            changes='nothing'),
     Option('overwrite', bool, 'replace a finished run of other settings in --out (else such a folder is refused)',
            changes='nothing'),
@@ -1238,7 +1239,12 @@ def predict(args, rank, world, device):
     if settings.demo and not data.is_demo(demo, current=True):
         fail(f'{args.out} is a run of an older demo, whose tokenizer has changed since: run it again')
     tok = tokenizer_of(settings)
-    examples, pairs = data.read_input(args.predict[0], settings.task, cls.paired, (args.predict + [None])[1])
+    split = re.fullmatch(r'(train|dev|test)-([a-z]+)', args.predict[0])
+    if split and not os.path.exists(args.predict[0]) and not cls.paired:  # a split of the run's data, as it reads it
+        data_dir = demo if settings.demo else settings.data_dir
+        examples, pairs = data.read_split(data_dir, settings.task, *split.groups()), None
+    else:
+        examples, pairs = data.read_input(args.predict[0], settings.task, cls.paired, (args.predict + [None])[1])
     run = Run(settings, rank, world, device, tok, sets={'dev': {}, 'test': {}})
     model = cls.predictor(run)
     items = data.evaluation_items(replace(run.tokenization, cache=False), examples, pairs if model.paired else None)

@@ -1352,7 +1352,9 @@ class VecoTranslate(Method):
         Option('lenpen', help='length penalty, score / length ** lenpen (default 1)', valid=NON_NEGATIVE, default=1.0,
                changes='scores'),
         Option('average_last', int, 'decode with the mean of the last N checkpoints (one every --eval_every steps; '
-               'default 10; 0: best.pt, the lowest valid loss)', NON_NEGATIVE, changes='scores'))
+               'default 10; 0: best.pt, the lowest valid loss)', NON_NEGATIVE, changes='scores'),
+        Option('curve', bool, 'keep every checkpoint and decode the test set with each: BLEU by step in results.json '
+               '(VECO\'s Figure 4, eval.py --analyse bleu-curve)'))
 
     @classmethod
     def configure(cls, args, demo=None):
@@ -1393,15 +1395,16 @@ class VecoTranslate(Method):
                 run.fail(f'no {name} pairs for {args.src}-{args.tgt} in {args.data_dir}/translation: '
                          'the files hold no text')
         validate = lambda: {'valid': method.valid_losses(valid, args.eval_batch_size, run.device, args.precision)}
-        run.fit(method, items, validate, keep_last=args.average_last)
+        run.fit(method, items, validate, keep_last=KEEP_ALL if args.curve else args.average_last)
+        refs = list(data.read_lines(data.parallel_files(args.data_dir, args.src, args.tgt, 'test')[1]))
+        curve = learning_curve(run, cls, method, test, refs) if args.curve else None
         decoded_with = average_last(run, cls, method, args.average_last)
         hyps = [tok.decode(ids.tolist()) for ids in cls.decoded(run, method, test)]
-        refs = list(data.read_lines(data.parallel_files(args.data_dir, args.src, args.tgt, 'test')[1]))
         scores = ev.translation_scores(hyps, refs)
         decoded_in = 'bf16' if args.decode_bf16 else 'fp32'
         results = {'task': 'translate', 'method': 'veco', 'pair': f'{args.src}-{args.tgt}',
                    'decoded_with': decoded_with, 'decoded_in': decoded_in, 'embed_scale': scale,
-                   'valid': validate()['valid'], 'test': scores}
+                   'valid': validate()['valid'], 'test': scores, **({'curve': curve} if curve else {})}
         path = f'predictions/test.{args.src}-{args.tgt}.{args.tgt}'
         table = ev.translation_table(f'test {args.src}-{args.tgt} ({len(hyps)} sentences, beam {args.beam}, '
                                      f'{decoded_with})', scores)
@@ -2080,6 +2083,21 @@ def average_last(run, cls, method, n):
     method.load_state_dict(average_checkpoints(kept, {'method': run.args.method, 'task': cls.folder(run.args)[0]}))
     step = lambda path: path[-10:-3].lstrip('0')  # checkpoints/step<7 digits>.pt
     return f'the mean of the last {len(kept)} checkpoints ({step(kept[0])} to {step(kept[-1])} steps)'
+
+
+KEEP_ALL = 10 ** 9  # --curve keeps every checkpoint: more than a run makes
+
+
+def learning_curve(run, cls, method, test, refs):
+    """VECO's Figure 4 (right): the test set's BLEU with each kept checkpoint -> {step: BLEU}."""
+    expect, curve = {'method': run.args.method, 'task': cls.folder(run.args)[0]}, {}
+    for path in kept_checkpoints(run.path('checkpoints')):
+        method.load_state_dict(average_checkpoints([path], expect))
+        hyps = [run.tok.decode(ids.tolist()) for ids in cls.decoded(run, method, test)]
+        step = int(path[-10:-3])  # checkpoints/step<7 digits>.pt
+        curve[step] = ev.bleu(hyps, refs)['bleu']
+        run.say(f'learning curve: step {step}, BLEU {curve[step]:.2f}')
+    return curve
 
 
 # ----------------------------------------------------------------------------------------

@@ -169,14 +169,15 @@ def test_decode_qa_picks_the_best_valid_span_across_windows():
 
 def test_each_prediction_has_its_probability_by_hand():
     import math
-    label, three = ev.with_probabilities('xnli', None, [torch.tensor([0.0, math.log(3), 0.0])], [{}])  # 1/5, 3/5, 1/5
-    assert label == ['entailment'] and three == pytest.approx([3 / 5])
+    label, three, each = ev.with_probabilities('xnli', None, [torch.tensor([0.0, math.log(3), 0.0])], [{}])
+    assert label == ['entailment'] and three == pytest.approx([3 / 5]) and each == [[0.2, 0.6, 0.2]]  # e^0 / (1 + 3 + 1)
     tags = [torch.tensor([[0.0, 0, 0, 0, 0, 0, 0], [math.log(6), 0, 0, 0, 0, 0, 0], [0, 0, math.log(2), 0, 0, 0, 0]])]
-    assert ev.with_probabilities('panx', [Feature(ids=[0, 5, 2], words=[1, 2])], tags, [{}])[1][0] == pytest.approx(
-        [6 / 12, 2 / 8])
+    _, top, each = ev.with_probabilities('panx', [Feature(ids=[0, 5, 2], words=[1, 2])], tags, [{}])
+    assert top[0] == pytest.approx([6 / 12, 2 / 8])  # the words' first pieces are positions 1 and 2
+    assert each[0] == [[0.5] + [round(1 / 12, 4)] * 6, [0.125, 0.125, 0.25] + [0.125] * 4]
     spans = [(0, 4), (5, 10)]
     s, e = torch.tensor([0.0, 0, 0, math.log(2), 0, 0]), torch.tensor([0.0, 0, 0, 0, math.log(3), 0])
-    answer, found = ev.with_probabilities('xquad', [window(spans, [True, True])], [torch.stack([s, e], -1)],
+    answer, found, _ = ev.with_probabilities('xquad', [window(spans, [True, True])], [torch.stack([s, e], -1)],
                                           [{'id': 'q', 'context': 'Anna lives'}])
     assert answer == {'q': 'Anna lives'} and found == pytest.approx({'q': 2 / 7 * 3 / 8})  # start 2 of 7, end 3 of 8
 
