@@ -423,8 +423,7 @@ def optimizer_and_schedule(method, args, total_steps):
 # The command line: the trainer's options and each method's (xlt), checked, then the defaults.
 
 def fail(message, own=False):
-    """One line on stderr: from the first process, for what every process finds alike; under DDP an error of one
-    process's own (own) from each process that meets it, naming it."""
+    """One line on stderr from the first process, or with own under DDP from each process that meets it, naming it."""
     rank, world = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
     if own and world > 1:
         raise SystemExit(f'error (process {rank} of {world}): {message}')
@@ -440,8 +439,7 @@ def error_line(e):
 
 @contextmanager
 def one_process_errors():
-    """A run under way (its checks passed, alike on every process): an error may now be one process's own, and under
-    DDP its line names the process."""
+    """Past the checks, an error may be one process's own: under DDP its line names the process."""
     try:
         yield
     except BAD_INPUT as e:
@@ -461,17 +459,13 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('from_scratch', bool, 'random weights: real data without --init, a demo that would start pre-trained'),
     Option('spm', str, 'XLM-R\'s sentencepiece model (default: the one in --data_dir)', changes='nothing'),
     Option('vocab', str, 'BERT\'s vocab.txt (default: the one beside --init, else in --data_dir)', changes='nothing'),
-    Option('dict', str, 'fairseq dict.txt --init was trained with (default: one beside it, as VECO\'s NLG model)',
-           changes='scores'),
+    Option('dict', str, '--init\'s fairseq dict.txt (default: one beside it, as VECO\'s NLG model)', changes='scores'),
     Option('data_dir', str, 'XTREME data in the layout of docs/data.md', default='data', changes='nothing'),
     Option('translations', str, 'xtreme: --data_dir\'s translations (XTREME\'s); filter: --data_dir/filter, FILTER\'s '
            'data; xmixup: --data_dir/xmixup, X-Mixup\'s (python data.py download --translations NAME); or a data '
-           'folder of other translations (default: the method\'s own, XTREME\'s for the others and the demo)',
-           changes='scores'),
-    Option('out', str, 'run folder (default runs/<task>-<method>-<each choice that changes the result>)',
-           changes='nothing'),
-    Option('lr', help='peak learning rate (default: the method\'s release, per task: its docs page\'s settings)',
-           valid=POSITIVE),
+           'folder of other translations (default: the method\'s own; XTREME\'s for the demo)', changes='scores'),
+    Option('out', str, 'run folder (default runs/<task>-<method>-<choices that change results>)', changes='nothing'),
+    Option('lr', help='peak learning rate (default: the release\'s per task, as its docs page says)', valid=POSITIVE),
     Option('epochs', int, 'passes over the training data (default: the release\'s, per task)', AT_LEAST_1),
     Option('steps', int, 'train this many optimiser steps instead, the data read pass after pass (XLA\'s warm-ups '
            '3000, Table 8; pre-training 240000, Table 5; translation 100000)', AT_LEAST_1),
@@ -479,24 +473,19 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
            'pre-training 2000; translation 5000, each saving a checkpoint to average)', AT_LEAST_1),
     Option('batch_size', int, 'global batch size, over all processes (default: the release\'s, per task)', AT_LEAST_1),
     Option('epoch_draw', str, 'an epoch trains on every item, or on one of the items of each English example (one: '
-           'English with one of its translations, drawn anew each epoch, as FILTER\'s run_xtag.py)',
-           choices=('all', 'one')),
+           'English with one of its translations, drawn each epoch, as FILTER\'s run_xtag.py)', choices=('all', 'one')),
     Option('group_by_length', bool, 'training batches of similar lengths, little padding (ours: faster, not as the '
            'papers ran)', negated='random training batches, as the papers\' scripts (the default)'),
     Option('grad_accum', int, 'micro-batches per process and step', AT_LEAST_1, default=1, changes='nothing'),
     Option('max_len', int, 'max tokens per input (default 128; QA 384)', (lambda v: 8 <= v <= 512, '8 to 512 tokens'),
            changes='scores'),
-    Option('warmup', help='share of the steps with a rising learning rate (default: the release\'s, mostly 0)',
-           valid=SHARE),
+    Option('warmup', help='share of steps the learning rate rises in (default: the release\'s, mostly 0)', valid=SHARE),
     Option('warmup_steps', int, 'the warm-up in steps instead (VECO\'s SQuAD script: 500)', NON_NEGATIVE),
-    Option('doc_stride', int, 'QA: tokens between a context\'s window starts (default 128; VECO 64)', AT_LEAST_1,
-           changes='scores'),
+    Option('doc_stride', int, 'QA: tokens between window starts (default 128; VECO 64)', AT_LEAST_1, changes='scores'),
     Option('weight_decay', help='AdamW\'s weight decay (default: the release\'s, mostly 0)', valid=NON_NEGATIVE),
     Option('clip', help='gradient clipping at this norm (default 1.0; translation 0.1)', valid=POSITIVE),
-    Option('clip_by', str, 'clip the gradients\' norm, or each element (X-Mixup\'s release)',
-           choices=('norm', 'value')),
-    Option('adam_eps', help='Adam\'s epsilon (default 1e-8; BERT\'s QA codebase and VECO\'s pre-training 1e-6)',
-           valid=POSITIVE),
+    Option('clip_by', str, 'clip the gradients\' norm or each element (X-Mixup\'s release)', choices=('norm', 'value')),
+    Option('adam_eps', help='Adam\'s epsilon (default 1e-8; BERT\'s QA and VECO\'s pre-training 1e-6)', valid=POSITIVE),
     Option('adam_beta2', help='Adam\'s beta2 (default 0.999; VECO large\'s pre-training 0.98)', valid=SHARE),
     Option('select', str, 'the checkpoint kept: the best English dev score (en), the best dev average (average) or '
            'the last (default: the method\'s release)', choices=('en', 'average', 'last')),
@@ -528,8 +517,7 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
            (lambda v: v >= 1, 'a layer, at least 1'), changes='scores'),
     Option('pool', str, 'retrieval: the mean of a text\'s states, or its first token\'s (<s>, [CLS])',
            choices=('mean', 'cls'), default='mean', changes='scores'),
-    Option('grad_checkpoint', bool, 'recompute each block in backward: less memory, about a third more compute',
-           changes='nothing'),
+    Option('grad_checkpoint', bool, 'recompute blocks in backward: less memory, a third more time', changes='nothing'),
     Option('gpu_memory', help='GiB of the GPU to plan for (default: the GPU found): the plan estimates a process\'s '
            'peak and says whether it fits, or what would make it fit', valid=POSITIVE, changes='nothing'),
     Option('eval_batch_size', int, 'examples per evaluation batch', AT_LEAST_1, default=64, changes='nothing'),
@@ -540,22 +528,18 @@ OPTIONS = (  # the trainer's options; each method's own are its class's OPTIONS 
     Option('term_grace', help='seconds a SIGTERM\'s (SIGUSR1\'s) last.pt may take, by the writer\'s last measured rate '
            '(default 20 under torchrun or Slurm, whose grace is 30, else 60): beyond it, or with 0, the run stops at '
            'its last resume point', valid=NON_NEGATIVE, changes='nothing'),
-    Option('no_cache', bool, 'tokenize the data into a temporary folder, not once into <data_dir>/.cache',
-           changes='nothing'),
+    Option('no_cache', bool, 'tokenize into a temporary folder, not once into <data_dir>/.cache', changes='nothing'),
     Option('eval_steps', int, 'also select within an epoch, every N steps (VECO: XNLI 500, SQuAD 200)', AT_LEAST_1),
     Option('log_every', int, 'steps between log.jsonl lines, each their mean (one host sync)', AT_LEAST_1, default=10,
            changes='nothing'),
-    Option('compile', bool, 'torch.compile each block (the first steps compile; outputs as without, to 1e-5)',
-           changes='nothing'),
+    Option('compile', bool, 'torch.compile each block (slower first steps; outputs alike to 1e-5)', changes='nothing'),
     Option('resume', bool, 'continue from --out/last.pt', changes='nothing'),
     Option('eval_only', bool, 'evaluate --out/best.pt (or --init) without training', changes='nothing'),
-    Option('predict', str, 'FILE [TRANSLATION]: the finished run in --out predicts FILE, a TSV of the task\'s '
-           'columns or a QA JSON (docs/runs.md), or a split of its data (train-de), into --out/predicted/', nargs='+',
+    Option('predict', str, 'FILE [TRANSLATION]: the finished run in --out predicts FILE, a TSV of the task\'s columns '
+           'or a QA JSON (docs/runs.md), or a split of its data (train-de), into --out/predicted/', nargs='+',
            changes='nothing'),
-    Option('overwrite', bool, 'replace a finished run of other settings in --out (else such a folder is refused)',
-           changes='nothing'),
-    Option('dry_run', bool, 'check the options and every file the run reads, print the plan, stop (writes nothing)',
-           changes='nothing'),
+    Option('overwrite', bool, 'replace a finished run of other settings in --out (else refused)', changes='nothing'),
+    Option('dry_run', bool, 'check the options and files, print the plan, stop (writes nothing)', changes='nothing'),
     Option('halt_after', int, argparse.SUPPRESS, changes='nothing'),  # tests: die abruptly after this many steps
     Option('term_after', int, argparse.SUPPRESS, changes='nothing'),  # tests: a SIGTERM to itself after this many steps
     Option('only_stage', str, argparse.SUPPRESS, changes='nothing'),  # a sweep's process (fan_out): one stage alone
@@ -666,8 +650,7 @@ def check_spread(args, cls):
 
 
 def data_folder(args):
-    """The data folder the run reads: the demo's, made in the run's folder; other translations' own folder, where the
-    rest is linked to XTREME's (a release's data: <--data_dir>/filter or /xmixup); else --data_dir."""
+    """The run's data folder: the demo's in the run folder, a release's translations' or others', or --data_dir."""
     if args.demo:
         return os.path.join(args.out, 'demo-data')
     if args.translations in ('filter', 'xmixup'):
@@ -676,8 +659,8 @@ def data_folder(args):
 
 
 def default_folder(args, cls, seeded):
-    """The rest of a default folder's name: translate-test, translations not the method's own, the languages seen in
-    training, a preset not the default, a seed given, the demo."""
+    """The rest of a default folder's name: translate-test, other translations, the languages seen in training,
+    another preset, a seed, the demo."""
     other = os.path.basename(os.path.normpath(args.translations))  # xtreme, filter, xmixup, or the folder's name
     own = 'xtreme' if args.demo else cls.TRANSLATIONS
     return (['translate-test'] * args.translate_test + [f'{other}-translations'] * (args.translations != own)
@@ -718,10 +701,8 @@ def local_gpu():
 
 
 def waits_group():
-    """The gloo group of the waits on data (data.barrier), apart so that the training's collectives keep torch's
-    timeout (NCCL's 10 minutes) while its waits get data.PATIENCE. It is made and checked with one collective within
-    data.CONNECT: processes that cannot reach each other (a node's name resolving to an address the others cannot reach)
-    stop the run in minutes, not in hours."""
+    """The gloo group of data.barrier's waits, which get data.PATIENCE while the training's collectives keep torch's
+    timeout; checked within data.CONNECT, so that processes that cannot reach each other stop the run in minutes."""
     try:
         group = dist.new_group(backend='gloo', timeout=data.CONNECT)
         dist.monitored_barrier(group, data.CONNECT, wait_all_ranks=True)
@@ -737,8 +718,7 @@ def waits_group():
 # Checks before anything is made, and the plan.
 
 def check(args, world):
-    """Everything that can be checked before anything is made: --out, the processes, the options against the model,
-    every file the run reads, the checkpoints and runs it names, what --out holds."""
+    """Check everything before anything is made: --out and what it holds, the options, and every file the run reads."""
     cls = xlt.method_class(args)
     parent = os.path.dirname(first_missing(args.out) or os.path.abspath(args.out))
     if os.path.exists(args.out) and not os.path.isdir(args.out) or not os.path.isdir(parent):
@@ -774,8 +754,7 @@ def check(args, world):
         fail(f'nothing to resume in {args.out} (no run began there): drop --resume to start a new run, or give the '
              'folder of the stopped run')
     check_stages(args, cls)
-    if args.resume or is_finished(args.out):  # a first run meets neither
-        check_finished(args)
+    check_finished(args)
 
 
 def check_stages(args, cls):
@@ -789,8 +768,7 @@ def check_stages(args, cls):
 
 
 def check_options(args, cls):
-    """What needs the data's languages or a model: translate-train's language, and the method's own layer counts,
-    tried on its model (sketched)."""
+    """Check translate-train's language, and the method's own layer counts on its model (sketched)."""
     langs = target_langs(args) if args.task in data.TASKS or args.langs else ()  # --langs checked
     if data.TRAINS_ON[cls.trains_on].langs == 'one' and xlt.task_family(args) != 'retrieval':
         langs = ['en'] * data.TRAINS_ON[cls.trains_on].own + langs  # in-language English: XTREME's rows average it
@@ -801,8 +779,7 @@ def check_options(args, cls):
 
 
 def sketched(args, cls):
-    """The method as the run builds it, on the meta device (no memory, no time), which the plan counts; None for a
-    retrieval task, which builds none. A layer count that does not fit the model stops here, in one line."""
+    """The method built on the meta device for the plan (None for retrieval); a layer count that does not fit stops."""
     if xlt.task_family(args) != 'retrieval':
         try:
             with torch.device('meta'):
@@ -916,10 +893,8 @@ def training_plan(args, world):
 
 
 def memory_plan(args, world, model):
-    """The plan's line of memory: a process's peak in training at its largest micro-batch, estimated from the shapes
-    (layers.peak_bytes of the passes of the method's model, on the meta device), and whether it fits the GPU
-    (--gpu_memory, or the one found) with a tenth to spare, or which --grad_accum (--max_tokens) or --grad_checkpoint
-    would make it fit."""
+    """The plan's line of memory: a process's peak at its largest micro-batch (layers.peak_bytes, on the meta device),
+    and whether it fits the GPU (--gpu_memory, or the one found) with a tenth to spare, or what would make it fit."""
     if args.eval_only or model is None:  # nothing trained, or retrieval
         return 'none trained'
     cls, cuda = xlt.method_class(args), torch.cuda.is_available()
@@ -950,8 +925,7 @@ def memory_plan(args, world, model):
 
 
 def planned_config(args):
-    """The model's shape as the run will have it: the preset's, --dropout and --attn_dropout (with dropout, attention
-    on a CPU keeps its weights), and for the demo at most the tiny preset's vocabulary (its own is smaller)."""
+    """The model's shape in the run: the preset's with --dropout and --attn_dropout, and the demo's vocabulary."""
     cfg, given = layers.CONFIGS[args.model], lambda *values: next(v for v in values if v is not None)
     return replace(cfg, dropout=given(args.dropout, cfg.dropout),
                    attn_dropout=given(args.attn_dropout, args.dropout, cfg.attn_dropout),  # as Run.pretrained sets them
@@ -962,8 +936,7 @@ def planned_config(args):
 # The data a run prepares: the tokenizer, the demo's data and its pre-trained start.
 
 def make_demo(args, rank, world, device):
-    """The demo's data, made in its folder in the run's (--data_dir, which parse_args points there), and for a method
-    that starts from a trained model the demo's pre-trained model (demo_pretrained), made first."""
+    """Make the demo's data in the run folder and, for a method that starts trained, its pre-trained model first."""
     if rank == 0 and not data.is_demo(args.data_dir, current=True):
         data.make_demo(args.data_dir, seed=0)
     data.barrier()
@@ -982,8 +955,7 @@ def backbone(args):  # the preset's, 'xlmr' or 'bert': it picks the tokenizer
 
 
 def demo_pretrained(args, rank, world, device):
-    """The demo's pre-trained tiny model (demo_start): VECO's pre-training (Section 2.2) on the demo's text, a run of
-    its own beside this one (--resume goes on with it), for the methods that start from a trained encoder."""
+    """The demo's pre-trained model (demo_start): VECO pre-trained on the demo's text, in a run beside this one."""
     folder = os.path.dirname(demo_start(args.out))
     if rank == 0:
         print(f'{args.method} starts from a pre-trained model: pre-training the demo model into {folder} first')
@@ -994,8 +966,7 @@ def demo_pretrained(args, rank, world, device):
 
 
 # ----------------------------------------------------------------------------------------
-# The run folder: held by one run at a time (hold); its config.json (Folder.begin) says that a run began there and
-# with which settings, its results.json that it finished. A run that stops before it began leaves nothing behind.
+# The run folder: held by one run at a time (hold), and its contract with later runs (Folder).
 
 @contextmanager
 def hold(folder, rank):
@@ -1031,9 +1002,8 @@ def hold(folder, rank):
 
 
 def shared_hold(folder, holder):
-    """Under DDP, what process 0 found: the folder's holder, and whether every process sees the folder as it holds it
-    (its .lock as process 0 wrote it): --out on a filesystem every node mounts, else the others would read and resume
-    nothing of the run's."""
+    """Under DDP, the holder process 0 found, once every process sees its .lock as process 0 wrote it (--out on a
+    filesystem every node mounts): else the others would resume nothing of the run's."""
     dist.broadcast_object_list(shared := [holder])
     lock, seen = os.path.join(folder, '.lock'), [None] * dist.get_world_size()
     dist.all_gather_object(seen, (socket.gethostname(), data.read_text(lock) if os.path.exists(lock) else None))
@@ -1061,13 +1031,10 @@ def is_finished(folder):
     return os.path.exists(os.path.join(folder, 'results.json'))
 
 
-def discard_if_unbegun(out, made, fresh_lock=False):
-    """A run that stops before it began (no config.json in its folder or below) leaves nothing
-    behind: what this process made goes (the run folder and the parents it made, the demo data
-    in a folder that was there, the .lock it made), and nothing else."""
+def discard_if_unbegun(out, made, fresh_lock):
+    """A run that stops before it began leaves nothing behind: what this process made goes (the run folder and the
+    parents it made, the demo data in a folder that was there, the .lock it made), and nothing else."""
     lock = os.path.join(os.path.abspath(out), '.lock')
-    if began(out):
-        return
     if fresh_lock and os.path.exists(lock):
         os.remove(lock)
     if not made or not os.path.isdir(made):
@@ -1116,8 +1083,7 @@ def check_finished(args):
     if args.overwrite or not os.path.exists(config) or not (args.resume or is_finished(args.out)):
         return
     found = read_config(args.out)
-    differ = differences(found, args, changing('scores') if args.eval_only else None)
-    if differ:
+    if differ := differences(found, args, changing('scores') if args.eval_only else None):
         now, more = vars(args), f', and {len(differ) - 1} more' if len(differ) > 1 else ''
         fail(f'{args.out} holds a {"stopped" if args.resume else "finished"} run with --{differ[0]} {found[differ[0]]} '
              f'(this run: {now[differ[0]]}{more}): give another --out, or add --overwrite to replace it')
@@ -1143,8 +1109,7 @@ def checkpoint_identity(args):
 
 class Folder:
     """The run folder's contract with later runs: config.json (begin) says that a run began there and with which
-    settings; kept.txt lists what the run computed for itself (keep: --resume reads it back, the next new run removes
-    it first); results.json (write_results) says that it finished. cached() computes a result once and keeps it."""
+    settings, kept.txt what it computed for itself (keep), results.json (write_results) that it finished."""
 
     def __init__(self, args, rank):
         self.args, self.rank, self.out, self.begun = args, rank, args.out, False
@@ -1156,8 +1121,7 @@ class Folder:
         return os.path.exists(self.path(name))
 
     def begin(self):
-        """All input read: the run begins, and results of an earlier run in its folder are no
-        longer its; a new run (not --resume) also drops the earlier run's checkpoints."""
+        """The run begins: an earlier run's results in its folder go, its checkpoints too unless --resume."""
         if self.rank == 0 and not self.begun:
             new = not self.args.resume
             kept = list(data.read_lines(self.path('kept.txt'))) if new and os.path.exists(self.path('kept.txt')) else []
@@ -1166,13 +1130,11 @@ class Folder:
         self.begun = True
 
     def config(self):
-        """config.json: the run's settings, and which of them leave results alike (eval.py --collect groups by the
-        rest)."""
+        """config.json: the run's settings, and which leave results alike (eval.py --collect groups by the rest)."""
         return json.dumps({**vars(self.args), 'changes_nothing': changing('nothing')}, indent=2)
 
     def keep(self, name):
-        """Record a file or folder the run computed for itself (kept.txt): --resume reads it back, and
-        the next new run in the folder removes it first (an earlier run's results are not its)."""
+        """Record a file or folder the run computed (kept.txt): --resume reads it back, the next new run removes it."""
         if not self.args.eval_only:  # an evaluation changes no run
             self.begin()
             if self.rank == 0:
@@ -1188,9 +1150,8 @@ class Folder:
                 os.remove(path)
 
     def cached(self, name, compute):
-        """compute() once, kept as `name` (JSON for .json, else torch.save, read memory-mapped):
-        --resume and --eval_only read it back; a new run computes it again. compute() may give None
-        on processes other than 0, which then read what process 0 kept."""
+        """compute() once, kept as `name` (JSON for .json, else torch.save, read memory-mapped) for --resume and
+        --eval_only to read back. compute() may give None on processes but 0, which then read what process 0 kept."""
         path, as_json = self.path(name), name.endswith('.json')
         read = lambda: json.loads(data.read_text(path)) if as_json else torch.load(path, weights_only=True, mmap=True)
         if (self.args.resume or self.args.eval_only) and os.path.exists(path):
@@ -1208,7 +1169,7 @@ class Folder:
         """results.json, results.txt and files {name: text} by process 0, the table printed; every process waits."""
         if self.rank == 0:
             files = {**(files or {}), 'results.json': json.dumps(results, indent=2), 'results.txt': table + '\n'}
-            if self.args.eval_only and not os.path.exists(self.path('config.json')):  # --init's evaluation: its
+            if self.args.eval_only and not self.holds('config.json'):  # an evaluation of --init writes its own
                 files['config.json'] = self.config()
             for name, text in files.items():
                 layers.atomic_write(self.path(name), text)
@@ -1220,9 +1181,8 @@ class Folder:
 # --predict FILE: a finished run's model on a file of the task's columns.
 
 def predict(args, rank, world, device):
-    """--predict FILE [TRANSLATION]: the finished run in --out, in its settings, predicts FILE (data.read_input) with
-    the model its method predicts with (xlt's predictor) -> --out/predicted/<FILE's name>.<tsv|json>, in the
-    leaderboard's format, and .scores.json: each prediction's probability, the scores where FILE has labels."""
+    """--predict FILE [TRANSLATION]: the finished run in --out predicts FILE (data.read_input) with its method's
+    predictor -> --out/predicted/<FILE's name>.<tsv|json> and .scores.json (probabilities, scores where labelled)."""
     if not is_finished(args.out):
         fail(f'--predict FILE predicts with a finished run: {args.out} has no results.json; give the run\'s folder')
     found = read_config(args.out)
@@ -1257,26 +1217,21 @@ def predict(args, rank, world, device):
 
 
 # ----------------------------------------------------------------------------------------
-# A sweep, --seeds a,b,c or --train_langs a,b,c: the command once a value (one after another, or --gpus N at once),
-# then its table: the mean and std over the seeds, or each language's score from its own run.
+# A sweep, --seeds a,b,c or --train_langs a,b,c: the command once a value, then its table.
 
-SWEPT = {'seeds': ('seed', 'seed{}', 'seed'), 'train_langs': ('train_lang', '{}', 'language')}  # each run's option,
-# folder, and what a value is called
+SWEPT = {'seeds': ('seed', 'seed{}', 'seed'), 'train_langs': ('train_lang', '{}', 'language')}  # option, folder, word
 
 
 def action(args):
-    """The function that does what the command line asks for: a prediction, a sweep, one stage of a sweep, the
-    stages' command lines, or the run."""
+    """The function that does what the command line asks: a prediction, a sweep, a stage, its commands or the run."""
     asked = [(args.predict, predict), (args.seeds or args.train_langs, sweep), (args.only_stage, one_stage),
              (args.commands, stage_commands)]
     return next((function for wanted, function in asked if wanted), execute)
 
 
 def sweep(args, rank, world, device):
-    """--seeds or --train_langs: the run of each value in --out/seed<s> (--out/<lang>), as --seed s (--train_lang l)
-    --out there makes it (a finished run of these settings reused, one that began resumed with --resume), one after
-    another or with --gpus N as N processes at once (fan_out), or with --commands each its command line alone; then
-    the sweep's table in --out (seeds_table, langs_table)."""
+    """--seeds or --train_langs: each value's run in --out/seed<s> (--out/<lang>), a finished one reused, one after
+    another or --gpus N at once (fan_out), or with --commands each its command line; then the sweep's table."""
     name = 'seeds' if args.seeds else 'train_langs'
     (option, folder, word), values = SWEPT[name], getattr(args, name)
     say = print if rank == 0 else (lambda message: None)
@@ -1315,8 +1270,7 @@ def sweep(args, rank, world, device):
 
 
 def shared_stages(runs):
-    """The stages that two runs of a sweep share (kept outside their folders: XLA's --warmup_dir): {its folder: (the
-    value of the first run that has it, the stage's name)}."""
+    """The stages runs of a sweep share (XLA's --warmup_dir): {its folder: (the first run's value, the stage)}."""
     found = {}
     for v, settings in runs.items():
         for name in xlt.method_class(settings).stages(settings):
@@ -1325,8 +1279,7 @@ def shared_stages(runs):
 
 
 def seeds_table(args, folders):
-    """--out/seeds.json and seeds.txt: each language's mean and standard deviation (np.std) over the seeds, as the
-    papers report their rows (eval.seed_table)."""
+    """--out/seeds.json and seeds.txt: each language's mean and standard deviation over the seeds (eval.seed_table)."""
     results = [json.loads(data.read_text(os.path.join(f, 'results.json'))) for f in folders]
     summary = {'seeds': args.seeds, 'runs': folders, 'mean': ev.statistic(results), 'std': ev.statistic(results, 'std')}
     table = f'test, mean ± std over --seeds {",".join(map(str, args.seeds))}:\n{ev.seed_table(folders)}'
@@ -1336,8 +1289,7 @@ def seeds_table(args, folders):
 
 
 def langs_table(args, folders):
-    """--out/langs.json and langs.txt: each language's dev and test score from its own run, and their average: XTREME's
-    translate-train and in-language rows (a model a language, each scored on its own)."""
+    """--out/langs.json and langs.txt: each language's scores from its own run, and their average (XTREME's rows)."""
     read = lambda folder: json.loads(data.read_text(os.path.join(folder, 'results.json')))
     results = {lang: read(folder) for lang, folder in zip(args.train_langs, folders)}
     own = {split: {lang: r[split][lang] for lang, r in results.items() if lang in r[split]}
@@ -1351,8 +1303,7 @@ def langs_table(args, folders):
 
 
 def stage_commands(args, rank, world, device):
-    """--commands without --seeds: each of the method's stages' command lines, one a line (a job array's); nothing runs
-    here, and the same command without --commands then reuses the stages and finishes the run."""
+    """--commands without --seeds: each stage's command line, one a line (a job array's), and nothing runs."""
     check(args, world)
     print('\n'.join(shlex.join(command(args, only_stage=name)) for name in xlt.method_class(args).stages(args)))
 
@@ -1390,8 +1341,7 @@ def write_dev_predictions(run, preds):
 
 
 def stages_at_once(run):
-    """--gpus N: the method's stages that have not finished with these settings (a --search's grid points, XLA's
-    warm-ups), N at a time, each a train.py process of its own (fan_out), which Run.stage then reuses."""
+    """--gpus N: the method's unfinished stages, N at a time, each a process (fan_out), which Run.stage then reuses."""
     todo = [(name, settings.out, command(run.args, only_stage=name)) for name in run.cls.stages(run.args)
             if not finished_alike(settings := stage_settings(run.args, run.cls, name))]
     fan_out(todo, run.args.gpus)
@@ -1431,10 +1381,8 @@ def fan_out(runs, gpus):
 # The training's machinery: DDP, the probe, out of memory, divergence, resume points and SIGTERM, checkpoints.
 
 def wrapped(method, device, bf16=False):
-    """The method in DDP, its gradients views of DDP's communication buckets, no copies: the loop zeroes them rather
-    than dropping them (dropped, backward would make each anew and DDP copy it in, the embeddings' 1 GB among them);
-    every parameter has one after a DDP backward. Alone, a parameter no loss reached keeps none, and AdamW leaves it
-    as it is (no weight decay). bf16 (--ddp_bf16_grads): the buckets all-reduced in bf16 (bf16_gradients)."""
+    """The method in DDP, its gradients views of DDP's buckets, which the loop zeroes rather than drops (else each is
+    made anew and copied in). bf16 (--ddp_bf16_grads): the buckets all-reduced in bf16 (bf16_gradients)."""
     model = DDP(method, device_ids=[device.index] if device.type == 'cuda' else None, gradient_as_bucket_view=True)
     if bf16:
         model.register_comm_hook(None, bf16_gradients)
@@ -1453,9 +1401,7 @@ def bf16_gradients(state, bucket):
     return dist.all_reduce(half, async_op=True).get_future().then(written_back)
 
 
-SCARCE = ('cuda',)  # devices whose memory a run watches: the largest batch tried before step 1 (probe), a finished
-# training's cycles collected at once for the next stage; on a CPU neither is worth its time (a collection takes
-# seconds in a process of many objects, the probe a step)
+SCARCE = ('cuda',)  # devices whose memory a run watches (probe, collect); on a CPU neither is worth its time
 
 
 def begin_epoch(training, batches, per_epoch):
@@ -1472,8 +1418,7 @@ def begin_epoch(training, batches, per_epoch):
 
 
 def report_epoch(training, dev, score, within=None):
-    """The printed line of an epoch's end (or of a point within it) and its line in log.jsonl: the dev scores, their
-    selection score, the padding share."""
+    """The line of an epoch's end (or a point within it), printed and in log.jsonl: its dev scores and padding share."""
     state, select = training.state, training.method.select
     if training.run.rank == 0:
         at, seconds = {**state, 'epoch': within or state['epoch']}, time.time() - training.started
@@ -1485,9 +1430,8 @@ def report_epoch(training, dev, score, within=None):
 def write_log(training, **fields):
     """A line of log.jsonl (the first process's): the step, the epoch and the fields."""
     if training.log:
-        training.log.write(json.dumps({'step': training.state['step'], 'epoch': training.state['epoch'], **fields})
-                           + '\n')
-        training.log.flush()
+        print(json.dumps({'step': training.state['step'], 'epoch': training.state['epoch'], **fields}),
+              file=training.log, flush=True)
 
 
 def note_event(training, event):
@@ -1537,8 +1481,7 @@ def diverged(run, loss, first, last):
 
 class ResumePoints(AbstractContextManager):
     """A training's resume points. Entered: --resume's state from last.pt (resumed) and log.jsonl from there. Then
-    last.pt every --save_minutes, at each epoch's end but the last and at SIGTERM (a scheduler's), written by
-    layers.Writer's thread; the processes agree on a resume point or a stop at a log line (agree)."""
+    last.pt every --save_minutes, at each epoch's end but the last and at SIGTERM, as the processes agree (agree)."""
 
     def __init__(self, training):
         self.training, self.saved, self.signalled = training, time.time(), None
@@ -1573,9 +1516,7 @@ class ResumePoints(AbstractContextManager):
         """The resume point or stop agreed on, within an epoch (its last step saves after validation, after_epoch)."""
         if any(self.agreed) and not epoch_end:
             self.save(stop=self.agreed[1])
-        args = self.training.run.args
-        if args.halt_after or args.term_after:
-            planted_stops(args, self.training.state['step'], self)
+        planted_stops(self.training.run.args, self.training.state['step'], self)
         self.agreed = self.agreed if epoch_end else (False, False)
 
     def after_epoch(self, last):
@@ -1661,8 +1602,7 @@ def resume_point(training):
 
 
 def planted_stops(args, step, points):
-    """The tests' stops at a known step: a SIGTERM to itself, or death as if killed once the last resume point is
-    written."""
+    """The tests' stops at a known step: a SIGTERM to itself, or death as if killed once last.pt is written."""
     if args.term_after and step == args.term_after:
         os.kill(os.getpid(), signal.SIGTERM)
     if args.halt_after and step == args.halt_after:
@@ -1671,14 +1611,11 @@ def planted_stops(args, step, points):
 
 
 def save(run, name, parts, writer, keep=0):
-    """A checkpoint (layers.save_checkpoint: atomic), from the first process, by the training's writer (its thread);
-    keep: the last `keep` of its folder, once it is written."""
+    """A checkpoint from the first process by the training's writer (atomic); keep: the last `keep` of its folder."""
     if run.rank == 0:
-        args = run.args
-        exported = xlt.method_class(args).exported(args, run.tok)  # what python layers.py export reads
-        meta = {**checkpoint_identity(args), 'settings': json.loads(json.dumps(vars(args))), **exported}
-        folder = os.path.dirname(run.path(name))
-        writer.save(run.path(name), meta, lambda: layers.keep_last(folder, keep), **parts)
+        exported = xlt.method_class(run.args).exported(run.args, run.tok)  # what python layers.py export reads
+        meta = {**checkpoint_identity(run.args), 'settings': json.loads(json.dumps(vars(run.args))), **exported}
+        writer.save(run.path(name), meta, lambda: layers.keep_last(os.path.dirname(run.path(name)), keep), **parts)
 
 
 def open_log(path, step):
