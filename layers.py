@@ -327,8 +327,7 @@ def beam_search(decoder, memory, memory_mask, bos, beam=5, lenpen=1.0, max_new=2
 
 
 # ---------------------------------------------------------------------------
-# Checkpoints. Every source is renamed into one flat dict with our names
-# ('enc.…', 'mlm.…'), then checked key by key against the model.
+# Checkpoints. Each source is renamed into one flat dict of our names ('enc.…', 'mlm.…') and checked against the model.
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the message is one line that says why."""
@@ -376,15 +375,13 @@ TRANSLATION_NAMES = {  # fairseq's translation model (VECO's released NLG model)
 }
 
 
-# Tensors real files carry that no part of this model uses: HF's position_ids buffer, XLM-R's pooler
-# (no task here uses it) and BERT's next-sentence head, fairseq's format 'version' marker.
+# Tensors real files hold that no part here uses: HF's position_ids, XLM-R's pooler, BERT's NSP head, fairseq's version.
 UNUSED = {'embeddings.position_ids', 'pooler.dense.weight', 'pooler.dense.bias', 'sentence_encoder.version',
           'encoder.version', 'decoder.version', 'cls.seq_relationship.weight', 'cls.seq_relationship.bias'}
 
 
 def rename(sd, names, prefixes):
-    """Map checkpoint keys to ours with a {module: our module} table; fuse q, k, v into qkv.
-    -> (renamed dict, checkpoint keys nothing maps)."""
+    """Map checkpoint keys to ours by a {module: our module} table, fusing q, k, v into qkv -> (renamed, unmapped)."""
     out, unknown = {}, []
     for key, t in sd.items():
         stem = next((key[len(p):] for p in prefixes if key.startswith(p)), key)
@@ -443,19 +440,16 @@ def read_safetensors(path):
         except (struct.error, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise CheckpointError(f'{path} is not a safetensors file (bad header: {e})')
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    header.pop('__metadata__', None)
     sd = {}
     for name, info in header.items():
-        if name == '__metadata__':
-            continue
         if info['dtype'] not in dtypes or 8 + n + info['data_offsets'][1] > size:
             raise CheckpointError(f'{path}: tensor {name} has dtype {info["dtype"]} or ends past the file '
                                   f'(truncated?): re-download or re-save it')
         (begin, end), dtype = info['data_offsets'], dtypes[info['dtype']]
-        count = (end - begin) // torch.empty(0, dtype=dtype).element_size()
-        if not count:  # frombuffer takes no empty tensor
-            t = torch.empty(0, dtype=dtype)
-        else:
-            t = torch.frombuffer(buf, dtype=dtype, count=count, offset=8 + n + begin)
+        count = (end - begin) // dtype.itemsize
+        t = (torch.frombuffer(buf, dtype=dtype, count=count, offset=8 + n + begin) if count
+             else torch.empty(0, dtype=dtype))  # frombuffer takes no empty tensor
         sd[name] = t.reshape(info['shape']).clone()
     return sd
 
@@ -465,8 +459,7 @@ CHECKPOINTS = ('a checkpoint is a file python layers.py convert wrote, a run\'s 
 
 
 def check_format(path):
-    """Raise CheckpointError unless path can be a checkpoint, from its first bytes alone: a folder,
-    a safetensors file, a PyTorch zip or (older fairseq files) a pickle."""
+    """Raise CheckpointError unless path's first bytes allow a checkpoint: a folder, safetensors, a zip or a pickle."""
     if not os.path.exists(path):
         raise CheckpointError(f'checkpoint {path} not found: {CHECKPOINTS}')
     if os.path.isfile(path) and not path.endswith('.safetensors'):
@@ -477,9 +470,7 @@ def check_format(path):
 
 
 def torch_load(path, mmap=False):
-    """torch.load that never runs arbitrary pickled code: tensors, containers and argparse.Namespace
-    (fairseq's saved arguments) only; read_checkpoint has checked its first bytes. mmap: tensors
-    are read when used."""
+    """torch.load that never runs pickled code: it reads tensors, containers and argparse.Namespace (fairseq's) only."""
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location='cpu', weights_only=True, mmap=mmap)
@@ -493,9 +484,8 @@ def torch_load(path, mmap=False):
 
 
 def config_from(sd, meta, scaled=False, sep_id=2):
-    """Shapes give every size but the head count, which comes from the checkpoint's metadata;
-    scaled: a translation model's token embeddings times sqrt(dim), unless its args say not;
-    a token-type embedding makes it BERT."""
+    """Shapes give every size but the head count, which comes from the checkpoint's metadata; scaled: a translation
+    model's token embeddings times sqrt(dim), unless its args say not; a token-type embedding makes it BERT."""
     heads = meta.get('num_attention_heads') or meta.get('encoder_attention_heads')
     if not heads:
         raise CheckpointError('the checkpoint does not say its number of attention heads (config.json or args)')
@@ -513,14 +503,12 @@ def config_from(sd, meta, scaled=False, sep_id=2):
                   ffn_dim=sd['enc.blocks.0.ffn.fc1.weight'].size(0), max_positions=sd['enc.pos.weight'].size(0),
                   pad_id=(0 if bert else 1) if pad is None else pad,
                   ln_eps=meta.get('layer_norm_eps', 1e-12 if bert else 1e-5),
-                  embed_scale=math.sqrt(dim) if scaled and not meta.get('no_scale_embedding') else 1.0,
-                  backbone='bert' if bert else 'xlmr', type_vocab_size=len(sd['enc.token_type.weight']) if bert else 0,
-                  sep_id=sep_id)
+                  embed_scale=math.sqrt(dim) if scaled and not meta.get('no_scale_embedding') else 1.0, sep_id=sep_id,
+                  backbone='bert' if bert else 'xlmr', type_vocab_size=len(sd['enc.token_type.weight']) if bert else 0)
 
 
 def read_checkpoint(path):
-    """-> (config, flat state dict with our names, keys nothing maps, a transformers task model's head or None: see
-    task_head) from any supported layout."""
+    """-> (config, flat state dict in our names, keys nothing maps, TaskHead or None) from any supported layout."""
     if os.path.isdir(path):
         names = ('model.safetensors', 'pytorch_model.bin', 'model.pt', 'checkpoint.pt')
         files = [f for f in names if os.path.exists(os.path.join(path, f))]
@@ -603,8 +591,7 @@ def unfused(sd, meta, path):
 
 
 def task_head(meta, backbone, obj, unknown, fusion=None):
-    """A transformers task model's head (its config's architectures, its tensors named as HF_CLASSES names them)
-    -> (TaskHead or None, the keys still unknown)."""
+    """A task model's head, found by its config's architectures in HF_CLASSES -> (TaskHead or None, keys unknown)."""
     arch = (meta.get('architectures') or [None])[0]
     kind = next((k for k, (name, _) in HF_CLASSES[backbone].items() if name == arch and k in TASK_HEADS), None)
     if kind is None:
@@ -636,9 +623,8 @@ def is_cross(key):
 
 
 class Pretrained(NamedTuple):
-    """A pre-trained model as load_pretrained reads it: the encoder, its MLM head (None when the checkpoint has
-    none), a translation checkpoint's decoder (None unless asked for and there) and whether the cross-attention is
-    new (not the checkpoint's)."""
+    """A pre-trained model as load_pretrained reads it: the encoder, its MLM head (or None), a translation checkpoint's
+    decoder (None unless asked for and there) and whether the cross-attention is new (not the checkpoint's)."""
     encoder: Encoder
     mlm: MLMHead = None
     decoder: Encoder = None
@@ -649,8 +635,7 @@ def load_pretrained(path, cross=False, decoder=False):
     """-> Pretrained, every tensor checked; a transformers task model's head goes to the encoder (its task_head).
     cross=True: VECO's encoder with a cross-attention in every block, read from the checkpoint or newly initialised
     when it has none (XLM-R); cross=False leaves a checkpoint's cross-attention out (VECO's NLU assembly).
-    decoder=True: a translation checkpoint's decoder too (VECO's released NLG model: an Encoder with
-    cross-attention, the token embedding shared)."""
+    decoder=True: a translation checkpoint's decoder too (VECO's released NLG model), the token embedding shared."""
     cfg, sd, unknown, head = read_checkpoint(path)
     dec_sd = {k.removeprefix('dec.'): sd.pop(k) for k in [k for k in sd if k.startswith('dec.')]}
     found = any(is_cross(k) for k in sd)
@@ -689,9 +674,7 @@ def check_keys(path, expected, sd, unknown):
 
 
 def atomic_write(path, obj):
-    """Write text, bytes or (with torch.save) anything else to a temporary file in the same
-    folder (made if missing), then rename it into place: an interrupted write never leaves a
-    half-written file."""
+    """Write text, bytes or (by torch.save) anything else atomically: to a temporary file beside it, then renamed."""
     tmp = f'{path}.tmp{os.getpid()}'
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.exists(folder):  # made when missing; a file in its place fails below, naming itself
@@ -719,17 +702,15 @@ def stored_config(config):
 
 
 def save_checkpoint(path, meta, **parts):
-    """The project's one checkpoint format, written atomically: {'format', 'meta', and the parts}.
-    meta: what it is ('method', 'task', 'model' (the preset), 'settings': the run's options);
-    'holds' lists the parts. config + encoder (+ mlm): the weights --init reads (a converted
-    XLM-R, a run's best.pt); method: the whole method's state; optimizer, schedule, state, rng: a
-    resume point (last.pt)."""
+    """The project's one checkpoint format, written atomically: {'format', 'meta', and the parts}. meta: what it is
+    ('method', 'task', 'model' (the preset), 'settings': the run's options); 'holds' lists the parts. config + encoder
+    (+ mlm): the weights --init reads (a converted XLM-R, a run's best.pt); method: the whole method's state;
+    optimizer, schedule, state, rng: a resume point (last.pt)."""
     atomic_write(path, {'format': FORMAT, 'meta': dict(meta, holds=sorted(parts)), **parts})
 
 
 def load_checkpoint(path, expect=None, mmap=False):
-    """Read a checkpoint of the project's format (never unpickling an object). expect: the meta
-    entries it must match ('method', 'task', 'model'), else a CheckpointError naming both."""
+    """Read a checkpoint of the project's format (never unpickling an object) whose meta matches expect, if given."""
     check_format(path)
     ckpt = torch_load(path, mmap)
     if not isinstance(ckpt, dict) or ckpt.get('format') != FORMAT:
@@ -757,8 +738,7 @@ def keep_last(folder, n):
 
 
 def average_checkpoints(paths, expect=None):
-    """The mean of the methods' weights in several checkpoints (fairseq's average_checkpoints),
-    summed one checkpoint at a time."""
+    """The mean of the methods' weights in several checkpoints (fairseq's average_checkpoints), summed one at a time."""
     total = None
     for path in paths:
         state = load_checkpoint(path, expect)['method']
@@ -785,16 +765,14 @@ def set_dropout(encoder, dropout=None, attn_dropout=None):
 
 
 def compile_blocks(encoder):
-    """torch.compile each block in place (parameter names unchanged, so checkpoints stay as they
-    are), for any sequence length: the first batches of each shape compile."""
+    """torch.compile each block in place for any length (each shape's first batches compile), parameter names kept."""
     for block in encoder.blocks:
         block.compile(dynamic=True)
     return encoder
 
 
 def default_precision(device_type):
-    """bf16 on a GPU that computes it natively (Ampere on), fp16 with a loss scaler on one that does not (V100, T4),
-    fp32 on the CPU."""
+    """bf16 on a GPU that computes it natively (Ampere on), else fp16 with a loss scaler (V100, T4); fp32 on the CPU."""
     if device_type != 'cuda':
         return 'fp32'
     return 'bf16' if torch.cuda.is_bf16_supported(including_emulation=False) else 'fp16'
@@ -819,9 +797,8 @@ def exact_fp32(device):
 
 
 class Precision:
-    """A run's arithmetic in training: autocast (`autocast`), and for fp16 a dynamic loss scaler
-    (torch.amp.GradScaler): the loss is scaled up before backward so that small fp16 gradients do not
-    vanish, unscaled before clipping; a step whose gradients overflow is skipped and the scale halved."""
+    """A run's arithmetic in training: autocast, and for fp16 a dynamic loss scaler (torch.amp.GradScaler) that scales
+    the loss up before backward so that small gradients do not vanish, and halves the scale after an overflow."""
 
     def __init__(self, precision, device):
         self.precision, self.device = precision, device
@@ -899,16 +876,22 @@ class Writer:
             raise failed
 
 
-def host_copy(value, copies=None, storages=None):
-    """A copy in host memory of a checkpoint's tensors, nested in dicts and lists: a GPU tensor's into pinned memory
-    without waiting (its pair in copies), a CPU tensor's at once. Tensors that share a storage (tied weights, best.pt's
-    encoder and method) share its one copy, which torch.save then writes once, as it would the originals."""
+def host_copy(value, copies, storages=None):
+    """A host copy of a checkpoint's tensors, nested in dicts and lists (a GPU tensor's pinned, its pair in copies);
+    tensors that share a storage (tied weights, or best.pt's encoder and method) share one copy, saved once."""
     storages = {} if storages is None else storages  # (device, address, bytes) -> its copy
     if isinstance(value, torch.Tensor):
         value = value.detach()
         key = (value.device, value.untyped_storage().data_ptr(), value.untyped_storage().nbytes())
-        if key not in storages:
-            storages[key] = storage_copy(value, copies)
+        if key not in storages:  # the whole storage under value, as bytes
+            source = torch.empty(0, dtype=torch.uint8, device=value.device).set_(value.untyped_storage())
+            if value.device.type == 'cuda':  # pinned, the copy queued without waiting for the GPU
+                host = torch.empty(source.shape, dtype=torch.uint8, pin_memory=True)
+                host.copy_(source, non_blocking=True)
+                copies.append((source, host))
+            else:
+                host = source.to('cpu', copy=True)
+            storages[key] = host.untyped_storage()
         view = torch.empty(0, dtype=value.dtype)
         return view.set_(storages[key], value.storage_offset(), value.size(), value.stride())
     if isinstance(value, dict):
@@ -918,21 +901,9 @@ def host_copy(value, copies=None, storages=None):
     return value
 
 
-def storage_copy(value, copies):
-    """A host copy of the whole storage under `value` (as bytes), pinned and queued without waiting on a GPU."""
-    source = torch.empty(0, dtype=torch.uint8, device=value.device).set_(value.untyped_storage())
-    if value.device.type != 'cuda' or copies is None:
-        return source.to('cpu', copy=True).untyped_storage()
-    host = torch.empty(source.shape, dtype=torch.uint8, pin_memory=True)
-    host.copy_(source, non_blocking=True)
-    copies.append((source, host))
-    return host.untyped_storage()
-
-
 # ---------------------------------------------------------------------------
-# Memory: a training step's peak on one process, counted from the shapes before a run spends a GPU (train.py's plan).
-# It is the weights, AdamW's two moments and what the forward keeps for backward (saved tensors), at the moment
-# backward begins: tests/test_speed.py holds it to the CPU profiler's peak, tests/gpu_check.py to a GPU's.
+# Memory: a training step's peak on one process, counted from the shapes before a run spends a GPU (train.py's plan);
+# tests/test_speed.py holds it to the CPU profiler's peak, tests/gpu_check.py to a GPU's.
 
 @dataclass
 class Pass:
@@ -1031,9 +1002,8 @@ def write_safetensors(tensors, path):
 
 
 def hf_encoder(encoder, prefix, backbone, pooler):
-    """An encoder's tensors in Hugging Face's names (HF_NAMES or BERT_NAMES reversed, qkv cut in three) under prefix;
-    a cross-attention (VECO's) left out, as its NLU assembly; XLM-R's one token type, all zeros, as ours has none;
-    BERT's pooler where its class has one (pooler)."""
+    """An encoder's tensors in Hugging Face's names (HF_NAMES or BERT_NAMES reversed, qkv cut in three) under prefix,
+    without VECO's cross-attention (as its NLU assembly); XLM-R's one token type is zeros; BERT's pooler if pooler."""
     names = BERT_NAMES if backbone == 'bert' else HF_NAMES
     theirs, out = {ours: hf for hf, ours in names.items() if ours.startswith('enc.')}, {}
     for key, t in encoder.items():
@@ -1064,7 +1034,7 @@ def hf_config(cfg, arch, labels):
 
 
 def export_checkpoint(src, encoder_only=False):
-    """-> (checkpoint, its path, what it exports as: a key of HF_CLASSES), or a CheckpointError saying why not."""
+    """-> (checkpoint, path, what it exports as: a key of HF_CLASSES, backbone), or a CheckpointError saying why not."""
     path = os.path.join(src, 'best.pt') if os.path.isdir(src) else src
     if not os.path.exists(path):  # an XLA run keeps its models below it
         below = sorted(os.path.relpath(os.path.join(d, 'best.pt'), src) for d, _, files in os.walk(src)
@@ -1075,16 +1045,16 @@ def export_checkpoint(src, encoder_only=False):
         raise CheckpointError(f'{src} keeps no best.pt: {hint}')
     ckpt = load_checkpoint(path)
     kind = 'encoder' if encoder_only else ckpt['meta'].get('export')
+    backbone = stored_config(ckpt['config']).backbone
     if kind not in HF_CLASSES['xlmr']:
         why = kind or 'the checkpoint does not say how its method predicts'
-        model = stored_config(ckpt['config']).backbone
-        raise CheckpointError(f'{path}: {why}, which no Hugging Face {"BERT" if model == "bert" else "XLM-R"} class '
+        raise CheckpointError(f'{path}: {why}, which no Hugging Face {"BERT" if backbone == "bert" else "XLM-R"} class '
                               'computes: export its encoder alone with --encoder')
     scaled = ckpt['config']['embed_scale'] != 1
     if scaled or kind == 'mlm' and not ckpt.get('mlm'):
         why = 'its token embeddings are scaled, which XLM-R\'s are not' if scaled else 'no MLM head'
         raise CheckpointError(f'{path}: {why}: export its encoder alone with --encoder')
-    return ckpt, path, kind
+    return ckpt, path, kind, backbone
 
 
 def model_card(ckpt, path, arch, out):
@@ -1095,23 +1065,20 @@ def model_card(ckpt, path, arch, out):
     auto = 'AutoModel' + arch[arch.index('For'):] if 'For' in arch else 'AutoModel'
     tag = 'bert' if arch.startswith('Bert') else 'xlm-roberta'
     length = f'{s["steps"]} steps' if s.get('steps') else f'{s.get("epochs")} epochs'
-    lower = ''
-    if s.get('qa_case') == 'lower':
-        lower = ' It read QA text lowercased (`--qa_case lower`): lowercase yours too.'
+    lower = (' It read QA text lowercased (`--qa_case lower`): lowercase yours too.' if s.get('qa_case') == 'lower'
+             else '')
     return (f'---\nlibrary_name: transformers\ntags: [{tag}, cross-lingual-transfer]\n---\n\n'
             f'# {meta.get("method")} on {meta.get("task")}\n\n{arch}, exported from `{path}` by '
             f'`python layers.py export`: method `{meta.get("method")}`, task `{meta.get("task")}`, preset '
             f'`{meta.get("model")}` ({cfg["n_layer"]} layers x {cfg["dim"]}) from '
             f'`{s.get("init") or "random weights"}`; learning rate {s.get("lr")}, batch {s.get("batch_size")}, '
-            f'{length}, up to {s.get("max_len")} tokens, '
-            f'seed {s.get("seed")}.{lower}\n\n## Scores\n\n{scores}\n\n## Use\n\n'
-            f'```python\nfrom transformers import AutoTokenizer, {auto}\n'
+            f'{length}, up to {s.get("max_len")} tokens, seed {s.get("seed")}.{lower}\n\n## Scores\n\n{scores}\n\n'
+            f'## Use\n\n```python\nfrom transformers import AutoTokenizer, {auto}\n'
             f'tokenizer = AutoTokenizer.from_pretrained({out!r})\nmodel = {auto}.from_pretrained({out!r})\n```\n')
 
 
 def unigram(path):
-    """Is the sentencepiece model a unigram model, as XLM-R's is? transformers reads every one as such; a
-    BPE model (the demo's) has no n-best segmentations."""
+    """Is the sentencepiece model a unigram one, as transformers reads them all? BPE has no n-best segmentations."""
     try:
         return bool(sentencepiece.SentencePieceProcessor(model_file=path).nbest_encode('a', nbest_size=1))
     except RuntimeError:
@@ -1119,17 +1086,19 @@ def unigram(path):
 
 
 def export(src, out, encoder_only=False, spm=None, vocab=None):
-    """A run's model (its folder or a checkpoint) written into the new folder `out` as Hugging Face's
-    XLM-R or BERT: config.json, model.safetensors, the tokenizer's file (sentencepiece model, vocab.txt)
-    and settings, and a model card; made beside it and moved into place whole. -> the class written."""
-    ckpt, path, kind = export_checkpoint(src, encoder_only)
-    backbone = stored_config(ckpt['config']).backbone
+    """A run's model (its folder or a checkpoint) written into the new folder `out` as Hugging Face's XLM-R or BERT
+    (the files EXPORT_HELP lists), made beside it and moved into place whole. -> the class written."""
+    ckpt, path, kind, backbone = export_checkpoint(src, encoder_only)
     tokenizer = (vocab if backbone == 'bert' else spm) or (ckpt['meta'].get('tokenizer') or [''])[0]
     if not os.path.isfile(tokenizer):
         raise CheckpointError(f'{path}: the tokenizer\'s file {tokenizer} not found: pass '
                               f'{"--vocab" if backbone == "bert" else "--spm"}')
-    if backbone == 'xlmr':
-        check_xlmr_tokenizer(path, ckpt, tokenizer)
+    if backbone == 'xlmr' and len(ckpt['meta'].get('tokenizer', [])) > 1:  # a dict.txt sets the ids, not --spm
+        raise CheckpointError(f'{path}: its ids follow a fairseq dict.txt, which XLMRobertaTokenizer does not read')
+    if backbone == 'xlmr' and not unigram(tokenizer):
+        raise CheckpointError(f'{tokenizer} is a BPE sentencepiece model, which transformers\' XLMRobertaTokenizer '
+                              'would read as a unigram one (XLM-R\'s is): its ids would not be the run\'s; train with '
+                              'a unigram model (--spm) to export')
     if kind not in HF_CLASSES[backbone]:  # BERT's MLM: VECO's pre-training alone makes one, on XLM-R
         raise CheckpointError(f'{path}: {kind}, which no Hugging Face BERT class computes here: export its encoder '
                               'alone with --encoder')
@@ -1150,16 +1119,6 @@ def export(src, out, encoder_only=False, spm=None, vocab=None):
     return HF_CLASSES[backbone][kind][0]
 
 
-def check_xlmr_tokenizer(path, ckpt, sp_model):
-    """XLMRobertaTokenizer gives the run's ids: no fairseq dictionary between, a unigram model."""
-    if len(ckpt['meta'].get('tokenizer', [])) > 1:  # whatever --spm says: the model's rows follow the dictionary
-        raise CheckpointError(f'{path}: its ids follow a fairseq dict.txt, which XLMRobertaTokenizer does not read')
-    if not unigram(sp_model):
-        raise CheckpointError(f'{sp_model} is a BPE sentencepiece model, which transformers\' XLMRobertaTokenizer '
-                              'would read as a unigram one (XLM-R\'s is): its ids would not be the run\'s; train with '
-                              'a unigram model (--spm) to export')
-
-
 def write_folder(tmp, out, ckpt, path, kind, found, tokenizer):
     """export's folder, written in tmp and then moved to out."""
     cfg = stored_config(ckpt['config'])
@@ -1170,11 +1129,9 @@ def write_folder(tmp, out, ckpt, path, kind, found, tokenizer):
     write_safetensors({**encoder, **found}, os.path.join(tmp, 'model.safetensors'))
     shutil.copyfile(tokenizer, os.path.join(tmp, 'vocab.txt' if bert else 'sentencepiece.bpe.model'))
     labels = ckpt['meta'].get('labels') if kind in ('classification', 'tagging') else None
-    lower = ckpt['meta'].get('lower', False)  # BERT's lowercasing strips accents too, as the run's WordPiece
-    settings = ({'tokenizer_class': 'BertTokenizer', 'do_lower_case': lower} if bert else
-                {'tokenizer_class': 'XLMRobertaTokenizer'})
-    files = {'config.json': hf_config(cfg, arch, labels),
-             'special_tokens_map.json': SPECIAL_TOKENS[cfg.backbone],
+    settings = ({'tokenizer_class': 'BertTokenizer', 'do_lower_case': ckpt['meta'].get('lower', False)} if bert else
+                {'tokenizer_class': 'XLMRobertaTokenizer'})  # BERT's lowercasing strips accents too, as our WordPiece
+    files = {'config.json': hf_config(cfg, arch, labels), 'special_tokens_map.json': SPECIAL_TOKENS[cfg.backbone],
              'tokenizer_config.json': {**settings, 'model_max_length': 512, **SPECIAL_TOKENS[cfg.backbone]},
              'README.md': model_card(ckpt, path, arch, out)}
     for name, text in files.items():
