@@ -189,3 +189,112 @@ def test_xla_epochs_draws_xla_s_figure_2_from_each_training_s_results(tmp_path):
     assert result['counts'] == {'model 1': 4, 'model 2': 4, 'model 3': 2}
     with pytest.raises(ev.EvalError, match='reads XLA runs'):
         ev.analyse('xla-epochs', [finished_run(str(tmp_path / 'other'), 'panx', str(tmp_path), {})], str(tmp_path))
+
+
+def test_wikipedia_and_families_draw_xtreme_s_figures_2_3_and_6_by_hand(tmp_path):
+    """A run's test scores en 90, de 80, zh 60, sw 50 beside Table 5's articles (millions) 5.98, 2.37, 1.09 and 0.05:
+    Pearson's rho written out. Families in the order of their languages' mean articles: Niger-Congo (sw, 0.05),
+    Sino-Tibetan (zh, 1.09), IE: Germanic (en and de, 4.175); scripts: Chinese ideograms (zh, 1.09), Latin (en, de
+    and sw, 2.8). A language Table 5 lacks (xx) is left out."""
+    run = finished_run(str(tmp_path / 'run'), 'xnli', str(tmp_path), {})
+    scores = {'en': 90.0, 'de': 80.0, 'zh': 60.0, 'sw': 50.0}
+    write(os.path.join(run, 'results.json'), json.dumps({'task': 'xnli', 'test': {**scores, 'xx': 10.0, 'avg': 1}}))
+    write(os.path.join(run, 'config.json'), json.dumps({'task': 'xnli', 'data_dir': str(tmp_path),
+                                                        'langs': ['de', 'zh', 'sw', 'xx']}))
+    ev.analyse('wikipedia', [run], str(tmp_path / 'out'))
+    result = json.load(open(tmp_path / 'out' / 'wikipedia.json'))['runs'][run]
+    x, y = [5.98, 2.37, 1.09, 0.05], [90.0, 80.0, 60.0, 50.0]
+    mx, my = sum(x) / 4, sum(y) / 4
+    rho = sum((a - mx) * (b - my) for a, b in zip(x, y)) / (
+        sum((a - mx) ** 2 for a in x) * sum((b - my) ** 2 for b in y)) ** 0.5
+    assert result['table'] == {'xnli': scores} and result['counts']['rho'] == pytest.approx(rho)
+    assert result['counts']['articles'] == dict(zip(scores, x))
+    written = ev.analyse('families', [run], str(tmp_path / 'out'))
+    result = json.load(open(tmp_path / 'out' / 'families.json'))['runs'][run]
+    assert list(result['table']['family'].items()) == [('Niger-Congo (1)', 50.0), ('Sino-Tibetan (1)', 60.0),
+                                                       ('IE: Germanic (2)', 85.0)]
+    assert list(result['table']['script'].items()) == [('Chinese ideograms (1)', 60.0), ('Latin (3)', 220 / 3)]
+    assert result['counts']['script'] == {'Chinese ideograms': ['zh'], 'Latin': ['en', 'de', 'sw']}
+    figure = tmp_path / 'out' / 'families.png'
+    assert str(figure) in written and figure.read_bytes()[:4] == b'\x89PNG' and figure.stat().st_size > 5000
+
+
+def test_pca_finds_the_directions_of_largest_variance_by_hand():
+    """Points at x = +-2 and y = +-1: the mean is 0, the first axis is x (variance 8/3), the second y (2/3), each
+    signed so that its largest entry is positive."""
+    import numpy as np
+    points = np.array([[2.0, 0, 0], [-2, 0, 0], [0, 1, 0], [0, -1, 0]])
+    mean, axes = ev.pca(points + 5)
+    assert mean == pytest.approx([5, 5, 5])
+    assert np.abs(axes - [[1, 0], [0, 1], [0, 0]]).max() < 1e-9
+    assert ((points @ axes) == [[2, 0], [-2, 0], [0, 1], [0, -1]]).all()
+    _, flipped = ev.pca(-points + 5)  # the same axes, not their negatives
+    assert np.abs(flipped - axes).max() < 1e-9
+    diagonal = np.array([[2.0, 2, 0], [-2, -2, 0], [1, -1, 0], [-1, 1, 0]])  # the axes (1, 1, 0) and (1, -1, 0)
+    _, axes = ev.pca(diagonal)
+    assert np.abs(diagonal @ axes - [[8 ** 0.5, 0], [-8 ** 0.5, 0], [0, 2 ** 0.5], [0, -2 ** 0.5]]).max() < 1e-9
+
+
+def test_bleu_curve_reads_a_translation_run_s_curve(tmp_path):
+    run = str(tmp_path / 'run')
+    write(os.path.join(run, 'results.json'), json.dumps({'task': 'translate', 'curve': {'4': 10.5, '8': 12.0}}))
+    write(os.path.join(run, 'config.json'), json.dumps({'task': 'translate', 'data_dir': str(tmp_path)}))
+    written = ev.analyse('bleu-curve', [run], str(tmp_path / 'out'))
+    assert json.load(open(tmp_path / 'out' / 'bleu-curve.json'))['runs'][run]['table'] == {'BLEU': {'4': 10.5,
+                                                                                                   '8': 12.0}}
+    assert open(written[2], 'rb').read(4) == b'\x89PNG'
+    write(os.path.join(run, 'results.json'), json.dumps({'task': 'translate'}))
+    with pytest.raises(ev.EvalError, match='has no BLEU curve: give a VECO translation run made with --curve'):
+        ev.analyse('bleu-curve', [run], str(tmp_path / 'out'))
+
+
+def predicted_run(tmp_path, split, sentences):
+    """A PAN-X run that has predicted German's split (train.py --predict): sentences [(gold, predicted, probability,
+    distribution)], the gold tags in the data folder."""
+    data_dir = str(tmp_path / 'data')
+    write(os.path.join(data_dir, 'panx', f'{split}-de.tsv'), tagged([gold for gold, *_ in sentences]))
+    run = finished_run(str(tmp_path / 'run'), 'panx', data_dir, {})
+    each = [{'tags': tags, 'probability': p, 'distribution': d} for _, tags, p, d in sentences]
+    write(os.path.join(run, 'predicted', f'{split}-de.scores.json'), json.dumps({'predictions': each}))
+    return run
+
+
+def test_xla_losses_computes_figures_4_to_6_by_hand(tmp_path):
+    """Three German sentences. s1: 3 words, none wrong, probabilities .5 .8 1 (loss (ln 2 + ln 1.25) / 3,
+    confidence .767); s2: 4 words, 3 wrong, all .9 (loss ln(1/.9), confidence .9); s3: 3 words, 2 wrong, all .6
+    (loss ln(1/.6), confidence .6). s1 and s3 are accurate-2 (at most two wrong); 80% of 3 is 2 kept, the most
+    confident: s2 and s1."""
+    import math
+    O, P = 'O', 'B-PER'
+    run = predicted_run(tmp_path, 'train', [([P, O, O], [P, O, O], [0.5, 0.8, 1.0], None),
+                                           ([O, O, O, O], [O, P, P, P], [0.9] * 4, None),
+                                           ([O, O, O], [P, P, O], [0.6] * 3, None)])
+    written = ev.analyse('xla-losses', [run], str(tmp_path / 'out'))
+    result = json.load(open(tmp_path / 'out' / 'xla-losses.json'))['runs'][run]
+    loss = [(math.log(2) + math.log(1.25)) / 3, math.log(1 / 0.9), math.log(1 / 0.6)]
+    each = result['points']['de']
+    assert each['loss'] == pytest.approx(loss) and each['length'] == [3, 4, 3] and each['wrong'] == [0, 3, 2]
+    assert each['kept'] == [True, True, False]
+    assert {row: values['de'] for row, values in result['table'].items()} == pytest.approx({
+        'accurate-2, % of sentences': 200 / 3, 'loss, accurate-2': (loss[0] + loss[2]) / 2, 'loss, noisy': loss[1],
+        'length, all': 10 / 3, 'length, kept': 3.5})
+    assert result['counts'] == {'de': 3} and open(written[2], 'rb').read(4) == b'\x89PNG'
+
+
+def test_xla_logits_reduces_each_word_s_log_probabilities_by_hand(tmp_path):
+    """Figure 3: four words' tag distributions, their logarithms projected on the first two principal axes (an SVD
+    here), grouped by gold tag; the accuracy of each gold tag (O: 1 of 2 right, B-PER 2 of 2)."""
+    import numpy as np
+    O, P = 'O', 'B-PER'
+    dists = [[[0.7, 0.2, 0.1], [0.2, 0.7, 0.1]], [[0.1, 0.1, 0.8], [0.6, 0.3, 0.1]]]
+    run = predicted_run(tmp_path, 'dev', [([P, O], [P, P], None, dists[0]), ([O, P], [O, P], None, dists[1])])
+    ev.analyse('xla-logits', [run], str(tmp_path / 'out'))
+    result = json.load(open(tmp_path / 'out' / 'xla-logits.json'))['runs'][run]
+    assert result['table'] == {'accuracy by gold tag, de': {P: 100.0, O: 50.0}} and result['counts'] == {'de': 4}
+    logp = np.log(np.array(dists).reshape(4, 3))
+    centred = logp - logp.mean(0)
+    axes = np.linalg.svd(centred)[2][:2].T
+    axes *= np.sign(axes[np.abs(axes).argmax(0), [0, 1]])
+    flat = centred @ axes
+    assert np.abs(np.array(result['points']['points'][P]) - flat[[0, 3]]).max() < 2e-3  # rounded to 3 decimals
+    assert np.abs(np.array(result['points']['points'][O]) - flat[[1, 2]]).max() < 2e-3

@@ -320,6 +320,23 @@ def test_cka_of_a_run_is_eq_1_on_its_encoders_s_states_by_hand(tmp_path, capsys)
     assert out['test'] == {'de': 70.0, 'zh': 30.0} and out['cka']['de'] != out['cka']['zh']
     assert out['rho'] == pytest.approx(1.0 if out['cka']['de'] > out['cka']['zh'] else -1.0)
     assert 'Spearman\'s rho of CKA and test score over 2 languages' in capsys.readouterr().out
+    ev.analyse('representations', [str(tmp_path / 'run')], str(tmp_path / 'out'))  # X-Mixup's Figures 1 and 4
+    found = json.load(open(tmp_path / 'out' / 'representations.json'))['runs'][str(tmp_path / 'run')]
+    with torch.no_grad():
+        each = {lang: reps(lang).double() for lang in ('en', 'de', 'zh')}
+    for lang in ('de', 'zh'):  # the centroids' distance in the full space
+        by_hand = float((each[lang].mean(0) - each['en'].mean(0)).norm())
+        assert found['table']['distance to English'][lang] == pytest.approx(by_hand, rel=1e-4)
+    together = torch.cat(list(each.values()))
+    axes = torch.linalg.svd(together - together.mean(0), full_matrices=False)[2][:2].T  # an SVD, not eigh
+    axes *= axes.gather(0, axes.abs().argmax(0, keepdim=True)).sign()
+    flat = (each['de'] - together.mean(0)) @ axes
+    assert torch.allclose(torch.tensor(found['points']['points']['de']).double(), flat, atol=2e-3)
+    assert found['counts'] == {'en': 30, 'de': 30, 'zh': 30}
+    train.main(['--out', str(tmp_path / 'run'), '--predict', 'dev-de'])  # a split of the run's data, as it reads it
+    predicted = json.load(open(tmp_path / 'run' / 'predicted' / 'dev-de.scores.json'))
+    assert predicted['scores']['accuracy'] == pytest.approx(results['dev']['de'])
+    assert all(sum(p['distribution']) == pytest.approx(1, abs=1e-3) for p in predicted['predictions'])
 
 
 def test_a_layer_the_model_lacks_is_refused_before_the_folder_changes(tmp_path):

@@ -364,3 +364,16 @@ def test_en_fr_reads_the_released_preparation_and_skips_pairs_of_unlike_lengths(
         items = data.translation_items(tok, str(tmp_path), 'en', 'fr', split, (600, 601), 250, fr.length_ratio)
         assert [x.ids[:-2] for x, _ in items] == [tok.encode(lines['en'][n]) for n in kept]
     assert len(data.translation_items(tok, str(tmp_path), 'en', 'fr', 'test', (600, 601), 250, 1.5)) == 3
+
+
+@pytest.mark.slow
+def test_curve_decodes_the_test_set_with_each_checkpoint(tmp_path, demo_data):
+    """--curve keeps every checkpoint (steps 4, 8 and 12) and gives each one's BLEU. With --average_last 1 the final
+    translation is the last checkpoint's alone, so its BLEU is the curve's last point."""
+    translate(tmp_path / 'run', demo_data, '--curve', '--average_last', '1')
+    results = json.load(open(tmp_path / 'run' / 'results.json'))
+    assert sorted(os.listdir(tmp_path / 'run' / 'checkpoints')) == [f'step{s:07d}.pt' for s in (4, 8, 12)]
+    assert list(results['curve']) == ['4', '8', '12'] and results['curve']['12'] == results['test']['bleu']['bleu']
+    ev.analyse('bleu-curve', [str(tmp_path / 'run')], str(tmp_path / 'out'))
+    assert json.load(open(tmp_path / 'out' / 'bleu-curve.json'))['runs'][str(tmp_path / 'run')]['table'] == {
+        'BLEU': results['curve']}

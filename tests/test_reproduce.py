@@ -88,6 +88,9 @@ def test_collect_makes_a_submission_that_scores_as_the_runs(runs, tmp_path):
     folders = [str(root / task) for task in data.XTREME]
     printed = run_eval(['--collect', *folders, '--out', str(tmp_path / 'sub'), '--labels', os.path.join(demo, 'labels')])
     assert 'missing' not in printed and '9 of 9 tasks complete' in printed
+    figure = tmp_path / 'sub.png'  # beside the submission, which holds task folders alone
+    assert f'the test scores by language: {figure}' in printed and figure.read_bytes()[:4] == b'\x89PNG'
+    assert figure.stat().st_size > 20000 and sorted(os.listdir(tmp_path / 'sub')) == sorted(data.XTREME)
     run_eval(['--predictions', str(tmp_path / 'sub'), '--labels', os.path.join(demo, 'labels'), '--demo',
               '--out', str(tmp_path / 'scores.json')])
     scores = json.load(open(tmp_path / 'scores.json'))
@@ -129,7 +132,7 @@ def test_collect_replaces_a_submission_and_refuses_unfinished_runs(runs, tmp_pat
     root, demo, _ = runs
     run_eval(['--collect', str(root / 'xnli'), '--out', str(tmp_path / 'sub')])
     run_eval(['--collect', str(root / 'panx'), '--out', str(tmp_path / 'sub') + '/'])  # the trailing slash too
-    assert sorted(os.listdir(tmp_path)) == ['sub'] and os.listdir(tmp_path / 'sub') == ['panx']  # replaced whole
+    assert sorted(os.listdir(tmp_path)) == ['sub', 'sub.png'] and os.listdir(tmp_path / 'sub') == ['panx']  # replaced
     shutil.copytree(root / 'xnli', tmp_path / 'stopped', symlinks=True)
     os.remove(tmp_path / 'stopped' / 'results.json')  # a run started again and stopped: its predictions are stale
     with pytest.raises(SystemExit, match='stopped is not a finished run .no results.json.'):
