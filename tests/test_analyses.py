@@ -134,7 +134,7 @@ def test_every_analysis_the_reproduction_page_runs_exists():
     assert len(commands) >= 2
     for name, runs in commands:
         assert name in ev.ANALYSES, name
-        assert all(os.path.basename(run).split('-')[0] in ev.ANALYSES[name][0] for run in runs.split()), runs
+        assert all(run.split('/')[1].split('-')[0] in ev.ANALYSES[name][0] for run in runs.split()), runs  # runs/<task>-
 
 
 def test_ner_entities_writes_xtreme_s_table_11_by_hand(tmp_path):
