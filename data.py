@@ -1039,14 +1039,12 @@ def parallel_files(data_dir, src, tgt, split):
 
 
 # ----------------------------------------------------------------------------------------
-# Readers. Examples are plain dicts:
-#   classification {'a', 'b', 'label'}   tagging {'words', 'tags'}
-#   qa {'id', 'question', 'context', 'answers': [{'text', 'answer_start'}]}
-# Labels are None where a file has none (XTREME strips test labels).
+# Readers. Examples are plain dicts: classification {'a', 'b', 'label'}, tagging {'words', 'tags'} and
+# qa {'id', 'question', 'context', 'answers': [{'text', 'answer_start'}]}; labels are None where a file has none
+# (XTREME strips test labels).
 
 def read_lines(path):
-    """A file's lines, read one at a time: UTF-8 with or without a BOM, CRLF line ends as LF;
-    anything else is one line naming the file and the line."""
+    """A file's lines, read lazily: UTF-8 with or without a BOM, CRLF as LF; other bytes a DataError naming the line."""
     with open(path, 'rb') as f:
         for n, raw in enumerate(f, 1):
             try:
@@ -1062,17 +1060,22 @@ def read_text(path):
     return ''.join(line + '\n' for line in read_lines(path))
 
 
+def runs(lines, ends):
+    """The runs of lines between those that end one (ends(line) is true), each a list, none of them empty."""
+    run = []
+    for line in lines:
+        if not ends(line):
+            run.append(line)
+        elif run:
+            yield run
+            run = []
+    if run:
+        yield run
+
+
 def documents(path):
     """The documents of a file, a blank line between two, as lists of their lines that are not blank."""
-    doc = []
-    for line in read_lines(path):
-        if line.strip():
-            doc.append(line)
-        elif not line and doc:
-            yield doc
-            doc = []
-    if doc:
-        yield doc
+    return runs((line for line in read_lines(path) if line.strip() or not line), lambda line: not line)
 
 
 def line_pairs(a_path, b_path):
@@ -1110,8 +1113,7 @@ def report_skipped(path, total, reasons, what='examples'):
 
 
 def bar(iterable=None, quiet=False, **kwargs):
-    """A tqdm progress bar, drawn by one process and only on a terminal (a log file would get
-    every redraw)."""
+    """A tqdm progress bar, drawn by one process and only on a terminal (a log file would get every redraw)."""
     return tqdm(iterable, disable=quiet or not first_process() or not sys.stderr.isatty(), **kwargs)
 
 
@@ -1134,8 +1136,11 @@ def read_dictionary(path):
     return symbols
 
 
+XNLI_SPELLING = {'contradictory': 'contradiction'}  # XNLI-MT's spelling of a label -> the task's
+
+
 def check_label(task, label, path, line):
-    label = 'contradiction' if label == 'contradictory' else label  # XNLI-MT's spelling
+    label = XNLI_SPELLING.get(label, label)
     if label not in TASKS[task].labels:
         raise DataError(f'{path}, line {line}: label {label!r} is not one of {", ".join(TASKS[task].labels)}; '
                         'fix or remove the line')
@@ -1143,9 +1148,8 @@ def check_label(task, label, path, line):
 
 
 def read_pairs(path, task, translated=False):
-    """Sentence pairs, tab-separated, no header: 'a b [label]'. XTREME writes these files with
-    csv quoting (quotes around fields that hold a '"'), undone here. Translation files hold
-    'a b a' b' [label]' (original pair, then its translation): -> (original, translation, line)."""
+    """Sentence pairs, tab-separated, no header: 'a b [label]', XTREME's csv quoting (quotes around a field with a '"')
+    undone; translation files hold 'a b a' b' [label]': -> (original, translation, line)."""
     width = (4, 5) if translated else (2, 3)
     out, columns, empty = [], None, []
     text = read_text(need(path, f'get the {task} data (python data.py download --task {task})'))
@@ -1170,22 +1174,20 @@ def read_pairs(path, task, translated=False):
 
 def read_tagged(path, task):
     """One word per line ('word<TAB>tag', or just 'word' in test files), a blank line between sentences."""
-    out, words, tags, tagged = [], [], [], None
-    lines = list(read_lines(need(path, f'get the {task} data (python data.py download --task {task})'))) + ['']
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            if words:
-                out.append({'words': words, 'tags': tags if tagged else None})
-            words, tags = [], []
-            continue
-        cols = line.split('\t')
-        tagged = len(cols) == 2 if tagged is None else tagged
-        if len(cols) != 1 + tagged or not cols[0]:
-            raise DataError(f'{path}, line {n}: expected {"word<TAB>tag" if tagged else "a word alone"} as in the '
-                            'rest of the file; fix the line')
-        words.append(cols[0])
-        if tagged:
-            tags.append(check_label(task, cols[1], path, n))
+    out, tagged = [], None
+    lines = list(enumerate(read_lines(need(path, f'get the {task} data (python data.py download --task {task})')), 1))
+    for sentence in runs(lines, lambda numbered: not numbered[1].strip()):
+        words, tags = [], []
+        for n, line in sentence:
+            cols = line.split('\t')
+            tagged = len(cols) == 2 if tagged is None else tagged
+            if len(cols) != 1 + tagged or not cols[0]:
+                raise DataError(f'{path}, line {n}: expected {"word<TAB>tag" if tagged else "a word alone"} as in the '
+                                'rest of the file; fix the line')
+            words.append(cols[0])
+            if tagged:
+                tags.append(check_label(task, cols[1], path, n))
+        out.append({'words': words, 'tags': tags if tagged else None})
     return out
 
 
@@ -1215,8 +1217,7 @@ def read_squad(path, task='squad', train=False):
 
 
 def unusable_answer(ex):
-    """Why a training question cannot be learnt from (None if it can): as XTREME's processors,
-    an answer must be there and sit at its answer_start."""
+    """Why a training question cannot be learnt from, as XTREME's processors judge it (None if it can)."""
     if not ex['context'].strip():
         return 'empty context'
     if not ex['answers']:
@@ -1237,23 +1238,19 @@ def read_split(data_dir, task, split, lang='en'):
     languages(task, is_demo(data_dir), [lang])  # a DataError for a language the task has not
     path = split_path(data_dir, task, split, lang)
     family = TASKS[task].family
-    if family == 'classification':
-        return read_pairs(path, task)
-    if family == 'tagging':
-        return read_tagged(path, task)
+    if family == 'retrieval':
+        raise DataError(f'{task} is a retrieval task: read it with read_retrieval')
     if family == 'qa':
         return read_squad(path, task, train=split == 'train')
-    raise DataError(f'{task} is a retrieval task: read it with read_retrieval')
+    return (read_pairs if family == 'classification' else read_tagged)(path, task)
 
 
 def read_translations(data_dir, task, split, lang, originals=None):
-    """[(original, its translation or None)], one for each example of the original file: split
-    'train' pairs the English training set with its translation into lang; 'dev' / 'test' pair
-    lang's examples with their English translation. Classification translations carry their
-    original pair and are matched to it by that text (rows of released files have been out of
-    order); tagging translations align sentence by sentence, QA translations by question id.
-    Originals without a translation and translations without an original are counted in a warning.
-    originals: the original file's examples, when the caller has read them already."""
+    """[(original, its translation or None)], one per example of the original file (originals: its examples, if read
+    already): split 'train' pairs the English training set with its translation into lang, 'dev' / 'test' lang's
+    examples with their English translation. Classification translations carry their original pair and are matched to it
+    by that text (released files have had rows out of order), tagging translations align sentence by sentence, QA
+    translations by question id. A warning counts what is left unpaired on either side."""
     kind = f'translate-{split}'
     path = need(split_path(data_dir, task, kind, lang), f'{task} needs {kind} files for {lang}; '
                                                         f'{get_translations(task)}')
@@ -1286,10 +1283,9 @@ def read_translations(data_dir, task, split, lang, originals=None):
 
 
 def read_round_trip(data_dir, task, lang, pairs):
-    """The English training data translated into lang and back (X-Mixup's scheduled sampling),
-    aligned with pairs = read_translations(..., 'train', lang), one per English training example:
-    by line or sentence of the English file, or by question id (a question without a usable round
-    trip keeps its original). None when there is no such file."""
+    """The English training data translated into lang and back (X-Mixup's scheduled sampling), aligned with pairs =
+    read_translations(..., 'train', lang), one per English training example: by line or sentence of the English file, or
+    by question id (a question without a usable round trip keeps its original). None when there is no such file."""
     path = split_path(data_dir, task, 'round-trip', lang)
     if path is None or not os.path.exists(path):
         return None
@@ -1329,12 +1325,11 @@ def id_sentences(path):
 # blank line between sentences (read_tag_file), or SQuAD's JSON (read_qa_file).
 
 def read_input(path, task, paired=False, translation=None):
-    """A file to predict on (train.py --predict) -> (examples, [(English translation, example)] for a paired method,
-    else None). A TSV holds an example a line in the task's columns: classification 'a<TAB>b', tagging a sentence
-    (its words split at spaces); a paired method's rows go on with the English translation in the same columns
-    ('a<TAB>b<TAB>a_en<TAB>b_en'); a last column may hold the label (tagging: a tag a word), which is then scored.
-    QA: XTREME's JSON, a paired method's questions paired by id with translation's (XTREME's translate-test JSON)
-    or with themselves. Every bad line is named in one DataError."""
+    """A file to predict on (train.py --predict) -> (examples, [(English translation, example)] or None). A TSV holds an
+    example a line in the task's columns, classification 'a<TAB>b' and tagging a sentence (its words split at spaces), a
+    paired method's rows going on with the English translation ('a<TAB>b<TAB>a_en<TAB>b_en'); a last column may hold the
+    label (tagging: a tag a word), then scored. QA: XTREME's JSON, a paired method's questions paired by id with
+    translation's (XTREME's translate-test JSON) or with themselves. One DataError names every bad line."""
     family = TASKS[task].family
     if family == 'qa':
         examples = read_squad(path, task)
@@ -1366,8 +1361,7 @@ def read_labels(path):
 
 
 def read_tag_file(path):
-    """One tag per line, a blank line between sentences (as the leaderboard: blank lines in a row give empty
-    sentences)."""
+    """One tag a line, a blank line between sentences (as on the leaderboard, blank lines in a row are empty ones)."""
     sentences = [[]]
     for line in read_labels(path):
         if line:
@@ -1408,12 +1402,11 @@ def check_files(data_dir, task, reader, files, backbone='xlmr'):
 
 def task_files(data_dir, task, trained=(), round_trip=False, translations=False, train=True, reader='the run',
                trains_on='en', chosen=None):
-    """-> [(path, what, needed)] of a task in the layout of docs/data.md: the training files (train):
-    English's (but in-language's), the translate-train files of the languages `trained` (with their
-    round trips, read where they are), or their own training files (needed for one language; for every language
-    those there are, UD has none in some), every dev and test file, with translations
-    the translate-dev and translate-test files of the target languages (reader: who reads them, for
-    the message), and the test labels; of the languages chosen (--langs) alone. Not needed: read where it is there."""
+    """-> [(path, what, needed)] of a task in docs/data.md's layout, in the languages chosen (--langs): the training
+    files (train), English's (but in-language's), the translate-train files of the languages `trained` (with their round
+    trips, read where they are), or their own training files (needed for one language; for every language those there
+    are, UD has none in some); every dev and test file, with translations the translate-dev and -test files of the
+    target languages (reader: who reads them, for the message); the test labels. Not needed: read if there."""
     family, langs = TASKS[task].family, languages(task, is_demo(data_dir), chosen)
     source = {'panx': ' --from AmazonPhotos.zip', 'conll': ' --from FOLDER'}.get(task, '')
     get = f'python data.py download --task {task}{source} --out {data_dir}, or run the languages there are (--langs)'
@@ -1431,13 +1424,12 @@ def task_files(data_dir, task, trained=(), round_trip=False, translations=False,
     for lang in trained if train and own else ():
         add(split_path(data_dir, task, 'train', lang), f'the training data of {lang} itself ({get}; UD v2.5 has '
             'none in some languages)', not english)
-    if train and not own:
-        for lang in trained:
-            add(split_path(data_dir, task, 'translate-train', lang),
-                f'{task} needs translate-train files for {lang}; {get_translations(task)}')
-            if round_trip:
-                add(split_path(data_dir, task, 'round-trip', lang),
-                    'X-Mixup\'s round trip (the real English where missing)', False)
+    for lang in trained if train and not own else ():
+        add(split_path(data_dir, task, 'translate-train', lang),
+            f'{task} needs translate-train files for {lang}; {get_translations(task)}')
+        if round_trip:
+            add(split_path(data_dir, task, 'round-trip', lang),
+                'X-Mixup\'s round trip (the real English where missing)', False)
     for split in ('dev', 'test'):
         for lang in langs:
             path = split_path(data_dir, task, split, lang)
@@ -1468,9 +1460,8 @@ def check_labels(task, path, examples):
     if len(labels) != len(examples):
         raise DataError(f'{path} has {len(labels)} labelled examples for {len(examples)} in the test set: use the '
                         'labels of this test set')
-    allowed = set(TASKS[task].labels)
     rows = labels if family == 'tagging' else [[label] for label in labels]
-    bad = next((n for n, row in enumerate(rows, 1) for label in row if label not in allowed), None)
+    bad = next((n for n, row in enumerate(rows, 1) for label in row if label not in TASKS[task].labels), None)
     if bad:
         raise DataError(f'{path}: example {bad} has a label outside {", ".join(TASKS[task].labels)}; fix the file')
 
@@ -1498,9 +1489,8 @@ def feature_set(spec, files, key, sources, width, train=True):
 
 
 def stored(build, files, key, data_dir, cache=True, quiet=False):
-    """The Items that build(path) writes, kept in <data_dir>/.cache (build_once: files that are not
-    there are left out of the key), or with cache False built into a temporary folder that is
-    removed once they are open (the open files live on until the items go)."""
+    """The Items that build(path) writes, kept in <data_dir>/.cache (build_once; files not there are left out of the
+    key) or, with cache False, in a temporary folder removed once they are open (open files live on)."""
     folder = os.path.join(data_dir, '.cache') if cache else tempfile.mkdtemp()
     try:
         return Items(build_once(build, [p for p in files if p and os.path.exists(p)], key, folder, quiet))
@@ -1511,10 +1501,9 @@ def stored(build, files, key, data_dir, cache=True, quiet=False):
 
 def build_once(build, files, key, folder, quiet=False):
     """folder/<digest_of(files, key)> (key: the settings the set depends on; under DDP hashed by the first process),
-    made by build(path) unless there. One process builds while the others wait, then read what it wrote: under DDP
-    the first process of those that share the folder (builder), at a barrier, as flock may succeed on every node of
-    a cluster's filesystem; apart from that, and between runs, the process that holds the folder's lock. What
-    builds killed halfway left behind is removed first."""
+    made by build(path) unless there. One process builds, and the others wait and then read it: under DDP the first of
+    those that share the folder (builder), at a barrier, as flock may succeed on every node of a cluster's filesystem;
+    otherwise, and between runs, the holder of the folder's lock. Leftovers of killed builds are removed first."""
     shared = [None if torch.distributed.is_initialized() and torch.distributed.get_rank() else digest_of(files, key)]
     if torch.distributed.is_initialized():  # hashed by the first process alone (terabytes of pre-training text)
         torch.distributed.broadcast_object_list(shared, group=WAITS)
@@ -1599,16 +1588,13 @@ def locked(file, wait=True):
 
 
 def torn(path):
-    """Why the set in path cannot be read (a file not as long as its meta.json says: a full disk, a copy
-    cut short), or None; its sizes alone are read."""
+    """Why the set in path cannot be read (a file's size is not its meta.json's: a full disk, a cut copy), or None."""
     try:
         sizes = json.loads(read_text(os.path.join(path, 'meta.json')))['sizes']
     except (OSError, ValueError, KeyError):
         return 'its meta.json is missing or unreadable'
-    found = {name: os.path.getsize(f'{path}/{name}.bin') if os.path.exists(f'{path}/{name}.bin') else 0
-             for name in sizes}
-    wrong = [f'{name}.bin holds {found[name]} bytes, not {size}' for name, size in sizes.items() if found[name] != size]
-    return wrong[0] if wrong else None
+    size = lambda name: os.path.getsize(f'{path}/{name}.bin') if os.path.exists(f'{path}/{name}.bin') else 0
+    return next((f'{name}.bin holds {size(name)} bytes, not {n}' for name, n in sizes.items() if size(name) != n), None)
 
 
 def usable_cores():
@@ -1617,11 +1603,10 @@ def usable_cores():
 
 
 def write_items(path, tok, jobs, work, index_of, meta):
-    """Items in a new folder moved into place whole (a build killed halfway leaves none): work(tok, job)
-    -> (arrays, info) over jobs, (name, job) pairs, each result's arrays appended to flat files as
-    it comes; then index_of([(name, features before it, info) of each job], features) -> (item
-    index, more meta). Jobs go to forked worker processes a window at a time, so that a stream of
-    them is held a window at a time; with work None they are results already (XLA's samples)."""
+    """Items in a new folder moved into place whole (a build killed halfway leaves none): work(tok, job) -> (arrays,
+    info) over jobs, (name, job) pairs, each result's arrays appended to flat files as it comes; then index_of([(name,
+    features before it, info) of each job], features) -> (item index, more meta). Jobs go to forked workers a window at
+    a time, so that a stream of them is never held whole; with work None they are results already (XLA's samples)."""
     tmp, files, done, total, heard = f'{path}.tmp{os.getpid()}', {}, [], 0, []
     hearing = HEARD.set(heard)
     try:  # a build that fails stops hearing the warnings too
@@ -1702,11 +1687,10 @@ flat = lambda lists: np.array([x for values in lists for x in values], np.int32)
 
 
 def feature_arrays(tok, job):
-    """(task, examples, max_len, stride, number of the first example, train) -> (their features as
-    flat int32 arrays: every feature's ids one after another, its length, example and label (a
-    class, an answer's start and end, or tagging's label per token with each feature's word
-    starts; QA's evaluation windows: each token's span, -1 off the context, and max_context);
-    each example's first feature, and the features' count, counted from 0)."""
+    """(task, examples, max_len, stride, number of the first example, train) -> (their features as flat int32 arrays:
+    every feature's ids one after another, its length, example and label (a class, an answer's start and end, or
+    tagging's label per token with each feature's word starts; QA's evaluation windows: each token's span, -1 off the
+    context, and max_context); each example's first feature, and the features' count, counted from 0)."""
     task, examples, max_len, stride, base, train = job
     feats = make_features(tok, task, examples, max_len, train, stride)
     arrays = {'ids': flat(f.ids for f in feats), 'length': np.array([len(f.ids) for f in feats], np.int32),
@@ -1750,9 +1734,8 @@ def training_index(done, total, kept, width, train=True):
 
 
 def item_index(sides, width):
-    """A paired method's items as their features' numbers, (items, width): each English example
-    with itself, then each language's examples with their English (and with width 3 their round
-    trip, else the English again), aligned as in training."""
+    """A paired method's items as feature numbers (items, width): each English example with itself, then each language's
+    examples with their English (width 3: and their round trip, else English again), aligned as in training."""
     first, count, _ = sides.pop('en')
     index = [aligned([(first, count)] * width)]
     for name, (lang_first, lang_count, kept) in sides.items():
@@ -1765,10 +1748,9 @@ def item_index(sides, width):
 
 
 def aligned(sides, train=True):
-    """Feature tuples of examples seen from several sides, given each side's (first feature,
-    feature count) per example: as many tuples as the longest side has features (in evaluation
-    the last side's, the target's), a shorter side's last feature repeating; none where a side
-    has none."""
+    """Feature tuples of examples seen from several sides, given each side's (first feature, feature count) per example:
+    as many tuples as the longest side has features (in evaluation the last side's, the target's), a shorter side's last
+    feature repeating; none where a side has none."""
     first, count = np.array([f for f, _ in sides]), np.array([c for _, c in sides])  # (sides, examples)
     n = (count.max(0) if train else count[-1]) * (count.min(0) > 0)
     row = np.repeat(np.arange(len(n)), n)
@@ -1777,11 +1759,10 @@ def aligned(sides, train=True):
 
 
 class Items:
-    """A training set on disk (write_items): items[i] is a Feature, or a paired method's tuple of
-    them, made when read. The index, offsets and lengths are memory-mapped; a feature's ids and
-    labels are read from their files (pread) when it is made, since mapped pages read at random
-    stay in the process's resident set, 64 KB or so each (the kernel maps their neighbours too).
-    The page cache holds one copy for every process either way."""
+    """A training set on disk (write_items): items[i] is a Feature, or a paired method's tuple of them, made when read.
+    The index, offsets and lengths are memory-mapped; a feature's ids and labels are read from their files (pread) when
+    it is made, since mapped pages read at random stay in the process's resident set, 64 KB or so each (the kernel maps
+    their neighbours too). The page cache holds one copy for every process either way."""
 
     def __init__(self, path):
         if why := torn(path):
@@ -1822,9 +1803,7 @@ class Items:
 
     def feature(self, k):
         a, b, example = int(self.offsets[k]), int(self.offsets[k + 1]), (self.read('example', k, k + 1) or [0])[0]
-        words = None
-        if self.family == 'tagging':
-            words = self.read('words', int(self.word_offsets[k]), int(self.word_offsets[k + 1]))
+        words = self.read('words', *map(int, self.word_offsets[k:k + 2])) if self.family == 'tagging' else None
         label = None  # the feature's own example has none, whatever the other side of its pair has
         if k < len(self.labelled) and self.labelled[k]:  # a tag per token, a class, or QA's (start, end)
             label = self.read('label', *{'tagging': (a, b), 'qa': (2 * k, 2 * k + 2)}.get(self.family, (k, k + 1)))
@@ -1926,9 +1905,8 @@ def token_sizes(lengths_of, groups, max_tokens, chunks):
 
 
 def pad_share(lengths_of, batches, parts):
-    """The share of padding tokens in an epoch's micro-batches (each global batch cut into
-    `parts`, as the training step cuts it; each side padded to its longest item). lengths_of(index)
-    -> item_lengths' of those items: only an epoch's are read."""
+    """The share of padding tokens in an epoch's micro-batches (each global batch cut into `parts` as the training step
+    cuts it, each side padded to its longest item); lengths_of(index) -> item_lengths' of those items."""
     real = padded = 0
     for batch in batches:
         for chunk in (lengths_of(c) for c in np.array_split(np.array(batch), parts) if len(c)):
@@ -2021,8 +1999,7 @@ CONNECT = datetime.timedelta(minutes=5)  # for the processes to reach each other
 
 
 def barrier():
-    """Every process waits here for the others (under DDP; alone, nothing to wait for); those that do not come within
-    PATIENCE are named."""
+    """Every process waits here for the others (under DDP); those that do not come within PATIENCE are named."""
     if torch.distributed.is_initialized():
         try:
             torch.distributed.monitored_barrier(WAITS, PATIENCE, wait_all_ranks=True)
@@ -2050,15 +2027,13 @@ def shared_out(fn, lengths, processes, batch_size, desc, fields=1, everywhere=Tr
 
 
 # ----------------------------------------------------------------------------------------
-# The demo: every task generated in the layout above, in English and two toy languages that
-# use German and Chinese words with their own word order (verb last; no spaces, place before
-# verb), so that the tiny model learns in a minute and transfer has a gap to close.
+# The demo: every task in the layout above, in English and two toy languages, German and Chinese words in their own
+# order (verb last; no spaces, place before verb): the tiny model learns in a minute and transfer has a gap to close.
 
 DEMO_LANGS = ('en', 'de', 'zh')
 DEMO_WORDS = {  # slot: [(English, toy German, toy Chinese)]
-    'first': [('Anna', 'Anna', '安娜'), ('Ben', 'Ben', '本'), ('Clara', 'Klara', '克拉'),
-              ('David', 'David', '大卫'), ('Emma', 'Emma', '艾玛'), ('Felix', 'Felix', '菲力'),
-              ('Greta', 'Greta', '格蕾'), ('Hugo', 'Hugo', '雨果')],
+    'first': [('Anna', 'Anna', '安娜'), ('Ben', 'Ben', '本'), ('Clara', 'Klara', '克拉'), ('David', 'David', '大卫'),
+              ('Emma', 'Emma', '艾玛'), ('Felix', 'Felix', '菲力'), ('Greta', 'Greta', '格蕾'), ('Hugo', 'Hugo', '雨果')],
     'last': [('Smith', 'Schmidt', '史密'), ('Jones', 'Jonas', '琼斯'), ('Brown', 'Braun', '布朗'),
              ('Miller', 'Müller', '米勒')],
     'C': [('Paris', 'Paris', '巴黎'), ('Berlin', 'Berlin', '柏林'), ('Tokyo', 'Tokio', '东京'),
@@ -2066,13 +2041,10 @@ DEMO_WORDS = {  # slot: [(English, toy German, toy Chinese)]
     'O': [('Blue Bank', 'Blau Bank', '蓝 银行'), ('Acme Corp', 'Acme Werk', '顶峰 公司'),
           ('Star News', 'Stern Blatt', '星 报社')],
     'V': [('buys', 'kauft', '买'), ('reads', 'liest', '读'), ('writes', 'schreibt', '写'), ('sees', 'sieht', '看'),
-          ('finds', 'findet', '找到'), ('sells', 'verkauft', '卖'), ('paints', 'malt', '画'),
-          ('likes', 'mag', '喜欢')],
-    'A': [('red', 'rot', '红'), ('big', 'groß', '大'), ('old', 'alt', '旧'), ('new', 'neu', '新'),
-          ('small', 'klein', '小')],
+          ('finds', 'findet', '找到'), ('sells', 'verkauft', '卖'), ('paints', 'malt', '画'), ('likes', 'mag', '喜欢')],
+    'A': [('red', 'rot', '红'), ('big', 'groß', '大'), ('old', 'alt', '旧'), ('new', 'neu', '新'), ('small', 'klein', '小')],
     'N': [('book', 'Buch', '书'), ('apple', 'Apfel', '苹果'), ('car', 'Wagen', '车'), ('letter', 'Brief', '信'),
-          ('song', 'Lied', '歌'), ('house', 'Haus', '房子'), ('ball', 'Ball', '球'),
-          ('cake', 'Kuchen', '蛋糕')],
+          ('song', 'Lied', '歌'), ('house', 'Haus', '房子'), ('ball', 'Ball', '球'), ('cake', 'Kuchen', '蛋糕')],
     'D': [('the', 'der', '那')],
 }
 DEMO_ORDER = {  # sentence kind: word order per language ('S' person, 'O' organisation: two words each)
@@ -2086,8 +2058,7 @@ DEMO_ORDER = {  # sentence kind: word order per language ('S' person, 'O' organi
     'which': ('which company does S work for ?', 'für welche Firma arbeitet S ?', 'S 为 哪个 公司 工作 ？'),
 }
 DEMO_POS = {'S': 'PROPN', 'O': 'PROPN', 'C': 'PROPN', 'V': 'VERB', 'D': 'DET', 'A': 'ADJ', 'N': 'NOUN',
-            'in': 'ADP', 'for': 'ADP', 'für': 'ADP', '在': 'ADP', '为': 'ADP', 'never': 'ADV', 'nie': 'ADV',
-            '从不': 'ADV',
+            'in': 'ADP', 'for': 'ADP', 'für': 'ADP', '在': 'ADP', '为': 'ADP', 'never': 'ADV', 'nie': 'ADV', '从不': 'ADV',
             'works': 'VERB', 'arbeitet': 'VERB', '工作': 'VERB', 'who': 'PRON', 'wer': 'PRON', '谁': 'PRON',
             'where': 'ADV', 'wo': 'ADV', '哪里': 'ADV', '了': 'PART'}
 DEMO_NER = {'S': 'PER', 'O': 'ORG', 'C': 'LOC'}
@@ -2162,18 +2133,15 @@ def demo_question(f, g, kind, said_first, lang, qid):
     a0, a1 = asked[4]['O' if kind == 'which' else 'S' if kind == 'who' else 'C']
     offset = 0 if asked is first else len(first[0]) + len(sep)
     context = first[0] + sep + second[0]
-    answer = {'text': context[offset + a0:offset + a1], 'answer_start': offset + a0}
     return {'id': qid, 'question': demo_say(kind, g if kind == 'which' else f, lang)[0], 'context': context,
-            'answers': [answer]}
+            'answers': [{'text': context[offset + a0:offset + a1], 'answer_start': offset + a0}]}
 
 
 def demo_files(task, split, rows):
-    """{path: text} of one task and split, rows: [{lang: example}], in the layout the readers read,
-    in the shapes of the published files: test files carry no labels (their gold goes to
-    labels/<task>/test-<lang>.<ext>), classification translations carry the label (XNLI's
-    translate-test rows have it), tagging translations no tags (XTREME publishes none, FILTER's
-    have none), QA translations their answers; translate-train leaves some English examples out,
-    in another order (demo_translated)."""
+    """{path: text} of one task and split (rows: [{lang: example}]) in the layout and shapes of the published files:
+    test files without labels (their gold in labels/), classification translations with the label (XNLI's translate-test
+    rows have it), tagging translations without tags (XTREME publishes none, FILTER's have none), QA translations with
+    their answers; translate-train leaves some English examples out, in another order (demo_translated)."""
     family, files, test = TASKS[task].family, {}, split == 'test'
 
     def text(exs, labelled=True):  # a file of examples as the readers read it
@@ -2201,9 +2169,8 @@ def demo_files(task, split, rows):
 
 
 def demo_translated(task, lang, pairs):
-    """translate-train's (English, translation) pairs as the published files have them: a tenth of
-    the English examples without a translation and the rest in another order (classification,
-    QA; tagging translations align sentence by sentence), and PAWS-X's blank translations."""
+    """translate-train's (English, translation) pairs as published: but for tagging (aligned sentence by sentence), a
+    tenth of the English examples untranslated and the rest shuffled, and PAWS-X's blank translations."""
     rng, family = random.Random(f'{task} {lang}'), TASKS[task].family  # the tasks' own draws stay as they were
     if family == 'tagging':
         return pairs
@@ -2295,11 +2262,10 @@ def demo_vocab(sentences, text):
 
 
 def demo_spm(sentences, prefix):
-    """The demo's sentencepiece model, a unigram model as XLM-R's, of 600 pieces. Its seed pieces are every piece of
-    2 to 8 characters of the words, counted by how often they occur: on the demo's few hundred distinct words
-    sentencepiece's own seeding (0.2) keeps about a hundred, hardly more than the characters. Pieces of up to 16
-    characters (its default) would be phrases of the toy Chinese, which has no spaces, seen in these sentences alone:
-    its other sentences would then be read a character at a time, twice as long."""
+    """The demo's sentencepiece model, a unigram model as XLM-R's, of 600 pieces, seeded with every piece of 2 to 8
+    characters of the words, counted: on the demo's few hundred distinct words sentencepiece's own seeding keeps hardly
+    more than the characters, and pieces of its default 16 characters would be phrases of the toy Chinese, which has no
+    spaces, seen in these sentences alone (its other sentences then read a character at a time)."""
     counts = {}
     for word in (f'\u2581{w}' for sentence in sentences for w in sentence.split()):
         for piece in (word[i:j] for i in range(len(word)) for j in range(i + 2, min(len(word), i + 8) + 1)):
@@ -2316,8 +2282,7 @@ def demo_spm(sentences, prefix):
 
 
 def make_demo(out_dir, seed=0, n_train=1000, n_eval=150):
-    """Write the demo data of every task and a sentencepiece model trained on it; the marker
-    demo.json, written last, lists the languages."""
+    """Write the demo data of every task, a vocab.txt and a sentencepiece model of it, and last the marker demo.json."""
     rng, files = random.Random(seed), {}
     for task in XTREME:
         if task in ('bucc2018', 'tatoeba'):
@@ -2458,8 +2423,7 @@ def pseudo_test(task, out, path):
     bad = next((n for n, r in enumerate(rows, 1) if len(r) < 3), None)
     if bad:
         raise DataError(f'{path}, line {bad}: expected premise, hypothesis and label, tab-separated')
-    fix = lambda label: 'contradiction' if label.strip() == 'contradictory' else label.strip()
-    atomic_write(target, tsv_text([r[0], r[1], fix(r[2])] for r in rows))
+    atomic_write(target, tsv_text([r[0], r[1], XNLI_SPELLING.get(r[2].strip(), r[2].strip())] for r in rows))
 
 
 def tsv_text(rows):
@@ -2494,9 +2458,8 @@ def panx_rows(raw):
 
 
 def panx_archives(source):
-    """-> {lang: a function reading the bytes of its {lang}.tar.gz} for XTREME's PAN-X languages in AmazonPhotos.zip,
-    its panx_dataset folder or one {lang}.tar.gz (the zip holds all 282 of Pan et al.'s languages; XTREME takes 40),
-    read one at a time."""
+    """-> {lang: a function reading the bytes of its {lang}.tar.gz} for XTREME's PAN-X languages (40 of Pan et al.'s
+    282) in AmazonPhotos.zip, its panx_dataset folder or one {lang}.tar.gz, read one at a time."""
     import zipfile
     lang_of = lambda name: os.path.basename(name)[:-len('.tar.gz')]
     read = lambda path: lambda: open(path, 'rb').read()
@@ -2545,12 +2508,9 @@ CONLL_SPLITS = {'train': 'train', 'testa': 'dev', 'testb': 'test'}
 
 
 def iob2(tags):
-    """IOB1 -> IOB2 (IOB2 is left as it is): an I- tag that begins an entity (first, after O or after another
-    type) becomes B-, as UXLA's utils_ner.iob2."""
-    out = []
-    for tag in tags:
-        out.append('B' + tag[1:] if tag.startswith('I-') and (not out or out[-1][2:] != tag[2:]) else tag)
-    return out
+    """IOB1 -> IOB2 as UXLA's iob2: an I- tag beginning an entity (first, after O or another type) becomes B-."""
+    return ['B' + tag[1:] if tag.startswith('I-') and (before is None or before[2:] != tag[2:]) else tag
+            for before, tag in zip([None] + tags, tags)]
 
 
 def conll_rows(path):
@@ -2561,16 +2521,11 @@ def conll_rows(path):
         text = raw.decode('utf-8-sig')
     except UnicodeDecodeError:
         text = raw.decode('latin-1')
-    rows, words = [], []
-    for n, line in enumerate(text.replace('\r\n', '\n').split('\n') + [''], 1):
-        cols = line.split()
-        if cols and not line.startswith('-DOCSTART-'):  # a word alone, or tagged X (UXLA's own samples), is O
-            words.append((cols[0], cols[-1] if len(cols) > 1 and cols[-1] != 'X' else 'O', n))
-            continue
-        for (word, _, m), tag in zip(words, iob2([tag for _, tag, _ in words])):
-            rows.append((word, check_label('conll', tag, path, m)))
-        rows += [None] * bool(words)
-        words = []
+    rows, lines = [], enumerate(text.replace('\r\n', '\n').split('\n'), 1)
+    for sentence in runs(lines, lambda numbered: not numbered[1].split() or numbered[1].startswith('-DOCSTART-')):
+        words = [(n, line.split()) for n, line in sentence]  # a word alone, or tagged X (UXLA's own samples), is O
+        tags = iob2([cols[-1] if len(cols) > 1 and cols[-1] != 'X' else 'O' for _, cols in words])
+        rows += [(cols[0], check_label('conll', tag, path, n)) for (n, cols), tag in zip(words, tags)] + [None]
     return rows[:-1]
 
 
@@ -2627,9 +2582,8 @@ def download(task, out, sources=(), translations=None, rest=False):
     unpacked = os.path.join(raw, 'raw')
     rows_of = lambda path: list(csv.reader(open(path, encoding='utf-8'), delimiter='\t', quoting=csv.QUOTE_NONE))[1:]
     if task == 'xnli':
-        fix = lambda label: 'contradiction' if label == 'contradictory' else label
         train = rows_of(os.path.join(unpacked, 'XNLI-MT-1.0', 'multinli', 'multinli.train.en.tsv'))
-        convert_pairs(task, out, 'train', 'en', [(a, b, fix(c)) for a, b, c in train])
+        convert_pairs(task, out, 'train', 'en', [(a, b, XNLI_SPELLING.get(c, c)) for a, b, c in train])
         for split in ('dev', 'test'):
             rows = rows_of(os.path.join(unpacked, 'XNLI-1.0', f'xnli.{split}.tsv'))
             for lang in TASKS[task].langs:
@@ -2663,9 +2617,8 @@ def download(task, out, sources=(), translations=None, rest=False):
 
 
 def the_rest(task, out, fetch=True):
-    """What the methods of task read besides it: XTREME's translations and pseudo test sets (translate-train(-all),
-    translate-test), FILTER's data (--method filter), fetched now (fetch), each a line of what to run where it cannot
-    be; X-Mixup's data, from its Google Drive folder, a line of what to run."""
+    """What the methods of task read besides it: XTREME's translations and pseudo test sets and FILTER's data, fetched
+    now (fetch) or else a line of what to run; X-Mixup's data (a Google Drive folder), that line alone."""
     for what, name, get in (('XTREME\'s translations', 'xtreme', download_translations),
                             ('FILTER\'s data', 'filter', download_filter)):
         if task not in (TRANSLATED if name == 'xtreme' else FILTER_URLS):
@@ -2688,10 +2641,7 @@ def the_rest(task, out, fetch=True):
 # translations of every test set; of POS and NER training data too), made into a data folder of their own beside
 # XTREME's, OUT/filter, which train.py --method filter reads: its translations, and links to the rest of OUT.
 FILTER_ARCHIVES = 'https://convaisharables.blob.core.windows.net/filter/data/translations/{task}.zip'
-XNLI_MT = 'https://dl.fbaipublicfiles.com/XNLI/XNLI-MT-1.0.zip'
-
-
-FILTER_URLS = {'xnli': [XNLI_MT, FILTER_ARCHIVES], 'pawsx': [SOURCES['pawsx'][0], FILTER_ARCHIVES],
+FILTER_URLS = {'xnli': [SOURCES['xnli'][1], FILTER_ARCHIVES], 'pawsx': [SOURCES['pawsx'][0], FILTER_ARCHIVES],
                'udpos': [FILTER_ARCHIVES], 'panx': [FILTER_ARCHIVES], 'tydiqa': [FILTER_ARCHIVES], 'xquad': [],
                'mlqa': []}  # XQuAD and MLQA: the benchmarks' own English
 
@@ -2724,9 +2674,8 @@ def translations_folder(out, name, files):
     for task in sorted({path.split(os.sep)[0] for path in files}):
         ours, tmp = os.path.join(out, name, task), os.path.join(out, name, task + '.part')
         shutil.rmtree(tmp, ignore_errors=True)
-        for path, text in files.items():
-            if path.split(os.sep)[0] == task:
-                atomic_write(os.path.join(out, name, path.replace(task, task + '.part', 1)), text)
+        for path in (p for p in files if p.split(os.sep)[0] == task):
+            atomic_write(os.path.join(out, name, path.replace(task, task + '.part', 1)), files[path])
         theirs = os.path.join(out, task)
         for entry in (e for e in os.listdir(theirs) if not os.path.exists(os.path.join(tmp, e))):
             link(os.path.join(theirs, entry), os.path.join(tmp, entry))  # the rest of the task's folder: XTREME's
@@ -2734,9 +2683,8 @@ def translations_folder(out, name, files):
             os.remove(ours)
         shutil.rmtree(ours, ignore_errors=True)
         os.replace(tmp, ours)
-    for entry in os.listdir(out):  # the other tasks, labels/, the tokenizer's files
-        if entry not in ('filter', 'xmixup', 'downloads', '.cache') and not os.path.lexists(os.path.join(out, name,
-                                                                                                          entry)):
+    for entry in sorted(set(os.listdir(out)) - {'filter', 'xmixup', 'downloads', '.cache'}):
+        if not os.path.lexists(os.path.join(out, name, entry)):  # the other tasks, labels/, the tokenizer's files
             link(os.path.join(out, entry), os.path.join(out, name, entry))
 
 
@@ -2760,11 +2708,8 @@ def unpack(source, raw, what):
 
 def filter_translations(task, out, unpacked):
     """{file of the task's folder in the layout: its text}: FILTER's translations of task."""
-    family, files = TASKS[task].family, {}
-    if task == 'xnli':
-        files.update(xnli_mt(unpacked))
-    elif task == 'pawsx':
-        files.update(pawsx_translated(unpacked))
+    family = TASKS[task].family
+    files = xnli_mt(unpacked) if task == 'xnli' else pawsx_translated(unpacked) if task == 'pawsx' else {}
     for lang in (lang for lang in TASKS[task].langs if lang != 'en') if task not in ('xquad', 'mlqa') else ():
         for split in ('train', 'dev', 'test') if family == 'tagging' else ('dev', 'test'):
             name, target = archive_name(task, split, lang), split_path('', task, f'translate-{split}', lang)
@@ -2815,9 +2760,7 @@ def xnli_mt(unpacked):
     premise, hypo, label; 'contradictory' for contradiction) -> translate-train files."""
     rows = {lang: mt_rows(unpacked, f'multinli.train.{lang}.tsv', ['premise', 'hypo', 'label'])
             for lang in TASKS['xnli'].langs}
-    fix = lambda label: 'contradiction' if label == 'contradictory' else label
-    pairs = lambda lang: line_aligned(rows['en'], rows[lang], lambda r: r[:2], fix, lang)
-    return {f'translate-train/en-{lang}-translated.tsv': pairs(lang)
+    return {f'translate-train/en-{lang}-translated.tsv': line_aligned(rows['en'], rows[lang], lang)
             for lang in TASKS['xnli'].langs if lang != 'en'}
 
 
@@ -2829,12 +2772,11 @@ def pawsx_translated(unpacked):
     the English train.tsv row of its id -> translate-train files."""
     english = {r[0]: r for r in mt_rows(unpacked, os.path.join('en', 'train.tsv'), PAWSX_HEADER)}
     files = {}
-    for lang in TASKS['pawsx'].langs:
-        if lang != 'en':
-            rows = mt_rows(unpacked, os.path.join(lang, 'translated_train.tsv'), PAWSX_HEADER)
-            pairs = [(english[r[0]][1:3], r[1:3], r[3]) for r in rows if r[0] in english]
-            files[f'translate-train/en-{lang}-translated.tsv'] = ''.join(
-                '\t'.join([*a, *b, label]) + '\n' for a, b, label in pairs)
+    for lang in (lang for lang in TASKS['pawsx'].langs if lang != 'en'):
+        rows = mt_rows(unpacked, os.path.join(lang, 'translated_train.tsv'), PAWSX_HEADER)
+        pairs = [(english[r[0]][1:3], r[1:3], r[3]) for r in rows if r[0] in english]
+        files[f'translate-train/en-{lang}-translated.tsv'] = ''.join('\t'.join([*a, *b, label]) + '\n'
+                                                                      for a, b, label in pairs)
     return files
 
 
@@ -2852,19 +2794,19 @@ def mt_rows(unpacked, name, header):
     return rows[1:]
 
 
-def line_aligned(english, translated, text, fix, lang):
-    """Translation file text: each English row with the row of the same line of translated."""
+def line_aligned(english, translated, lang):
+    """XNLI-MT's translation file text: each English row with the row of the same line of translated."""
     if len(english) != len(translated):
         raise DataError(f'the {lang} translations have {len(translated)} rows for {len(english)} English ones: '
                         'they must be aligned line by line')
-    return ''.join('\t'.join([*text(e), *text(t), fix(e[2])]) + '\n' for e, t in zip(english, translated))
+    return ''.join('\t'.join([*e[:2], *t[:2], XNLI_SPELLING.get(e[2], e[2])]) + '\n'
+                   for e, t in zip(english, translated))
 
 
 def filter_file(task, out, split, lang, path):
-    """One of FILTER's archive files in our layout, aligned with the original split of OUT: XNLI's and PAWS-X's
-    xtreme.msft.{lang}-en.{dev,test} (a b [label]; PAWS-X: a header, id a b label), the target split's rows in
-    order; tagging's sentences a line, words split at spaces (an empty line: FILTER reads the original's words);
-    TyDiQA's translate-test JSON as it is."""
+    """One of FILTER's archive files in the layout, aligned with OUT's original split: XNLI's and PAWS-X's
+    xtreme.msft.{lang}-en.{dev,test} (a b [label]; PAWS-X: a header, id a b label) in the split's order; tagging's
+    sentences a line, split at spaces (an empty line: the original's words); TyDiQA's translate-test JSON as it is."""
     family = TASKS[task].family
     if family == 'qa':
         return read_text(path)
@@ -2877,9 +2819,8 @@ def filter_file(task, out, split, lang, path):
         words = [line.split() if line.strip() else ex['words'] for line, ex in zip(lines, originals)]
         return '\n'.join(''.join(word + '\n' for word in sentence) for sentence in words)
     cols = [line.split('\t')[1:3] if task == 'pawsx' else line.split('\t')[:2] for line in lines]
-    labels = [ex['label'] or '' for ex in originals]
-    return ''.join('\t'.join([ex['a'], ex['b'], *c] + [label] * bool(label)) + '\n'
-                   for ex, c, label in zip(originals, cols, labels))
+    return ''.join('\t'.join([ex['a'], ex['b'], *c] + [ex['label']] * bool(ex['label'])) + '\n'
+                   for ex, c in zip(originals, cols))
 
 
 # X-Mixup's data as its README's "Step 2" gives it (yhy1117/X-Mixup 81fa15d: a Google Drive folder, laid out as the
@@ -2983,15 +2924,8 @@ def xmixup_tagging(task, out, unpacked, lang, path, english):
 def xmixup_sentences(path, n, what):
     """A file of X-Mixup's tagging data, n sentences of (word, its second column): a word a line, 'word<TAB>...';
     a line of fewer than two columns ends a sentence, as its read_tagging_file reads it."""
-    sentences, words = [], []
-    for line in list(read_lines(path)) + ['']:
-        cols = line.split('\t')
-        if len(cols) < 2:
-            if words:
-                sentences.append(words)
-            words = []
-        else:
-            words.append(cols[:2])
+    sentences = [[line.split('\t')[:2] for line in run]
+                 for run in runs(read_lines(path), lambda line: '\t' not in line)]
     if len(sentences) != n:
         raise DataError(f'{path} has {len(sentences)} sentences for the {n} {what} here: they must be aligned '
                         'sentence by sentence')
@@ -3010,13 +2944,9 @@ def soft_labels(spec, langs):
     found, tags = {}, len(TASKS[spec.task].labels)
     for lang in langs:
         sentences = read_tagged(split_path(spec.data_dir, spec.task, 'translate-train', lang), spec.task)
-        path, soft, rows = soft_path(spec.data_dir, spec.task, lang), [], []
-        for line in list(read_lines(path)) + ['']:
-            if line.strip():
-                rows.append([float(p) for p in line.split()])
-            elif rows:
-                soft.append(rows)
-                rows = []
+        path = soft_path(spec.data_dir, spec.task, lang)
+        soft = [[[float(p) for p in line.split()] for line in run]
+                for run in runs(read_lines(path), lambda line: not line.strip())]
         widths = {len(row) for sentence in soft for row in sentence}
         if [len(s) for s in soft] != [len(s['words']) for s in sentences] or widths - {tags}:
             raise DataError(f'{path} does not give a distribution over the {tags} tags of every word of the '
@@ -3094,10 +3024,9 @@ def ud_words(lines, lang):
 
 
 def convert_ud(paths, out):
-    """UD treebanks (CoNLL-U) -> udpos/{split}-{lang}.tsv as XTREME makes them: a treebank's language is its file
-    name's prefix ({lang}_{name}-ud-{split}.conllu), a language's treebanks joined in file name order; a sentence
-    whose words are all or all but one '_' (treebanks shipped without their text) dropped; U+200C and spaces
-    removed from words."""
+    """UD treebanks (CoNLL-U) -> udpos/{split}-{lang}.tsv as XTREME makes them: a treebank's language is its file name's
+    prefix ({lang}_{name}-ud-{split}.conllu), a language's treebanks joined in file name order; a sentence whose words
+    are all or all but one '_' (treebanks shipped without their text) dropped; U+200C and spaces removed from words."""
     sentences = {}  # (split, lang) -> [[(word, tag)]]
     for path in sorted(paths, key=os.path.basename):
         name = os.path.basename(path)
@@ -3123,8 +3052,7 @@ def convert_ud(paths, out):
 
 
 def convert_qa(task, files, unpacked, out):
-    """SQuAD-format files to their places; test files with their answers blanked (as XTREME's),
-    the answers kept in labels/<task>/test-<lang>.json."""
+    """SQuAD files to their places; a test file's answers are blanked (as XTREME's) and kept in labels/<task>/."""
     load = lambda path: json.load(open(path, encoding='utf-8'))
     save = lambda path, obj: atomic_write(path, json.dumps(obj, ensure_ascii=False))
     def test_file(lang, obj):
@@ -3186,10 +3114,9 @@ def main(argv=None):
                           '-dev, -test, the pseudo test sets; the default), FILTER\'s data into OUT/filter or '
                           'X-Mixup\'s (--from its data folder) into OUT/xmixup, which train.py\'s --method filter and '
                           '--method xmixup read')
-    demo = sub.add_parser('demo', help='write the generated demo data of every task',
-                          description='Write the demo\'s generated data of all nine tasks, with its sentencepiece '
-                                      'model, in the same layout (train.py --demo makes it in the run folder by '
-                                      'itself).')
+    demo = sub.add_parser('demo', help='write the generated demo data of every task', description='Write the '
+                          'demo\'s generated data of all nine tasks, with its sentencepiece model, in the same layout '
+                          '(train.py --demo makes it in the run folder by itself).')
     demo.add_argument('--out', required=True, help='the folder to write, e.g. demo/')
     demo.add_argument('--seed', type=int, default=0, help='the generator\'s seed (default 0, the demo\'s)')
     args = parser.parse_args(argv)
