@@ -703,8 +703,7 @@ def collect(runs, out, demo=False):
 
 
 def collect_figure(runs, out):
-    """The runs' test scores by language, a panel a task and a bar a run, as OUT.png beside the submission folder
-    (which holds task folders alone) -> the line that says where it is, or why there is none."""
+    """The runs' test scores by language (a panel a task, a bar a run) as OUT.png beside the submission -> a line."""
     if (plt := pyplot()) is None:
         return 'no figure of the scores by language: it needs matplotlib (pip install matplotlib)'
     panels = {}
@@ -1048,9 +1047,8 @@ def run_scores(run, config):
 
 
 def wikipedia(run, config):
-    """XTREME's Figure 2 and Table 9 for a run of any task: its test score in each language beside the language's
-    Wikipedia articles, and Pearson's rho of the two over the languages.
-    -> ({task: {language: score}}, {'articles': {language: millions}, 'rho': rho})"""
+    """XTREME's Figure 2 and Table 9: a run's test score in each language beside its Wikipedia articles, and
+    Pearson's rho of the two. -> ({task: {language: score}}, {'articles': {language: millions}, 'rho': rho})"""
     scores = run_scores(run, config)
     articles = {lang: LANGUAGE_FACTS[lang][0] for lang in scores}
     rho = float(np.corrcoef(list(scores.values()), list(articles.values()))[0, 1]) if len(scores) > 2 else None
@@ -1058,9 +1056,8 @@ def wikipedia(run, config):
 
 
 def families(run, config):
-    """XTREME's Figures 3 and 6 for a run of any task: its mean test score over the languages of each family and of
-    each script, the groups in the order of their languages' mean Wikipedia articles (low-resource first), each
-    named with its number of languages. -> ({'family' or 'script': {group: score}}, {the same: {group: languages}})"""
+    """XTREME's Figures 3 and 6: a run's mean test score in each family and script, named with its number of
+    languages and ordered by their mean Wikipedia articles (low-resource first). -> (table, {group: languages})"""
     table, counts = {}, {}
     for kind, column in (('family', 2), ('script', 1)):
         groups = {}
@@ -1100,11 +1097,9 @@ def draw_families(plt, name, found):
 
 
 def representations(run, config):
-    """X-Mixup's Figures 1 and 4: the sentence representations of the run's test sets (the mean of the last layer's
-    states, its footnote; best.pt's encoder) reduced to two dimensions by PCA over all its languages. The table gives
-    each language's centroid (the mean) on the two axes and its distance to English's centroid in the full space;
-    the points are those of the four languages of Figure 1 (English, Spanish, Arabic, Swahili), or of the run's own.
-    -> (the table, {language: sentences}, {'points': {language: [[x, y]]}, 'centroids': {language: [x, y]}})"""
+    """X-Mixup's Figures 1 and 4: the test sets' sentence representations (best.pt's encoder) reduced to two
+    dimensions by one PCA over all the run's languages: each centroid, its distance to English's in the full space,
+    and the points of Figure 1's four languages (en, es, ar, sw) or the run's own. -> (table, counts, points)"""
     encoder, tok, settings, device = run_encoder(run)
     settings['data_dir'] = config['data_dir']  # the demo's data, found in the run's folder
     embedded = {lang: encoded(encoder, tok, settings, device, lang) for lang in config['langs']}
@@ -1123,8 +1118,8 @@ def representations(run, config):
 
 
 def pca(x, dims=2):
-    """PCA: -> (the mean of the rows of x, the `dims` directions of largest variance as columns), from the
-    eigenvectors of the covariance, each signed so that its largest entry is positive (the same axes every time)."""
+    """-> (the mean of x's rows, its `dims` directions of largest variance as columns, each signed so that its
+    largest entry is positive: the same axes every time)."""
     mean = x.mean(0)
     values, vectors = np.linalg.eigh(np.cov(x - mean, rowvar=False))
     axes = vectors[:, np.argsort(values)[::-1][:dims]]
@@ -1146,8 +1141,7 @@ def draw_points(plt, name, found):
 
 
 def bleu_curve(run, config):
-    """VECO's Figure 4 (right): a translation run's test BLEU with each checkpoint it kept (results.json's curve,
-    which --curve writes). -> ({'BLEU': {step: BLEU}}, {'checkpoints': how many})"""
+    """VECO's Figure 4 (right): the test BLEU of each kept checkpoint (results.json's curve, made by --curve)."""
     curve = json.loads(read_text(os.path.join(run, 'results.json'))).get('curve')
     if config.get('task') != 'translate' or not curve:
         raise EvalError(f'{run} has no BLEU curve: give a VECO translation run made with --curve')
@@ -1167,11 +1161,9 @@ def draw_curves(plt, name, found):
 
 
 def xla_losses(run, config, kept=0.8):
-    """XLA's Figures 4 to 6 for a warm-up (a zero-shot run, with or without --conf_penalty) that has labelled each
-    target language's training set (train.py --predict, predicted/train-<lang>.scores.json). A sentence's loss is the
-    mean of -log p over its words' predicted tags, as DISTIL's; a sentence is accurate-2 when at most two of its tags
-    are wrong; DISTIL keeps the `kept` share of sentences that are most confident (Table 8's first epoch: 80%).
-    -> (the table, {language: sentences}, {language: {'loss', 'length', 'wrong', 'kept'}: a value a sentence})"""
+    """XLA's Figures 4 to 6 from a warm-up's labels of each target training set (train.py --predict train-<lang>):
+    a sentence's loss is the mean of -log p of its predicted tags (DISTIL's), accurate-2 means at most two wrong
+    tags, and DISTIL keeps the `kept` most confident share (Table 8's first epoch). -> (table, counts, points)"""
     table, counts, points = {}, {}, {}
     for lang in config['langs'][1:]:
         found = predicted_with_gold(run, config, 'train', lang)
@@ -1193,8 +1185,8 @@ def xla_losses(run, config, kept=0.8):
                 table.setdefault(row, {})[lang] = float(value)
         counts[lang] = len(found)
     if not points:
-        raise EvalError(f'{run} holds no predicted/train-<lang>.scores.json: label each target language\'s training '
-                        f'set first (python train.py --out {run} --predict DATA/<task>/train-<lang>.tsv)')
+        raise EvalError(f'{run} holds no predicted/train-<lang>.scores.json: label the target training sets first '
+                        f'(python train.py --out {run} --predict train-<lang>)')
     return table, counts, points
 
 
@@ -1221,8 +1213,7 @@ def draw_losses(plt, name, found):
         hist.hist([loss[clean], loss[~clean]], bins=30, label=['accurate-2', 'noisy'])
         scatter.scatter(each['length'], loss, s=3, alpha=0.4, c=np.where(clean, 'tab:blue', 'tab:orange'))
         lengths.hist([np.array(each['length']), np.array(each['length'])[each['kept']]], bins=30, label=['all', 'kept'])
-        where = f'{os.path.normpath(run)}, {lang}'
-        hist.set(title=f'losses: {where}', xlabel='loss')
+        hist.set(title=f'losses: {os.path.normpath(run)}, {lang}', xlabel='loss')
         scatter.set(title='loss against length', xlabel='words', ylabel='loss')
         lengths.set(title='lengths, all and kept', xlabel='words')
         hist.legend(fontsize='small')
@@ -1231,10 +1222,8 @@ def draw_losses(plt, name, found):
 
 
 def xla_logits(run, config):
-    """XLA's Figure 3 for a warm-up that has labelled each target language's dev set (train.py --predict,
-    predicted/dev-<lang>.scores.json): every word's log-probabilities of the tags, reduced to two dimensions by PCA
-    (where the paper uses t-SNE), grouped by the word's gold tag. The table gives each gold tag's accuracy.
-    -> (the table, {language: words}, {'points': {tag: [[x, y]]}, 'centroids': {tag: [x, y]}}) of its first language"""
+    """XLA's Figure 3 from a warm-up's labels of a target dev set (train.py --predict dev-<lang>): each word's
+    log-probabilities reduced by PCA (the paper: t-SNE) and grouped by gold tag, and each tag's accuracy."""
     for lang in config['langs'][1:]:
         if found := predicted_with_gold(run, config, 'dev', lang):
             logp = np.log(np.maximum([d for p, _ in found for d in p['distribution']], 1e-6))
@@ -1248,8 +1237,8 @@ def xla_logits(run, config):
             return table, {lang: len(gold)}, {'points': {tag: flat[rows[tag]].round(3).tolist() for tag in tags},
                                                'centroids': {tag: flat[rows[tag]].mean(0).round(3).tolist()
                                                              for tag in tags}}
-    raise EvalError(f'{run} holds no predicted/dev-<lang>.scores.json: label a target language\'s dev set first '
-                    f'(python train.py --out {run} --predict DATA/<task>/dev-<lang>.tsv)')
+    raise EvalError(f'{run} holds no predicted/dev-<lang>.scores.json: label a target dev set first '
+                    f'(python train.py --out {run} --predict dev-<lang>)')
 
 
 def draw_bars(plt, name, found):
