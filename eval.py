@@ -388,7 +388,6 @@ class EvalError(ValueError):
 
 
 def score_file(task, pred_path, label_path, lang):
-    """Scores of one language file against its labels."""
     family = TASKS[task].family
     for path in (pred_path, label_path):
         if not os.path.isfile(path):
@@ -401,12 +400,10 @@ def score_file(task, pred_path, label_path, lang):
     if task == 'bucc2018':
         return bucc_f1(labels, preds)
     if len(labels) != len(preds):
-        unit = 'sentences' if family == 'tagging' else 'lines'
-        raise EvalError(f'{pred_path} has {len(preds)} {unit}, {label_path} has {len(labels)}: '
-                        'write one per test example')
+        raise EvalError(f'{pred_path} has {len(preds)} {"sentences" if family == "tagging" else "lines"}, {label_path} '
+                        f'has {len(labels)}: write one per test example')
     if family == 'tagging':
-        bad = next((i for i, (g, p) in enumerate(zip(labels, preds)) if len(g) != len(p)), None)
-        if bad is not None:
+        if (bad := next((i for i, (g, p) in enumerate(zip(labels, preds)) if len(g) != len(p)), None)) is not None:
             raise EvalError(f'{pred_path}: sentence {bad + 1} has {len(preds[bad])} tags for {len(labels[bad])} words: '
                             'write one tag per word')
         return chunk_f1(labels, preds)
@@ -429,8 +426,7 @@ def task_scores(per_lang):
 
 
 def score_folder(pred_dir, label_dir, demo=False, tasks=XTREME):
-    """The leaderboard's JSON for a submission folder: tasks present in both folders (of `tasks`),
-    then the group scores and all_task where every task they need is there. demo: the demo's languages."""
+    """The leaderboard's JSON: each task of `tasks` in both folders, then all_task and each group with all its tasks."""
     detailed = {}
     for task in XTREME:
         if task in tasks and all(os.path.isdir(os.path.join(d, task)) for d in (pred_dir, label_dir)):
@@ -443,44 +439,38 @@ def score_folder(pred_dir, label_dir, demo=False, tasks=XTREME):
 
 
 def write_predictions(folder, task, lang, preds, split='test'):
-    """Predictions of one language in the submission layout, written atomically (split 'dev': beside the test's).
-    preds: labels (classification), tag lists (tagging), {question id: answer} (QA),
-    (source id, English id) pairs (bucc2018), English-side indices (tatoeba)."""
+    """One language's predictions written atomically in the submission layout (split 'dev': beside the test's): labels,
+    tag lists, {question id: answer} (QA), (source id, English id) pairs (bucc2018) or English indices (tatoeba)."""
     path = os.path.join(folder, task, f'{split}-{lang}.{suffix(task)}')
     atomic_write(path, prediction_text(task, preds))
     return path
 
 
 def prediction_text(task, preds):
-    family = TASKS[task].family
-    if family == 'qa':
+    if TASKS[task].family == 'qa':
         return json.dumps(preds, ensure_ascii=False, indent=1)
-    if family == 'tagging':
+    if TASKS[task].family == 'tagging':
         return '\n\n'.join('\n'.join(tags) for tags in preds) + '\n'
     return ''.join(f'{s}\t{t}\n' for s, t in preds) if task == 'bucc2018' else ''.join(f'{p}\n' for p in preds)
 
 
 def with_probabilities(task, feats, outputs, examples):
-    """-> (predictions(), the probability of each, the distribution over the labels of each): classification the
-    softmax's at its label, tagging each word's at its tag (its first piece's), QA {question id: its answer's start
-    times end probability in the window it was cut from}, from the one decoding that picks the answers (and no
-    distribution)."""
-    family = TASKS[task].family
-    if family == 'qa':
+    """-> (predictions(), the softmax probability of each and its distribution over the labels, a word's from its
+    first piece); for QA decode_qa's {question id: its answer's start times end probability in its window}, None."""
+    if TASKS[task].family == 'qa':
         found = decode_qa(feats, [o[:, 0] for o in outputs], [o[:, 1] for o in outputs], examples, probability=True)
         return {qid: text for qid, (text, _) in found.items()}, {qid: p for qid, (_, p) in found.items()}, None
     preds, dists = predictions(task, feats, outputs, examples), [o.float().softmax(-1) for o in outputs]
     rounded = [d.double().mul(1e4).round().div(1e4).tolist() for d in dists]  # four decimals keep the file small
-    if family == 'classification':
+    if TASKS[task].family == 'classification':
         return preds, [d.max().item() for d in dists], rounded
     return (preds, word_predictions(feats, [d.max(-1).values.tolist() for d in dists], len(examples)),
             word_predictions(feats, rounded, len(examples)))
 
 
 def write_predicted(stem, task, feats, outputs, examples):
-    """train.py --predict's files: stem.<tsv|json>, the predictions in the leaderboard's format, and stem.scores.json,
-    each with its probability and its distribution over the labels, and the scores where the examples have labels
-    -> those scores."""
+    """train.py --predict's files: stem.<tsv|json> in the leaderboard's format, and stem.scores.json, each prediction
+    with its probability and distribution, and the scores where the examples have labels -> those scores."""
     preds, probs, dists = with_probabilities(task, feats, outputs, examples)
     family = TASKS[task].family
     scores = scores_of(task, None, examples, preds) if examples and labelled(examples) else None
@@ -496,15 +486,13 @@ def write_predicted(stem, task, feats, outputs, examples):
 
 
 def score_predictions(folder, labels, task, preds):
-    """Write a run's test predictions {lang: predictions} into folder in the leaderboard layout and
-    score each file against labels/<task>/test-<lang>.* where there is one -> {lang: scores}."""
+    """Write test predictions {lang: predictions} into folder, scored where labels/ has the file -> {lang: scores}."""
     scores = {}
     for lang, p in preds.items():
         path = write_predictions(folder, task, lang, p)
         gold = os.path.join(labels, task, f'test-{lang}.{suffix(task)}')
         if os.path.exists(gold):
-            s = score_file(task, path, gold, lang)
-            scores[lang] = dict(s, score=main_score(s))
+            scores[lang] = dict(s := score_file(task, path, gold, lang), score=main_score(s))
     return scores
 
 
@@ -512,8 +500,7 @@ def score_predictions(folder, labels, task, preds):
 # What a run prints and keeps: its epoch lines, per-language tables.
 
 def epoch_line(state, epochs, epoch_loss, dev, select, seconds):
-    """The line a run prints at an epoch's end: where it is, its training loss (epoch_loss: the (mean, steps)
-    of each log line), the dev average and the best score so far by the run's selection rule."""
+    """The line printed at an epoch's end: its training loss (epoch_loss: a log line's (mean, steps)), dev and best."""
     loss = sum(l * n for l, n in epoch_loss) / max(1, sum(n for _, n in epoch_loss))
     line = f'epoch {state["epoch"]}/{epochs}  step {state["step"]}  train loss {loss:.4f}'
     if dev and select == 'loss':
@@ -553,8 +540,7 @@ def statistic(results, stat='mean'):
 
 
 def seed_table(runs):
-    """The mean ± std (np.std) over finished runs of one command (its seeds) of each test row they
-    all hold: the run's own and its other rows (XLA's models), per language."""
+    """The mean ± std (np.std) over one command's runs (its seeds) of each test row they all hold, per language."""
     rows = [{'the run': r, **r.get('runs', {})} for r in (json.loads(read_text(f'{run}/results.json')) for run in runs)]
     lines = []
     for name in (n for n in rows[0] if all(n in r for r in rows)):
@@ -564,10 +550,8 @@ def seed_table(runs):
 
 
 def results(settings, dev, test, selected_by=None, runs=None, name=None):
-    """A run's results.json (dev and test per language with average and transfer gap, the kept
-    checkpoint's selection rule) and its table; settings: the run's {'task', 'method', 'stage', 'langs': the target
-    languages --langs chose}; runs: other rows {name: {'dev': summary, 'test': summary}} (XLA's models), listed
-    first, the run's row then named `name`; QA adds rows of EM and F1."""
+    """A run's results.json and its table; settings: the run's task, method, stage and --langs; runs: other rows
+    {name: {'dev': summary, 'test': summary}} (XLA's models), first, the run's then named `name`; QA adds EM and F1."""
     task, stage, langs = settings['task'], settings.get('stage'), settings.get('langs')
     out = {'task': task, 'method': settings['method'], 'selected_by': selected_by, 'dev': summary(dev),
            'test': summary(test), 'test_metrics': test, 'dev_metrics': dev, **({'runs': runs} if runs else {}),
@@ -590,20 +574,17 @@ def format_table(rows):
     cols = list(dict.fromkeys(c for r in rows.values() for c in r if c not in ('avg', 'gap')))
     cols += [c for c in ('avg', 'gap') if any(c in r for r in rows.values())]
     width, widths = max(len(n) for n in rows) + 2, {c: max(7, len(c) + 2) for c in cols}
-    lines = [' ' * width + ''.join(f'{c:>{widths[c]}}' for c in cols)]
-    for name, r in rows.items():
-        cells = [f'{r[c]:{widths[c]}.1f}' if c in r else ' ' * widths[c] for c in cols]
-        lines.append(f'{name:<{width}}' + ''.join(cells))
-    return '\n'.join(lines)
+    lines = [f'{name:<{width}}' + ''.join(f'{r[c]:{widths[c]}.1f}' if c in r else ' ' * widths[c] for c in cols)
+             for name, r in rows.items()]
+    return '\n'.join([' ' * width + ''.join(f'{c:>{widths[c]}}' for c in cols)] + lines)
 
 
 def held_out_table(losses):
     """The table VECO's pre-training prints: its held-out losses {kind: {term: loss}}, a row a kind of pair."""
     names = sorted({k for row in losses.values() for k in row} - {'score'})
-    lines = [f'{"held out":<10}' + ''.join(f'{n:>13}' for n in names)]
-    for kind, row in losses.items():
-        lines.append(f'{kind:<10}' + ''.join(f'{row[n]:13.3f}' if n in row else ' ' * 13 for n in names))
-    return '\n'.join(lines)
+    rows = [f'{kind:<10}' + ''.join(f'{row[n]:13.3f}' if n in row else ' ' * 13 for n in names)
+            for kind, row in losses.items()]
+    return '\n'.join([f'{"held out":<10}' + ''.join(f'{n:>13}' for n in names)] + rows)
 
 
 def translation_table(title, scores):
@@ -617,19 +598,15 @@ METRIC_NAMES = {'accuracy': 'accuracy', 'f1': 'F1', 'em_f1': 'mean of EM and F1'
 
 
 def xtreme_table(scores, demo=False):
-    """score_folder's JSON as the leaderboard shows it: each task's languages and average (QA's
-    the mean of EM and F1, both given), then the four groups and the overall score."""
+    """score_folder's JSON as the leaderboard shows it: each task's languages and average, the groups, the score."""
     lines = []
     for task in (t for t in TASKS if t in scores):
         s = scores[task]
         metrics = [m for m, v in s.items() if isinstance(v, dict)]
-        head = f'{task} ({METRIC_NAMES[TASKS[task].metric]}): {s["avg_metric"]:.1f}'
-        if 'exact_match' in s:
-            head += f' (EM {s["avg_exact_match"]:.1f}, F1 {s["avg_f1"]:.1f})'
-        lines.append(head)
+        lines.append(f'{task} ({METRIC_NAMES[TASKS[task].metric]}): {s["avg_metric"]:.1f}'
+                     + (f' (EM {s["avg_exact_match"]:.1f}, F1 {s["avg_f1"]:.1f})' if 'exact_match' in s else ''))
         langs = [lang for lang in languages(task, demo) if lang in s[metrics[0]]]
-        for i in range(0, len(langs), 14):  # rows of 14 languages fit 100 columns
-            row = langs[i:i + 14]
+        for row in (langs[i:i + 14] for i in range(0, len(langs), 14)):  # rows of 14 languages fit 100 columns
             lines.append('  ' + ''.join(f'{lang:>7}' for lang in row))
             lines.append('  ' + ''.join(f'{main_score({m: s[m][lang] for m in metrics}):7.1f}' for lang in row))
     groups = [f'{g} {scores[g]:.1f}' for g in (*GROUPS, 'all_task') if g in scores]
@@ -658,23 +635,19 @@ def finished_task(run):
 
 def run_is_demo(run):
     """Was the run on the demo's data (its --data_dir, or the demo data in its folder)?"""
-    config = os.path.join(run, 'config.json')
-    data_dir = json.loads(read_text(config)).get('data_dir', '') if os.path.isfile(config) else ''
-    return is_demo(data_dir) or is_demo(os.path.join(run, 'demo-data'))
+    config = json.loads(read_text(p)) if os.path.isfile(p := os.path.join(run, 'config.json')) else {}
+    return is_demo(config.get('data_dir', '')) or is_demo(os.path.join(run, 'demo-data'))
 
 
 def collect(runs, out, demo=False):
-    """Gathers the test predictions of finished runs into one submission folder in the leaderboard
-    layout, written whole and then moved into place; of several runs of a task (a grid search's),
-    the one with the best average dev score. -> the gaps, a line each: a task no run gives, a
-    language without its file."""
+    """Gathers finished runs' test predictions (of a task's, the run with the best dev average) into one submission
+    folder, written whole and moved into place -> the gaps: a task no run gives, a language with no file."""
     out, found = os.path.normpath(out), {}
     dev = lambda run: json.loads(read_text(os.path.join(run, 'results.json'))).get('dev', {}).get('avg', float('-inf'))
     for run in runs:
         task = finished_task(run)
         ran = json.loads(read_text(os.path.join(run, 'results.json'))).get('langs') or languages(task, demo)
-        missed = [lang for lang in languages(task, demo) if lang not in ran and lang != 'en']
-        if missed:
+        if missed := [lang for lang in languages(task, demo) if lang not in ran and lang != 'en']:
             more = f' and {len(missed) - 1} more' if len(missed) > 1 else ''
             raise EvalError(f'{run} ran {task} in {", ".join(ran)} alone (--langs), not in {missed[0]}{more}: a '
                             'submission needs every language; run it without --langs')
@@ -690,8 +663,7 @@ def collect(runs, out, demo=False):
         os.makedirs(os.path.join(tmp, task))
         for lang in languages(task, demo):
             name = f'test-{lang}.{suffix(task)}'
-            src = os.path.join(found[task], 'predictions', task, name)
-            if os.path.isfile(src):
+            if os.path.isfile(src := os.path.join(found[task], 'predictions', task, name)):
                 shutil.copyfile(src, os.path.join(tmp, task, name))
             else:
                 gaps.append(f'{task}: no {lang} predictions ({src} not found)')
@@ -718,10 +690,8 @@ def collect_figure(runs, out):
 
 
 def plot(runs, out):
-    """PNG figures of finished runs, several runs overlaid: loss.png (training loss by step),
-    dev.png (each epoch's dev scores: per language for one run, the average for several; held-out
-    losses for pre-training and translation) and test.png (test scores per language, English's
-    dashed, the transfer gap in the legend). -> the files written."""
+    """PNG figures of finished runs, overlaid: loss.png (training loss by step), dev.png (each epoch's dev scores per
+    language, averaged over several runs, or held-out losses), test.png (test scores per language) -> those files."""
     if (plt := pyplot()) is None:
         raise EvalError('--plot draws with matplotlib, which is not installed: pip install matplotlib')
     names = [os.path.basename(os.path.normpath(r)) for r in runs]
@@ -741,10 +711,9 @@ def plot(runs, out):
             ax.legend(fontsize='small')
             written.append(save_figure(fig, os.path.join(out, name)))
         plt.close(fig)
-    for run, log in zip(runs, logs):
-        if not log:
-            print(f'{run}: no log.jsonl (an evaluation, or a run of stages such as XLA, whose logs are in its '
-                  'stage folders): no training figures from it')
+    for run in (run for run, log in zip(runs, logs) if not log):
+        print(f'{run}: no log.jsonl (an evaluation, or a run of stages such as XLA, whose logs are in its stage '
+              'folders): no training figures from it')
     return written
 
 
@@ -1298,18 +1267,6 @@ def save_figure(fig, path):
 # ----------------------------------------------------------------------------------------
 # The command line.
 
-def bleu_files(hyp_path, ref_path, tokenized=False):
-    """BLEU of two UTF-8 text files, line i against line i (an empty line is an empty sentence)."""
-    for path in (hyp_path, ref_path):
-        if not os.path.isfile(path):
-            raise EvalError(f'{path} is not there')
-    hyps, refs = list(read_lines(hyp_path)), list(read_lines(ref_path))
-    if len(hyps) != len(refs):
-        raise EvalError(f'{hyp_path} has {len(hyps)} lines, {ref_path} has {len(refs)}: '
-                        'write one hypothesis per reference line')
-    return (tokenized_bleu if tokenized else bleu)(hyps, refs)
-
-
 def bleu_line(s):
     """The one-line summary sacreBLEU prints."""
     ratio = s['sys_len'] / s['ref_len'] if s['ref_len'] else 0
@@ -1318,9 +1275,8 @@ def bleu_line(s):
 
 
 def main(argv=None):
-    parser = Parser(description='Score a prediction folder in the XTREME submission layout, gather '
-                                                 'finished runs into one (--collect), plot runs (--plot), or BLEU of a '
-                                                 'text file (--bleu).')
+    parser = Parser(description='Score a prediction folder in the XTREME submission layout, gather finished runs into '
+                                'one (--collect), plot runs (--plot), or BLEU of a text file (--bleu).')
     parser.add_argument('--predictions', help='folder with <task>/test-<lang>.<tsv|json>')
     parser.add_argument('--labels', help='gold labels in the same layout (with --collect: optional)')
     parser.add_argument('--out', help='scores.json, with the leaderboard\'s keys (--collect: the submission folder; '
@@ -1350,34 +1306,27 @@ def main(argv=None):
             return bleu_main(args)
         if args.cka:
             return cka_main(args)
-        if args.analyse:
-            return analyse_main(args)
-        if args.plot:
-            for path in plot(args.plot, args.out or os.path.join(args.plot[0], 'plots')):
+        if args.analyse and len(args.analyse) < 2:
+            sys.exit(f'error: --analyse takes NAME RUN [RUN ...]: an analysis ({", ".join(ANALYSES)}) and finished '
+                     'runs')
+        if args.analyse or args.plot:
+            paths = (analyse(args.analyse[0], args.analyse[1:], args.out) if args.analyse else
+                     plot(args.plot, args.out or os.path.join(args.plot[0], 'plots')))
+            for path in paths:
                 print(f'wrote {path}')
             return
         if args.collect:
             return collect_main(args)
-        missing = [f'--{name}' for name in ('predictions', 'labels', 'out') if not getattr(args, name)]
-        if missing:
+        if missing := [f'--{name}' for name in ('predictions', 'labels', 'out') if not getattr(args, name)]:
             sys.exit(f'error: {", ".join(missing)} missing: give --predictions DIR --labels DIR --out FILE, '
                      '--collect RUN [RUN ...] --out DIR, --plot RUN [RUN ...] or --bleu HYP --ref REF')
-        scores = score_folder(args.predictions, args.labels, args.demo)
-        if not scores:
+        if not (scores := score_folder(args.predictions, args.labels, args.demo)):
             sys.exit(f'error: no task folder is in both {args.predictions} and {args.labels}: '
                      'expected e.g. xnli/test-en.tsv')
         atomic_write(args.out, json.dumps(scores, indent=2, ensure_ascii=False))
     except (EvalError, DataError, OSError) as e:
         sys.exit(f'error: {e}')
     print(xtreme_table(scores, args.demo))
-
-
-def analyse_main(args):
-    """--analyse NAME RUN [RUN ...]: the analysis written, a line a file."""
-    if len(args.analyse) < 2:
-        sys.exit(f'error: --analyse takes NAME RUN [RUN ...]: an analysis ({", ".join(ANALYSES)}) and finished runs')
-    for path in analyse(args.analyse[0], args.analyse[1:], args.out):
-        print(f'wrote {path}')
 
 
 def cka_main(args):
@@ -1441,17 +1390,22 @@ def spearman(x, y):
     """Spearman's rank correlation: Pearson's of the ranks, tied values given their mean rank."""
     def ranks(v):
         v = np.asarray(v, float)
-        order = np.argsort(v, kind='stable')
-        r = np.empty(len(v))
-        r[order] = np.arange(len(v), dtype=float)
-        return np.array([r[v == value].mean() for value in v])
+        return np.array([np.flatnonzero(np.sort(v) == value).mean() for value in v])
     return float(np.corrcoef(ranks(x), ranks(y))[0, 1])
 
 
 def bleu_main(args):
+    """--bleu: BLEU of two UTF-8 text files, line i against line i (an empty line is an empty sentence)."""
     if not (args.bleu and args.ref) or args.predictions or args.labels:
         sys.exit('error: BLEU takes --bleu HYP --ref REF [--tokenized] [--out FILE], without --predictions/--labels')
-    scores = bleu_files(args.bleu, args.ref, args.tokenized)
+    for path in (args.bleu, args.ref):
+        if not os.path.isfile(path):
+            raise EvalError(f'{path} is not there')
+    hyps, refs = list(read_lines(args.bleu)), list(read_lines(args.ref))
+    if len(hyps) != len(refs):
+        raise EvalError(f'{args.bleu} has {len(hyps)} lines, {args.ref} has {len(refs)}: '
+                        'write one hypothesis per reference line')
+    scores = (tokenized_bleu if args.tokenized else bleu)(hyps, refs)
     if args.out:
         atomic_write(args.out, json.dumps(scores, indent=2))
     print(bleu_line(scores))
@@ -1462,8 +1416,7 @@ def collect_main(args):
     """--collect: the submission folder, its gaps (a line each) and, given --labels, its XTREME table."""
     if not args.out:
         sys.exit('error: --collect needs --out DIR, the submission folder to write')
-    kinds = {run_is_demo(run) for run in args.collect}
-    if len(kinds) > 1:
+    if len(kinds := {run_is_demo(run) for run in args.collect}) > 1:
         sys.exit('error: some runs are on the demo\'s data and some on XTREME\'s: collect one kind')
     demo = args.demo or kinds == {True}
     gaps = collect(args.collect, args.out, demo)
