@@ -1027,10 +1027,10 @@ def wikipedia(run, config):
 def families(run, config):
     """XTREME's Figures 3 and 6: a run's mean test score in each family and script, named with its number of
     languages and ordered by their mean Wikipedia articles (low-resource first). -> (table, {group: languages})"""
-    table, counts = {}, {}
+    table, counts, scores = {}, {}, run_scores(run, config)
     for kind, column in (('family', 2), ('script', 1)):
         groups = {}
-        for lang, score in run_scores(run, config).items():
+        for lang, score in scores.items():
             groups.setdefault(LANGUAGE_FACTS[lang][column], []).append((LANGUAGE_FACTS[lang][0], score, lang))
         ordered = sorted(groups.items(), key=lambda group: np.mean([articles for articles, _, _ in group[1]]))
         table[kind] = {f'{name} ({len(rows)})': np.mean([score for _, score, _ in rows]) for name, rows in ordered}
@@ -1074,15 +1074,15 @@ def representations(run, config):
     embedded = {lang: encoded(encoder, tok, settings, device, lang) for lang in config['langs']}
     together = np.concatenate(list(embedded.values()))
     mean, axes = pca(together)
-    flat = {lang: (x - mean) @ axes for lang, x in embedded.items()}
     centre = {lang: x.mean(0) for lang, x in embedded.items()}
-    table = {'centroid, first axis': {lang: float(x.mean(0)[0]) for lang, x in flat.items()},
-             'centroid, second axis': {lang: float(x.mean(0)[1]) for lang, x in flat.items()},
+    flat = {lang: (c - mean) @ axes for lang, c in centre.items()}  # each centroid on the two axes
+    table = {'centroid, first axis': {lang: float(c[0]) for lang, c in flat.items()},
+             'centroid, second axis': {lang: float(c[1]) for lang, c in flat.items()},
              'distance to English': {lang: float(np.linalg.norm(c - centre['en'])) for lang, c in centre.items()}}
     figure_1 = [lang for lang in ('en', 'es', 'ar', 'sw') if lang in flat]
     shown = (figure_1 + [lang for lang in flat if lang not in figure_1])[:4]  # the run's others where it lacks some
-    points = {'points': {lang: flat[lang].round(3).tolist() for lang in shown},
-              'centroids': {lang: x.mean(0).round(3).tolist() for lang, x in flat.items()}}
+    points = {'points': {lang: ((embedded[lang] - mean) @ axes).round(3).tolist() for lang in shown},
+              'centroids': {lang: c.round(3).tolist() for lang, c in flat.items()}}
     return table, {lang: len(x) for lang, x in embedded.items()}, points
 
 
@@ -1139,17 +1139,17 @@ def xla_losses(run, config, kept=0.8):
         if not found:
             continue
         probs = [np.array(p['probability']) for p, _ in found]
-        loss, length = [float(-np.log(p).mean()) for p in probs], [len(p) for p in probs]
-        wrong = [sum(t != g for t, g in zip(p['tags'], gold)) for p, gold in found]
-        confidence = np.array([p.mean() for p in probs])
+        loss, length = np.array([-np.log(p).mean() for p in probs]), np.array([len(p) for p in probs])
+        wrong = np.array([sum(t != g for t, g in zip(p['tags'], gold)) for p, gold in found])
+        confidence, clean = np.array([p.mean() for p in probs]), wrong <= 2
         keep = np.zeros(len(found), bool)
         keep[np.argsort(-confidence, kind='stable')[:math.floor(round(kept * len(found), 6))]] = True
-        points[lang] = {'loss': loss, 'length': length, 'wrong': wrong, 'kept': keep.tolist()}
-        clean = np.array(wrong) <= 2
+        points[lang] = {'loss': loss.tolist(), 'length': length.tolist(), 'wrong': wrong.tolist(),
+                        'accurate-2': clean.tolist(), 'kept': keep.tolist()}
         for row, value in (('accurate-2, % of sentences', 100 * clean.mean()),
-                           ('loss, accurate-2', np.mean(np.array(loss)[clean]) if clean.any() else None),
-                           ('loss, noisy', np.mean(np.array(loss)[~clean]) if (~clean).any() else None),
-                           ('length, all', np.mean(length)), ('length, kept', np.mean(np.array(length)[keep]))):
+                           ('loss, accurate-2', loss[clean].mean() if clean.any() else None),
+                           ('loss, noisy', loss[~clean].mean() if (~clean).any() else None),
+                           ('length, all', length.mean()), ('length, kept', length[keep].mean())):
             if value is not None:
                 table.setdefault(row, {})[lang] = float(value)
         counts[lang] = len(found)
@@ -1178,7 +1178,7 @@ def draw_losses(plt, name, found):
     rows = [(run, lang, each) for run, result in found.items() for lang, each in result['points'].items()]
     fig, axes = plt.subplots(len(rows), 3, figsize=(13, 3.4 * len(rows)), squeeze=False)
     for (run, lang, each), (hist, scatter, lengths) in zip(rows, axes):
-        loss, clean = np.array(each['loss']), np.array(each['wrong']) <= 2
+        loss, clean = np.array(each['loss']), np.array(each['accurate-2'])
         hist.hist([loss[clean], loss[~clean]], bins=30, label=['accurate-2', 'noisy'])
         scatter.scatter(each['length'], loss, s=3, alpha=0.4, c=np.where(clean, 'tab:blue', 'tab:orange'))
         lengths.hist([np.array(each['length']), np.array(each['length'])[each['kept']]], bins=30, label=['all', 'kept'])
@@ -1197,12 +1197,12 @@ def xla_logits(run, config):
         if found := predicted_with_gold(run, config, 'dev', lang):
             logp = np.log(np.maximum([d for p, _ in found for d in p['distribution']], 1e-6))
             gold = [tag for _, tags in found for tag in tags]
-            right = [t == g for p, tags in found for t, g in zip(p['tags'], tags)]
+            right = np.array([t == g for p, tags in found for t, g in zip(p['tags'], tags)])
             mean, axes = pca(logp)
             flat = (logp - mean) @ axes
             tags = sorted(set(gold), key=gold.index)
             rows = {tag: np.array([g == tag for g in gold]) for tag in tags}
-            table = {f'accuracy by gold tag, {lang}': {tag: 100 * np.mean(np.array(right)[rows[tag]]) for tag in tags}}
+            table = {f'accuracy by gold tag, {lang}': {tag: 100 * right[rows[tag]].mean() for tag in tags}}
             return table, {lang: len(gold)}, {'points': {tag: flat[rows[tag]].round(3).tolist() for tag in tags},
                                                'centroids': {tag: flat[rows[tag]].mean(0).round(3).tolist()
                                                              for tag in tags}}

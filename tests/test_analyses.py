@@ -274,7 +274,7 @@ def test_xla_losses_computes_figures_4_to_6_by_hand(tmp_path):
     loss = [(math.log(2) + math.log(1.25)) / 3, math.log(1 / 0.9), math.log(1 / 0.6)]
     each = result['points']['de']
     assert each['loss'] == pytest.approx(loss) and each['length'] == [3, 4, 3] and each['wrong'] == [0, 3, 2]
-    assert each['kept'] == [True, True, False]
+    assert each['kept'] == [True, True, False] and each['accurate-2'] == [True, False, True]
     assert {row: values['de'] for row, values in result['table'].items()} == pytest.approx({
         'accurate-2, % of sentences': 200 / 3, 'loss, accurate-2': (loss[0] + loss[2]) / 2, 'loss, noisy': loss[1],
         'length, all': 10 / 3, 'length, kept': 3.5})
