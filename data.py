@@ -2032,8 +2032,9 @@ def shared_out(fn, lengths, processes, batch_size, desc, fields=1, everywhere=Tr
 
 DEMO_LANGS = ('en', 'de', 'zh')
 DEMO_WORDS = {  # slot: [(English, toy German, toy Chinese)]
-    'first': [('Anna', 'Anna', '安娜'), ('Ben', 'Ben', '本'), ('Clara', 'Klara', '克拉'), ('David', 'David', '大卫'),
-              ('Emma', 'Emma', '艾玛'), ('Felix', 'Felix', '菲力'), ('Greta', 'Greta', '格蕾'), ('Hugo', 'Hugo', '雨果')],
+    'first': [('Anna', 'Anna', '安娜'), ('Ben', 'Ben', '本'), ('Clara', 'Klara', '克拉'),
+              ('David', 'David', '大卫'), ('Emma', 'Emma', '艾玛'), ('Felix', 'Felix', '菲力'),
+              ('Greta', 'Greta', '格蕾'), ('Hugo', 'Hugo', '雨果')],
     'last': [('Smith', 'Schmidt', '史密'), ('Jones', 'Jonas', '琼斯'), ('Brown', 'Braun', '布朗'),
              ('Miller', 'Müller', '米勒')],
     'C': [('Paris', 'Paris', '巴黎'), ('Berlin', 'Berlin', '柏林'), ('Tokyo', 'Tokio', '东京'),
@@ -2041,10 +2042,13 @@ DEMO_WORDS = {  # slot: [(English, toy German, toy Chinese)]
     'O': [('Blue Bank', 'Blau Bank', '蓝 银行'), ('Acme Corp', 'Acme Werk', '顶峰 公司'),
           ('Star News', 'Stern Blatt', '星 报社')],
     'V': [('buys', 'kauft', '买'), ('reads', 'liest', '读'), ('writes', 'schreibt', '写'), ('sees', 'sieht', '看'),
-          ('finds', 'findet', '找到'), ('sells', 'verkauft', '卖'), ('paints', 'malt', '画'), ('likes', 'mag', '喜欢')],
-    'A': [('red', 'rot', '红'), ('big', 'groß', '大'), ('old', 'alt', '旧'), ('new', 'neu', '新'), ('small', 'klein', '小')],
+          ('finds', 'findet', '找到'), ('sells', 'verkauft', '卖'), ('paints', 'malt', '画'),
+          ('likes', 'mag', '喜欢')],
+    'A': [('red', 'rot', '红'), ('big', 'groß', '大'), ('old', 'alt', '旧'), ('new', 'neu', '新'),
+          ('small', 'klein', '小')],
     'N': [('book', 'Buch', '书'), ('apple', 'Apfel', '苹果'), ('car', 'Wagen', '车'), ('letter', 'Brief', '信'),
-          ('song', 'Lied', '歌'), ('house', 'Haus', '房子'), ('ball', 'Ball', '球'), ('cake', 'Kuchen', '蛋糕')],
+          ('song', 'Lied', '歌'), ('house', 'Haus', '房子'), ('ball', 'Ball', '球'),
+          ('cake', 'Kuchen', '蛋糕')],
     'D': [('the', 'der', '那')],
 }
 DEMO_ORDER = {  # sentence kind: word order per language ('S' person, 'O' organisation: two words each)
@@ -2058,7 +2062,8 @@ DEMO_ORDER = {  # sentence kind: word order per language ('S' person, 'O' organi
     'which': ('which company does S work for ?', 'für welche Firma arbeitet S ?', 'S 为 哪个 公司 工作 ？'),
 }
 DEMO_POS = {'S': 'PROPN', 'O': 'PROPN', 'C': 'PROPN', 'V': 'VERB', 'D': 'DET', 'A': 'ADJ', 'N': 'NOUN',
-            'in': 'ADP', 'for': 'ADP', 'für': 'ADP', '在': 'ADP', '为': 'ADP', 'never': 'ADV', 'nie': 'ADV', '从不': 'ADV',
+            'in': 'ADP', 'for': 'ADP', 'für': 'ADP', '在': 'ADP', '为': 'ADP', 'never': 'ADV', 'nie': 'ADV',
+            '从不': 'ADV',
             'works': 'VERB', 'arbeitet': 'VERB', '工作': 'VERB', 'who': 'PRON', 'wer': 'PRON', '谁': 'PRON',
             'where': 'ADV', 'wo': 'ADV', '哪里': 'ADV', '了': 'PART'}
 DEMO_NER = {'S': 'PER', 'O': 'ORG', 'C': 'LOC'}

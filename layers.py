@@ -327,7 +327,8 @@ def beam_search(decoder, memory, memory_mask, bos, beam=5, lenpen=1.0, max_new=2
 
 
 # ---------------------------------------------------------------------------
-# Checkpoints. Each source is renamed into one flat dict of our names ('enc.…', 'mlm.…') and checked against the model.
+# Checkpoints. Each source is renamed into one flat dict of our names ('enc.…', 'mlm.…'), then checked against
+# the model key by key.
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the message is one line that says why."""
