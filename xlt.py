@@ -553,9 +553,8 @@ class Taught(Method):
         the student on them. A run without a teacher (no --self_teach or --teacher) trains as any method does."""
         items, p_teacher = run.items(cls), None  # no items with --eval_only, which trains nothing
         if items and (run.args.self_teach or run.args.teacher or cls.soft_labelled(run.args)):
-            teacher = cls.train_teacher(run)  # lines 1-8
-            # line 12, kept in the run's folder, so that --resume reads them back and trains no teacher again
-            p_teacher = run.folder.cached('p_teacher.pt', lambda: cls.soft_labels(run, teacher, items))
+            # lines 1-8, then line 12, kept in the run's folder, so that --resume reads them back and trains no teacher
+            p_teacher = run.folder.cached('p_teacher.pt', lambda: cls.soft_labels(run, cls.train_teacher(run), items))
         cls.train_student(run, items, p_teacher)  # lines 9-16
 
     @classmethod
