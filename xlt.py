@@ -1113,8 +1113,8 @@ class VecoPretrain(Method):
         """In the first phase, the optimiser leaves everything but the new cross-attention alone (the paper freezes
         XLM-R and trains the cross-attention first). Their gradients are dropped, and AdamW skips a parameter without
         one."""
-        for name, p in self.named_parameters():
-            if self.cross_only() and not is_cross('enc.' + name.removeprefix('encoder.')):
+        for name, p in self.named_parameters() if self.cross_only() else ():
+            if not is_cross('enc.' + name.removeprefix('encoder.')):
                 p.grad = None
 
     def stepped(self, step):
