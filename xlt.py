@@ -187,7 +187,8 @@ class Method(nn.Module):
     def train_langs(cls, args, targets):
         """The languages of targets, besides English, whose translations (or own data, for in-language) it trains on.
         With --seen_langs, a method that trains on every language trains on those alone (X-Mixup's Table 6)."""
-        seen = [lang for lang in targets if lang in given_or(args, {'seen_langs': targets})['seen_langs']]
+        chosen = given_or(args, {'seen_langs': None})['seen_langs'] or targets
+        seen = [lang for lang in targets if lang in chosen]
         return {'one': [args.train_lang], 'every': seen}.get(data.TRAINS_ON[cls.trains_on].langs, [])
 
     @classmethod
