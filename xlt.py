@@ -23,7 +23,7 @@ import data
 import eval as ev
 from data import IGNORE, TASKS, Batch
 from layers import (CONFIGS, Encoder, MLMHead, Pass, autocast, average_checkpoints, beam_search, exact_fp32,
-                    init_weights, is_cross, kept_checkpoints, mean_pool)
+                    init_weights, is_cross, kept_checkpoints, load_checkpoint, mean_pool)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1399,7 +1399,7 @@ class VecoTranslate(Method):
         refs = list(data.read_lines(data.parallel_files(args.data_dir, args.src, args.tgt, 'test')[1]))
         curve = learning_curve(run, cls, method, test, refs) if args.curve else None
         decoded_with = average_last(run, cls, method, args.average_last)
-        hyps = [tok.decode(ids.tolist()) for ids in cls.decoded(run, method, test)]
+        hyps = cls.decoded(run, method, test)
         scores = ev.translation_scores(hyps, refs)
         decoded_in = 'bf16' if args.decode_bf16 else 'fp32'
         results = {'task': 'translate', 'method': 'veco', 'pair': f'{args.src}-{args.tgt}',
@@ -1437,7 +1437,7 @@ class VecoTranslate(Method):
 
     @classmethod
     def decoded(cls, run, method, test):
-        """The translations of the test sources (token ids), shared out over the processes (run.sharded)."""
+        """The translations of the test sources, shared out over the processes (run.sharded)."""
         args = run.args
         method.eval()
 
@@ -1445,7 +1445,8 @@ class VecoTranslate(Method):
             with autocast(run.device, 'bf16') if args.decode_bf16 else exact_fp32(run.device):
                 batch = data.collate([test[i][0] for i in index]).to(run.device)
                 return [(torch.tensor(h, dtype=torch.long),) for h in method.generate(batch, args.beam, args.lenpen)]
-        return run.sharded(decode, data.item_lengths(test)[:, 0], 'decode')[0]
+        decoded = run.sharded(decode, data.item_lengths(test)[:, 0], 'decode')[0]
+        return [run.tok.decode(ids.tolist()) for ids in decoded]
 
     def __init__(self, encoder, decoder, bos, eps=0.2):
         super().__init__(encoder, 'translate')
@@ -2080,9 +2081,18 @@ def average_last(run, cls, method, n):
         if not run.load_best(method):
             run.fail(f'{run.path("best.pt")} not found: --eval_only decodes a finished run in --out')
         return 'best.pt: the lowest valid loss'
-    method.load_state_dict(average_checkpoints(kept, {'method': run.args.method, 'task': cls.folder(run.args)[0]}))
-    step = lambda path: path[-10:-3].lstrip('0')  # checkpoints/step<7 digits>.pt
-    return f'the mean of the last {len(kept)} checkpoints ({step(kept[0])} to {step(kept[-1])} steps)'
+    method.load_state_dict(average_checkpoints(kept, kept_identity(run, cls)))
+    return f'the mean of the last {len(kept)} checkpoints ({step_of(kept[0])} to {step_of(kept[-1])} steps)'
+
+
+def kept_identity(run, cls):
+    """What a kept checkpoint of the run must say it is (layers.load_checkpoint's expect)."""
+    return {'method': run.args.method, 'task': cls.folder(run.args)[0]}
+
+
+def step_of(path):
+    """The step of a kept checkpoint, checkpoints/step<7 digits>.pt."""
+    return int(path[-10:-3])
 
 
 KEEP_ALL = 10 ** 9  # --curve keeps every checkpoint: more than a run makes
@@ -2090,13 +2100,11 @@ KEEP_ALL = 10 ** 9  # --curve keeps every checkpoint: more than a run makes
 
 def learning_curve(run, cls, method, test, refs):
     """VECO's Figure 4 (right): the test set's BLEU with each kept checkpoint -> {step: BLEU}."""
-    expect, curve = {'method': run.args.method, 'task': cls.folder(run.args)[0]}, {}
+    curve = {}
     for path in kept_checkpoints(run.path('checkpoints')):
-        method.load_state_dict(average_checkpoints([path], expect))
-        hyps = [run.tok.decode(ids.tolist()) for ids in cls.decoded(run, method, test)]
-        step = int(path[-10:-3])  # checkpoints/step<7 digits>.pt
-        curve[step] = ev.bleu(hyps, refs)['bleu']
-        run.say(f'learning curve: step {step}, BLEU {curve[step]:.2f}')
+        method.load_state_dict(load_checkpoint(path, kept_identity(run, cls))['method'])
+        curve[step_of(path)] = ev.bleu(cls.decoded(run, method, test), refs)['bleu']
+        run.say(f'learning curve: step {step_of(path)}, BLEU {curve[step_of(path)]:.2f}')
     return curve
 
 
