@@ -210,9 +210,7 @@ class Run:
         """Write the kept model's dev and test scores in every language, and its test predictions, to results.json,
         results.txt and predictions/."""
         self.load_best(method)
-        dev, dev_preds = self.evaluate(method, 'dev')
-        test, preds = self.evaluate(method, 'test')
-        scored = self.test_scores(preds, dev_preds)
+        dev, test, scored = self.scored(method)
         if self.args.translate_test and method.family == 'qa':  # English answers, scored on the translations' answers
             scored = {**scored, **{lang: s for lang, s in test.items() if lang != 'en'}}
         self.finish(dev, scored, xlt.selection(method.select, dev).rule)
@@ -223,6 +221,12 @@ class Run:
             best = layers.load_checkpoint(self.path('best.pt'), checkpoint_identity(self.args))
             method.load_state_dict(best['method'])
             return True
+
+    def scored(self, method):
+        """Score method on the dev and test sets, its predictions written -> (dev, test, test_scores' scores)."""
+        dev, dev_preds = self.evaluate(method, 'dev')
+        test, preds = self.evaluate(method, 'test')
+        return dev, test, self.test_scores(preds, dev_preds)
 
     def test_scores(self, preds, dev_preds=None):
         """Write the test predictions in the leaderboard layout and score them (eval.py) against

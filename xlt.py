@@ -1247,8 +1247,8 @@ class Veco(Baseline):
             found[name] = run.results_of(name)
         best = max(found, key=lambda name: found[name]['dev']['avg'])
         method = run.restore(run.path(best))
-        dev, dev_preds = run.evaluate(method, 'dev')
-        run.finish(dev, run.test_scores(run.evaluate(method, 'test')[1], dev_preds),
+        dev, _, test = run.scored(method)
+        run.finish(dev, test,
                    f'the best average dev score of the grid: {best}',
                    {name: {'dev': r['dev'], 'test': r['test']} for name, r in found.items()})
 
@@ -2120,16 +2120,15 @@ def report_models(run, cls, models):
     rows = {'warm-up (zero-shot + penalty), mean': ev.statistic(warm)} if all(warm) and trained else {}
     kind = 'XLA' if trained else 'warm-up'  # --xla_epochs 0: the warm-ups are the models
     for m, (method, path) in enumerate(zip(ensemble.models, models)):  # each model's test predictions in model<m>/
-        dev, dev_preds = run.evaluate(method, 'dev')
-        test = run.sub(f'model{m + 1}').test_scores(run.evaluate(method, 'test')[1], dev_preds)
+        dev, _, test = run.sub(f'model{m + 1}').scored(method)
         rows[f'{kind} model {m + 1}'] = {'dev': ev.summary(dev), 'test': ev.summary(test), 'checkpoint': path}
     each = [rows[f'{kind} model {m + 1}'] for m in range(len(models))]
     for stat in ('mean', 'std'):
         rows[f'{kind} {stat} of the models'] = ev.statistic(each, stat)
     kept = ('each model\'s last XLA epoch that kept the --train_lang dev score (or its warm-up: the best English '
             'dev)' if trained else 'each warm-up\'s best English dev')
-    dev, dev_preds = run.evaluate(ensemble, 'dev')
-    run.finish(dev, run.test_scores(run.evaluate(ensemble, 'test')[1], dev_preds),
+    dev, _, test = run.scored(ensemble)
+    run.finish(dev, test,
                f'{kept}; the ensemble averages the models\' probabilities', rows, 'ensemble')
 
 
