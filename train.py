@@ -722,7 +722,15 @@ def waits_group():
 # Checks before anything is made, and the plan.
 
 def check(args, world):
-    """Check everything before anything is made: --out and what it holds, the options, and every file the run reads."""
+    """Check everything before anything is made: --out and what it holds, the options, and every file the run reads.
+    Every process finds the same, a stage's checks too (within its run's one_process_errors): one line, unnamed."""
+    try:
+        check_all(args, world)
+    except BAD_INPUT as e:
+        fail(error_line(e))
+
+
+def check_all(args, world):
     cls = xlt.method_class(args)
     parent = os.path.dirname(first_missing(args.out) or os.path.abspath(args.out))
     if os.path.exists(args.out) and not os.path.isdir(args.out) or not os.path.isdir(parent):

@@ -143,6 +143,21 @@ def test_default_folders_keep_apart_what_changes_the_result():
                         'runs/xnli-zeroshot', 'runs/xnli-zeroshot-seed2']
 
 
+def test_a_check_that_fails_in_a_stage_is_one_line_not_one_a_process(tmp_path, monkeypatch):
+    """A stage's run is checked inside its parent's one_process_errors: what its checks find, every process finds
+    alike, so process 1 of 2 stays silent instead of naming itself."""
+    os.makedirs(tmp_path / 'data' / 'xnli')
+    args = train.parse_args(['--task', 'xnli', '--data_dir', str(tmp_path / 'data'), '--out', str(tmp_path / 'run')])
+    monkeypatch.setenv('RANK', '1')
+    monkeypatch.setenv('WORLD_SIZE', '2')
+    with pytest.raises(SystemExit) as stopped, train.one_process_errors():
+        train.check(args, 2)
+    assert stopped.value.code == 1
+    monkeypatch.setenv('RANK', '0')
+    with pytest.raises(SystemExit, match=r'^error: .* holds no xnli data'), train.one_process_errors():
+        train.check(args, 2)
+
+
 def test_seen_langs_train_on_those_languages_alone_and_evaluate_on_all():
     """X-Mixup's Table 6: --seen_langs keeps the other languages' translations out of training, not out of the test."""
     def planned(*argv):
