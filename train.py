@@ -292,7 +292,7 @@ class Training:
         self.collate = data.collate_items(method.paired, run.tok.pad)
         self.state, self.log = {'step': 0, 'epoch': 0, 'best': -math.inf}, None  # log: process 0's log.jsonl
         self.since, self.epoch_loss = [], []  # the step logs since the last log line, and the epoch's mean losses
-        self.started, self.padding, self.bar = time.time(), 0.0, None  # the epoch's share of padding (begin_epoch)
+        self.started, self.padding, self.bar = time.time(), 0.0, None  # the clock (restarted on resume), begin_epoch's
         self.writer = layers.Writer()  # writes every checkpoint of the training in the background
 
 
@@ -383,13 +383,13 @@ def log_line(training, resume_points):
 def end_epoch(training, within=None):
     """End an epoch, or with --eval_steps a point `within` it (in epochs). Keep the weights for averaging (with
     --average_last), get the dev scores (validate), save best.pt if they are the best so far, and write the line."""
-    run, state = training.run, training.state
+    run, state, seconds = training.run, training.state, time.time() - training.started  # the time before the dev sets
     if training.keep_last and within is None:  # fairseq's --save-interval-updates and --keep-interval-updates
         weights = {'method': training.method.state_dict()}
         save(run, f'checkpoints/step{state["step"]:07d}.pt', weights, training.writer, training.keep_last)
     dev = training.validate()
     score = keep_if_best(training, dev)
-    report_epoch(training, dev, score, within)
+    report_epoch(training, dev, score, seconds, within)
 
 
 def keep_if_best(training, dev):
@@ -1429,11 +1429,11 @@ def begin_epoch(training, batches, per_epoch):
     return batches[start:]
 
 
-def report_epoch(training, dev, score, within=None):
+def report_epoch(training, dev, score, seconds, within=None):
     """The line of an epoch's end (or a point within it), printed and in log.jsonl: its dev scores and padding share."""
     state, select = training.state, training.method.select
     if training.run.rank == 0:
-        at, seconds = {**state, 'epoch': within or state['epoch']}, time.time() - training.started
+        at = {**state, 'epoch': within or state['epoch']}
         print(ev.epoch_line(at, training.epochs, training.epoch_loss, dev, select, seconds), flush=True)
     scores = {k: v if select == 'loss' else v['score'] for k, v in dev.items()}  # the held-out losses whole
     write_log(training, dev=scores, dev_avg=float(score), pad_share=round(training.padding, 4))
@@ -1507,6 +1507,7 @@ class ResumePoints(AbstractContextManager):
         self.point = step if os.path.exists(run.path('last.pt')) and run.args.resume else None
         training.log = open_log(run.path('log.jsonl'), step) if run.rank == 0 else None
         training.method.step = step  # read by schedules (X-Mixup's p*, frozen phases)
+        training.started = time.time()  # the clock of the log and the epoch lines starts once last.pt is read
         self.defaults = {s: signal.signal(s, self.on_signal) for s in STOPS}
         return self
 
