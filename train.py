@@ -1202,6 +1202,7 @@ def predict(args, rank, world, device):
                                      'out': args.out, 'eval_only': True, 'resume': False,
                                      'precision': args.precision, 'eval_batch_size': args.eval_batch_size})
     cls, demo = xlt.method_class(settings), os.path.join(args.out, 'demo-data')
+    settings.data_dir = demo if settings.demo else settings.data_dir  # the demo's data is in the run's folder
     if settings.task not in data.TASKS or xlt.task_family(settings) == 'retrieval':
         fail(f'--predict is for the runs of a task with labels to predict, not {settings.task}')
     if len(args.predict) > 1 + (xlt.task_family(settings) == 'qa' and cls.paired):
@@ -1212,9 +1213,11 @@ def predict(args, rank, world, device):
         fail(f'{args.out} is a run of an older demo, whose tokenizer has changed since: run it again')
     tok = tokenizer_of(settings)
     split = re.fullmatch(r'(train|dev|test)-([a-z]+)', args.predict[0])
-    if split and not os.path.exists(args.predict[0]) and not cls.paired:  # a split of the run's data, as it reads it
-        data_dir = demo if settings.demo else settings.data_dir
-        examples, pairs = data.read_split(data_dir, settings.task, *split.groups()), None
+    if split and not os.path.exists(args.predict[0]) and cls.paired:
+        fail(f'--predict {args.predict[0]} reads a split of the data for a method of one text; {settings.method} pairs '
+             'each text with its English translation: give FILE (and TRANSLATION)')
+    if split and not os.path.exists(args.predict[0]):  # a split of the run's data, as it reads it
+        examples, pairs = data.read_split(settings.data_dir, settings.task, *split.groups()), None
     else:
         examples, pairs = data.read_input(args.predict[0], settings.task, cls.paired, (args.predict + [None])[1])
     run = Run(settings, rank, world, device, tok, sets={'dev': {}, 'test': {}})
